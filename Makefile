@@ -1,0 +1,30 @@
+# Two commands matter: `make demo` and `make test`. Each sets up .venv first if it is missing.
+PY      ?= python3.11
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+DEMO    ?= runs/demo
+# pytest workers: 2 matches the CI machine; override with `make test JOBS=1`
+JOBS    ?= 2
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade "pip<26"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m gcc.demo --out $(DEMO)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n $(JOBS) -q tests
+
+bench: $(STAMP)
+	$(BIN)/python bench/convert.py
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,106 @@
+"""The MDS shard format written by `convert_data` and read by the training loader (SPEC §4).
+
+Output of a conversion:
+    <out>/manifest.json             written last; its presence means the conversion is complete
+    <out>/text/table.safetensors    the text table, copied verbatim
+    <out>/<split>/index.json        one MDS dataset per split (train, val), merged from chunk folders
+    <out>/<split>/chunk_NNNNN/      zstd shards of a fixed group of clips (independent of --workers)
+
+One sample (one clip) has the columns below. bf16 has no MDS dtype, so latents travel as their uint16 bit
+pattern. The sem ids are zstd-compressed per clip so that a sample whose condition is dropped never
+decompresses them, and so that the decompressed shard cache stays small.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import zstd
+
+FORMAT_VERSION = 1
+SPLITS = ("train", "val")
+MANIFEST = "manifest.json"
+TEXT_TABLE = "text/table.safetensors"
+SEM_ZSTD_LEVEL = 3
+
+COLUMNS = {
+    "clip_id": "str",
+    "run": "str",
+    "subset": "str",
+    "scene": "str",
+    "drop": "int",
+    "context_ids": "ndarray:int64",
+    "input_latents": "ndarray:uint16",  # bf16 bit pattern, [C, T, h, w]
+    "sem_shape": "ndarray:int64",  # [F, H, W]
+    "sem_zst": "bytes",  # zstd(uint8 [F, H, W], C order)
+    "meta": "str",  # the clip's meta json, verbatim
+}
+
+
+def bf16_to_bits(t: torch.Tensor) -> np.ndarray:
+    return t.contiguous().view(torch.uint16).numpy()
+
+
+def bits_to_bf16(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.array(a, dtype=np.uint16, copy=True)).view(torch.bfloat16)
+
+
+def encode_sem(ids: np.ndarray) -> bytes:
+    return zstd.compress(np.ascontiguousarray(ids, dtype=np.uint8).tobytes(), SEM_ZSTD_LEVEL)
+
+
+def decode_sem(blob: bytes, shape) -> np.ndarray:
+    """Decompress the sem column into a writable uint8 [F, H, W] array."""
+    shape = tuple(int(s) for s in shape)
+    raw = zstd.decompress(blob)
+    if len(raw) != int(np.prod(shape)):
+        raise ValueError(f"sem_zst holds {len(raw)} bytes, expected {shape} = {int(np.prod(shape))}")
+    return np.frombuffer(bytearray(raw), dtype=np.uint8).reshape(shape)
+
+
+def encode_clip(row: dict[str, Any], context_ids: np.ndarray, latents: torch.Tensor, sem_ids: np.ndarray,
+                meta_text: str) -> dict[str, Any]:
+    """One MDS sample from a validated clip."""
+    return {
+        "clip_id": row["clip_id"], "run": row["run"], "subset": row["subset"], "scene": row["scene"],
+        "drop": int(bool(row["drop"])),
+        "context_ids": np.asarray(context_ids, dtype=np.int64),
+        "input_latents": bf16_to_bits(latents),
+        "sem_shape": np.asarray(sem_ids.shape, dtype=np.int64),
+        "sem_zst": encode_sem(sem_ids),
+        "meta": meta_text,
+    }
+
+
+@dataclass
+class ClipRecord:
+    """A decoded sample; `sem_ids()` decompresses on demand."""
+
+    clip_id: str
+    run: str
+    subset: str
+    scene: str
+    drop: bool
+    context_ids: np.ndarray
+    input_latents: torch.Tensor
+    sem_shape: tuple[int, ...]
+    sem_zst: bytes
+    meta_text: str
+
+    @staticmethod
+    def from_sample(s: dict[str, Any]) -> "ClipRecord":
+        return ClipRecord(
+            clip_id=s["clip_id"], run=s["run"], subset=s["subset"], scene=s["scene"], drop=bool(s["drop"]),
+            context_ids=np.array(s["context_ids"], dtype=np.int64),
+            input_latents=bits_to_bf16(s["input_latents"]),
+            sem_shape=tuple(int(v) for v in s["sem_shape"]), sem_zst=s["sem_zst"], meta_text=s["meta"],
+        )
+
+    def sem_ids(self) -> np.ndarray:
+        return decode_sem(self.sem_zst, self.sem_shape)
+
+    def meta(self) -> dict[str, Any]:
+        return json.loads(self.meta_text)
