@@ -1,0 +1,5 @@
+import sys
+
+from gcc.convert import main
+
+sys.exit(main())

@@ -1,0 +1,67 @@
+"""A real S3 server (moto's standalone `moto_server`) on loopback, one per test session and xdist worker.
+
+Tests talk to it over HTTP exactly as production talks to an S3-compatible store with a custom endpoint:
+through `S3_ENDPOINT_URL`, which both gcc.storage and Streaming's downloaders read.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class S3Server:
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        exe = Path(sys.executable).with_name("moto_server")
+        self.proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"moto_server exited with {self.proc.returncode}")
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("moto_server did not start within 30 s")
+
+    def env(self) -> dict[str, str]:
+        return {"S3_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def new_bucket(self) -> str:
+        """A fresh bucket per test keeps parallel tests apart."""
+        import boto3
+
+        name = f"gcc-{uuid.uuid4().hex[:12]}"
+        boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="testing",
+                     aws_secret_access_key="testing", region_name="us-east-1").create_bucket(Bucket=name)
+        return name
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def apply_env(server: S3Server) -> dict[str, str | None]:
+    """Point this process at the server; returns the previous values for restoring."""
+    old = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    return old
