@@ -314,18 +314,42 @@ def _ray_capsules(o: np.ndarray, d: np.ndarray, caps: np.ndarray) -> tuple[np.nd
     return t[k, np.arange(t.shape[1])], k
 
 
-def _block_rays(cam: Cameras, u0: int, u1: int, v0: int, v1: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rays of one camera through the dst pixel block rows v0..v1-1 x cols u0..u1-1 (row-major): origins and
-    unit directions [n, 3]. Same maths as `Cameras.rays` (whose pixel offsets are separable in u and v), done
-    per row and column so a full frame costs a few array ops."""
+def _axis_offsets(cam: Cameras, u0: int, u1: int, v0: int, v1: int):
+    """Image-plane offsets of one camera's pixel columns u0..u1-1 [nu, 3] and rows v0..v1-1 [nv, 3] (as in
+    `Cameras.rays`: right * ndc_x * half_w and up * ndc_y * half_h), plus its location and forward axis."""
     us, vs = np.arange(u0, u1, dtype=np.float64), np.arange(v0, v1, dtype=np.float64)
     ndc_x = cam.dst_to_ndc(np.stack([us, np.zeros_like(us)], -1))[:, 0]
     ndc_y = cam.dst_to_ndc(np.stack([np.zeros_like(vs), vs], -1))[:, 1]
     fwd, right, up = rotation_axes(cam.rotation)[0]
     half_w, half_h = (float(e[0]) for e in cam._half_extents())
-    offs = (up[None, None, :] * (ndc_y * half_h)[:, None, None]
-            + right[None, None, :] * (ndc_x * half_w)[None, :, None]).reshape(-1, 3)
-    loc = cam.location[0]
+    return right[None, :] * (ndc_x * half_w)[:, None], up[None, :] * (ndc_y * half_h)[:, None], cam.location[0], fwd
+
+
+def _ground_hits(cam: Cameras, gz: float) -> np.ndarray:
+    """`ground_points` of every dst pixel of one camera, [H*W, 2] (NaN = miss), computed per row and column
+    (the ray offsets are separable in u and v; the ray's length cancels in the hit point)."""
+    H, W = cam.dst_hw
+    cols, rows, loc, fwd = _axis_offsets(cam, 0, W, 0, H)
+    grid = [rows[:, None, k] + cols[None, :, k] for k in range(3)]  # [H, W] per world axis
+    if cam.orthographic[0]:
+        o = [loc[k] + grid[k] for k in range(3)]
+        d = [np.full((1, 1), fwd[k]) for k in range(3)]
+    else:
+        o = [np.full((1, 1), loc[k]) for k in range(3)]
+        d = [fwd[k] + grid[k] for k in range(3)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = (gz - o[2]) / d[2]
+        hit = np.isfinite(t) & (t > 0) & (np.abs(d[2]) > 1e-12)
+        x = np.where(hit, o[0] + d[0] * t, np.nan)
+        y = np.where(hit, o[1] + d[1] * t, np.nan)
+    return np.stack([x.ravel(), y.ravel()], -1)
+
+
+def _block_rays(cam: Cameras, u0: int, u1: int, v0: int, v1: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rays of one camera through the dst pixel block rows v0..v1-1 x cols u0..u1-1 (row-major): origins and
+    unit directions [n, 3], as `Cameras.rays` computes them, evaluated per row and column."""
+    cols, rows, loc, fwd = _axis_offsets(cam, u0, u1, v0, v1)
+    offs = (rows[:, None, :] + cols[None, :, :]).reshape(-1, 3)
     if cam.orthographic[0]:
         return loc + offs, np.broadcast_to(fwd, offs.shape)
     d = fwd + offs
@@ -352,17 +376,14 @@ def render_frame(scene: ClipScene, f: int) -> tuple[np.ndarray, np.ndarray]:
     """Frame f at dst_hw: sem ids uint8 [H, W] and a shade factor float32 [H, W]."""
     H, W = scene.cameras.dst_hw
     cam = scene.cameras[f]
-    o, d = _block_rays(cam, 0, W, 0, H)
-    with np.errstate(divide="ignore", invalid="ignore"):  # as `ground_points`
-        t = (scene.gz - o[:, 2]) / d[:, 2]
-        hitg = np.isfinite(t) & (t > 0) & (np.abs(d[:, 2]) > 1e-12)
-        gxy = np.where(hitg[:, None], o[:, :2] + d[:, :2] * t[:, None], np.nan)
+    gxy = _ground_hits(cam, scene.gz)
+    hitg = np.isfinite(gxy[:, 0])
     ids = world_class(scene.world, gxy).reshape(H, W)
     # light world-anchored texture on the ground, flat sky
     with np.errstate(invalid="ignore"):
         chk = (np.floor(gxy[:, 0] / 150.0) + np.floor(gxy[:, 1] / 150.0)) % 2
     shade = np.where(hitg, 0.88 + 0.12 * np.nan_to_num(chk), 1.0).astype(np.float32).reshape(H, W)
-    tbest = np.where(hitg, t, np.inf).reshape(H, W)  # nearest hit so far (ground, then characters)
+    tchar = np.full((H, W), np.inf)  # nearest character hit so far (characters may overlap on screen)
     caps_all = scene.capsules[f]
     # characters: big frames test each capsule in its own screen block, small ones each character's block
     groups = ([caps_all[n:n + 1] for n in range(len(caps_all))] if H * W > 65536 else
@@ -373,8 +394,11 @@ def render_frame(scene: ClipScene, f: int) -> tuple[np.ndarray, np.ndarray]:
             continue
         u0, u1, v0, v1 = blk
         bo, bd = _block_rays(cam, u0, u1, v0, v1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tg = (scene.gz - bo[:, 2]) / bd[:, 2]
+        tg = np.where(np.isfinite(tg) & (tg > 0), tg, np.inf)  # the ground, along the unit ray
         tc, k = _ray_capsules(bo, bd, group)
-        hit = tc < tbest[v0:v1, u0:u1].ravel()
+        hit = tc < np.minimum(tg, tchar[v0:v1, u0:u1].ravel())
         if not hit.any():
             continue
         hk, ht = k[hit], tc[hit]
@@ -384,7 +408,7 @@ def render_frame(scene: ClipScene, f: int) -> tuple[np.ndarray, np.ndarray]:
         u = np.clip(np.einsum("pk,pk->p", p - a, ba) / np.einsum("pk,pk->p", ba, ba), 0.0, 1.0)
         n = (p - (a + ba * u[:, None])) / r[:, None]
         lam = np.clip(n @ _LIGHT, 0.0, 1.0)
-        for arr, val in ((ids, group[hk, 7].astype(np.uint8)), (shade, 0.55 + 0.45 * lam), (tbest, ht)):
+        for arr, val in ((ids, group[hk, 7].astype(np.uint8)), (shade, 0.55 + 0.45 * lam), (tchar, ht)):
             blkv = arr[v0:v1, u0:u1].reshape(-1).copy()
             blkv[hit] = val
             arr[v0:v1, u0:u1] = blkv.reshape(v1 - v0, u1 - u0)
