@@ -136,8 +136,8 @@ def ground_points(cameras: Cameras, dst_pixels: np.ndarray, ground_z: float) -> 
     dz = dirs[..., 2]
     with np.errstate(divide="ignore", invalid="ignore"):
         t = (ground_z - origins[..., 2]) / dz
+        xy = origins[..., :2] + dirs[..., :2] * t[..., None]  # 0 * inf for parallel rays: masked below
     hit = np.isfinite(t) & (t > 0) & (np.abs(dz) > 1e-12)
-    xy = origins[..., :2] + dirs[..., :2] * t[..., None]
     return np.where(hit[..., None], xy, np.nan)
 
 

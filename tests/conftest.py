@@ -1,0 +1,18 @@
+"""Shared fixtures. `prepared_tiny` is a session-wide synthetic dataset in the prepared layout (SPEC §4):
+24 tiny clips, seed 0 (which clips are val/dropped/NaN-ground is documented in gcc/synth.py). Treat it as
+read-only; a test that modifies data writes its own copy with `make_prepared(tmp_path, clips=..., seed=...)`."""
+from __future__ import annotations
+
+import pytest
+
+from gcc.synth import make_prepared  # noqa: F401  (re-exported for tests)
+
+PREPARED_TINY_CLIPS = 24
+PREPARED_TINY_SEED = 0
+
+
+@pytest.fixture(scope="session")
+def prepared_tiny(tmp_path_factory):
+    """Root Path of a tiny prepared dataset (24 clips, seed 0), written once per session."""
+    return make_prepared(tmp_path_factory.mktemp("prepared_tiny"), clips=PREPARED_TINY_CLIPS,
+                         seed=PREPARED_TINY_SEED)
