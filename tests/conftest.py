@@ -3,7 +3,12 @@
 read-only; a test that modifies data writes its own copy with `make_prepared(tmp_path, clips=..., seed=...)`."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests' own helper modules (s3server)
 
 from gcc.synth import make_prepared  # noqa: F401  (re-exported for tests)
 
@@ -16,3 +21,13 @@ def prepared_tiny(tmp_path_factory):
     """Root Path of a tiny prepared dataset (24 clips, seed 0), written once per session."""
     return make_prepared(tmp_path_factory.mktemp("prepared_tiny"), clips=PREPARED_TINY_CLIPS,
                          seed=PREPARED_TINY_SEED)
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """A real S3 server (moto_server) on loopback for this session/xdist worker; tests take a fresh bucket."""
+    from s3server import S3Server
+
+    server = S3Server()
+    yield server
+    server.stop()

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def src(tmp_path):
-    return make_prepared(tmp_path / "prep")
+    return make_prepared(tmp_path, clips=12)
 
 
 def read_split(out: str, split: str, cache: Path) -> dict[str, ClipRecord]:

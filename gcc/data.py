@@ -1,0 +1,142 @@
+"""The training/validation loader (SPEC §5–§6): a StreamingDataset of converted clips plus the text table,
+the three dropouts and the world-anchored UNKNOWN mask.
+
+Determinism: everything random about a sample is drawn from a generator keyed on (seed, epoch, sample id).
+Streaming hands `get_item` the global sample id; the epoch is a local of Streaming's `__iter__`, so this class
+captures it where Streaming computes it (`_resume_incr_epoch`, run in every worker at the start of each
+epoch). Neither depends on the worker count, rank count or resume point. Pinned to streaming==0.13.0.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from streaming import StreamingDataset
+
+from gcc import storage
+from gcc.convert import BadInput, read_manifest
+from gcc.geometry import Cameras
+from gcc.mask import apply_unknown_mask
+from gcc.sample_rng import draw_sample
+from gcc.shards import TEXT_TABLE, ClipRecord
+from gcc.text_table import TextTable
+from gcc.vocab import UNKNOWN, check_vocab, collapse_parts
+
+
+@dataclass(frozen=True)
+class Dropouts:
+    text: float = 0.1
+    cond: float = 0.05
+    mask: float = 0.5
+    calibration: str = "frame0"  # "frame0" | "cap"
+    max_frame_coverage: float = 0.4
+
+    def __post_init__(self):
+        if self.calibration not in ("frame0", "cap"):
+            raise ValueError(f"mask calibration must be 'frame0' or 'cap', got {self.calibration!r}")
+
+
+NO_DROPOUTS = Dropouts(text=0.0, cond=0.0, mask=0.0)
+
+
+def fetch_text_table(data: str, cache_dir: str | Path) -> Path:
+    """The text table as a local file: in place for local data, else downloaded once into the cache."""
+    if not storage.is_remote(data):
+        return Path(data, TEXT_TABLE)
+    local = Path(cache_dir, TEXT_TABLE)
+    if not local.exists():
+        tmp = local.with_name(f"{local.name}.tmp{os.getpid()}")
+        storage.download_file(storage.join(data, TEXT_TABLE), str(tmp))
+        os.replace(tmp, local)
+    return local
+
+
+class GcStreamingDataset(StreamingDataset):
+    """Converted clips of one split. `data` is a conversion's root (local folder or s3:// URL); shards are
+    cached under `cache_dir` (per run: Streaming refuses two live datasets on one local folder)."""
+
+    def __init__(self, data: str, split: str, cache_dir: str | Path, *, batch_size: int, seed: int = 0,
+                 vocab: str = "parts", dropouts: Dropouts = Dropouts(), shuffle: bool = True,
+                 num_canonical_nodes: int | None = 1, cache_limit: str | None = None,
+                 predownload: int | None = None):
+        self.manifest = read_manifest(data)
+        if split not in self.manifest["splits"]:
+            raise BadInput(f"{data}: split {split!r} not in the manifest ({sorted(self.manifest['splits'])})")
+        self.data, self.split, self.seed, self.vocab = data, split, int(seed), check_vocab(vocab)
+        # the val split never drops anything (SPEC §5)
+        self.dropouts = NO_DROPOUTS if split == "val" else dropouts
+        cache_dir = Path(cache_dir)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        self.text = TextTable(fetch_text_table(data, cache_dir))
+        self._epoch = 0
+        super().__init__(remote=storage.join(data, split), local=str(cache_dir / split), batch_size=batch_size,
+                         shuffle=shuffle, shuffle_seed=self.seed, num_canonical_nodes=num_canonical_nodes,
+                         cache_limit=cache_limit, predownload=predownload)
+
+    # Streaming computes the epoch inside each worker's __iter__; keep it for get_item.
+    def _resume_incr_epoch(self) -> tuple[int, int]:
+        epoch, sample_in_epoch = super()._resume_incr_epoch()
+        self._epoch = epoch
+        return epoch, sample_in_epoch
+
+    def get_item(self, sample_id: int, retry: int = 7) -> dict[str, Any]:
+        rec = ClipRecord.from_sample(super().get_item(sample_id, retry))
+        return self.make_sample(rec, int(sample_id), self._epoch)
+
+    def make_sample(self, rec: ClipRecord, sample_id: int, epoch: int) -> dict[str, Any]:
+        d = self.dropouts
+        draw = draw_sample(self.seed, epoch, sample_id, d.text, d.cond, d.mask)
+        ids = np.full(len(rec.context_ids), self.text.null_id, np.int64) if draw.drop_text else rec.context_ids
+        mask_frac = 0.0
+        if draw.drop_cond:
+            sem = np.full(rec.sem_shape, UNKNOWN, np.uint8)  # the stored ids are never decompressed
+        else:
+            sem = rec.sem_ids()
+            if draw.mask is not None:
+                meta = rec.meta()
+                sem, mask_frac = apply_unknown_mask(sem, Cameras.from_meta(meta), np.asarray(meta["ground_z"], float),
+                                                    draw.mask, calibration=d.calibration,
+                                                    max_frame_coverage=d.max_frame_coverage)
+        if self.vocab == "ids":
+            sem = collapse_parts(sem)
+        return {
+            "input_latents": rec.input_latents,
+            "context": self.text.gather(ids),
+            "context_ids": torch.from_numpy(np.asarray(ids, np.int64)),
+            "sem_ids": torch.from_numpy(np.ascontiguousarray(sem)),
+            "clip_id": rec.clip_id,
+            "sample_id": sample_id,
+            "epoch": epoch,
+            "dropped": {"text": bool(draw.drop_text), "cond": bool(draw.drop_cond), "mask": float(mask_frac)},
+        }
+
+
+def gc_collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Stack samples into the batch the model consumes; `dropped` becomes three flat tensors."""
+    return {
+        "input_latents": torch.stack([s["input_latents"] for s in samples]),
+        "context": torch.stack([s["context"] for s in samples]),
+        "context_ids": torch.stack([s["context_ids"] for s in samples]),
+        "sem_ids": torch.stack([s["sem_ids"] for s in samples]),
+        "clip_id": [s["clip_id"] for s in samples],
+        "sample_id": torch.tensor([s["sample_id"] for s in samples], dtype=torch.int64),
+        "epoch": torch.tensor([s["epoch"] for s in samples], dtype=torch.int64),
+        "drop_text": torch.tensor([s["dropped"]["text"] for s in samples], dtype=torch.bool),
+        "drop_cond": torch.tensor([s["dropped"]["cond"] for s in samples], dtype=torch.bool),
+        "mask_frac": torch.tensor([s["dropped"]["mask"] for s in samples], dtype=torch.float32),
+    }
+
+
+def build_dataloader(dataset: GcStreamingDataset, batch_size: int, num_workers: int = 0,
+                     persistent_workers: bool = False, prefetch_factor: int | None = None):
+    """A plain torch DataLoader: Composer saves/restores Streaming's position through `.dataset`."""
+    from torch.utils.data import DataLoader
+
+    return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=gc_collate,
+                      persistent_workers=persistent_workers and num_workers > 0,
+                      prefetch_factor=prefetch_factor if num_workers > 0 else None)

@@ -1,0 +1,258 @@
+"""The loader: contract, splits, vocabularies, val never drops, determinism across workers / ranks /
+resume, text gather, collate, and reading from a real S3 server."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from streaming.base.util import clean_stale_shared_memory
+
+from gcc import convert as C
+from gcc.data import Dropouts, GcStreamingDataset, build_dataloader, gc_collate
+from gcc.shards import MANIFEST
+from gcc.vocab import NULL_PROMPT, UNKNOWN, collapse_parts, invalid_values, key_to_id
+
+from conftest import make_prepared
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = Dropouts(text=0.3, cond=0.2, mask=0.7)  # more drops than default, so few samples exercise every path
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    src = make_prepared(root, clips=24, seed=3)
+    out = root / "shards"
+    C.convert(src, str(out), chunk_clips=4, progress=False, log=lambda *a: None)
+    return src, out
+
+
+def new_ds(shards, split="train", **kw) -> GcStreamingDataset:
+    clean_stale_shared_memory()
+    kw.setdefault("batch_size", 2)
+    return GcStreamingDataset(str(shards[1]), split, shards[1].parent / "caches" / uuid.uuid4().hex, **kw)
+
+
+def batch_digests(batch) -> list[tuple]:
+    out = []
+    for i in range(len(batch["clip_id"])):
+        out.append((batch["clip_id"][i], int(batch["epoch"][i]),
+                    json.dumps({"text": bool(batch["drop_text"][i]), "cond": bool(batch["drop_cond"][i]),
+                                "mask": float(batch["mask_frac"][i])}, sort_keys=True),
+                    hashlib.sha1(batch["sem_ids"][i].numpy().tobytes()).hexdigest(),
+                    tuple(batch["context_ids"][i].tolist()),
+                    hashlib.sha1(batch["context"][i].view(torch.int16).numpy().tobytes()).hexdigest()))
+    return out
+
+
+def run_epochs(ds, workers: int, epochs: int = 1, batch_size: int = 2) -> list[list[tuple]]:
+    dl = build_dataloader(ds, batch_size=batch_size, num_workers=workers)
+    return [[d for b in dl for d in batch_digests(b)] for _ in range(epochs)]
+
+
+def test_sample_contract(shards):
+    src, out = shards
+    geo = json.loads((out / MANIFEST).read_text())["geometry"]
+    ds = new_ds(shards, dropouts=Dropouts(0, 0, 0))
+    s = ds[0]
+    c, t, h, w = geo["latents"]
+    L, D = geo["text"]
+    assert s["input_latents"].dtype == torch.bfloat16 and list(s["input_latents"].shape) == [c, t, h, w]
+    assert s["context"].dtype == torch.bfloat16 and list(s["context"].shape) == [t, L, D]
+    assert s["context_ids"].dtype == torch.int64 and list(s["context_ids"].shape) == [t]
+    assert s["sem_ids"].dtype == torch.uint8 and list(s["sem_ids"].shape) == geo["sem"]
+    assert isinstance(s["clip_id"], str)
+    assert set(s["dropped"]) == {"text", "cond", "mask"}
+    # context is the text table's rows for the clip's keys
+    row = next(json.loads(l) for l in (src / "index" / "clips.jsonl").read_text().splitlines()
+               if json.loads(l)["clip_id"] == s["clip_id"])
+    with safe_open(str(src / "text" / "table.safetensors"), "pt") as f:
+        want = torch.stack([f.get_tensor(k) for k in row["context_keys"]])
+        ids = key_to_id(f.keys())
+    assert torch.equal(s["context"], want)
+    assert s["context_ids"].tolist() == [ids[k] for k in row["context_keys"]]
+
+
+def test_splits_and_drop(shards):
+    src, _ = shards
+    rows = [json.loads(l) for l in (src / "index" / "clips.jsonl").read_text().splitlines()]
+    for split in ("train", "val"):
+        ds = new_ds(shards, split, dropouts=Dropouts(0, 0, 0))
+        got = sorted(ds[i]["clip_id"] for i in range(len(ds)))
+        assert got == sorted(r["clip_id"] for r in rows if r["split"] == split and not r["drop"])
+
+
+def test_val_never_drops(shards):
+    ds = new_ds(shards, "val", dropouts=Dropouts(1.0, 1.0, 1.0))
+    assert ds.dropouts == Dropouts(0, 0, 0)
+    for epoch in run_epochs(ds, workers=0, epochs=2):
+        for d in epoch:
+            assert json.loads(d[2]) == {"text": False, "cond": False, "mask": 0.0}
+
+
+def test_dropout_paths(shards):
+    src, _ = shards
+    ds = new_ds(shards, dropouts=HEAVY)
+    table_null = key_to_id(ds.text.keys)[NULL_PROMPT]
+    seen = {"text": 0, "cond": 0, "mask": 0}
+    for e in range(3):
+        for i in range(len(ds)):
+            s = ds.make_sample(_record(ds, i), i, e)
+            raw = _record(ds, i).sem_ids()
+            if s["dropped"]["text"]:
+                seen["text"] += 1
+                assert (s["context_ids"] == table_null).all()
+            if s["dropped"]["cond"]:
+                seen["cond"] += 1
+                assert (s["sem_ids"] == UNKNOWN).all() and s["dropped"]["mask"] == 0.0
+            elif s["dropped"]["mask"] > 0:
+                seen["mask"] += 1
+                changed = s["sem_ids"].numpy() != raw
+                assert (s["sem_ids"].numpy()[changed] == UNKNOWN).all()
+                assert (raw[changed] <= 6).all()  # only static pixels are masked
+                assert s["dropped"]["mask"] == pytest.approx(changed.mean())
+            else:
+                assert np.array_equal(s["sem_ids"].numpy(), raw)
+    assert all(v > 0 for v in seen.values()), seen
+
+
+def _record(ds, i):
+    from gcc.shards import ClipRecord
+    from streaming import StreamingDataset
+
+    return ClipRecord.from_sample(StreamingDataset.get_item(ds, i))
+
+
+def test_cond_drop_never_decodes_sem(shards, monkeypatch):
+    from gcc.shards import ClipRecord
+
+    ds = new_ds(shards, dropouts=Dropouts(0, 1.0, 1.0))
+
+    def boom(self):
+        raise AssertionError("sem ids decoded for a cond-dropped sample")
+
+    monkeypatch.setattr(ClipRecord, "sem_ids", boom)
+    s = ds[0]
+    assert s["dropped"]["cond"] and (s["sem_ids"] == UNKNOWN).all()
+
+
+def test_ids_vocab_collapses_after_masking(shards):
+    parts = new_ds(shards, dropouts=HEAVY, vocab="parts")
+    ids = new_ds(shards, dropouts=HEAVY, vocab="ids")
+    for i in range(len(parts)):
+        a, b = parts.make_sample(_record(parts, i), i, 1), ids.make_sample(_record(ids, i), i, 1)
+        assert a["dropped"] == b["dropped"]
+        assert np.array_equal(collapse_parts(a["sem_ids"].numpy()), b["sem_ids"].numpy())
+        assert invalid_values(b["sem_ids"].numpy(), "ids") == []
+
+
+def test_same_samples_for_0_1_2_workers_and_epochs_differ(shards):
+    results = {w: run_epochs(new_ds(shards, dropouts=HEAVY), workers=w, epochs=2) for w in (0, 1, 2)}
+    as_sets = {w: [sorted(e) for e in r] for w, r in results.items()}
+    assert as_sets[0] == as_sets[1] == as_sets[2]
+    e0, e1 = as_sets[0]
+    assert [d[0] for d in e0] == [d[0] for d in e1]  # same clips every epoch...
+    assert e0 != e1  # ...with new draws (and a new order)
+    assert [d[1] for d in e1] == [1] * len(e1)
+
+
+def test_resume_mid_epoch_continues_exactly(shards):
+    full = run_epochs(new_ds(shards, dropouts=HEAVY), workers=2, epochs=2)
+    bs, k = 2, 3
+    ds = new_ds(shards, dropouts=HEAVY)
+    dl = build_dataloader(ds, batch_size=bs, num_workers=2)
+    it = iter(dl)
+    first = [d for _ in range(k) for d in batch_digests(next(it))]
+    state = ds.state_dict(num_samples=k * bs, from_beginning=True)
+    del it
+    resumed_ds = new_ds(shards, dropouts=HEAVY)
+    resumed_ds.load_state_dict(state)
+    rest = run_epochs(resumed_ds, workers=1, epochs=2)
+    assert first == full[0][:k * bs]
+    assert rest[0] == full[0][k * bs:]
+    assert rest[1] == full[1]
+
+
+RANK_SCRIPT = """
+import json, os, sys, hashlib
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from test_data import batch_digests, HEAVY
+from gcc.data import GcStreamingDataset, build_dataloader
+rank = int(os.environ.get("RANK", 0))
+ds = GcStreamingDataset({out!r}, "train", Path({cache!r}),  # one cache per node, shared by its ranks
+                        batch_size=int(sys.argv[1]), seed=0,
+                        dropouts=HEAVY)
+dl = build_dataloader(ds, batch_size=int(sys.argv[1]), num_workers=1)
+res = [batch_digests(b) for b in dl]
+Path({res!r}, f"rank{{rank}}.json").write_text(json.dumps(res))
+"""
+
+
+@pytest.mark.slow
+def test_same_global_batches_for_1_and_2_ranks(shards, tmp_path):
+    """Real separate processes via the composer launcher: global batch 4 = 1 rank × 4 = 2 ranks × 2."""
+    def launch(nproc, per_rank_bs, tag):
+        res = tmp_path / tag
+        res.mkdir()
+        script = tmp_path / f"ranks_{tag}.py"
+        script.write_text(RANK_SCRIPT.format(tests=str(ROOT / "tests"), out=str(shards[1]),
+                                             cache=str(tmp_path / f"cache_{tag}"), res=str(res)))
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        r = subprocess.run([str(Path(sys.executable).with_name("composer")), "-n", str(nproc), str(script),
+                            str(per_rank_bs)], env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        return [json.loads((res / f"rank{i}.json").read_text()) for i in range(nproc)]
+
+    one = launch(1, 4, "one")[0]
+    two = launch(2, 2, "two")
+    global_two = [sorted(map(tuple, two[0][i] + two[1][i])) for i in range(len(two[0]))]
+    # Streaming pads an epoch to a multiple of the rank count by repeating samples, so only the epoch's
+    # tail (its last, partial global batch) may differ; every full global batch must be identical.
+    n_full = sum(len(b) for b in one) // 4
+    assert n_full >= 3
+    assert [sorted(map(tuple, b)) for b in one][:n_full] == global_two[:n_full]
+
+
+@pytest.mark.slow
+def test_reads_from_s3(shards, tmp_path, s3, monkeypatch):
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)
+    remote = f"s3://{s3.new_bucket()}/shards"
+    C.convert(shards[0], remote, chunk_clips=4, progress=False, log=lambda *a: None)
+    clean_stale_shared_memory()
+    ds = GcStreamingDataset(remote, "train", tmp_path / "cache", batch_size=2, dropouts=HEAVY)
+    local = new_ds(shards, dropouts=HEAVY)
+    assert run_epochs(ds, workers=1) == run_epochs(local, workers=1)
+    assert (tmp_path / "cache" / "text" / "table.safetensors").exists()
+
+
+def test_refuses_data_without_manifest(shards, tmp_path):
+    import shutil
+
+    broken = tmp_path / "shards"
+    shutil.copytree(shards[1], broken)
+    (broken / MANIFEST).unlink()
+    with pytest.raises(C.BadInput, match="manifest.json"):
+        GcStreamingDataset(str(broken), "train", tmp_path / "cache", batch_size=2)
+
+
+def test_collate(shards):
+    ds = new_ds(shards, dropouts=HEAVY)
+    samples = [ds[i] for i in range(3)]
+    b = gc_collate(samples)
+    assert b["input_latents"].shape[0] == 3 and b["sem_ids"].dtype == torch.uint8
+    assert b["clip_id"] == [s["clip_id"] for s in samples]
+    assert b["drop_text"].tolist() == [s["dropped"]["text"] for s in samples]
+    assert b["mask_frac"].tolist() == pytest.approx([s["dropped"]["mask"] for s in samples])
+    for k in ("input_latents", "context", "context_ids", "sem_ids"):
+        assert all(torch.equal(b[k][i], samples[i][k]) for i in range(3))
