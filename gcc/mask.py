@@ -1,0 +1,458 @@
+"""The world-anchored UNKNOWN mask (SPEC §6), exact and fast.
+
+What it computes (SPEC §6, with the definitions this module fixes):
+
+* Ground plane Z = ``ground_z[0]``; if that is not finite, the median of the finite entries of ``ground_z``
+  (= nanmedian); if none is finite there is no mask (fraction 0). See :func:`mask_ground_z`.
+* Cell (i, j) of the 4×4 pooled grid owns the dst pixels (v, u) with v // 4 == i, u // 4 == j; its ground
+  point is ``geometry.ground_points`` at dst pixel (u, v) = (4j+2, 4i+2) (nearest upsampling ×4). A pixel's
+  *projection* onto plane direction θ is x·cos θ + y·sin θ of its cell's ground point (``math.cos/sin``),
+  NaN where the ray misses the ground.
+* τ of a plane = :func:`weighted_quantile` at p = 1 − q of frame 0's static pixels (raw ≤ 6) with a finite
+  projection, each pixel counting once (= cells weighted by their number of static pixels); +inf (nothing
+  beyond the plane) when frame 0 has no such pixel.
+* Every frame f: a static pixel becomes 255 when its projection is NaN or > τ_f of any plane. Other values
+  (characters 10..21, 255) never change. ``frame0``: τ_f = τ. ``cap``: τ_f = max(τ, weighted_quantile at
+  p = 1 − max_frame_coverage of frame f's static finite projections; τ_f = τ when frame f has none). With
+  the inverted-CDF quantile this bounds, per plane and per frame, the weight of static finite pixels beyond the plane by
+  max_frame_coverage × (their total) exactly; NaN (sky) static pixels are masked on top of that, and with
+  two planes the union can reach 2 × max_frame_coverage (SPEC's formula is per plane).
+
+How it is fast (~20–30 ms at 81×480×832 instead of 270–370 ms): per frame, a cell's ground ray meets the
+plane where a ratio of two affine functions of (a, b) (the ray's offsets on the image plane) equals a
+threshold, so "hit the ground" and "beyond the plane" are each the sign of an affine function of (a, b)
+that is linear along every row of cells: each row splits into a sure-negative run, a sure-positive run and
+an ambiguous run where the affine value is within a rigorous float error bound of 0 (almost always empty).
+Ambiguous cells (and near-horizon rays, and frame 0 entirely) are evaluated with
+``geometry.ground_points`` itself, so every decision is the one the per-pixel definition takes with the
+same float64 arithmetic: the fast path equals the reference exactly, not just up to rounding.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from gcc.geometry import Cameras, ground_points, pixel_grid, rotation_axes
+from gcc.vocab import STATIC_MAX, UNKNOWN
+
+CELL = 4  # pooled grid stride (pixels)
+CALIBRATIONS = ("frame0", "cap")
+DEFAULT_MAX_FRAME_COVERAGE = 0.4
+
+_EPS = float(np.finfo(np.float64).eps)
+_SAFETY = 1e4  # margin of the error bounds over the derived constants
+_DELTA = 1e-4  # rays with |D_z| < _DELTA·|D|max (near the horizon) are always evaluated exactly
+
+
+@dataclass(frozen=True)
+class MaskParams:
+    """The mask's random parameters: one (θ, q) per half-plane. θ in radians (world XY), q in (0, 1)."""
+
+    thetas: tuple[float, ...]
+    qs: tuple[float, ...]
+
+    def __post_init__(self):
+        if len(self.thetas) != len(self.qs) or not self.thetas:
+            raise ValueError(f"need >= 1 plane and as many thetas as qs, got {self.thetas}, {self.qs}")
+        if not all(0.0 < q < 1.0 for q in self.qs):
+            raise ValueError(f"q must be in (0, 1), got {self.qs}")
+
+    @property
+    def n_planes(self) -> int:
+        return len(self.thetas)
+
+
+def mask_ground_z(ground_z: Sequence[float]) -> float | None:
+    """The plane Z of the mask: ground_z[0] if finite, else the median of the finite entries, else None."""
+    gz = np.asarray(ground_z, dtype=np.float64).ravel()
+    if gz.size and np.isfinite(gz[0]):
+        return float(gz[0])
+    fin = gz[np.isfinite(gz)]
+    return float(np.median(fin)) if fin.size else None
+
+
+def weighted_quantile(values: np.ndarray, weights: np.ndarray, p: float) -> float:
+    """Inverted-CDF (lower, no interpolation) quantile of a population given as values with integer weights.
+
+    Sort the values ascending, v_1 ≤ … ≤ v_n, with cumulative weights C_k = w_1 + … + w_k and total C_n = W.
+    With t = p · W (float64, computed as ``p * float(W)``) the quantile is v_k for the smallest k with
+    C_k ≥ t (k = 1 when t ≤ C_1). For a per-pixel population (every weight 1) this is the value at sorted
+    position max(1, ceil(p·n)): cells weighted by their number of static pixels give exactly the quantile of
+    the pixels. Consequence: the weight of values > quantile is ≤ (1 − p)·W. Returns +inf for an empty
+    population (nothing can lie beyond +inf)."""
+    values = np.asarray(values, dtype=np.float64)
+    weights = np.asarray(weights)
+    keep = weights > 0
+    values, weights = values[keep], weights[keep]
+    if values.size == 0:
+        return math.inf
+    order = np.argsort(values, kind="stable")
+    cum = np.cumsum(weights[order], dtype=np.int64)
+    t = p * float(cum[-1])
+    k = min(int(np.searchsorted(cum, t, side="left")), values.size - 1)
+    return float(values[order[k]])
+
+
+def cell_pixels(hw: Sequence[int]) -> np.ndarray:
+    """dst pixels (u, v) [h4·w4, 2] of the pooled cells, row-major: cell (i, j) -> (4j+2, 4i+2)."""
+    return pixel_grid(hw, CELL, CELL // 2)
+
+
+def static_cell_counts(ids: np.ndarray) -> np.ndarray:
+    """ids uint8 [F, H, W] -> number of static pixels per 4×4 cell, int32 [F, H/4, W/4]."""
+    f, h, w = ids.shape
+    s = np.less_equal(ids, STATIC_MAX).view(np.uint8)  # 0/1 bytes
+    # 4 horizontal bytes of a cell-row = one uint32: add the 4 rows, then sum the 4 bytes (each <= 4)
+    rows = s.reshape(f, h // CELL, CELL, w).view(np.uint32)  # [F, h4, 4, w4]
+    acc = rows.sum(axis=2, dtype=np.uint32)
+    return ((acc * np.uint32(0x01010101)) >> np.uint32(24)).astype(np.int32)
+
+
+# ---- per-frame affine machinery ------------------------------------------------------------------------
+class _Clip:
+    """Per-frame camera quantities on the pooled grid (all float64, as geometry computes them)."""
+
+    def __init__(self, cameras: Cameras, hw: tuple[int, int], gz: float):
+        h, w = hw
+        self.cameras, self.gz = cameras, gz
+        self.h4, self.w4 = h // CELL, w // CELL
+        self.pix = cell_pixels(hw)
+        axes = rotation_axes(cameras.rotation)
+        self.fwd, self.right, self.up = axes[:, 0], axes[:, 1], axes[:, 2]  # [F, 3]
+        self.half_w, self.half_h = cameras._half_extents()
+        cols = np.stack([np.arange(self.w4) * CELL + CELL // 2, np.zeros(self.w4)], -1)
+        rows = np.stack([np.zeros(self.h4), np.arange(self.h4) * CELL + CELL // 2], -1)
+        self.ndcx = cameras.dst_to_ndc(cols)[:, 0]  # [w4] increasing
+        self.ndcy = cameras.dst_to_ndc(rows)[:, 1]  # [h4]
+        self.b = self.half_h[:, None] * self.ndcy[None, :]  # [F, h4]
+        self.ortho = np.asarray(cameras.orthographic, dtype=bool)
+        self.L = cameras.location
+        self.hgt = gz - self.L[:, 2]  # [F]
+        self.dmax = np.where(self.ortho, 1.0, np.sqrt(1.0 + self.half_w ** 2 + self.half_h ** 2))
+        fz = self.fwd[:, 2]
+        # orthographic frames with a (near) horizontal view: evaluate the whole frame exactly
+        self.frame_exact = self.ortho & (np.abs(fz) < _DELTA)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            self.inv_fz = np.where(self.frame_exact, 0.0, 1.0 / np.where(fz == 0, 1.0, fz))
+
+    # each affine function of a row is g(j) = g0[f, i] + gx[f] · ndcx[j], with a tolerance tol[f]
+    def hit_function(self):
+        fz, rz, uz = self.fwd[:, 2], self.right[:, 2], self.up[:, 2]
+        sh = np.sign(self.hgt)
+        # perspective: hit <=> sign(h)·D_z > 0, near-horizon |D_z| <= δ·|D|max is ambiguous (exact)
+        g0_p = sh[:, None] * (fz[:, None] + uz[:, None] * self.b)
+        gx_p = sh * rz * self.half_w
+        tol_p = _DELTA * self.dmax
+        # orthographic: hit <=> sign(f_z)·(h − a·r_z − b·u_z) > 0
+        so = np.sign(fz)
+        g0_o = so[:, None] * (self.hgt[:, None] - uz[:, None] * self.b)
+        gx_o = -so * rz * self.half_w
+        tol_o = _SAFETY * 8 * _EPS * (np.abs(self.L[:, 2]) + abs(self.gz) + self.half_w + self.half_h)
+        o = self.ortho
+        g0 = np.where(o[:, None], g0_o, g0_p)
+        gx = np.where(o, gx_o, gx_p)
+        tol = np.where(o, tol_o, tol_p)
+        # a camera exactly on the plane (perspective) sees t = 0 everywhere: all miss, nothing ambiguous
+        none = (~o) & (self.hgt == 0)
+        g0[none], gx[none], tol[none] = -1.0, 0.0, 0.0
+        return g0, gx, tol
+
+    def plane_function(self, theta: float, tau: np.ndarray):
+        """Beyond the plane (proj > tau[f]) <=> g > 0, valid on cells that hit the ground."""
+        c, s = math.cos(theta), math.sin(theta)
+        th = lambda v: v[:, 0] * c + v[:, 1] * s  # noqa: E731
+        Lt, ft, rt, ut = th(self.L), th(self.fwd), th(self.right), th(self.up)
+        fz, rz, uz = self.fwd[:, 2], self.right[:, 2], self.up[:, 2]
+        lxy = np.abs(self.L[:, 0]) + np.abs(self.L[:, 1])
+        finite = np.isfinite(tau)
+        taum = np.where(finite, tau, 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            # perspective: proj − τ = h·(D_θ − k·D_z)/D_z with k = (τ − L_θ)/h
+            hsafe = np.where(self.hgt == 0, 1.0, self.hgt)
+            k = (taum - Lt) / hsafe
+            g0_p = (ft - k * fz)[:, None] + (ut - k * uz)[:, None] * self.b
+            gx_p = (rt - k * rz) * self.half_w
+            dm = self.dmax
+            tol_p = _SAFETY * 8 * _EPS * (dm * (1.0 / _DELTA + 2.0 + np.abs(k))
+                                          + 2.0 * (lxy + np.abs(taum)) * dm / np.abs(hsafe))
+            # orthographic: proj − τ = (L_θ − τ + r·h) + a·(r_θ − r·r_z) + b·(u_θ − r·u_z), r = f_θ / f_z
+            r = ft * self.inv_fz
+            g0_o = (Lt - taum + r * self.hgt)[:, None] + (ut - r * uz)[:, None] * self.b
+            gx_o = (rt - r * rz) * self.half_w
+            tol_o = _SAFETY * 8 * _EPS * (lxy + np.abs(self.L[:, 2]) + abs(self.gz) + np.abs(taum)
+                                          + (self.half_w + self.half_h) * (1.0 + 2.0 * np.abs(self.inv_fz))
+                                          + 2.0 * np.abs(self.hgt * self.inv_fz))
+        o = self.ortho
+        g0 = np.where(o[:, None], g0_o, g0_p)
+        gx = np.where(o, gx_o, gx_p)
+        tol = np.where(o, tol_o, tol_p)
+        off = ~finite | ((~o) & (self.hgt == 0))  # τ = +inf: nothing is beyond; camera on the plane: all miss
+        g0[off], gx[off], tol[off] = -1.0, 0.0, 0.0
+        return g0, gx, tol
+
+    def intervals(self, g0, gx, tol):
+        """Per row: sure-positive run [lo, hi) and ambiguous run [alo, ahi) of cell columns, int64 [F, h4]."""
+        w4, ndcx = self.w4, self.ndcx
+        gxx, tl = gx[:, None], tol[:, None]
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            xp = (tl - g0) / gxx
+            xn = (-tl - g0) / gxx
+        inc = np.broadcast_to(gxx > 0, g0.shape)
+        dec = np.broadcast_to(gxx < 0, g0.shape)
+        xp = np.where(inc | dec, xp, 0.0)
+        xn = np.where(inc | dec, xn, 0.0)
+        p_r, p_l = np.searchsorted(ndcx, xp, "right"), np.searchsorted(ndcx, xp, "left")
+        n_r, n_l = np.searchsorted(ndcx, xn, "right"), np.searchsorted(ndcx, xn, "left")
+        flat_pos = g0 > tl
+        flat_amb = np.abs(g0) <= tl
+        lo = np.where(inc, p_r, 0)
+        hi = np.where(inc, w4, np.where(dec, p_l, np.where(flat_pos, w4, 0)))
+        alo = np.where(inc, n_l, np.where(dec, p_l, 0))
+        ahi = np.where(inc, p_r, np.where(dec, n_r, np.where(flat_amb, w4, 0)))
+        fe = self.frame_exact
+        if fe.any():
+            alo[fe], ahi[fe] = 0, w4
+        return lo, hi, alo, np.maximum(ahi, alo)
+
+    def fast_projection(self, f: int, theta: float) -> np.ndarray:
+        """Projections of all cells of frame f [P] by the closed form (float error <= `proj_band`)."""
+        c, s = math.cos(theta), math.sin(theta)
+        th = lambda v: v[0] * c + v[1] * s  # noqa: E731
+        L, fw, rg, up = self.L[f], self.fwd[f], self.right[f], self.up[f]
+        a = (self.half_w[f] * self.ndcx)[None, :]
+        b = self.b[f][:, None]
+        if self.ortho[f]:
+            r = th(fw) * self.inv_fz[f]
+            p = (th(L) + r * self.hgt[f]) + (th(rg) - r * rg[2]) * a + (th(up) - r * up[2]) * b
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                p = th(L) + self.hgt[f] * ((th(fw) + th(up) * b) + th(rg) * a) / ((fw[2] + up[2] * b) + rg[2] * a)
+        return p.ravel()
+
+    def proj_band(self, f: int, tau_abs: float) -> float:
+        """Upper bound (with margin) of |fast − exact| projection for non-ambiguous cells of frame f."""
+        lxy = abs(self.L[f, 0]) + abs(self.L[f, 1])
+        if self.ortho[f]:
+            return float(_SAFETY * 8 * _EPS * (lxy + abs(self.L[f, 2]) + abs(self.gz) + tau_abs
+                                               + (self.half_w[f] + self.half_h[f]) * (1 + 2 * abs(self.inv_fz[f]))
+                                               + 2 * abs(self.hgt[f] * self.inv_fz[f])))
+        return float(_SAFETY * 8 * _EPS * (lxy + tau_abs + abs(self.hgt[f]) / _DELTA * (1.0 / _DELTA + 2.0)))
+
+    def exact_xy(self, frames: np.ndarray, cells: np.ndarray) -> np.ndarray:
+        """geometry.ground_points of the given (frame, cell) pairs [n] -> [n, 2] (the definition itself)."""
+        out = np.empty((len(frames), 2))
+        if len(frames) == 0:
+            return out
+        order = np.argsort(frames, kind="stable")
+        fs = frames[order]
+        starts = np.flatnonzero(np.r_[True, fs[1:] != fs[:-1]])
+        ends = np.r_[starts[1:], len(fs)]
+        for a, e in zip(starts, ends):
+            sel = order[a:e]
+            out[sel] = ground_points(self.cameras[int(fs[a])], self.pix[cells[sel]], self.gz)[0]
+        return out
+
+
+def _runs_to_cells(alo: np.ndarray, ahi: np.ndarray, w4: int) -> np.ndarray:
+    """Flat cell indices (f·h4·w4 + i·w4 + j) of all runs [alo, ahi) of every row."""
+    n = (ahi - alo).ravel()
+    if not n.any():
+        return np.zeros(0, dtype=np.int64)
+    rows = np.repeat(np.arange(n.size), n)
+    start = np.repeat(alo.ravel(), n)
+    offs = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
+    return rows * w4 + start + offs
+
+
+def _exact_decide(xy: np.ndarray, thetas, tau_rows: np.ndarray) -> np.ndarray:
+    """Masked cells from exact ground points [n, 2] and per-cell thresholds [n, K]."""
+    masked = np.isnan(xy[:, 0])
+    for k, th in enumerate(thetas):
+        proj = xy[:, 0] * math.cos(th) + xy[:, 1] * math.sin(th)
+        masked |= proj > tau_rows[:, k]
+    return masked
+
+
+def _row_sum(cw: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Sum of weights over [lo, hi) of every row from row prefix sums cw [F, h4, w4+1] -> [F]."""
+    hi = np.maximum(hi, lo)
+    return (np.take_along_axis(cw, hi[..., None], 2) - np.take_along_axis(cw, lo[..., None], 2))[..., 0].sum(1)
+
+
+def unknown_cells(cameras: Cameras, gz: float, hw: tuple[int, int], params: MaskParams, weights: np.ndarray,
+                  calibration: str = "frame0", max_frame_coverage: float = DEFAULT_MAX_FRAME_COVERAGE,
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """The mask on the pooled grid: masked cells bool [F, h4, w4] (a static pixel is masked iff its cell is)
+    and the thresholds τ_f per frame and plane [F, K]. `weights`: static pixels per cell, [F, h4, w4]
+    (for ``frame0`` only weights[0] is read, so [1, h4, w4] is enough)."""
+    if calibration not in CALIBRATIONS:
+        raise ValueError(f"calibration must be one of {CALIBRATIONS}, got {calibration!r}")
+    nf = len(cameras)
+    clip = _Clip(cameras, hw, gz)
+    h4, w4, P = clip.h4, clip.w4, clip.h4 * clip.w4
+    thetas, qs = params.thetas, params.qs
+    K = len(thetas)
+
+    # frame 0 exactly (the definition itself): τ per plane
+    xy0 = ground_points(cameras[0], clip.pix, gz)[0]
+    fin0 = ~np.isnan(xy0[:, 0])
+    w0 = weights[0].ravel()
+    sel0 = fin0 & (w0 > 0)
+    proj0 = [xy0[:, 0] * math.cos(t) + xy0[:, 1] * math.sin(t) for t in thetas]
+    tau = np.array([weighted_quantile(proj0[k][sel0], w0[sel0], 1.0 - qs[k]) for k in range(K)])
+    taus = np.broadcast_to(tau, (nf, K)).copy()
+
+    hit_iv = clip.intervals(*clip.hit_function())
+    if calibration == "cap":
+        taus = _cap_taus(clip, params, weights, tau, hit_iv, max_frame_coverage)
+
+    # final decision on every cell, then the exact override of ambiguous cells and of frame 0
+    J = np.arange(w4, dtype=np.int16)
+    lo, hi, alo, ahi = hit_iv
+    masked = ~((J >= lo[..., None].astype(np.int16)) & (J < hi[..., None].astype(np.int16)))
+    amb = [_runs_to_cells(alo, ahi, w4)]
+    for k in range(K):
+        plo, phi, palo, pahi = clip.intervals(*clip.plane_function(thetas[k], taus[:, k]))
+        masked |= (J >= plo[..., None].astype(np.int16)) & (J < phi[..., None].astype(np.int16))
+        amb.append(_runs_to_cells(palo, pahi, w4))
+    flat = masked.reshape(-1)
+    amb = np.unique(np.concatenate(amb))
+    amb = amb[amb >= P]  # frame 0 is redone below
+    if amb.size:
+        fr, cell = amb // P, amb % P
+        flat[amb] = _exact_decide(clip.exact_xy(fr, cell), thetas, taus[fr])
+    flat[:P] = _exact_decide(xy0, thetas, np.broadcast_to(taus[0], (P, K)))
+    return masked, taus
+
+
+def _cap_taus(clip: _Clip, params: MaskParams, weights: np.ndarray, tau: np.ndarray, hit_iv,
+              max_cov: float) -> np.ndarray:
+    """τ_f = max(τ, weighted_quantile(frame f's static finite projections, 1 − max_cov)) per frame, plane."""
+    nf, K = len(clip.cameras), len(tau)
+    h4, w4, P = clip.h4, clip.w4, clip.h4 * clip.w4
+    p = 1.0 - max_cov
+    w = weights.astype(np.int64)
+    cw = np.zeros((nf, h4, w4 + 1), dtype=np.int64)
+    np.cumsum(w, axis=2, out=cw[:, :, 1:])
+    wflat = w.reshape(-1)
+    hlo, hhi, halo, hahi = hit_iv
+    hamb = _runs_to_cells(halo, hahi, w4)
+    taus = np.broadcast_to(tau, (nf, K)).copy()
+    for k in range(K):
+        if not np.isfinite(tau[k]):
+            continue  # no frame-0 population: τ = +inf, and max(τ, ·) stays +inf
+        tk = np.full(nf, tau[k])
+        plo, phi, palo, pahi = clip.intervals(*clip.plane_function(params.thetas[k], tk))
+        # provisional sums from the sure runs (ambiguous cells are corrected below with exact values)
+        w_fin = _row_sum(cw, hlo, hhi)
+        w_bey = _row_sum(cw, np.maximum(hlo, plo), np.minimum(hhi, phi))
+        amb = np.unique(np.concatenate([hamb, _runs_to_cells(palo, pahi, w4)]))
+        if amb.size:
+            fr, cell = amb // P, amb % P
+            i, j = cell // w4, cell % w4
+            in_h = (j >= hlo[fr, i]) & (j < hhi[fr, i])
+            in_p = in_h & (j >= plo[fr, i]) & (j < phi[fr, i])
+            xy = clip.exact_xy(fr, cell)
+            e_fin = ~np.isnan(xy[:, 0])
+            e_bey = e_fin & (xy[:, 0] * math.cos(params.thetas[k]) + xy[:, 1] * math.sin(params.thetas[k]) > tau[k])
+            wa = wflat[amb]
+            np.add.at(w_fin, fr, wa * (e_fin.astype(np.int64) - in_h))
+            np.add.at(w_bey, fr, wa * (e_bey.astype(np.int64) - in_p))
+        # Q_f <= τ  <=>  weight(proj <= τ) >= p·W  (then τ_f = τ)
+        # (a frame without static finite pixels has nothing to cap: τ_f = τ)
+        need = (w_fin > 0) & ((w_fin - w_bey) < p * w_fin.astype(np.float64))
+        for f in np.flatnonzero(need):
+            taus[f, k] = _frame_quantile(clip, int(f), params.thetas[k], tau[k], w[f].reshape(-1),
+                                         (hlo[f], hhi[f], halo[f], hahi[f]), int(w_fin[f]),
+                                         int(w_fin[f] - w_bey[f]), p)
+    return taus
+
+
+def _frame_quantile(clip: _Clip, f: int, theta: float, tau: float, wf: np.ndarray, hit_iv_f, W: int,
+                    w_le_tau: int, p: float) -> float:
+    """Exact weighted quantile at p of frame f's static finite projections, known to be > τ."""
+    h4, w4, P = clip.h4, clip.w4, clip.h4 * clip.w4
+    hlo, hhi, halo, hahi = hit_iv_f
+    J = np.arange(w4)
+    sure = ((J >= hlo[:, None]) & (J < hhi[:, None])).ravel()
+    amb_rows = _runs_to_cells(halo[None], hahi[None], w4)
+    sure[amb_rows] = False
+    proj = clip.fast_projection(f, theta)
+    band = clip.proj_band(f, abs(tau))
+    vals = np.where(sure, proj, np.nan)
+    if amb_rows.size:  # near-horizon / ambiguous-hit cells: exact
+        xy = clip.exact_xy(np.full(amb_rows.size, f), amb_rows)
+        vals[amb_rows] = xy[:, 0] * math.cos(theta) + xy[:, 1] * math.sin(theta)
+    exact = np.zeros(P, dtype=bool)
+    exact[amb_rows] = True
+    t = p * float(W)
+    for _ in range(4):
+        cand = (wf > 0) & ~np.isnan(vals) & (vals > tau - 2 * band)
+        idx = np.flatnonzero(cand)
+        # cells not among idx that are finite and static have exact value <= τ; count them
+        base = int(wf[(wf > 0) & ~np.isnan(vals)].sum()) - int(wf[idx].sum())
+        order = idx[np.argsort(vals[idx], kind="stable")]
+        cum = base + np.cumsum(wf[order])
+        k = min(int(np.searchsorted(cum, t, side="left")), order.size - 1)
+        v = vals[order[k]]
+        near = idx[(np.abs(vals[idx] - v) <= 2 * band) & ~exact[idx]]
+        if near.size == 0:
+            return float(v)
+        xy = clip.exact_xy(np.full(near.size, f), near)
+        fin = ~np.isnan(xy[:, 0])
+        vals[near] = np.where(fin, xy[:, 0] * math.cos(theta) + xy[:, 1] * math.sin(theta), np.nan)
+        exact[near] = True
+    # pathological: fall back to the exact frame
+    xy = ground_points(clip.cameras[f], clip.pix, clip.gz)[0]
+    pr = xy[:, 0] * math.cos(theta) + xy[:, 1] * math.sin(theta)
+    ok = ~np.isnan(pr) & (wf > 0)
+    return weighted_quantile(pr[ok], wf[ok], p)
+
+
+def apply_unknown_mask(ids: np.ndarray, cameras: Cameras, ground_z: Sequence[float], params: MaskParams,
+                       calibration: str = "frame0", max_frame_coverage: float = DEFAULT_MAX_FRAME_COVERAGE,
+                       inplace: bool = False) -> tuple[np.ndarray, float]:
+    """Apply the world-anchored UNKNOWN mask (SPEC §6) to raw parts ids uint8 [F, H, W] (H, W multiples of 4).
+
+    cameras: one per frame (``Cameras.from_meta(meta)``), dst_hw == (H, W); ground_z: [F], NaN allowed.
+    Returns (masked ids, fraction of all F·H·W pixels set to 255). With ``inplace=True`` `ids` (writable,
+    C-contiguous) is modified and returned; otherwise a new array is returned and `ids` is untouched.
+    No finite ground_z: the ids unchanged (a copy unless inplace) and fraction 0.0."""
+    ids = np.asarray(ids)
+    if ids.dtype != np.uint8 or ids.ndim != 3:
+        raise ValueError(f"ids must be uint8 [F, H, W], got {ids.dtype} {ids.shape}")
+    nf, h, w = ids.shape
+    if h % CELL or w % CELL:
+        raise ValueError(f"H, W must be multiples of {CELL}, got {h}x{w}")
+    if len(cameras) != nf or tuple(cameras.dst_hw) != (h, w) or len(ground_z) != nf:
+        raise ValueError(f"cameras ({len(cameras)}, dst_hw {cameras.dst_hw}) and ground_z ({len(ground_z)}) "
+                         f"must match ids {ids.shape}")
+    out = ids if inplace else ids.copy()
+    if not out.flags.c_contiguous:
+        raise ValueError("ids must be C-contiguous")
+    gz = mask_ground_z(ground_z)
+    if gz is None:
+        return out, 0.0
+    if calibration == "cap":
+        weights = static_cell_counts(out)
+    else:
+        weights = static_cell_counts(out[:1])
+    cells, _ = unknown_cells(cameras, gz, (h, w), params, weights, calibration, max_frame_coverage)
+    return out, _apply_cells(out, cells)
+
+
+def _apply_cells(out: np.ndarray, cells: np.ndarray) -> float:
+    """Set static pixels of masked cells to 255 in place; returns the fraction of pixels set."""
+    nf, h, w = out.shape
+    h4, w4 = h // CELL, w // CELL
+    # cell mask -> 0xFF bytes repeated over the 4 columns of the cell (one uint32 per cell-row)
+    up = (cells.astype(np.uint32) * np.uint32(0xFFFFFFFF)).view(np.uint8).reshape(nf, h4, 1, w)
+    m = np.less_equal(out, STATIC_MAX).view(np.uint8)  # 0/1
+    m4 = m.reshape(nf, h4, CELL, w)
+    np.multiply(m4, up, out=m4)  # 0/255: static pixel of a masked cell
+    n = np.count_nonzero(m)
+    np.bitwise_or(out, m, out=out)
+    return n / out.size
