@@ -22,7 +22,7 @@ from gcc.mask import MaskParams
 
 P_TEXT, P_COND, P_MASK = 0.1, 0.05, 0.5  # SPEC §6 / §8 defaults
 P_ONE_PLANE = 0.7
-Q_LOW, Q_HIGH = 0.05, 0.40
+Q_LOW, Q_SPAN = 0.05, 0.35  # q = 0.05 + 0.35·u: U(0.05, 0.40)
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,6 @@ def draw_sample(seed: int, epoch: int, sample_id: int, p_text: float = P_TEXT, p
         thetas, qs = [], []
         for _ in range(n_planes):
             thetas.append(2.0 * math.pi * float(rng.random()))
-            qs.append(Q_LOW + (Q_HIGH - Q_LOW) * float(rng.random()))
+            qs.append(Q_LOW + Q_SPAN * float(rng.random()))
         mask = MaskParams(tuple(thetas), tuple(qs))
     return SampleDraw(drop_text, drop_cond, mask, (u_text, u_cond, u_mask))
