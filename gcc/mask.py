@@ -193,29 +193,47 @@ class _Clip:
         g0[off], gx[off], tol[off] = -1.0, 0.0, 0.0
         return g0, gx, tol
 
-    def intervals(self, g0, gx, tol):
-        """Per row: sure-positive run [lo, hi) and ambiguous run [alo, ahi) of cell columns, int64 [F, h4]."""
+    def _count_below(self, x: np.ndarray, right: bool) -> np.ndarray:
+        """#{j: ndcx_j < x} (or <= x when `right`), from ndcx_j ≈ α + β·j. Off by one only where ndcx_j ≈ x,
+        i.e. at |g| ≈ tol, where either side of the split is a correct classification."""
         w4, ndcx = self.w4, self.ndcx
+        beta = (ndcx[-1] - ndcx[0]) / (w4 - 1) if w4 > 1 else 1.0
+        with np.errstate(invalid="ignore", over="ignore"):
+            r = (x - ndcx[0]) / beta
+            r = np.floor(r) + 1.0 if right else np.ceil(r)
+        return np.clip(np.nan_to_num(r, nan=0.0), 0, w4).astype(np.int64)
+
+    def intervals(self, g0, gx, tol):
+        """Per row: sure-positive run [lo, hi) and ambiguous run [alo, ahi) of cell columns, int64 [F, h4],
+        and `dec` [F]: the frames whose g decreases along a row (their sure-positive runs are prefixes, the
+        others' suffixes)."""
+        w4 = self.w4
         gxx, tl = gx[:, None], tol[:, None]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             xp = (tl - g0) / gxx
             xn = (-tl - g0) / gxx
         inc = np.broadcast_to(gxx > 0, g0.shape)
         dec = np.broadcast_to(gxx < 0, g0.shape)
-        xp = np.where(inc | dec, xp, 0.0)
-        xn = np.where(inc | dec, xn, 0.0)
-        p_r, p_l = np.searchsorted(ndcx, xp, "right"), np.searchsorted(ndcx, xp, "left")
-        n_r, n_l = np.searchsorted(ndcx, xn, "right"), np.searchsorted(ndcx, xn, "left")
+        p_r, p_l = self._count_below(xp, True), self._count_below(xp, False)
+        n_r, n_l = self._count_below(xn, True), self._count_below(xn, False)
         flat_pos = g0 > tl
         flat_amb = np.abs(g0) <= tl
-        lo = np.where(inc, p_r, 0)
-        hi = np.where(inc, w4, np.where(dec, p_l, np.where(flat_pos, w4, 0)))
+        lo = np.where(inc, p_r, np.where(dec | flat_pos, 0, w4))
+        hi = np.where(dec, p_l, w4)
         alo = np.where(inc, n_l, np.where(dec, p_l, 0))
         ahi = np.where(inc, p_r, np.where(dec, n_r, np.where(flat_amb, w4, 0)))
         fe = self.frame_exact
         if fe.any():
             alo[fe], ahi[fe] = 0, w4
-        return lo, hi, alo, np.maximum(ahi, alo)
+        return lo, hi, alo, np.maximum(ahi, alo), gx < 0
+
+    def positive_cells(self, iv, out: np.ndarray, negate: bool = False) -> np.ndarray:
+        """Sure-positive cells bool [F, h4, w4] of intervals `iv` (or their complement with `negate`)."""
+        lo, hi, _, _, dec = iv
+        J = np.arange(self.w4, dtype=np.int16)
+        js = np.where(dec[:, None, None], -J, J).astype(np.int16)  # [F, 1, w4]
+        thr = np.where(dec[:, None], 1 - hi, lo).astype(np.int16)[..., None]  # suffix: j >= lo; prefix: -j >= 1-hi
+        return (np.less if negate else np.greater_equal)(js, thr, out=out)
 
     def fast_projection(self, f: int, theta: float) -> np.ndarray:
         """Projections of all cells of frame f [P] by the closed form (float error <= `proj_band`)."""
@@ -296,36 +314,32 @@ def unknown_cells(cameras: Cameras, gz: float, hw: tuple[int, int], params: Mask
     thetas, qs = params.thetas, params.qs
     K = len(thetas)
 
-    # frame 0 exactly (the definition itself): τ per plane
-    xy0 = ground_points(cameras[0], clip.pix, gz)[0]
-    fin0 = ~np.isnan(xy0[:, 0])
-    w0 = weights[0].ravel()
-    sel0 = fin0 & (w0 > 0)
-    proj0 = [xy0[:, 0] * math.cos(t) + xy0[:, 1] * math.sin(t) for t in thetas]
-    tau = np.array([weighted_quantile(proj0[k][sel0], w0[sel0], 1.0 - qs[k]) for k in range(K)])
-    taus = np.broadcast_to(tau, (nf, K)).copy()
-
     hit_iv = clip.intervals(*clip.hit_function())
+    # τ per plane: the exact weighted quantile of frame 0's static finite projections
+    tau = np.array([_frame_quantile(clip, 0, thetas[k], weights[0].reshape(-1), _row(hit_iv, 0), 1.0 - qs[k])
+                    for k in range(K)])
+    taus = np.broadcast_to(tau, (nf, K)).copy()
     if calibration == "cap":
         taus = _cap_taus(clip, params, weights, tau, hit_iv, max_frame_coverage)
 
-    # final decision on every cell, then the exact override of ambiguous cells and of frame 0
-    J = np.arange(w4, dtype=np.int16)
-    lo, hi, alo, ahi = hit_iv
-    masked = ~((J >= lo[..., None].astype(np.int16)) & (J < hi[..., None].astype(np.int16)))
-    amb = [_runs_to_cells(alo, ahi, w4)]
+    # every cell: sure decisions from the row runs, then the ambiguous cells exactly
+    masked = clip.positive_cells(hit_iv, np.empty((nf, h4, w4), dtype=bool), negate=True)  # sure miss or amb
+    tmp = np.empty_like(masked)
+    amb = [_runs_to_cells(hit_iv[2], hit_iv[3], w4)]
     for k in range(K):
-        plo, phi, palo, pahi = clip.intervals(*clip.plane_function(thetas[k], taus[:, k]))
-        masked |= (J >= plo[..., None].astype(np.int16)) & (J < phi[..., None].astype(np.int16))
-        amb.append(_runs_to_cells(palo, pahi, w4))
-    flat = masked.reshape(-1)
+        iv = clip.intervals(*clip.plane_function(thetas[k], taus[:, k]))
+        np.logical_or(masked, clip.positive_cells(iv, tmp), out=masked)
+        amb.append(_runs_to_cells(iv[2], iv[3], w4))
     amb = np.unique(np.concatenate(amb))
-    amb = amb[amb >= P]  # frame 0 is redone below
     if amb.size:
         fr, cell = amb // P, amb % P
-        flat[amb] = _exact_decide(clip.exact_xy(fr, cell), thetas, taus[fr])
-    flat[:P] = _exact_decide(xy0, thetas, np.broadcast_to(taus[0], (P, K)))
+        masked.reshape(-1)[amb] = _exact_decide(clip.exact_xy(fr, cell), thetas, taus[fr])
     return masked, taus
+
+
+def _row(iv, f: int):
+    """The intervals of frame f alone."""
+    return tuple(x[f:f + 1] for x in iv)
 
 
 def _cap_taus(clip: _Clip, params: MaskParams, weights: np.ndarray, tau: np.ndarray, hit_iv,
@@ -338,15 +352,15 @@ def _cap_taus(clip: _Clip, params: MaskParams, weights: np.ndarray, tau: np.ndar
     cw = np.zeros((nf, h4, w4 + 1), dtype=np.int64)
     np.cumsum(w, axis=2, out=cw[:, :, 1:])
     wflat = w.reshape(-1)
-    hlo, hhi, halo, hahi = hit_iv
+    hlo, hhi, halo, hahi, _ = hit_iv
     hamb = _runs_to_cells(halo, hahi, w4)
     taus = np.broadcast_to(tau, (nf, K)).copy()
     for k in range(K):
         if not np.isfinite(tau[k]):
             continue  # no frame-0 population: τ = +inf, and max(τ, ·) stays +inf
-        tk = np.full(nf, tau[k])
-        plo, phi, palo, pahi = clip.intervals(*clip.plane_function(params.thetas[k], tk))
-        # provisional sums from the sure runs (ambiguous cells are corrected below with exact values)
+        plo, phi, palo, pahi, _ = clip.intervals(*clip.plane_function(params.thetas[k], np.full(nf, tau[k])))
+        # weights of static finite cells and of those beyond τ, per frame: sums over the sure runs, then
+        # the ambiguous cells corrected with their exact status
         w_fin = _row_sum(cw, hlo, hhi)
         w_bey = _row_sum(cw, np.maximum(hlo, plo), np.minimum(hhi, phi))
         amb = np.unique(np.concatenate([hamb, _runs_to_cells(palo, pahi, w4)]))
@@ -361,53 +375,64 @@ def _cap_taus(clip: _Clip, params: MaskParams, weights: np.ndarray, tau: np.ndar
             wa = wflat[amb]
             np.add.at(w_fin, fr, wa * (e_fin.astype(np.int64) - in_h))
             np.add.at(w_bey, fr, wa * (e_bey.astype(np.int64) - in_p))
-        # Q_f <= τ  <=>  weight(proj <= τ) >= p·W  (then τ_f = τ)
-        # (a frame without static finite pixels has nothing to cap: τ_f = τ)
+        # Q_f <= τ  <=>  weight(proj <= τ) >= p·W, and then τ_f = τ; a frame without static finite pixels
+        # has nothing to cap (τ_f = τ)
         need = (w_fin > 0) & ((w_fin - w_bey) < p * w_fin.astype(np.float64))
         for f in np.flatnonzero(need):
-            taus[f, k] = _frame_quantile(clip, int(f), params.thetas[k], tau[k], w[f].reshape(-1),
-                                         (hlo[f], hhi[f], halo[f], hahi[f]), int(w_fin[f]),
-                                         int(w_fin[f] - w_bey[f]), p)
+            taus[f, k] = _frame_quantile(clip, int(f), params.thetas[k], w[f].reshape(-1), _row(hit_iv, int(f)),
+                                         p, lower=float(tau[k]))
     return taus
 
 
-def _frame_quantile(clip: _Clip, f: int, theta: float, tau: float, wf: np.ndarray, hit_iv_f, W: int,
-                    w_le_tau: int, p: float) -> float:
-    """Exact weighted quantile at p of frame f's static finite projections, known to be > τ."""
+def _frame_quantile(clip: _Clip, f: int, theta: float, wf: np.ndarray, hit_iv_f, p: float,
+                    lower: float = -math.inf) -> float:
+    """Exact :func:`weighted_quantile` at p of frame f's static finite projections (+inf if there are none).
+
+    `lower` must lie below the quantile: cells surely below it are counted, not sorted. The closed-form
+    projections (error <= band) pick a candidate v; the true quantile is within band of v (order statistics
+    move by at most the perturbation), so recomputing the cells within 2·band of v with
+    geometry.ground_points and taking the quantile among them gives the exact value."""
     h4, w4, P = clip.h4, clip.w4, clip.h4 * clip.w4
-    hlo, hhi, halo, hahi = hit_iv_f
-    J = np.arange(w4)
-    sure = ((J >= hlo[:, None]) & (J < hhi[:, None])).ravel()
-    amb_rows = _runs_to_cells(halo[None], hahi[None], w4)
-    sure[amb_rows] = False
-    proj = clip.fast_projection(f, theta)
-    band = clip.proj_band(f, abs(tau))
-    vals = np.where(sure, proj, np.nan)
-    if amb_rows.size:  # near-horizon / ambiguous-hit cells: exact
-        xy = clip.exact_xy(np.full(amb_rows.size, f), amb_rows)
-        vals[amb_rows] = xy[:, 0] * math.cos(theta) + xy[:, 1] * math.sin(theta)
+    c, s = math.cos(theta), math.sin(theta)
+    sure = clip.positive_cells(hit_iv_f, np.empty((1, h4, w4), dtype=bool)).reshape(-1)
+    amb = _runs_to_cells(hit_iv_f[2], hit_iv_f[3], w4)
+    sure[amb] = False
+    vals = np.where(sure, clip.fast_projection(f, theta), np.nan)
     exact = np.zeros(P, dtype=bool)
-    exact[amb_rows] = True
+    if amb.size:  # near-horizon / ambiguous-hit cells: exact
+        xy = clip.exact_xy(np.full(amb.size, f), amb)
+        vals[amb] = xy[:, 0] * c + xy[:, 1] * s
+        exact[amb] = True
+    stat = (wf > 0) & ~np.isnan(vals)
+    W = int(wf[stat].sum())
+    if W == 0:
+        return math.inf
     t = p * float(W)
-    for _ in range(4):
-        cand = (wf > 0) & ~np.isnan(vals) & (vals > tau - 2 * band)
-        idx = np.flatnonzero(cand)
-        # cells not among idx that are finite and static have exact value <= τ; count them
-        base = int(wf[(wf > 0) & ~np.isnan(vals)].sum()) - int(wf[idx].sum())
-        order = idx[np.argsort(vals[idx], kind="stable")]
-        cum = base + np.cumsum(wf[order])
-        k = min(int(np.searchsorted(cum, t, side="left")), order.size - 1)
-        v = vals[order[k]]
-        near = idx[(np.abs(vals[idx] - v) <= 2 * band) & ~exact[idx]]
-        if near.size == 0:
-            return float(v)
-        xy = clip.exact_xy(np.full(near.size, f), near)
-        fin = ~np.isnan(xy[:, 0])
-        vals[near] = np.where(fin, xy[:, 0] * math.cos(theta) + xy[:, 1] * math.sin(theta), np.nan)
-        exact[near] = True
-    # pathological: fall back to the exact frame
+    band = clip.proj_band(f, abs(lower) if math.isfinite(lower) else 0.0)
+    idx = np.flatnonzero(stat & (vals > lower - 2 * band))
+    base = W - int(wf[idx].sum())  # static finite cells surely below `lower`
+    order = idx[np.argsort(vals[idx], kind="stable")]
+    cum = base + np.cumsum(wf[order])
+    k = int(np.searchsorted(cum, t, side="left"))
+    if order.size:
+        v = vals[order[min(k, order.size - 1)]]
+        near_m = np.abs(vals[idx] - v) <= 2 * band
+        near = idx[near_m]
+        below = base + int(wf[idx[~near_m & (vals[idx] < v)]].sum())
+        todo = near[~exact[near]]
+        if todo.size:
+            xy = clip.exact_xy(np.full(todo.size, f), todo)
+            vals[todo] = xy[:, 0] * c + xy[:, 1] * s
+        nv = vals[near]
+        if not np.isnan(nv).any():
+            o = np.argsort(nv, kind="stable")
+            cum2 = below + np.cumsum(wf[near][o])
+            k2 = int(np.searchsorted(cum2, t, side="left"))
+            if k2 < o.size:
+                return float(nv[o[k2]])
+    # not reached when the error bounds hold: the exact frame
     xy = ground_points(clip.cameras[f], clip.pix, clip.gz)[0]
-    pr = xy[:, 0] * math.cos(theta) + xy[:, 1] * math.sin(theta)
+    pr = xy[:, 0] * c + xy[:, 1] * s
     ok = ~np.isnan(pr) & (wf > 0)
     return weighted_quantile(pr[ok], wf[ok], p)
 
