@@ -133,6 +133,14 @@ class _Clip:
         self.hgt = gz - self.L[:, 2]  # [F]
         self.dmax = np.where(self.ortho, 1.0, np.sqrt(1.0 + self.half_w ** 2 + self.half_h ** 2))
         fz = self.fwd[:, 2]
+        # perspective: a lower bound of |D_z| over the sure-hit cells (corners when no horizon is in view)
+        a_c = self.half_w[:, None] * self.ndcx[[0, -1]][None]  # [F, 2]
+        b_c = self.b[:, [0, -1]]  # [F, 2]
+        dz_c = (fz[:, None, None] + self.up[:, 2, None, None] * b_c[:, :, None]
+                + self.right[:, 2, None, None] * a_c[:, None, :])
+        same = (dz_c > 0).all((1, 2)) | (dz_c < 0).all((1, 2))
+        self.dzmin = np.where(same, np.maximum(np.abs(dz_c).min((1, 2)) * (1 - 1e-9), _DELTA * self.dmax),
+                              _DELTA * self.dmax)
         # orthographic frames with a (near) horizontal view: evaluate the whole frame exactly
         self.frame_exact = self.ortho & (np.abs(fz) < _DELTA)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -176,7 +184,7 @@ class _Clip:
             g0_p = (ft - k * fz)[:, None] + (ut - k * uz)[:, None] * self.b
             gx_p = (rt - k * rz) * self.half_w
             dm = self.dmax
-            tol_p = _SAFETY * 8 * _EPS * (dm * (1.0 / _DELTA + 2.0 + np.abs(k))
+            tol_p = _SAFETY * 8 * _EPS * (dm * (dm / self.dzmin + 2.0 + np.abs(k))
                                           + 2.0 * (lxy + np.abs(taum)) * dm / np.abs(hsafe))
             # orthographic: proj − τ = (L_θ − τ + r·h) + a·(r_θ − r·r_z) + b·(u_θ − r·u_z), r = f_θ / f_z
             r = ft * self.inv_fz
@@ -235,20 +243,29 @@ class _Clip:
         thr = np.where(dec[:, None], 1 - hi, lo).astype(np.int16)[..., None]  # suffix: j >= lo; prefix: -j >= 1-hi
         return (np.less if negate else np.greater_equal)(js, thr, out=out)
 
-    def fast_projection(self, f: int, theta: float) -> np.ndarray:
-        """Projections of all cells of frame f [P] by the closed form (float error <= `proj_band`)."""
+    def fast_projections(self, frames: np.ndarray, theta: float) -> np.ndarray:
+        """Projections of all cells of the given frames [K, P] by the closed form (error <= `proj_band`)."""
         c, s = math.cos(theta), math.sin(theta)
-        th = lambda v: v[0] * c + v[1] * s  # noqa: E731
-        L, fw, rg, up = self.L[f], self.fwd[f], self.right[f], self.up[f]
-        a = (self.half_w[f] * self.ndcx)[None, :]
-        b = self.b[f][:, None]
-        if self.ortho[f]:
-            r = th(fw) * self.inv_fz[f]
-            p = (th(L) + r * self.hgt[f]) + (th(rg) - r * rg[2]) * a + (th(up) - r * up[2]) * b
-        else:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                p = th(L) + self.hgt[f] * ((th(fw) + th(up) * b) + th(rg) * a) / ((fw[2] + up[2] * b) + rg[2] * a)
-        return p.ravel()
+        out = np.empty((len(frames), self.h4, self.w4))
+        for ortho in (True, False):
+            sel = np.flatnonzero(self.ortho[frames] == ortho)
+            if sel.size == 0:
+                continue
+            f = frames[sel]
+            th = lambda v: (v[:, 0] * c + v[:, 1] * s)[:, None, None]  # noqa: E731
+            L, fw, rg, up, h = self.L[f], self.fwd[f], self.right[f], self.up[f], self.hgt[f][:, None, None]
+            a = (self.half_w[f][:, None] * self.ndcx[None])[:, None, :]
+            b = self.b[f][:, :, None]
+            if ortho:
+                r = th(fw) * self.inv_fz[f][:, None, None]
+                out[sel] = (th(L) + r * h) + (th(rg) - r * rg[:, 2, None, None]) * a \
+                    + (th(up) - r * up[:, 2, None, None]) * b
+            else:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    num = (th(fw) + th(up) * b) + th(rg) * a
+                    den = (fw[:, 2, None, None] + up[:, 2, None, None] * b) + rg[:, 2, None, None] * a
+                    out[sel] = th(L) + h * (num / den)
+        return out.reshape(len(frames), -1)
 
     def proj_band(self, f: int, tau_abs: float) -> float:
         """Upper bound (with margin) of |fast − exact| projection for non-ambiguous cells of frame f."""
@@ -257,13 +274,18 @@ class _Clip:
             return float(_SAFETY * 8 * _EPS * (lxy + abs(self.L[f, 2]) + abs(self.gz) + tau_abs
                                                + (self.half_w[f] + self.half_h[f]) * (1 + 2 * abs(self.inv_fz[f]))
                                                + 2 * abs(self.hgt[f] * self.inv_fz[f])))
-        return float(_SAFETY * 8 * _EPS * (lxy + tau_abs + abs(self.hgt[f]) / _DELTA * (1.0 / _DELTA + 2.0)))
+        ratio = self.dmax[f] / self.dzmin[f]  # <= 1/δ: |D|/|D_z| over the sure-hit cells
+        return float(_SAFETY * 8 * _EPS * (lxy + tau_abs + abs(self.hgt[f]) * ratio * (ratio + 2.0)))
 
     def exact_xy(self, frames: np.ndarray, cells: np.ndarray) -> np.ndarray:
         """geometry.ground_points of the given (frame, cell) pairs [n] -> [n, 2] (the definition itself)."""
         out = np.empty((len(frames), 2))
         if len(frames) == 0:
             return out
+        uf, finv = np.unique(frames, return_inverse=True)
+        uc, cinv = np.unique(cells, return_inverse=True)
+        if uf.size * uc.size <= 1 << 17:  # one call on (frames × pixels): same per-element arithmetic
+            return ground_points(self.cameras[uf], self.pix[uc], self.gz)[finv, cinv]
         order = np.argsort(frames, kind="stable")
         fs = frames[order]
         starts = np.flatnonzero(np.r_[True, fs[1:] != fs[:-1]])
@@ -316,7 +338,7 @@ def unknown_cells(cameras: Cameras, gz: float, hw: tuple[int, int], params: Mask
 
     hit_iv = clip.intervals(*clip.hit_function())
     # τ per plane: the exact weighted quantile of frame 0's static finite projections
-    tau = np.array([_frame_quantile(clip, 0, thetas[k], weights[0].reshape(-1), _row(hit_iv, 0), 1.0 - qs[k])
+    tau = np.array([_frame_quantiles(clip, np.zeros(1, dtype=np.int64), thetas[k], weights, hit_iv, 1.0 - qs[k])[0]
                     for k in range(K)])
     taus = np.broadcast_to(tau, (nf, K)).copy()
     if calibration == "cap":
@@ -335,11 +357,6 @@ def unknown_cells(cameras: Cameras, gz: float, hw: tuple[int, int], params: Mask
         fr, cell = amb // P, amb % P
         masked.reshape(-1)[amb] = _exact_decide(clip.exact_xy(fr, cell), thetas, taus[fr])
     return masked, taus
-
-
-def _row(iv, f: int):
-    """The intervals of frame f alone."""
-    return tuple(x[f:f + 1] for x in iv)
 
 
 def _cap_taus(clip: _Clip, params: MaskParams, weights: np.ndarray, tau: np.ndarray, hit_iv,
@@ -377,64 +394,115 @@ def _cap_taus(clip: _Clip, params: MaskParams, weights: np.ndarray, tau: np.ndar
             np.add.at(w_bey, fr, wa * (e_bey.astype(np.int64) - in_p))
         # Q_f <= τ  <=>  weight(proj <= τ) >= p·W, and then τ_f = τ; a frame without static finite pixels
         # has nothing to cap (τ_f = τ)
-        need = (w_fin > 0) & ((w_fin - w_bey) < p * w_fin.astype(np.float64))
-        for f in np.flatnonzero(need):
-            taus[f, k] = _frame_quantile(clip, int(f), params.thetas[k], w[f].reshape(-1), _row(hit_iv, int(f)),
-                                         p, lower=float(tau[k]))
+        need = np.flatnonzero((w_fin > 0) & ((w_fin - w_bey) < p * w_fin.astype(np.float64)))
+        taus[need, k] = _frame_quantiles(clip, need, params.thetas[k], w, hit_iv, p, lower=float(tau[k]))
     return taus
 
 
-def _frame_quantile(clip: _Clip, f: int, theta: float, wf: np.ndarray, hit_iv_f, p: float,
-                    lower: float = -math.inf) -> float:
-    """Exact :func:`weighted_quantile` at p of frame f's static finite projections (+inf if there are none).
+def _frame_quantiles(clip: _Clip, frames: np.ndarray, theta: float, weights: np.ndarray, hit_iv, p: float,
+                     lower: float = -math.inf) -> np.ndarray:
+    """Exact :func:`weighted_quantile` at p of the static finite projections of each frame in `frames`
+    (+inf for a frame without any). weights: [F, h4, w4]; hit_iv: the hit intervals of all frames.
 
-    `lower` must lie below the quantile: cells surely below it are counted, not sorted. The closed-form
+    `lower` must lie below the quantiles: cells surely below it are counted, not sorted. The closed-form
     projections (error <= band) pick a candidate v; the true quantile is within band of v (order statistics
     move by at most the perturbation), so recomputing the cells within 2·band of v with
-    geometry.ground_points and taking the quantile among them gives the exact value."""
+    geometry.ground_points (one batched call for all frames) and taking the quantile among them gives the
+    exact value."""
     h4, w4, P = clip.h4, clip.w4, clip.h4 * clip.w4
     c, s = math.cos(theta), math.sin(theta)
-    sure = clip.positive_cells(hit_iv_f, np.empty((1, h4, w4), dtype=bool)).reshape(-1)
-    amb = _runs_to_cells(hit_iv_f[2], hit_iv_f[3], w4)
-    sure[amb] = False
-    vals = np.where(sure, clip.fast_projection(f, theta), np.nan)
-    exact = np.zeros(P, dtype=bool)
+    frames = np.asarray(frames, dtype=np.int64)
+    out = np.full(len(frames), math.inf)
+    if frames.size == 0:
+        return out
+    sub = tuple(x[frames] for x in hit_iv)
+    sure = clip.positive_cells(sub, np.empty((len(frames), h4, w4), dtype=bool)).reshape(len(frames), P)
+    amb = _runs_to_cells(sub[2], sub[3], w4)  # flat over (frame position, cell)
+    sure.reshape(-1)[amb] = False
+    vals = clip.fast_projections(frames, theta)
+    np.copyto(vals, np.nan, where=~sure)
+    exact = np.zeros(vals.shape, dtype=bool)
     if amb.size:  # near-horizon / ambiguous-hit cells: exact
-        xy = clip.exact_xy(np.full(amb.size, f), amb)
-        vals[amb] = xy[:, 0] * c + xy[:, 1] * s
-        exact[amb] = True
-    stat = (wf > 0) & ~np.isnan(vals)
-    W = int(wf[stat].sum())
-    if W == 0:
-        return math.inf
-    t = p * float(W)
-    band = clip.proj_band(f, abs(lower) if math.isfinite(lower) else 0.0)
-    idx = np.flatnonzero(stat & (vals > lower - 2 * band))
-    base = W - int(wf[idx].sum())  # static finite cells surely below `lower`
-    order = idx[np.argsort(vals[idx], kind="stable")]
-    cum = base + np.cumsum(wf[order])
-    k = int(np.searchsorted(cum, t, side="left"))
-    if order.size:
-        v = vals[order[min(k, order.size - 1)]]
-        near_m = np.abs(vals[idx] - v) <= 2 * band
+        xy = clip.exact_xy(frames[amb // P], amb % P)
+        vals.reshape(-1)[amb] = xy[:, 0] * c + xy[:, 1] * s
+        exact.reshape(-1)[amb] = True
+    wf_all = weights[frames].reshape(len(frames), P)
+    state = []
+    todo_f, todo_c = [], []
+    for n, f in enumerate(frames):
+        wf, vf = wf_all[n], vals[n]
+        stat = (wf > 0) & ~np.isnan(vf)
+        W = int(wf[stat].sum())
+        if W == 0:
+            state.append(None)
+            continue
+        t = p * float(W)
+        band = clip.proj_band(int(f), abs(lower) if math.isfinite(lower) else 0.0)
+        idx = np.flatnonzero(stat & (vf > lower - 2 * band))
+        base = W - int(wf[idx].sum())  # static finite cells surely below `lower`
+        if idx.size == 0:
+            state.append(None)
+            continue
+        v = _candidate(vf[idx], wf[idx], t - base)
+        near_m = np.abs(vf[idx] - v) <= 2 * band
         near = idx[near_m]
-        below = base + int(wf[idx[~near_m & (vals[idx] < v)]].sum())
-        todo = near[~exact[near]]
-        if todo.size:
-            xy = clip.exact_xy(np.full(todo.size, f), todo)
-            vals[todo] = xy[:, 0] * c + xy[:, 1] * s
-        nv = vals[near]
-        if not np.isnan(nv).any():
-            o = np.argsort(nv, kind="stable")
-            cum2 = below + np.cumsum(wf[near][o])
-            k2 = int(np.searchsorted(cum2, t, side="left"))
-            if k2 < o.size:
-                return float(nv[o[k2]])
-    # not reached when the error bounds hold: the exact frame
-    xy = ground_points(clip.cameras[f], clip.pix, clip.gz)[0]
-    pr = xy[:, 0] * c + xy[:, 1] * s
-    ok = ~np.isnan(pr) & (wf > 0)
-    return weighted_quantile(pr[ok], wf[ok], p)
+        below = base + int(wf[idx[~near_m & (vf[idx] < v)]].sum())
+        state.append((near, below, t))
+        todo = near[~exact[n, near]]
+        todo_f.append(np.full(todo.size, n))
+        todo_c.append(todo)
+    if todo_f:
+        tf, tc = np.concatenate(todo_f), np.concatenate(todo_c)
+        if tf.size:
+            xy = clip.exact_xy(frames[tf], tc)
+            vals[tf, tc] = xy[:, 0] * c + xy[:, 1] * s
+    for n, st in enumerate(state):
+        if st is None:
+            if int(wf_all[n][(wf_all[n] > 0) & ~np.isnan(vals[n])].sum()) == 0:
+                continue  # empty population: +inf
+        else:
+            near, below, t = st
+            nv = vals[n, near]
+            if not np.isnan(nv).any():
+                o = np.argsort(nv, kind="stable")
+                cum2 = below + np.cumsum(wf_all[n, near][o])
+                k2 = int(np.searchsorted(cum2, t, side="left"))
+                if k2 < o.size:
+                    out[n] = nv[o[k2]]
+                    continue
+        # not reached when the error bounds hold: the exact frame
+        f = int(frames[n])
+        xy = ground_points(clip.cameras[f], clip.pix, clip.gz)[0]
+        pr = xy[:, 0] * c + xy[:, 1] * s
+        ok = ~np.isnan(pr) & (wf_all[n] > 0)
+        out[n] = weighted_quantile(pr[ok], wf_all[n][ok], p)
+    return out
+
+
+def _candidate(values: np.ndarray, weights: np.ndarray, t: float) -> float:
+    """The smallest value whose cumulative weight (ascending) reaches t (clamped to the largest value):
+    weighted_quantile's rule with the count of values below already subtracted from t. A bracket found with
+    np.partition around the expected rank avoids sorting everything; falls back to a full sort."""
+    n = values.size
+    if n > 2048:
+        wbar = float(weights.mean())
+        r = int(min(max(t / wbar, 0), n - 1))
+        m = max(64, n // 32)
+        ka, kb = max(r - m, 0), min(r + m, n - 1)
+        part = np.partition(values, (ka, kb))
+        a, b = part[ka], part[kb]
+        wa = int(weights[values < a].sum()) if ka > 0 else 0
+        if wa < t and (kb == n - 1 or int(weights[values <= b].sum()) >= t):
+            sel = (values >= a) & (values <= b) if ka > 0 else values <= b
+            vs, ws = values[sel], weights[sel]
+            o = np.argsort(vs, kind="stable")
+            cum = wa + np.cumsum(ws[o])
+            k = int(np.searchsorted(cum, t, side="left"))
+            return float(vs[o[min(k, o.size - 1)]])
+    o = np.argsort(values, kind="stable")
+    cum = np.cumsum(weights[o])
+    k = int(np.searchsorted(cum, t, side="left"))
+    return float(values[o[min(k, n - 1)]])
 
 
 def apply_unknown_mask(ids: np.ndarray, cameras: Cameras, ground_z: Sequence[float], params: MaskParams,
