@@ -44,6 +44,7 @@ DEFAULT_MAX_FRAME_COVERAGE = 0.4
 
 _EPS = float(np.finfo(np.float64).eps)
 _SAFETY = 1e4  # margin of the error bounds over the derived constants
+_CHUNK = 8  # frames per batch in the cap quantiles
 _DELTA = 1e-4  # rays with |D_z| < _DELTA·|D|max (near the horizon) are always evaluated exactly
 
 
@@ -244,27 +245,37 @@ class _Clip:
         return (np.less if negate else np.greater_equal)(js, thr, out=out)
 
     def fast_projections(self, frames: np.ndarray, theta: float) -> np.ndarray:
-        """Projections of all cells of the given frames [K, P] by the closed form (error <= `proj_band`)."""
+        """Projections of all cells of the given frames [K, P] by the closed form (error <= `proj_band`):
+        orthographic: row term + column term; perspective: (row + column) / (row + column) with
+        proj = L_θ + h·D_θ/D_z folded into one numerator, (L_θ·D_z + h·D_θ) / D_z."""
         c, s = math.cos(theta), math.sin(theta)
         out = np.empty((len(frames), self.h4, self.w4))
+        th = lambda v: v[:, 0] * c + v[:, 1] * s  # noqa: E731
         for ortho in (True, False):
             sel = np.flatnonzero(self.ortho[frames] == ortho)
             if sel.size == 0:
                 continue
             f = frames[sel]
-            th = lambda v: (v[:, 0] * c + v[:, 1] * s)[:, None, None]  # noqa: E731
-            L, fw, rg, up, h = self.L[f], self.fwd[f], self.right[f], self.up[f], self.hgt[f][:, None, None]
-            a = (self.half_w[f][:, None] * self.ndcx[None])[:, None, :]
-            b = self.b[f][:, :, None]
+            L, fw, rg, up, h = self.L[f], self.fwd[f], self.right[f], self.up[f], self.hgt[f]
+            a = self.half_w[f][:, None] * self.ndcx[None]  # [k, w4]
+            b = self.b[f]  # [k, h4]
             if ortho:
-                r = th(fw) * self.inv_fz[f][:, None, None]
-                out[sel] = (th(L) + r * h) + (th(rg) - r * rg[:, 2, None, None]) * a \
-                    + (th(up) - r * up[:, 2, None, None]) * b
+                r = th(fw) * self.inv_fz[f]
+                row = (th(L) + r * h)[:, None] + (th(up) - r * up[:, 2])[:, None] * b
+                col = (th(rg) - r * rg[:, 2])[:, None] * a
+                out[sel] = row[:, :, None] + col[:, None, :]
             else:
+                lt = th(L)[:, None]
+                hh = h[:, None]
+                zr = fw[:, 2, None] + up[:, 2, None] * b  # D_z row part
+                zc = rg[:, 2, None] * a  # D_z column part
+                nr = lt * zr + hh * (th(fw)[:, None] + th(up)[:, None] * b)
+                nc = lt * zc + hh * (th(rg)[:, None] * a)
+                num = nr[:, :, None] + nc[:, None, :]
+                den = zr[:, :, None] + zc[:, None, :]
                 with np.errstate(divide="ignore", invalid="ignore"):
-                    num = (th(fw) + th(up) * b) + th(rg) * a
-                    den = (fw[:, 2, None, None] + up[:, 2, None, None] * b) + rg[:, 2, None, None] * a
-                    out[sel] = th(L) + h * (num / den)
+                    np.divide(num, den, out=num)
+                out[sel] = num
         return out.reshape(len(frames), -1)
 
     def proj_band(self, f: int, tau_abs: float) -> float:
@@ -395,7 +406,9 @@ def _cap_taus(clip: _Clip, params: MaskParams, weights: np.ndarray, tau: np.ndar
         # Q_f <= τ  <=>  weight(proj <= τ) >= p·W, and then τ_f = τ; a frame without static finite pixels
         # has nothing to cap (τ_f = τ)
         need = np.flatnonzero((w_fin > 0) & ((w_fin - w_bey) < p * w_fin.astype(np.float64)))
-        taus[need, k] = _frame_quantiles(clip, need, params.thetas[k], w, hit_iv, p, lower=float(tau[k]))
+        for a in range(0, need.size, _CHUNK):  # a few frames at a time: the temporaries stay in cache
+            fs = need[a:a + _CHUNK]
+            taus[fs, k] = _frame_quantiles(clip, fs, params.thetas[k], weights, hit_iv, p, lower=float(tau[k]))
     return taus
 
 
