@@ -102,14 +102,18 @@ def cell_pixels(hw: Sequence[int]) -> np.ndarray:
     return pixel_grid(hw, CELL, CELL // 2)
 
 
-def static_cell_counts(ids: np.ndarray) -> np.ndarray:
+def static_cell_counts(ids: np.ndarray, chunk: int = 8) -> np.ndarray:
     """ids uint8 [F, H, W] -> number of static pixels per 4×4 cell, int32 [F, H/4, W/4]."""
     f, h, w = ids.shape
-    s = np.less_equal(ids, STATIC_MAX).view(np.uint8)  # 0/1 bytes
-    # 4 horizontal bytes of a cell-row = one uint32: add the 4 rows, then sum the 4 bytes (each <= 4)
-    rows = s.reshape(f, h // CELL, CELL, w).view(np.uint32)  # [F, h4, 4, w4]
-    acc = rows.sum(axis=2, dtype=np.uint32)
-    return ((acc * np.uint32(0x01010101)) >> np.uint32(24)).astype(np.int32)
+    out = np.empty((f, h // CELL, w // CELL), dtype=np.int32)
+    for a in range(0, f, chunk):
+        part = ids[a:a + chunk]
+        s = np.less_equal(part, STATIC_MAX).view(np.uint8)  # 0/1 bytes
+        # 4 horizontal bytes of a cell-row = one uint32: add the 4 rows, then sum the 4 bytes (each <= 4)
+        rows = s.reshape(len(part), h // CELL, CELL, w).view(np.uint32)  # [k, h4, 4, w4]
+        acc = rows.sum(axis=2, dtype=np.uint32)
+        out[a:a + chunk] = (acc * np.uint32(0x01010101)) >> np.uint32(24)
+    return out
 
 
 # ---- per-frame affine machinery ------------------------------------------------------------------------
@@ -330,7 +334,8 @@ def _exact_decide(xy: np.ndarray, thetas, tau_rows: np.ndarray) -> np.ndarray:
 def _row_sum(cw: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Sum of weights over [lo, hi) of every row from row prefix sums cw [F, h4, w4+1] -> [F]."""
     hi = np.maximum(hi, lo)
-    return (np.take_along_axis(cw, hi[..., None], 2) - np.take_along_axis(cw, lo[..., None], 2))[..., 0].sum(1)
+    d = np.take_along_axis(cw, hi[..., None], 2) - np.take_along_axis(cw, lo[..., None], 2)
+    return d[..., 0].sum(1, dtype=np.int64)
 
 
 def unknown_cells(cameras: Cameras, gz: float, hw: tuple[int, int], params: MaskParams, weights: np.ndarray,
@@ -376,10 +381,9 @@ def _cap_taus(clip: _Clip, params: MaskParams, weights: np.ndarray, tau: np.ndar
     nf, K = len(clip.cameras), len(tau)
     h4, w4, P = clip.h4, clip.w4, clip.h4 * clip.w4
     p = 1.0 - max_cov
-    w = weights.astype(np.int64)
-    cw = np.zeros((nf, h4, w4 + 1), dtype=np.int64)
-    np.cumsum(w, axis=2, out=cw[:, :, 1:])
-    wflat = w.reshape(-1)
+    cw = np.zeros((nf, h4, w4 + 1), dtype=np.int32)  # row prefix sums (<= 16·w4)
+    np.cumsum(weights, axis=2, out=cw[:, :, 1:])
+    wflat = weights.reshape(-1).astype(np.int64)
     hlo, hhi, halo, hahi, _ = hit_iv
     hamb = _runs_to_cells(halo, hahi, w4)
     taus = np.broadcast_to(tau, (nf, K)).copy()
@@ -550,15 +554,22 @@ def apply_unknown_mask(ids: np.ndarray, cameras: Cameras, ground_z: Sequence[flo
     return out, _apply_cells(out, cells)
 
 
-def _apply_cells(out: np.ndarray, cells: np.ndarray) -> float:
-    """Set static pixels of masked cells to 255 in place; returns the fraction of pixels set."""
+def _apply_cells(out: np.ndarray, cells: np.ndarray, chunk: int = 4) -> float:
+    """Set static pixels of masked cells to 255 in place, `chunk` frames at a time (small temporaries);
+    returns the fraction of pixels set."""
     nf, h, w = out.shape
-    h4, w4 = h // CELL, w // CELL
+    h4 = h // CELL
     # cell mask -> 0xFF bytes repeated over the 4 columns of the cell (one uint32 per cell-row)
     up = (cells.astype(np.uint32) * np.uint32(0xFFFFFFFF)).view(np.uint8).reshape(nf, h4, 1, w)
-    m = np.less_equal(out, STATIC_MAX).view(np.uint8)  # 0/1
-    m4 = m.reshape(nf, h4, CELL, w)
-    np.multiply(m4, up, out=m4)  # 0/255: static pixel of a masked cell
-    n = np.count_nonzero(m)
-    np.bitwise_or(out, m, out=out)
+    m = np.empty((min(chunk, nf), h, w), dtype=bool)
+    n = 0
+    for a in range(0, nf, chunk):
+        o = out[a:a + chunk]
+        mm = m[:len(o)]
+        np.less_equal(o, STATIC_MAX, out=mm)
+        mu = mm.view(np.uint8)  # 0/1
+        m4 = mu.reshape(len(o), h4, CELL, w)
+        np.multiply(m4, up[a:a + chunk], out=m4)  # 0/255: static pixel of a masked cell
+        n += np.count_nonzero(mu)
+        np.bitwise_or(o, mu, out=o)
     return n / out.size
