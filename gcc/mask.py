@@ -45,6 +45,9 @@ DEFAULT_MAX_FRAME_COVERAGE = 0.4
 _EPS = float(np.finfo(np.float64).eps)
 _SAFETY = 1e4  # margin of the error bounds over the derived constants
 _CHUNK = 8  # frames per batch in the cap quantiles
+# counters (per process) for tests and diagnostics: cells decided with geometry.ground_points, and frames
+# whose quantile needed the whole-frame fallback (0 whenever the error bounds hold)
+STATS = {"exact_cells": 0, "fallback_frames": 0}
 _DELTA = 1e-4  # rays with |D_z| < _DELTA·|D|max (near the horizon) are always evaluated exactly
 
 
@@ -297,6 +300,7 @@ class _Clip:
         out = np.empty((len(frames), 2))
         if len(frames) == 0:
             return out
+        STATS["exact_cells"] += len(frames)
         uf, finv = np.unique(frames, return_inverse=True)
         uc, cinv = np.unique(cells, return_inverse=True)
         if uf.size * uc.size <= 1 << 17:  # one call on (frames × pixels): same per-element arithmetic
@@ -488,6 +492,7 @@ def _frame_quantiles(clip: _Clip, frames: np.ndarray, theta: float, weights: np.
                     out[n] = nv[o[k2]]
                     continue
         # not reached when the error bounds hold: the exact frame
+        STATS["fallback_frames"] += 1
         f = int(frames[n])
         xy = ground_points(clip.cameras[f], clip.pix, clip.gz)[0]
         pr = xy[:, 0] * c + xy[:, 1] * s
