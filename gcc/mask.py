@@ -387,7 +387,7 @@ def _cap_taus(clip: _Clip, params: MaskParams, weights: np.ndarray, tau: np.ndar
     p = 1.0 - max_cov
     cw = np.zeros((nf, h4, w4 + 1), dtype=np.int32)  # row prefix sums (<= 16·w4)
     np.cumsum(weights, axis=2, out=cw[:, :, 1:])
-    wflat = weights.reshape(-1).astype(np.int64)
+    wflat = weights.reshape(-1)
     hlo, hhi, halo, hahi, _ = hit_iv
     hamb = _runs_to_cells(halo, hahi, w4)
     taus = np.broadcast_to(tau, (nf, K)).copy()
@@ -408,7 +408,7 @@ def _cap_taus(clip: _Clip, params: MaskParams, weights: np.ndarray, tau: np.ndar
             xy = clip.exact_xy(fr, cell)
             e_fin = ~np.isnan(xy[:, 0])
             e_bey = e_fin & (xy[:, 0] * math.cos(params.thetas[k]) + xy[:, 1] * math.sin(params.thetas[k]) > tau[k])
-            wa = wflat[amb]
+            wa = wflat[amb].astype(np.int64)
             np.add.at(w_fin, fr, wa * (e_fin.astype(np.int64) - in_h))
             np.add.at(w_bey, fr, wa * (e_bey.astype(np.int64) - in_p))
         # Q_f <= τ  <=>  weight(proj <= τ) >= p·W, and then τ_f = τ; a frame without static finite pixels
@@ -448,26 +448,28 @@ def _frame_quantiles(clip: _Clip, frames: np.ndarray, theta: float, weights: np.
         vals.reshape(-1)[amb] = xy[:, 0] * c + xy[:, 1] * s
         exact.reshape(-1)[amb] = True
     wf_all = weights[frames].reshape(len(frames), P)
+    stat = (wf_all > 0) & ~np.isnan(vals)
+    wst = np.where(stat, wf_all, 0)
+    W_all = wst.sum(1, dtype=np.int64)
+    lower_abs = abs(lower) if math.isfinite(lower) else 0.0
+    bands = np.array([clip.proj_band(int(f), lower_abs) for f in frames])
+    with np.errstate(invalid="ignore"):
+        cand = stat & (vals > (lower - 2 * bands)[:, None])
+    base_all = W_all - np.where(cand, wf_all, 0).sum(1, dtype=np.int64)  # surely below `lower`
     state = []
     todo_f, todo_c = [], []
-    for n, f in enumerate(frames):
-        wf, vf = wf_all[n], vals[n]
-        stat = (wf > 0) & ~np.isnan(vf)
-        W = int(wf[stat].sum())
-        if W == 0:
+    for n in range(len(frames)):
+        W, band, base = int(W_all[n]), float(bands[n]), int(base_all[n])
+        idx = np.flatnonzero(cand[n])
+        if W == 0 or idx.size == 0:
             state.append(None)
             continue
         t = p * float(W)
-        band = clip.proj_band(int(f), abs(lower) if math.isfinite(lower) else 0.0)
-        idx = np.flatnonzero(stat & (vf > lower - 2 * band))
-        base = W - int(wf[idx].sum())  # static finite cells surely below `lower`
-        if idx.size == 0:
-            state.append(None)
-            continue
-        v = _candidate(vf[idx], wf[idx], t - base)
-        near_m = np.abs(vf[idx] - v) <= 2 * band
+        vi, wi = vals[n, idx], wf_all[n, idx]
+        v = _candidate(vi, wi, t - base)
+        near_m = np.abs(vi - v) <= 2 * band
         near = idx[near_m]
-        below = base + int(wf[idx[~near_m & (vf[idx] < v)]].sum())
+        below = base + int(wi[(vi < v) & ~near_m].sum())
         state.append((near, below, t))
         todo = near[~exact[n, near]]
         todo_f.append(np.full(todo.size, n))
