@@ -243,22 +243,24 @@ def test_inplace_modifies_and_returns_the_input():
 @pytest.mark.parametrize("seed", range(4))
 def test_coverage_one_and_two_planes(seed):
     """Top-down camera, no NaN: frame-0 static coverage is within 0.01 of q (one plane) and in
-    [max q, Σq] (two planes)."""
+    [max q, Σq] (two planes). Quantisation: a cell's static pixels share one decision, so the coverage can
+    fall short of q by < 16 / (number of static pixels) (the inverted-CDF quantile never exceeds q)."""
     rng = np.random.default_rng(300 + seed)
     n, hw = 3, (96, 160)
     cams = cameras(n, hw, ortho=bool(seed % 2), loc0=(0.0, 0.0, 700.0), rot=(-88.0, rng.uniform(0, 360), 0.0))
     ids = layout(rng, n, hw)
     gz = np.zeros(n)
+    quantum = 16 / (ids[0] <= STATIC_MAX).sum()
     q1 = float(rng.uniform(0.05, 0.4))
     one = MaskParams((float(rng.uniform(0, 2 * np.pi)),), (q1,))
     out, _ = apply_unknown_mask(ids, cams, gz, one)
     cov = static_coverage(ids, out)[0]
-    assert abs(cov - q1) <= 0.01 and cov <= q1 + 1e-12  # inverted-CDF: never above q
+    assert abs(cov - q1) <= 0.01 and q1 - quantum < cov <= q1 + 1e-12
     qs = tuple(float(q) for q in rng.uniform(0.05, 0.4, 2))
     two = MaskParams(tuple(float(t) for t in rng.uniform(0, 2 * np.pi, 2)), qs)
     out2, _ = apply_unknown_mask(ids, cams, gz, two)
     cov2 = static_coverage(ids, out2)[0]
-    assert max(qs) - 0.01 <= cov2 <= sum(qs) + 1e-12
+    assert max(qs) - quantum < cov2 <= sum(qs) + 1e-12
 
 
 def test_nan_ground_points_are_masked():
