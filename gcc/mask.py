@@ -14,18 +14,28 @@ What it computes (SPEC §6, with the definitions this module fixes):
 * Every frame f: a static pixel becomes 255 when its projection is NaN or > τ_f of any plane. Other values
   (characters 10..21, 255) never change. ``frame0``: τ_f = τ. ``cap``: τ_f = max(τ, weighted_quantile at
   p = 1 − max_frame_coverage of frame f's static finite projections; τ_f = τ when frame f has none). With
-  the inverted-CDF quantile this bounds, per plane and per frame, the weight of static finite pixels beyond the plane by
-  max_frame_coverage × (their total) exactly; NaN (sky) static pixels are masked on top of that, and with
-  two planes the union can reach 2 × max_frame_coverage (SPEC's formula is per plane).
+  the inverted-CDF quantile this bounds, per plane and per frame, the static finite pixels beyond the plane
+  by max_frame_coverage × their number, exactly; NaN (sky) static pixels are masked on top of that, and
+  with two planes the union can reach 2 × max_frame_coverage (SPEC's formula is per plane).
 
-How it is fast (~20–30 ms at 81×480×832 instead of 270–370 ms): per frame, a cell's ground ray meets the
-plane where a ratio of two affine functions of (a, b) (the ray's offsets on the image plane) equals a
-threshold, so "hit the ground" and "beyond the plane" are each the sign of an affine function of (a, b)
-that is linear along every row of cells: each row splits into a sure-negative run, a sure-positive run and
-an ambiguous run where the affine value is within a rigorous float error bound of 0 (almost always empty).
-Ambiguous cells (and near-horizon rays, and frame 0 entirely) are evaluated with
-``geometry.ground_points`` itself, so every decision is the one the per-pixel definition takes with the
-same float64 arithmetic: the fast path equals the reference exactly, not just up to rounding.
+Loader use (one sample; `draw` from :func:`gcc.sample_rng.draw_sample`)::
+
+    if draw.mask is not None:          # never when cond was dropped
+        ids, frac = apply_unknown_mask(ids, Cameras.from_meta(meta), meta["ground_z"], draw.mask,
+                                       calibration, max_frame_coverage, inplace=True)
+
+How it is fast (≈20 ms for `frame0` at 81×480×832 on one core, instead of 270–370 ms): in a frame, a cell's
+ray is D = fwd + a·right + b·up (a, b: its offsets on the image plane, a per column, b per row). "Hits the
+ground" and "projection > τ" are each the sign of an affine function of (a, b) (the ratio
+proj − τ = h·(D_θ − k·D_z)/D_z has a fixed-sign denominator on the hit cells), so along every row of cells
+each test is a sure-negative run, a sure-positive run and an ambiguous run where the affine value is within
+a rigorous float error bound (×1e4 margin) of 0. The ambiguous run is almost always empty; its cells and the
+near-horizon rays (|D_z| < 1e-4·|D|) are decided with ``geometry.ground_points`` itself. Quantiles use the
+closed-form projections to find a candidate, then recompute with ``geometry.ground_points`` every cell
+within twice the error bound of it. So every decision and every τ is the one the per-pixel definition
+(tests/mask_reference.py) takes with the same float64 arithmetic: fast == reference exactly, ties included.
+The pixel pass is one compare, one multiply, one count and one OR over uint8, a few frames at a time.
+`cap` costs more (≈40–80 ms): every frame whose coverage at τ exceeds the cap needs a quantile.
 """
 from __future__ import annotations
 
