@@ -282,21 +282,23 @@ def test_nan_ground_points_are_masked():
 def test_ground_z_fallbacks():
     ids, cams, _, params, _ = random_case(8)
     n = len(ids)
-    # ground_z[0] NaN -> the nanmedian of ground_z
-    gz = np.array([np.nan] + [10.0 * (i + 1) for i in range(n - 1)])
-    gz[-1] = np.nan if n > 3 else gz[-1]
-    med = float(np.nanmedian(gz))
+    assert n >= 3
+    # ground_z[0] NaN -> the nanmedian of ground_z (NaN entries ignored)
+    gz = np.full(n, np.nan)
+    gz[1:3] = (10.0, 70.0)
+    gz[3:] = 40.0
+    med = float(np.median(gz[1:]))
     a, fa = apply_unknown_mask(ids, cams, gz, params)
     b, fb = apply_unknown_mask(ids, cams, np.full(n, med), params)
-    assert np.array_equal(a, b) and fa == fb
+    assert fa > 0 and np.array_equal(a, b) and fa == fb
     assert mask_ground_z(gz) == med and mask_ground_z([5.0, np.nan]) == 5.0
-    # no finite ground_z -> no mask
-    for bad in (np.full(n, np.nan),):
-        out, frac = apply_unknown_mask(ids, cams, bad, params)
-        assert frac == 0.0 and np.array_equal(out, ids) and out is not ids
-        buf = ids.copy()
-        out2, frac2 = apply_unknown_mask(buf, cams, bad, params, inplace=True)
-        assert out2 is buf and frac2 == 0.0 and np.array_equal(buf, ids)
+    # no finite ground_z -> no mask, the ids unchanged (a copy, or the same array with inplace)
+    bad = np.full(n, np.nan)
+    out, frac = apply_unknown_mask(ids, cams, bad, params)
+    assert frac == 0.0 and np.array_equal(out, ids) and out is not ids
+    buf = ids.copy()
+    out2, frac2 = apply_unknown_mask(buf, cams, bad, params, inplace=True)
+    assert out2 is buf and frac2 == 0.0 and np.array_equal(buf, ids)
 
 
 @pytest.mark.parametrize("ortho", [True, False])
