@@ -85,7 +85,7 @@ def main():
         for cal in ("frame0", "cap"):
             buf = ids.copy()
             ts, walls, fr = [], [], []
-            ex0 = STATS["exact_cells"]
+            ex0, br0, so0 = STATS["exact_cells"], STATS["cap_bracketed"], STATS["cap_sorted"]
             for p in draws:
                 np.copyto(buf, ids)  # the loader hands over a fresh writable array: not timed
                 t0, w0 = time.thread_time(), time.perf_counter()
@@ -98,7 +98,9 @@ def main():
             print(f"fast  {'ortho' if ortho else 'persp'} {cal:6s}: CPU median {np.median(ms):6.1f} ms  "
                   f"min {ms.min():6.1f}  max {ms.max():6.1f}  | wall median {1e3 * np.median(walls):6.1f} ms  "
                   f"(inplace; a copy adds ~4 ms)  mean masked fraction {np.mean(fr):.3f}, cells evaluated "
-                  f"with ground_points {(STATS['exact_cells'] - ex0) / len(draws):.0f} of {F * H * W // 16}")
+                  f"with ground_points {(STATS['exact_cells'] - ex0) / len(draws):.0f} of {F * H * W // 16}"
+                  + (f", capped frame-planes bracketed {STATS['cap_bracketed'] - br0} / fully sorted "
+                     f"{STATS['cap_sorted'] - so0}" if cal == "cap" else ""))
 
     # reference on a few frames, extrapolated to 81 frames; agreement checked on those frames
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))

@@ -144,6 +144,23 @@ def test_fast_equals_reference_on_edge_geometries(case):
             assert np.array_equal(fast, ref) and frac == count / ids.size
 
 
+@pytest.mark.parametrize("ortho", [True, False])
+def test_cap_bracketed_quantiles_equal_reference(ortho):
+    """`cap` on a clip big enough for the bracketed quantile path (coarse estimate, exact counts, sort of
+    the bracket only): still equal to the reference, and the path is really taken."""
+    n, hw = 10, (64, 128)
+    cams = cameras(n, hw, ortho=ortho, loc0=(0.0, 0.0, 500.0), vel=(40.0, 10.0, 0.0), rot=(-70.0, 5.0, 0.0),
+                   ortho_width=1000.0, fov=70.0)
+    rng = np.random.default_rng(31 + ortho)
+    ids = layout(rng, n, hw)
+    params = MaskParams((0.1, 5.8), (0.3, 0.2))
+    before = STATS["cap_bracketed"]
+    fast, frac = apply_unknown_mask(ids, cams, np.zeros(n), params, "cap", 0.25)
+    assert STATS["cap_bracketed"] > before
+    ref, count, _ = reference_mask(ids, cams, np.zeros(n), params.thetas, params.qs, "cap", 0.25)
+    assert np.array_equal(fast, ref) and frac == count / ids.size
+
+
 def test_error_bounds_hold_no_fallback():
     """The closed-form quantile never needs its whole-frame fallback on varied clips (the float error
     bounds hold), and only a small share of cells is decided by geometry.ground_points."""
