@@ -35,7 +35,10 @@ closed-form projections to find a candidate, then recompute with ``geometry.grou
 within twice the error bound of it. So every decision and every τ is the one the per-pixel definition
 (tests/mask_reference.py) takes with the same float64 arithmetic: fast == reference exactly, ties included.
 The pixel pass is one compare, one multiply, one count and one OR over uint8, a few frames at a time.
-`cap` costs more (≈40–80 ms): every frame whose coverage at τ exceeds the cap needs a quantile.
+`cap` costs more (≈30–60 ms): every frame whose coverage at τ exceeds the cap needs its own quantile; it
+is bracketed by a coarse estimate on every 4th cell row/column, the bracket is verified with exact run
+counts, and only the cells between the two thresholds are projected and sorted (a full sort of the frame
+remains as the fallback when the check fails).
 """
 from __future__ import annotations
 
