@@ -51,6 +51,7 @@ import numpy as np
 from gcc.geometry import Cameras, ground_points, pixel_grid, rotation_axes
 from gcc.vocab import STATIC_MAX, UNKNOWN
 
+assert UNKNOWN == 0xFF  # the pixel pass ORs 0xFF bytes into masked static pixels
 CELL = 4  # pooled grid stride (pixels)
 CALIBRATIONS = ("frame0", "cap")
 DEFAULT_MAX_FRAME_COVERAGE = 0.4
