@@ -206,7 +206,7 @@ class GcDiT(WanModel):
     def gc_forward(self, x_t: torch.Tensor, timestep: torch.Tensor, context: torch.Tensor,
                    context_ids: torch.Tensor, sem_ids: torch.Tensor, first_frame_cond: bool = True,
                    grad_ckpt: bool = False, aux: bool = False):
-        """x_t [B, C, T, h, w]; timestep [B] (scheduler units); context [B, T, L, D]; context_ids [B, T];
+        """x_t [B, C, T, h, w]; timestep [B] or a scalar (scheduler units); context [B, T, L, D]; context_ids [B, T];
         sem_ids uint8 [B, 4(T-1)+1, 16h, 16w]. Returns the prediction [B, C, T, h, w] (and aux stats).
 
         first_frame_cond: latent frame 0 is the clean first frame (TI2V) and gets timestep 0.
@@ -227,7 +227,7 @@ class GcDiT(WanModel):
         x = x + cond
 
         # separated timestep: embed per latent frame (only 2 distinct values per sample) and broadcast to tokens
-        t_frame = timestep.float().reshape(B, 1).expand(B, f).clone()
+        t_frame = timestep.float().reshape(-1, 1).expand(B, f).clone()  # [B] or one value for all
         if first_frame_cond:
             t_frame[:, 0] = 0
         t = self.time_embedding(sinusoidal_embedding_1d(self.freq_dim, t_frame.reshape(-1)).to(dtype))
@@ -236,11 +236,13 @@ class GcDiT(WanModel):
         t_mod = t_mod.view(B, f, 1, 6, self.dim).expand(B, f, n, 6, self.dim).reshape(B, f * n, 6, self.dim)
 
         ctx = self.embed_context(context.to(dtype), context_ids)
+        # move the small per-axis RoPE tables, then expand on the device (not the [f*n] table)
+        fr = [tab[:size].to(x.device) for tab, size in zip(self.freqs, (f, gh, gw))]
         freqs = torch.cat([
-            self.freqs[0][:f].view(f, 1, 1, -1).expand(f, gh, gw, -1),
-            self.freqs[1][:gh].view(1, gh, 1, -1).expand(f, gh, gw, -1),
-            self.freqs[2][:gw].view(1, 1, gw, -1).expand(f, gh, gw, -1),
-        ], dim=-1).reshape(f * n, 1, -1).to(x.device)
+            fr[0].view(f, 1, 1, -1).expand(f, gh, gw, -1),
+            fr[1].view(1, gh, 1, -1).expand(f, gh, gw, -1),
+            fr[2].view(1, 1, gw, -1).expand(f, gh, gw, -1),
+        ], dim=-1).reshape(f * n, 1, -1)
         for block in self.blocks:
             if grad_ckpt and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(block, x, ctx, t_mod, freqs, use_reentrant=False)
