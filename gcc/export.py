@@ -198,12 +198,14 @@ def load_legacy_zero(model: GcDiT, ckpt_dir: str | os.PathLike, tag: str | None 
     except ImportError as e:
         raise RuntimeError("importing a DeepSpeed ZeRO checkpoint needs deepspeed: install the optional extra "
                            "`legacy` (pip install 'gcc[legacy]')") from e
-    sd = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
+    # lazy: tensors are gathered one at a time while copying (a 5B fp32 state dict would be another 20 GB)
+    sd = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag, lazy_mode=True)
     return load_state_dict_gc(model, sd, str(ckpt_dir))
 
 
 def load_state_dict_gc(model: GcDiT, state_dict: Mapping[str, torch.Tensor], where: str) -> dict:
-    """Load an in-memory state dict (legacy trainers wrap the DiT as `dit.`, DDP/accelerate may add `module.`)."""
+    """Load a state dict (legacy trainers wrap the DiT as `dit.`, DDP/accelerate may add `module.`). Values may be
+    tensors or lazy tensors with `.shape` and `.contiguous()` (deepspeed's zero_to_fp32 lazy mode)."""
     sd = {}
     for k, v in state_dict.items():
         for prefix in ("module.", "dit."):
@@ -211,7 +213,7 @@ def load_state_dict_gc(model: GcDiT, state_dict: Mapping[str, torch.Tensor], whe
                 k = k[len(prefix):]
         sd[k] = v
     has_cond = any(k.startswith(COND_PREFIX) for k in sd)
-    _load_checked(model, {k: tuple(v.shape) for k, v in sd.items()}, sd.__getitem__, where, has_cond)
+    _load_checked(model, {k: tuple(v.shape) for k, v in sd.items()}, lambda k: sd[k].contiguous(), where, has_cond)
     return {"kind": "gc25d" if has_cond else "wan", "path": where, "vocab": model.vocab}
 
 

@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import os
+import socket
 import stat
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -226,3 +230,55 @@ def test_inspect_cli(tmp_path, capsys):
     assert inspect_main(["--model", "ti2v-5b"]) == 0
     out = capsys.readouterr().out
     assert "keys       831 (825 Wan + 6 cond)" in out and "(5.01" in out
+
+
+_WRITE_ZERO2 = textwrap.dedent("""
+    import os, sys, torch, deepspeed
+    from gcc.model import build_gc_dit
+
+    class Module(torch.nn.Module):  # the legacy trainer's module: the DiT under `dit.`
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.dit = build_gc_dit("tiny")
+            torch.nn.init.normal_(self.dit.gc_sem_cond.proj_out.weight)
+
+        def forward(self, x):
+            return self.dit.patch_embedding(x).square().mean() + sum(p.sum() for p in self.parameters()) * 0
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    m = Module()
+    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2},
+           "zero_allow_untested_optimizer": True}
+    engine, *_ = deepspeed.initialize(model=m, optimizer=torch.optim.AdamW(m.parameters(), lr=1e-2), config=cfg)
+    loss = engine(torch.randn(1, 48, 3, 4, 4))
+    engine.backward(loss)
+    engine.step()
+    engine.save_checkpoint(sys.argv[1], tag="pytorch_model")  # what accelerate's save_state does
+    torch.save({k: v.detach().clone() for k, v in m.state_dict().items()}, sys.argv[2])
+""")
+
+
+def test_legacy_zero2_checkpoint_import(tmp_path):
+    """A real ZeRO-2 checkpoint written by deepspeed on CPU (in a subprocess: it initialises a process group),
+    imported through deepspeed's own zero_to_fp32."""
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError:
+        pytest.skip("deepspeed (optional extra `legacy`) is not installed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port), PYTHONPATH=os.pathsep.join([repo] + sys.path))
+    ck, ref = tmp_path / "state", tmp_path / "ref.pt"
+    subprocess.run([sys.executable, "-c", _WRITE_ZERO2, str(ck), str(ref)], env=env, check=True, timeout=300,
+                   capture_output=True)
+    dit = tiny_dit(seed=5)
+    assert export.load_legacy_zero(dit, ck)["kind"] == "gc25d"
+    want = torch.load(ref)
+    for k, v in dit.state_dict().items():
+        torch.testing.assert_close(v, want["dit." + k], rtol=0, atol=0, msg=k)
+    with pytest.raises(GcCkptError, match="missing"):
+        export.load_legacy_zero(tiny_dit(num_layers=3), ck)
