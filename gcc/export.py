@@ -132,6 +132,8 @@ def save_gc(state_dict: Mapping[str, torch.Tensor], path: str | os.PathLike, met
     _check_metadata(metadata, str(path))
     tensors = {(k[4:] if k.startswith("dit.") else k): v.detach().to("cpu", EXPORT_DTYPE).contiguous()
                for k, v in state_dict.items()}
+    # refuse anything but a GcDiT state dict before touching the disk
+    _key_diff(set(tensors), set(gc_key_set(_num_layers(tensors))), f"{path} (state dict to export)")
     tmp = path.with_name(path.name + ".tmp")
     try:
         save_file(tensors, str(tmp), metadata=dict(metadata))

@@ -74,6 +74,9 @@ def test_metadata_must_be_exactly_spec(tmp_path):
     with pytest.raises(GcCkptError, match="resumed_from"):
         save_gc(sd, tmp_path / "step-1.safetensors", missing)
     assert os.listdir(tmp_path) == []
+    with pytest.raises(GcCkptError, match="null_context"):  # not a GcDiT state dict
+        save_gc({**sd, "null_context": torch.zeros(2)}, tmp_path / "step-1.safetensors", _meta())
+    assert os.listdir(tmp_path) == []
 
 
 def test_crash_mid_write_leaves_no_export(tmp_path, monkeypatch):
