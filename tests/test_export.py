@@ -83,15 +83,21 @@ def test_crash_mid_write_leaves_no_export(tmp_path, monkeypatch):
     sd, _ = _trained_state()
     target = tmp_path / "step-2000.safetensors"
 
+    at_crash = {}
+
     def crashing_save_file(tensors, filename, metadata=None):
         with open(filename, "wb") as fh:
-            fh.write(b"\x00" * 100)  # a partial file, then the process "dies"
+            fh.write(b"\x00" * 100)  # a partial file, then the process dies
+        # a SIGKILL here would run no cleanup: what is on disk now is what a relaunch finds
+        at_crash["files"] = sorted(os.listdir(tmp_path))
         raise KeyboardInterrupt("killed mid-write")
 
     monkeypatch.setattr(export, "save_file", crashing_save_file)
     with pytest.raises(KeyboardInterrupt):
         save_gc(sd, target, _meta(step=2000))
-    assert not target.exists() and os.listdir(tmp_path) == []
+    assert target.name not in at_crash["files"] and at_crash["files"] == [target.name + ".tmp"]
+    assert not list(tmp_path.glob("step-*.safetensors"))
+    assert os.listdir(tmp_path) == []  # an ordinary exception also removes the .tmp
 
 
 def test_failed_check_leaves_no_export(tmp_path, monkeypatch):
