@@ -210,3 +210,4 @@ def test_load_base_weights_errors(tmp_path):
         load_wan_base(tiny_dit(), other)
     with pytest.raises(FileNotFoundError, match="index"):
         load_wan_base(tiny_dit(), tmp_path / "nothing")
+
