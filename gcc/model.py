@@ -221,6 +221,10 @@ class GcDiT(WanModel):
         f, gh, gw = x.shape[2:]
         n = gh * gw
         x = rearrange(x, "b c f h w -> b (f h w) c")
+        want = (B, VAE_STRIDE_T * (T - 1) + 1, gh * VAE_STRIDE_S * self.patch_size[1],
+                gw * VAE_STRIDE_S * self.patch_size[2])
+        if tuple(sem_ids.shape) != want:
+            raise ValueError(f"sem_ids {tuple(sem_ids.shape)} do not cover latents {tuple(x_t.shape)}: need {want}")
         cond = self.gc_sem_cond(class_fractions(sem_ids, self.vocab, self.patch_size).to(dtype))
         stats = {"x_rms": x.detach().float().pow(2).mean().sqrt(),
                  "sem_rms": cond.detach().float().pow(2).mean().sqrt()}

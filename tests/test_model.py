@@ -63,6 +63,15 @@ def test_class_fractions_match_footprint(vocab):
         class_fractions(bad, vocab)
 
 
+def test_sem_ids_must_cover_the_latents():
+    dit = tiny_dit()
+    x, ts, ctx, ids, sem = _inputs(make_batch(B=2, T=3, h=4, w=4))
+    with pytest.raises(ValueError, match="do not cover"):
+        dit(x, ts, ctx, ids, sem[:, :, :, :32])
+    with pytest.raises(ValueError, match="do not cover"):
+        dit(x, ts, ctx, ids, sem[:, :5])  # frames of 2 latent frames for 3
+
+
 def test_separated_timestep_frame0_at_zero():
     dit = tiny_dit()
     b = make_batch(B=2)
