@@ -43,3 +43,9 @@ def warmup_factor(step: int, warmup: int) -> float:
 def warmup_scheduler(optimizer: torch.optim.Optimizer, warmup: int) -> LambdaLR:
     # LambdaLR calls the lambda with the number of steps already taken (0 before the first step)
     return LambdaLR(optimizer, lambda done: warmup_factor(done + 1, warmup))
+
+
+def trainer_schedule_kwargs(optimizer: torch.optim.Optimizer, warmup: int) -> dict:
+    """Trainer kwargs for the warmup. Composer steps a torch scheduler once per *epoch* unless told otherwise,
+    which would silently freeze the warmup; keep the scheduler and the flag together."""
+    return {"schedulers": warmup_scheduler(optimizer, warmup), "step_schedulers_every_batch": True}

@@ -6,7 +6,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from gcc.objective import (GcTrainModel, GcValMSE, make_scheduler, resolve_timesteps, train_draw, val_noise)
-from gcc.optim import BETAS, build_optimizer, param_groups, warmup_scheduler
+from gcc.optim import BETAS, build_optimizer, param_groups, trainer_schedule_kwargs
 
 from _gc_helpers import make_batch, null_embedding, randomize_cond, tiny_dit
 
@@ -125,8 +125,7 @@ def test_warmup_lr_applied_by_a_real_composer_trainer(tmp_path, monkeypatch):
     opt.register_step_post_hook(lambda o, args, kwargs: applied.append([g["lr"] for g in o.param_groups]))
     trainer = Trainer(model=model, train_dataloader=DataLoader(_Batches(6), batch_size=2),
                       eval_dataloader=DataLoader(_Batches(3), batch_size=2), eval_interval="3ba",
-                      max_duration="3ba", optimizers=opt, schedulers=warmup_scheduler(opt, warmup),
-                      step_schedulers_every_batch=True, device="cpu", progress_bar=False, log_to_console=False,
+                      max_duration="3ba", optimizers=opt, **trainer_schedule_kwargs(opt, warmup), device="cpu", progress_bar=False, log_to_console=False,
                       loggers=[], save_folder=None, run_name="warmup_test")
     trainer.fit()
     expect = [[lr * s / warmup, cond_lr * s / warmup] for s in (1, 2, 3)]
