@@ -22,6 +22,8 @@ from safetensors import safe_open
 from diffsynth.models.wan_video_dit import (
     CrossAttention,
     DiTBlock,
+    Head,
+    RMSNorm,
     WanModel,
     precompute_freqs_cis_3d,
     sinusoidal_embedding_1d,
@@ -186,6 +188,21 @@ class GcDiT(WanModel):
 
     def activation_checkpointing_fn(self, module: nn.Module) -> bool:
         return isinstance(module, DiTBlock)
+
+    @torch.no_grad()
+    def param_init_fn(self, module: nn.Module) -> None:
+        """Composer calls this for each module whose own parameters were on the meta device (meta init under
+        FSDP). Wan's RMSNorm and the `modulation` parameters have no reset_parameters; this initialises them as
+        WanModel.__init__ does. Base weights are loaded afterwards (or broadcast with sync_module_states)."""
+        if module is self.gc_sem_cond.proj_out:  # the cond must start at zero output
+            nn.init.zeros_(module.weight)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, RMSNorm):
+            module.weight.fill_(1.0)
+        elif isinstance(module, (DiTBlock, Head)):
+            module.modulation.normal_().div_(module.dim ** 0.5)
+        elif hasattr(module, "reset_parameters"):
+            module.reset_parameters()
 
     def embed_context(self, context: torch.Tensor, context_ids: torch.Tensor) -> torch.Tensor:
         """context [B, T, L, D], ids [B, T] -> [B*T, L, dim]; text_embedding runs once per unique id

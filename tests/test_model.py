@@ -160,6 +160,24 @@ def test_fsdp_and_activation_checkpointing_hooks_select_exactly_the_blocks():
     torch.testing.assert_close(dit(*_inputs(b)), ref)
 
 
+def test_param_init_fn_materialises_a_meta_model():
+    # what Composer's FSDP meta init does: to_empty per module, then the child's param_init_fn
+    dit = build_gc_dit("tiny", device="meta")
+    for m in dit.modules():
+        if any(p.is_meta for p in m.parameters(recurse=False)):
+            m.to_empty(device="cpu", recurse=False)
+            dit.param_init_fn(m)
+    params = dict(dit.named_parameters())
+    assert not any(p.is_meta for p in params.values())
+    assert all(torch.isfinite(p).all() for p in params.values())
+    assert torch.equal(params["blocks.0.self_attn.norm_q.weight"], torch.ones(64))
+    assert params["blocks.1.modulation"].std() > 0 and params["head.modulation"].std() > 0
+    assert (params["gc_sem_cond.proj_out.weight"] == 0).all() and (params["gc_sem_cond.proj_out.bias"] == 0).all()
+    b = make_batch(B=1)
+    out, aux = dit(*_inputs(b), aux=True)
+    assert torch.isfinite(out).all() and aux["sem_rms"] == 0
+
+
 def test_ti2v_5b_on_meta_has_831_keys_and_5b_params():
     dit = build_gc_dit("ti2v-5b", device="meta")
     assert all(p.is_meta for p in dit.parameters())
