@@ -1,0 +1,240 @@
+"""GcDiT: forward/backward, the cond's token footprint, separated timestep, framewise text, hooks, presets, base
+weights (SPEC §7)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from diffsynth.models.wan_video_dit import DiTBlock, WanModel, sinusoidal_embedding_1d
+from gcc.model import (build_gc_dit, class_fractions, cond_keys, count_params, load_wan_base, model_config,
+                       wan_keys)
+from gcc.vocab import CHANNEL_LUT, UNKNOWN, num_classes
+
+from _gc_helpers import make_batch, randomize_cond, tiny_dit
+
+
+def _inputs(batch):
+    return (batch["input_latents"].float(), torch.tensor([500.0, 200.0][: batch["context"].shape[0]]),
+            batch["context"].float(), batch["context_ids"], batch["sem_ids"])
+
+
+def test_tiny_forward_backward():
+    dit = tiny_dit()
+    randomize_cond(dit)
+    b = make_batch(B=2)
+    out, aux = dit(*_inputs(b), aux=True)
+    assert out.shape == b["input_latents"].shape and torch.isfinite(out).all()
+    assert aux["sem_rms"] > 0 and aux["x_rms"] > 0
+    out.square().mean().backward()
+    no_grad = [n for n, p in dit.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
+    assert no_grad == []
+
+
+def _fractions_reference(sem: np.ndarray, vocab: str) -> np.ndarray:
+    """Loop-by-loop: latent frame k covers pixel frames {0} or 4k-3..4k, a token 32x32 pixels."""
+    B, F, H, W = sem.shape
+    T, V = (F - 1) // 4 + 1, num_classes(vocab)
+    out = np.zeros((B, T, H // 32, W // 32, V))
+    for b in range(B):
+        for k in range(T):
+            frames = [0] if k == 0 else list(range(4 * k - 3, 4 * k + 1))
+            for i in range(H // 32):
+                for j in range(W // 32):
+                    cell = sem[b, frames, 32 * i:32 * i + 32, 32 * j:32 * j + 32].ravel()
+                    ch = CHANNEL_LUT[vocab][cell]
+                    out[b, k, i, j] = np.bincount(ch, minlength=V) / cell.size
+    return out.reshape(B, -1, V)
+
+
+@pytest.mark.parametrize("vocab", ["parts", "ids"])
+def test_class_fractions_match_footprint(vocab):
+    sem = make_batch(B=2, T=3, h=4, w=6, vocab=vocab, seed=3)["sem_ids"]
+    sem[0, 1:5, :32, :32] = UNKNOWN  # latent frame 1, token (0, 0): all unknown
+    frac = class_fractions(sem, vocab)
+    np.testing.assert_allclose(frac.numpy(), _fractions_reference(sem.numpy(), vocab), atol=1e-6)
+    assert frac[0, 1 * 2 * 3 + 0, num_classes(vocab) - 1] == 1.0  # UNKNOWN is the last channel
+    bad = sem.clone()
+    bad[1, 5, 3, 3] = 8  # not a vocabulary value
+    with pytest.raises(ValueError, match=r"\[8\]"):
+        class_fractions(bad, vocab)
+
+
+def test_sem_ids_must_cover_the_latents():
+    dit = tiny_dit()
+    x, ts, ctx, ids, sem = _inputs(make_batch(B=2, T=3, h=4, w=4))
+    with pytest.raises(ValueError, match="do not cover"):
+        dit(x, ts, ctx, ids, sem[:, :, :, :32])
+    with pytest.raises(ValueError, match="do not cover"):
+        dit(x, ts, ctx, ids, sem[:, :5])  # frames of 2 latent frames for 3
+
+
+def test_separated_timestep_frame0_at_zero():
+    dit = tiny_dit()
+    b = make_batch(B=2)
+    seen = {}
+    dit.head.register_forward_pre_hook(lambda m, args: seen.__setitem__("t", args[1].detach()))
+    x, ts, ctx, ids, sem = _inputs(b)
+    with torch.no_grad():
+        dit(x, ts, ctx, ids, sem)
+        emb = lambda v: dit.time_embedding(sinusoidal_embedding_1d(dit.freq_dim, torch.tensor([float(v)])))[0]
+        n = (x.shape[3] // 2) * (x.shape[4] // 2)
+        t = seen["t"]
+        for i, tv in enumerate(ts.tolist()):
+            torch.testing.assert_close(t[i, :n], emb(0).expand(n, -1))
+            torch.testing.assert_close(t[i, n:], emb(tv).expand(t.shape[1] - n, -1))
+        dit(x, ts, ctx, ids, sem, first_frame_cond=False)
+        torch.testing.assert_close(seen["t"][0, :n], emb(ts[0]).expand(n, -1))
+
+
+def test_text_cell_reaches_only_its_frame():
+    # one block: self-attention runs before cross-attention and everything after is per token, so a changed
+    # text cell may only move the prediction of its own latent frame
+    dit = tiny_dit(num_layers=1)
+    b = make_batch(B=1, T=3)
+    x, _, ctx, ids, sem = _inputs(b)
+    ts = torch.tensor([600.0])
+    with torch.no_grad():
+        base = dit(x, ts, ctx, ids, sem)
+        for k in range(3):
+            ctx2, ids2 = ctx.clone(), ids.clone()
+            ctx2[0, k] = torch.randn_like(ctx2[0, k])
+            ids2[0, k] = 99  # a new prompt id
+            out = dit(x, ts, ctx2, ids2, sem)
+            changed = [(out[:, :, j] - base[:, :, j]).abs().max().item() > 1e-6 for j in range(3)]
+            assert changed == [j == k for j in range(3)]
+
+
+def test_text_embedding_once_per_unique_id_equals_per_cell():
+    dit = tiny_dit()
+    b = make_batch(B=2, T=3)
+    ids = torch.tensor([[4, 1, 4], [1, 1, 2]])
+    table = torch.randn(5, *b["context"].shape[2:])
+    ctx = table[ids]
+    calls = []
+    h = dit.text_embedding.register_forward_hook(lambda m, a, o: calls.append(a[0].shape[0]))
+    with torch.no_grad():
+        got = dit.embed_context(ctx, ids)
+        h.remove()
+        per_cell = dit.text_embedding(ctx.reshape(6, *ctx.shape[2:]))
+        torch.testing.assert_close(got, per_cell)
+        assert calls == [3]  # three unique ids
+        x, ts, _, _, sem = _inputs(b)
+        distinct = torch.arange(6).view(2, 3)  # every cell its own id: the per-cell path
+        torch.testing.assert_close(dit(x, ts, ctx, ids, sem), dit(x, ts, ctx, distinct, sem))
+
+
+def test_grad_ckpt_same_result_and_grads():
+    b = make_batch(B=1)
+    grads = []
+    for ckpt in (False, True):
+        dit = tiny_dit(seed=5)
+        randomize_cond(dit)
+        out = dit(*_inputs(b), grad_ckpt=ckpt)
+        out.square().mean().backward()
+        grads.append({n: p.grad.clone() for n, p in dit.named_parameters()})
+    for n in grads[0]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], msg=n)
+
+
+def test_fsdp_and_activation_checkpointing_hooks_select_exactly_the_blocks():
+    from composer.distributed.activation_checkpointing import apply_ac, generate_composer_model_check_fn
+    from gcc.objective import GcTrainModel
+    from _gc_helpers import null_embedding
+
+    dit = tiny_dit(num_layers=3)
+    model = GcTrainModel(dit, seed=0, null_context=null_embedding(), null_id=0)
+    # Composer wraps each direct child of the ComposerModel, asking the child's hooks about every submodule
+    assert [n for n, _ in model.named_children()] == ["dit"]
+    blocks = {id(m) for m in dit.blocks}
+    assert {id(m) for m in dit.modules() if dit.fsdp_wrap_fn(m)} == blocks
+    assert {id(m) for m in dit.modules() if dit.activation_checkpointing_fn(m)} == blocks
+    b = make_batch(B=1)
+    ref = dit(*_inputs(b))
+    apply_ac(model, True, False, generate_composer_model_check_fn(model))
+    wrapped = [m for m in dit.modules() if type(m).__name__ == "CheckpointWrapper"]
+    assert len(wrapped) == 3 and all(isinstance(w._checkpoint_wrapped_module, DiTBlock) for w in wrapped)
+    torch.testing.assert_close(dit(*_inputs(b)), ref)
+
+
+def test_param_init_fn_materialises_a_meta_model():
+    # what Composer's FSDP meta init does: to_empty per module, then the child's param_init_fn
+    dit = build_gc_dit("tiny", device="meta")
+    for m in dit.modules():
+        if any(p.is_meta for p in m.parameters(recurse=False)):
+            m.to_empty(device="cpu", recurse=False)
+            dit.param_init_fn(m)
+    params = dict(dit.named_parameters())
+    assert not any(p.is_meta for p in params.values())
+    assert all(torch.isfinite(p).all() for p in params.values())
+    assert torch.equal(params["blocks.0.self_attn.norm_q.weight"], torch.ones(64))
+    assert params["blocks.1.modulation"].std() > 0 and params["head.modulation"].std() > 0
+    assert (params["gc_sem_cond.proj_out.weight"] == 0).all() and (params["gc_sem_cond.proj_out.bias"] == 0).all()
+    b = make_batch(B=1)
+    out, aux = dit(*_inputs(b), aux=True)
+    assert torch.isfinite(out).all() and aux["sem_rms"] == 0
+
+
+def test_ti2v_5b_on_meta_has_831_keys_and_5b_params():
+    dit = build_gc_dit("ti2v-5b", device="meta")
+    assert all(p.is_meta for p in dit.parameters())
+    assert len(dit.state_dict()) == 831
+    assert (len(wan_keys(dit)), len(cond_keys(dit))) == (825, 6)
+    n = count_params(dit)
+    assert 4.95e9 < n < 5.05e9
+    cfg = dit.config
+    assert (cfg.dim, cfg.ffn_dim, cfg.num_heads, cfg.num_layers, cfg.in_dim, cfg.out_dim, tuple(cfg.patch_size),
+            cfg.text_dim, cfg.freq_dim) == (3072, 14336, 24, 30, 48, 48, (1, 2, 2), 4096, 256)
+    assert dit.seperated_timestep and dit.fuse_vae_embedding_in_latents
+    assert not dit.require_vae_embedding and not dit.require_clip_embedding
+    assert dit.gc_sem_cond.proj_in.in_features == num_classes("parts")
+
+
+def _save_sharded_wan(tmp_path, n_shards=2, **overrides):
+    """A tiny plain DiffSynth WanModel in the published layout: shards + index."""
+    cfg = model_config("tiny", **overrides)
+    with torch.random.fork_rng():
+        torch.manual_seed(11)
+        wan = WanModel(**cfg.wan_kwargs())
+    sd = wan.state_dict()
+    keys = sorted(sd)
+    weight_map = {}
+    for s in range(n_shards):
+        name = f"diffusion_pytorch_model-{s + 1:05d}-of-{n_shards:05d}.safetensors"
+        part = keys[s::n_shards]
+        save_file({k: sd[k].contiguous() for k in part}, str(tmp_path / name))
+        weight_map.update({k: name for k in part})
+    (tmp_path / "diffusion_pytorch_model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return sd
+
+
+def test_load_sharded_base_weights(tmp_path):
+    sd = _save_sharded_wan(tmp_path)
+    dit = tiny_dit(seed=3)
+    cond_before = {k: v.clone() for k, v in dit.state_dict().items() if k.startswith("gc_sem_cond.")}
+    load_wan_base(dit, tmp_path)
+    got = dit.state_dict()
+    assert set(sd) == set(wan_keys(dit))
+    for k, v in sd.items():
+        torch.testing.assert_close(got[k], v, msg=k)
+    for k, v in cond_before.items():
+        torch.testing.assert_close(got[k], v)
+
+
+def test_load_base_weights_errors(tmp_path):
+    _save_sharded_wan(tmp_path)
+    (tmp_path / "diffusion_pytorch_model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="00002-of-00002"):
+        load_wan_base(tiny_dit(), tmp_path)
+    other = tmp_path / "wide"
+    other.mkdir()
+    _save_sharded_wan(other, dim=128)
+    with pytest.raises(ValueError, match="shape"):
+        load_wan_base(tiny_dit(), other)
+    with pytest.raises(FileNotFoundError, match="index"):
+        load_wan_base(tiny_dit(), tmp_path / "nothing")
+
