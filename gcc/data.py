@@ -101,7 +101,7 @@ class GcStreamingDataset(StreamingDataset):
                 meta = rec.meta()
                 sem, mask_frac = apply_unknown_mask(sem, Cameras.from_meta(meta), np.asarray(meta["ground_z"], float),
                                                     draw.mask, calibration=d.calibration,
-                                                    max_frame_coverage=d.max_frame_coverage)
+                                                    max_frame_coverage=d.max_frame_coverage, inplace=True)
         if self.vocab == "ids":
             sem = collapse_parts(sem)
         return {
