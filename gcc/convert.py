@@ -448,8 +448,10 @@ def convert(src: str | Path, out: str, workers: int = 1, chunk_clips: int = 64, 
         "text_table": TEXT_TABLE, "text_table_sha256": plan.signature["text_table_sha256"],
         "text_keys": len(plan.text_keys),
         "geometry": plan.geometry.as_dict(),
+        # clip_ids[i] / clip_runs[i] describe the split's sample id i (the shards hold clips in this order)
         "splits": {s: {"clips": len(rows), "runs": sorted({r["run"] for r in rows}),
-                       "clip_ids": [r["clip_id"] for r in rows]} for s, rows in plan.splits.items()},
+                       "clip_ids": [r["clip_id"] for r in rows], "clip_runs": [r["run"] for r in rows]}
+                   for s, rows in plan.splits.items()},
         "counts": {s: len(rows) for s, rows in plan.splits.items()},
     }
     storage.write_bytes(storage.join(out, MANIFEST), json.dumps(manifest, indent=1).encode())

@@ -8,7 +8,7 @@ epoch). Neither depends on the worker count, rank count or resume point. Pinned 
 """
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +42,42 @@ class Dropouts:
 
 
 NO_DROPOUTS = Dropouts(text=0.0, cond=0.0, mask=0.0)
+
+
+def release_stale_shm(local_dirs: Sequence[str | Path], scan: int = 256) -> int:
+    """Unlink Streaming shared memory left by a *dead* launch that used these cache folders.
+
+    After a SIGKILL, Streaming's shared memory outlives the process and a relaunch on the same cache folder
+    fails with "Reused local directory". `clean_stale_shared_memory()` would fix that by unlinking every
+    Streaming segment on the node, other live jobs' included; this removes only segments registered for our
+    own folders. Call it only while holding the run lock (no live run uses these folders). Returns the
+    number of prefixes released."""
+    from tempfile import gettempdir
+
+    import _posixshmem
+    from streaming.base.constant import BARRIER_FILELOCK, CACHE_FILELOCK, LOCALS, SHM_TO_CLEAN
+    from streaming.base.shared.memory import SharedMemory  # attaches without resource-tracker ownership
+    from streaming.base.shared.prefix import _get_path, _unpack_locals
+
+    ours = {os.path.abspath(str(d)) for d in local_dirs}
+    released = 0
+    for prefix in range(scan):
+        try:
+            shm = SharedMemory(_get_path(prefix, LOCALS), create=False, auto_cleanup=False)
+        except (FileNotFoundError, PermissionError):
+            continue
+        theirs, _ = _unpack_locals(bytes(shm.buf))
+        shm.shm.close()
+        if not ours.intersection(os.path.abspath(t) for t in theirs):
+            continue
+        for name in SHM_TO_CLEAN:
+            with contextlib.suppress(FileNotFoundError, PermissionError):
+                _posixshmem.shm_unlink("/" + _get_path(prefix, name))
+        for lock in (BARRIER_FILELOCK, CACHE_FILELOCK):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(gettempdir(), _get_path(prefix, lock)))
+        released += 1
+    return released
 
 
 def fetch_text_table(data: str, cache_dir: str | Path) -> Path:

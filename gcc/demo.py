@@ -35,11 +35,9 @@ def main(argv=None) -> int:
     manifest = convert(prepared, str(shards), workers=args.workers, chunk_clips=8)
 
     print("[3/3] reading the shards back through the training loader (StreamingDataset)")
-    from streaming.base.util import clean_stale_shared_memory
+    from gcc.data import GcStreamingDataset, build_dataloader, release_stale_shm
 
-    from gcc.data import GcStreamingDataset, build_dataloader
-
-    clean_stale_shared_memory()
+    release_stale_shm([out / "cache" / "train"])  # left by an earlier demo killed mid-read
     ds = GcStreamingDataset(str(shards), "train", out / "cache", batch_size=4, seed=args.seed)
     batch = next(iter(build_dataloader(ds, batch_size=4, num_workers=0)))
     geo = manifest["geometry"]

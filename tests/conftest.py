@@ -31,3 +31,12 @@ def s3():
     server = S3Server()
     yield server
     server.stop()
+
+
+def pytest_configure(config):
+    # Streaming segments leaked by an earlier, killed test session would collide with ours; clean them once,
+    # in the controller only (xdist workers start later), never while another test holds a live dataset.
+    if not hasattr(config, "workerinput"):
+        from streaming.base.util import clean_stale_shared_memory
+
+        clean_stale_shared_memory()

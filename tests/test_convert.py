@@ -34,9 +34,6 @@ def src(tmp_path):
 def read_split(out: str, split: str, cache: Path) -> dict[str, ClipRecord]:
     """Every sample of a split through a real StreamingDataset (remote = the conversion, local = a cache)."""
     from streaming import StreamingDataset
-    from streaming.base.util import clean_stale_shared_memory
-
-    clean_stale_shared_memory()
     ds = StreamingDataset(remote=f"{out}/{split}", local=str(cache / f"{split}-{uuid.uuid4().hex[:8]}"),
                           batch_size=1, shuffle=False)
     return {r.clip_id: r for r in (ClipRecord.from_sample(ds[i]) for i in range(len(ds)))}

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
-from streaming.base.util import clean_stale_shared_memory
 
 from gcc import convert as C
 from gcc.data import Dropouts, GcStreamingDataset, build_dataloader, gc_collate
@@ -37,7 +36,6 @@ def shards(tmp_path_factory):
 
 
 def new_ds(shards, split="train", **kw) -> GcStreamingDataset:
-    clean_stale_shared_memory()
     kw.setdefault("batch_size", 2)
     return GcStreamingDataset(str(shards[1]), split, shards[1].parent / "caches" / uuid.uuid4().hex, **kw)
 
@@ -229,7 +227,6 @@ def test_reads_from_s3(shards, tmp_path, s3, monkeypatch):
         monkeypatch.setenv(k, v)
     remote = f"s3://{s3.new_bucket()}/shards"
     C.convert(shards[0], remote, chunk_clips=4, progress=False, log=lambda *a: None)
-    clean_stale_shared_memory()
     ds = GcStreamingDataset(remote, "train", tmp_path / "cache", batch_size=2, dropouts=HEAVY)
     local = new_ds(shards, dropouts=HEAVY)
     assert run_epochs(ds, workers=1) == run_epochs(local, workers=1)
@@ -256,3 +253,40 @@ def test_collate(shards):
     assert b["mask_frac"].tolist() == pytest.approx([s["dropped"]["mask"] for s in samples])
     for k in ("input_latents", "context", "context_ids", "sem_ids"):
         assert all(torch.equal(b[k][i], samples[i][k]) for i in range(3))
+
+
+HOLD_SCRIPT = """
+import sys, time
+from pathlib import Path
+from gcc.data import GcStreamingDataset
+ds = GcStreamingDataset(sys.argv[1], "train", sys.argv[2], batch_size=1)
+Path(sys.argv[3]).touch()
+time.sleep(300)
+"""
+
+
+def test_release_stale_shm_after_a_killed_process_group(shards, tmp_path):
+    """A SIGKILLed launch (its resource tracker included) leaves Streaming shared memory behind; a relaunch
+    on the same cache is refused until `release_stale_shm` frees exactly those segments."""
+    import signal
+    import time
+
+    from gcc.data import release_stale_shm
+
+    cache, ready = tmp_path / "cache", tmp_path / "ready"
+    p = subprocess.Popen([sys.executable, "-c", HOLD_SCRIPT, str(shards[1]), str(cache), str(ready)],
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while not ready.exists():
+            assert p.poll() is None and time.time() < deadline, "holder process failed"
+            time.sleep(0.2)
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    other = new_ds(shards)  # a live dataset on another cache must survive the release
+    with pytest.raises(ValueError, match="Reused local directory"):
+        GcStreamingDataset(str(shards[1]), "train", cache, batch_size=2)
+    assert release_stale_shm([cache / "train"]) == 1
+    assert len(GcStreamingDataset(str(shards[1]), "train", cache, batch_size=2)) == len(other)
+    assert run_epochs(other, workers=1)  # its shared memory is intact

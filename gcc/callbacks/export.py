@@ -1,0 +1,38 @@
+"""`step-N.safetensors` every `export_every` steps and at the end of training (SPEC §9.9)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from composer.core import Callback, State
+from composer.loggers import Logger
+from composer.utils import dist
+
+from gcc.export import save_gc
+
+
+class Export(Callback):
+    def __init__(self, run_dir: str | Path, every: int, max_steps: int, metadata: Callable[[int], dict],
+                 is_preempted: Callable[[], bool] = lambda: False, log=print):
+        self.run_dir, self.every, self.max_steps = Path(run_dir), every, max_steps
+        self.metadata, self.is_preempted, self.log = metadata, is_preempted, log
+        self.last_step = -1
+
+    def export(self, state: State) -> None:
+        step = int(state.timestamp.batch)
+        sd = state.get_model_state_dict()  # collective under FSDP; the full dict lands on rank 0
+        if dist.get_global_rank() == 0:
+            path = save_gc(sd, self.run_dir / f"step-{step}.safetensors", self.metadata(step))
+            self.log(f"export: {path}")
+        self.last_step = step
+        dist.barrier()
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        if self.every and int(state.timestamp.batch) % self.every == 0:
+            self.export(state)
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        # the end of training, not a preemption (a preempted run's relaunch exports when it really ends)
+        if int(state.timestamp.batch) != self.last_step and int(state.timestamp.batch) >= self.max_steps \
+                and not self.is_preempted():
+            self.export(state)

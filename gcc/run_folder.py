@@ -1,0 +1,164 @@
+"""The run folder: one live run at a time, one run identity per folder, and checkpoints that are never half-read.
+
+    <run_dir>/.lock                 flock held by global rank 0 while the run lives (freed by the OS on any death)
+    <run_dir>/run.json              the run signature (SPEC §9.3) and lineage (init_ckpt), written at first start
+    <run_dir>/checkpoints/          Composer checkpoints ep{E}-ba{B}-rank0.pt + latest-rank0.pt symlink
+    <run_dir>/step-N.safetensors    exports (SPEC §9.9)
+
+Composer writes a checkpoint in place and then replaces the `latest` symlink (remove + create). A SIGKILL can
+therefore leave a truncated file newer than `latest`, or no `latest` at all. `repair_checkpoints` runs before
+the Trainer starts: it points `latest` at the newest complete checkpoint (a complete torch.save file is a zip
+with its end-of-central-directory record) and deletes anything newer, so a partial file is never loaded and
+Composer's "newer checkpoint in folder" check never trips on one.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import socket
+import zipfile
+from pathlib import Path
+from typing import Any
+
+EXIT_REFUSED = 3
+CKPT_RE = re.compile(r"^ep(\d+)-ba(\d+)-rank0\.pt$")
+LATEST = "latest-rank0.pt"
+
+
+class Refusal(Exception):
+    """The run must not start (SPEC §9.5): exit code 3 with this message."""
+
+
+# ---- lock ---------------------------------------------------------------------------------------------
+class RunLock:
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / ".lock"
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
+            os.close(fd)
+            raise Refusal(f"{self.path.parent}: another live run holds {self.path} ({holder}); "
+                          f"wait for it to finish or stop it first") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        self.fd = fd  # kept open for the life of the process; the kernel releases it on any exit
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+# ---- identity -----------------------------------------------------------------------------------------
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_digest(path: str, known: dict[str, Any] | None = None) -> dict[str, Any]:
+    """sha256 of a (possibly 10 GB) file, reusing a stored digest when path, size and mtime are unchanged."""
+    if not path:
+        return {"path": "", "sha256": ""}
+    st = os.stat(path)
+    stamp = {"path": os.path.realpath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    if known and all(known.get(k) == v for k, v in stamp.items()):
+        return known
+    return {**stamp, "sha256": sha256_file(path)}
+
+
+def diff_signatures(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    return [f"{k}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}"
+            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+
+
+def check_identity(run_dir: Path, signature: dict[str, Any], lineage: dict[str, Any]) -> dict[str, Any]:
+    """First start: record signature + lineage. Relaunch: the signature must match (exit 3 otherwise)."""
+    path = Path(run_dir) / "run.json"
+    if not path.exists():
+        if list_checkpoints(run_dir):
+            raise Refusal(f"{run_dir}: holds checkpoints but no run.json, so its run signature is unknown; "
+                          f"use another run_dir")
+        record = {"signature": signature, "lineage": lineage}
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+        return record
+    record = json.loads(path.read_text())
+    diffs = diff_signatures(record["signature"], signature)
+    if diffs:
+        raise Refusal(f"{run_dir}: holds a run with a different signature; these fields differ "
+                      f"(stored -> now):\n  " + "\n  ".join(diffs) +
+                      "\nOnly max_steps, the GPU/node count (same global batch), workers and logging may change "
+                      "on resume. Use another run_dir to start a different run.")
+    return record
+
+
+# ---- checkpoints --------------------------------------------------------------------------------------
+def ckpt_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    d = ckpt_dir(run_dir)
+    if not d.exists():
+        return []
+    out = [(int(m.group(2)), p) for p in d.iterdir() if (m := CKPT_RE.match(p.name)) and p.is_file()]
+    return sorted(out)
+
+
+def is_complete(path: Path) -> bool:
+    return zipfile.is_zipfile(path)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    link = ckpt_dir(run_dir) / LATEST
+    if link.is_symlink() or link.exists():
+        target = link.resolve()
+        return target if target.exists() else None
+    return None
+
+
+def repair_checkpoints(run_dir: Path, log=print) -> Path | None:
+    """Point `latest` at the newest complete checkpoint; delete partial/newer leftovers. Returns it."""
+    ckpts = list_checkpoints(run_dir)
+    link = ckpt_dir(run_dir) / LATEST
+    latest = latest_checkpoint(run_dir)
+    if latest is None or not is_complete(latest):
+        complete = [p for _, p in ckpts if is_complete(p)]
+        latest = complete[-1] if complete else None
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        if latest is not None:
+            os.symlink(latest.name, link)
+            log(f"checkpoints: 'latest' repaired -> {latest.name}")
+    latest_batch = int(CKPT_RE.match(latest.name).group(2)) if latest is not None else -1
+    for batch, p in ckpts:
+        if batch > latest_batch or (p != latest and not is_complete(p)):
+            log(f"checkpoints: removing incomplete/stale {p.name}")
+            p.unlink()
+    return latest
+
+
+def rotate_checkpoints(run_dir: Path, keep: int) -> list[Path]:
+    """Keep the `keep` newest checkpoints up to `latest` (across restarts); returns what was deleted."""
+    latest = latest_checkpoint(run_dir)
+    if latest is None:
+        return []
+    ckpts = [p for _, p in list_checkpoints(run_dir)]
+    upto = ckpts[:ckpts.index(latest) + 1] if latest in ckpts else ckpts
+    doomed = upto[:-keep] if keep > 0 else []
+    for p in doomed:
+        p.unlink(missing_ok=True)
+    return doomed
