@@ -78,9 +78,20 @@ def file_digest(path: str, known: dict[str, Any] | None = None) -> dict[str, Any
     return {**stamp, "sha256": sha256_file(path)}
 
 
+def comparable(signature: dict[str, Any]) -> dict[str, Any]:
+    """A signature as compared: a file digest (path, size, mtime, sha256) compares by its sha256 only."""
+    return {k: (v.get("sha256", "") if isinstance(v, dict) else v) for k, v in signature.items()}
+
+
 def diff_signatures(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    old, new = comparable(old), comparable(new)
     return [f"{k}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}"
             for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+
+
+def stored_record(run_dir: Path) -> dict[str, Any] | None:
+    path = Path(run_dir) / "run.json"
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def check_identity(run_dir: Path, signature: dict[str, Any], lineage: dict[str, Any]) -> dict[str, Any]:
@@ -95,7 +106,7 @@ def check_identity(run_dir: Path, signature: dict[str, Any], lineage: dict[str, 
         tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
         os.replace(tmp, path)
         return record
-    record = json.loads(path.read_text())
+    record = stored_record(run_dir)
     diffs = diff_signatures(record["signature"], signature)
     if diffs:
         raise Refusal(f"{run_dir}: holds a run with a different signature; these fields differ "

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import zstd
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: manifest lists each clip's run
 SPLITS = ("train", "val")
 MANIFEST = "manifest.json"
 TEXT_TABLE = "text/table.safetensors"

@@ -85,8 +85,10 @@ def test_splits_and_drop(shards):
     rows = [json.loads(l) for l in (src / "index" / "clips.jsonl").read_text().splitlines()]
     for split in ("train", "val"):
         ds = new_ds(shards, split, dropouts=Dropouts(0, 0, 0))
-        got = sorted(ds[i]["clip_id"] for i in range(len(ds)))
-        assert got == sorted(r["clip_id"] for r in rows if r["split"] == split and not r["drop"])
+        got = [ds[i]["clip_id"] for i in range(len(ds))]
+        assert sorted(got) == sorted(r["clip_id"] for r in rows if r["split"] == split and not r["drop"])
+        # sample id i is the manifest's clip i (validation picks its fixed clips by this)
+        assert got == ds.manifest["splits"][split]["clip_ids"]
 
 
 def test_val_never_drops(shards):
