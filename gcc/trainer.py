@@ -86,6 +86,8 @@ def run(cfg) -> int:
     world = B.world_size()
     per_rank = cfg.per_rank_batch(world)
     device = DeviceGPU() if torch.cuda.is_available() else DeviceCPU()
+    if not torch.cuda.is_available():  # ranks share the CPU: don't oversubscribe its cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
     dist.initialize_dist(device, timeout=cfg.dist_timeout)
     run_dir = Path(cfg.run_dir)
     lock = RunLock(run_dir)

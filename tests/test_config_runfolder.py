@@ -1,0 +1,167 @@
+"""Config validation, the run folder (lock, signature, checkpoint repair/rotation) and the CSV logger."""
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from gcc.config import ConfigError, load_config
+from gcc.csv_logger import CSVLogger
+from gcc.run_folder import (Refusal, RunLock, check_identity, latest_checkpoint, list_checkpoints,
+                            repair_checkpoints, rotate_checkpoints)
+
+ROOT = Path(__file__).resolve().parents[1]
+YAMLS = sorted((ROOT / "yamls").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("yaml", YAMLS, ids=[p.name for p in YAMLS])
+def test_shipped_yamls_load(yaml):
+    cfg = load_config(yaml)
+    assert cfg.global_batch % cfg.micro_batch == 0
+
+
+def test_sft_v10_is_the_spec_defaults():
+    c = load_config(ROOT / "yamls" / "sft_v10.yaml")
+    assert (c.optim.lr, c.optim.cond_lr, c.optim.weight_decay, c.optim.warmup_steps, c.optim.grad_clip) == \
+        (1e-5, 1e-4, 0.01, 500, 1.0)
+    assert (c.global_batch, c.micro_batch, c.accumulation(8), c.max_steps) == (16, 1, 2, 20000)
+    assert (c.export_every, c.keep_checkpoints, c.val_every, c.val_n, c.val_timesteps) == (1000, 2, 500, 16, [200, 500, 800])
+    assert (c.data.text_dropout, c.data.cond_dropout, c.data.mask_p, c.data.num_workers) == (0.1, 0.05, 0.5, 4)
+    assert (c.model.grad_ckpt, c.model.vocab, c.parallelism, c.precision) == (True, "parts", "fsdp", "amp_bf16")
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["optim.lrr=1"], "unknown key.*optim.lrr"),
+    (["nonsense=1"], "unknown key.*nonsense"),
+    (["optim.lr=fast"], "optim.lr: expected float"),
+    (["max_steps=1.5"], "max_steps: expected int"),
+    (["model.grad_ckpt=3"], "model.grad_ckpt: expected bool"),
+    (["model.vocab=words"], "model.vocab: must be one of"),
+    (["global_batch=10", "micro_batch=4"], "global_batch=10 is not a multiple of micro_batch=4"),
+    (["data.mask_p=1.5"], r"data.mask_p: must be in \[0, 1\]"),
+    (["optim=3"], "optim: expected a mapping"),
+])
+def test_bad_config_names_the_key(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(ROOT / "yamls" / "tiny_cpu.yaml", overrides)
+
+
+def test_batch_consistency_with_world_size():
+    c = load_config(ROOT / "yamls" / "tiny_cpu.yaml", ["global_batch=8", "micro_batch=2"])
+    assert c.accumulation(2) == 2 and c.per_rank_batch(2) == 4 and c.accumulation(1) == 4
+    with pytest.raises(ConfigError, match="not a multiple of world_size"):
+        c.accumulation(3)
+    c = load_config(ROOT / "yamls" / "tiny_cpu.yaml", ["global_batch=8", "micro_batch=2", "grad_accum=4"])
+    with pytest.raises(ConfigError, match="grad_accum=4 disagrees"):
+        c.accumulation(2)
+
+
+def test_train_entry_exits_2_before_any_work(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "gcc" / "train.py"), str(ROOT / "yamls" / "tiny_cpu.yaml"),
+                        f"run_dir={tmp_path / 'run'}", "optim.bogus=1"], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 2
+    assert "config error: unknown key(s): optim.bogus" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+# ---- run folder ----------------------------------------------------------------------------------------
+def test_lock_refuses_a_second_holder_and_frees_on_release(tmp_path):
+    a, b = RunLock(tmp_path), RunLock(tmp_path)
+    a.acquire()
+    with pytest.raises(Refusal, match="another live run holds"):
+        b.acquire()
+    a.release()
+    b.acquire()
+    b.release()
+
+
+def test_lock_of_a_killed_process_does_not_block(tmp_path):
+    code = f"from gcc.run_folder import RunLock; RunLock({str(tmp_path)!r}).acquire(); import os; os._exit(9)"
+    subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    RunLock(tmp_path).acquire()
+
+
+def test_signature_mismatch_names_every_field(tmp_path):
+    sig = {"optim.lr": 1e-5, "seed": 0, "model.init_ckpt": {"path": "/x", "sha256": "aa", "size": 1}}
+    check_identity(tmp_path, sig, {"init_ckpt": ""})
+    # same content digest at another path/mtime: same run
+    check_identity(tmp_path, {**sig, "model.init_ckpt": {"path": "/y", "sha256": "aa", "size": 1}}, {})
+    with pytest.raises(Refusal) as e:
+        check_identity(tmp_path, {**sig, "optim.lr": 2e-5, "seed": 1}, {})
+    assert "optim.lr: 1e-05 -> 2e-05" in str(e.value) and "seed: 0 -> 1" in str(e.value)
+
+
+def _fake_ckpt(d: Path, batch: int, complete: bool = True) -> Path:
+    p = d / f"ep0-ba{batch}-rank0.pt"
+    torch.save({"batch": batch}, p)
+    if not complete:  # what a SIGKILL mid-write leaves
+        p.write_bytes(p.read_bytes()[:40])
+    return p
+
+
+def test_repair_points_latest_at_newest_complete_and_drops_partials(tmp_path):
+    d = tmp_path / "checkpoints"
+    d.mkdir()
+    for b in (3, 6):
+        _fake_ckpt(d, b)
+    os.symlink("ep0-ba6-rank0.pt", d / "latest-rank0.pt")
+    _fake_ckpt(d, 9, complete=False)  # killed while writing step 9, before the symlink moved
+    assert repair_checkpoints(tmp_path, log=lambda *a: None).name == "ep0-ba6-rank0.pt"
+    assert [b for b, _ in list_checkpoints(tmp_path)] == [3, 6]
+    # killed between Composer's symlink remove and create: no latest at all
+    (d / "latest-rank0.pt").unlink()
+    _fake_ckpt(d, 9, complete=False)
+    assert repair_checkpoints(tmp_path, log=lambda *a: None).name == "ep0-ba6-rank0.pt"
+    assert latest_checkpoint(tmp_path).name == "ep0-ba6-rank0.pt"
+    assert zipfile.is_zipfile(latest_checkpoint(tmp_path))
+
+
+def test_rotation_keeps_n_across_restarts(tmp_path):
+    d = tmp_path / "checkpoints"
+    d.mkdir()
+    for b in (2, 4, 6, 8):  # saved by earlier launches
+        _fake_ckpt(d, b)
+    os.symlink("ep0-ba8-rank0.pt", d / "latest-rank0.pt")
+    rotate_checkpoints(tmp_path, keep=2)
+    assert [b for b, _ in list_checkpoints(tmp_path)] == [6, 8]
+
+
+def test_refuses_checkpoints_without_run_json(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    _fake_ckpt(tmp_path / "checkpoints", 3)
+    with pytest.raises(Refusal, match="no run.json"):
+        check_identity(tmp_path, {"seed": 0}, {})
+
+
+# ---- CSV logger ----------------------------------------------------------------------------------------
+class _State:
+    class timestamp:
+        batch = 0
+
+
+def _read(p: Path) -> list[list[str]]:
+    with open(p, newline="") as f:
+        return list(csv.reader(f))
+
+
+def test_csv_header_rotation_and_rows_after_resume_point(tmp_path):
+    (tmp_path / "t.csv").write_text("step,old_col\n1,2\n")
+    lg = CSVLogger(tmp_path, {"t": ["step", "loss"]}, log=lambda *a: None)
+    lg.fit_start(_State, None)
+    assert _read(tmp_path / "t.old1.csv") == [["step", "old_col"], ["1", "2"]]
+    for s in (1, 2, 3):
+        lg.log_table(["step", "loss"], [[s, s / 10]], name="t")
+    assert _read(tmp_path / "t.csv") == [["step", "loss"], ["1", "0.1"], ["2", "0.2"], ["3", "0.3"]]
+    # a relaunch that resumed from step 1's checkpoint: rows 2-3 will be trained (and logged) again
+    state = type("S", (), {"timestamp": type("T", (), {"batch": 1})})
+    CSVLogger(tmp_path, {"t": ["step", "loss"]}, log=lambda *a: None).fit_start(state, None)
+    assert _read(tmp_path / "t.csv") == [["step", "loss"], ["1", "0.1"]]
+    with pytest.raises(ValueError, match="differ from the declared"):
+        lg.log_table(["step"], [[4]], name="t")
