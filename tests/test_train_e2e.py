@@ -232,12 +232,12 @@ def test_warm_start_and_lineage_over_two_resumes(reference, shards, tmp_path):
 def test_learning_uses_the_condition(shards, tmp_path):
     """The chain is right end to end: the loss falls and validation shows the semantic condition is used."""
     run_dir = tmp_path / "run"
-    ok(launch(run_dir, shards, "max_steps=240", "val_every=240", "val_n=8", "export_every=0",
-              "checkpoint_every=240", "global_batch=8", "micro_batch=2", "optim.cond_lr=1e-2", n=1,
-              timeout=1500))
+    ok(launch(run_dir, shards, "max_steps=300", "val_every=300", "val_n=8", "export_every=0",
+              "checkpoint_every=300", "global_batch=8", "micro_batch=2", n=1, timeout=1800))
     r = rows(run_dir)
     first, last = [float(x["mse"]) for x in r[:20]], [float(x["mse"]) for x in r[-20:]]
     assert sum(last) / 20 < 0.8 * sum(first) / 20
     v = rows(run_dir, "val_log")
     gaps = [float(x["gap_uncond"]) for x in v]
-    assert all(g > 0 for g in gaps) and sum(gaps) / len(gaps) > 0.01, v
+    # at initialisation |gap_uncond| ~ 1e-4 (the zero-initialised condition); learned, it is ~1e-2
+    assert all(g > 0.003 for g in gaps) and sum(gaps) / len(gaps) > 0.005, v
