@@ -202,18 +202,28 @@ class PreparedSource:
         ids = np.array([self.table.ids[k] for k in r["context_keys"]], dtype=np.int64)
         return Clip(clip_id, r["run"], r["subset"], r["scene"], r["split"], bool(r["drop"]), lat, ids, sem, meta)
 
+    def rows_for(self, clip_ids: Sequence[str] | None = None) -> dict[str, dict]:
+        return self.rows
+
 
 class ShardSource:
-    """A local conversion (manifest.json + MDS per split); read with Streaming's LocalDataset (no cache copy).
-    Object-store shards are not read here: an offline eval of a few clips has the prepared root or a local copy."""
+    """A local conversion (manifest.json + one MDS dataset per split), read with Streaming's LocalDataset.
+
+    The converter writes zstd-compressed shards and LocalDataset reads raw ones, so the shards of a split are
+    decompressed (Streaming's `decompress`) into a temporary folder, removed with this object. Only the splits
+    that hold the wanted clips are opened (the manifest lists each split's clip ids). Object-store shards are not
+    read: an offline eval of a few clips runs on the prepared root or a local copy.
+    """
 
     kind = "shards"
 
     def __init__(self, root: Path):
-        from streaming import LocalDataset
+        import shutil
+        import tempfile
+        import weakref
 
         from gcc.convert import BadInput, read_manifest
-        from gcc.shards import TEXT_TABLE, ClipRecord
+        from gcc.shards import TEXT_TABLE
         from gcc.text_table import TextTable
 
         try:
@@ -224,19 +234,53 @@ class ShardSource:
         self.table = TextTable(root / TEXT_TABLE)
         src = self.manifest.get("source")
         self.default_raw = Path(src) / "raw" if src else None
-        self.rows, self._where = {}, {}
-        for split in self.manifest["splits"]:
-            ds = LocalDataset(local=str(root / split))
-            for i in range(len(ds)):
-                rec = ClipRecord.from_sample(ds[i])
-                self.rows[rec.clip_id] = {"clip_id": rec.clip_id, "run": rec.run, "subset": rec.subset,
-                                          "scene": rec.scene, "split": split, "drop": rec.drop}
-                self._where[rec.clip_id] = rec
+        self.split_ids = {s: set(v.get("clip_ids", [])) for s, v in self.manifest["splits"].items()}
+        self._tmp = tempfile.mkdtemp(prefix="gcc_sample_shards_")
+        weakref.finalize(self, shutil.rmtree, self._tmp, True)
+        self._ds, self._pos, self._rows = {}, {}, {}
+
+    def _open(self, split: str) -> None:
+        import shutil
+
+        from streaming import LocalDataset
+        from streaming.base.compression import decompress
+
+        from gcc.shards import ClipRecord
+
+        if split in self._ds:
+            return
+        local = Path(self._tmp, split)
+        index = json.loads((self.root / split / "index.json").read_text())
+        for sh in index["shards"]:
+            raw = local / sh["raw_data"]["basename"]
+            raw.parent.mkdir(parents=True, exist_ok=True)
+            if sh.get("compression") and sh.get("zip_data"):
+                raw.write_bytes(decompress(sh["compression"], (self.root / split / sh["zip_data"]["basename"]).read_bytes()))
+            else:
+                shutil.copyfile(self.root / split / sh["raw_data"]["basename"], raw)
+        shutil.copyfile(self.root / split / "index.json", local / "index.json")
+        ds = self._ds[split] = LocalDataset(local=str(local))
+        for i in range(len(ds)):
+            rec = ClipRecord.from_sample(ds[i])
+            self._rows[rec.clip_id] = {"clip_id": rec.clip_id, "run": rec.run, "subset": rec.subset,
+                                       "scene": rec.scene, "split": split, "drop": rec.drop}
+            self._pos[rec.clip_id] = (split, i)
+
+    def rows_for(self, clip_ids: Sequence[str] | None = None) -> dict[str, dict]:
+        """Index rows of the splits holding `clip_ids` (None: the val split)."""
+        splits = ([s for s, ids in self.split_ids.items() if ids & set(clip_ids)] if clip_ids is not None
+                  else [s for s in self.split_ids if s == "val"])
+        for s in splits:
+            self._open(s)
+        return self._rows
 
     def load(self, clip_id: str) -> Clip:
-        rec, r = self._where[clip_id], self.rows[clip_id]
-        return Clip(clip_id, rec.run, rec.subset, rec.scene, r["split"], rec.drop, rec.input_latents,
-                    rec.context_ids, np.array(rec.sem_ids(), dtype=np.uint8), rec.meta())
+        from gcc.shards import ClipRecord
+
+        split, i = self._pos[clip_id]
+        rec = ClipRecord.from_sample(self._ds[split][i])
+        return Clip(clip_id, rec.run, rec.subset, rec.scene, split, rec.drop, rec.input_latents, rec.context_ids,
+                    np.array(rec.sem_ids(), dtype=np.uint8), rec.meta())
 
 
 def open_source(data_root: str | os.PathLike):
@@ -509,23 +553,24 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         vocab, ckpt_kind = a.vocab or "parts", "base"
     vae_path = find_vae_file(a.model_dir)
     src = open_source(a.data_root)
-    clip_ids = select_clips(src.rows, parse_clip_ids(a.clip_ids) if a.clip_ids else None, a.val_n)
+    wanted = parse_clip_ids(a.clip_ids) if a.clip_ids else None
+    clip_ids = select_clips(src.rows_for(wanted), wanted, a.val_n)
     raw_root = Path(a.raw_root) if a.raw_root else src.default_raw
     if raw_root is None or not raw_root.is_dir():
         raise SampleError(f"ground-truth root {raw_root} not found: pass --raw_root (the prepared root's raw/)")
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    t0 = time.perf_counter()
     dit = load_dit(a.model, vocab, device, dtype, ckpt=a.ckpt, model_dir=a.model_dir)
     vae = load_vae(vae_path, device, dtype)
     _sync(device)
-    t_load = time.perf_counter() - t0
+    t_load = time.perf_counter() - t_start  # option checks, data index, DiT + VAE
     null_id = src.table.null_id
     null_row = src.table.gather([null_id])[0]
 
-    per_clip, tot = {}, {"sampling": 0.0, "decode": 0.0, "recon": 0.0, "metrics": 0.0}
+    per_clip, tot = {}, {"data": 0.0, "sampling": 0.0, "decode": 0.0, "recon": 0.0, "metrics": 0.0}
     for n, cid in enumerate(clip_ids):
+        t_data = time.perf_counter()
         clip = src.load(cid)
         C, T, h, w = clip.latents.shape
         F = 4 * (T - 1) + 1
@@ -567,7 +612,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                "recon_psnr_frame0": rm["psnr_frame0"] if rm else None,
                "num_frames": int(F), "hw": [int(gt.shape[1]), int(gt.shape[2])], "run": clip.run,
                "split": clip.split,
-               "timings": {"sampling": t1 - t0, "decode": t2 - t1, "recon": t3 - t2, "metrics": t4 - t3}}
+               "timings": {"data": t0 - t_data, "sampling": t1 - t0, "decode": t2 - t1, "recon": t3 - t2, "metrics": t4 - t3}}
         per_clip[cid] = row
         for k in tot:
             tot[k] += row["timings"][k]
