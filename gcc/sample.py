@@ -120,40 +120,52 @@ def vae_encode(vae, frames: np.ndarray, device, tiled: bool = False) -> torch.Te
 
 # ---- metrics ---------------------------------------------------------------------------------------------
 
-def _f01(frames: np.ndarray) -> torch.Tensor:
-    """uint8 [N, H, W, 3] -> float64 [N, 3, H, W] in [0, 1]."""
-    return torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).to(torch.float64) / 255.0
+METRIC_CHUNK = 4  # frames per torchmetrics call (SSIM keeps ~5 maps of the batch: bounded memory at 480x832)
 
 
-def psnr(pred: np.ndarray, target: np.ndarray) -> float | None:
-    """PSNR (dB, data range 1 on uint8/255) of the pooled MSE over all given frames (torchmetrics);
-    None when the frames are identical (MSE 0: PSNR infinite)."""
-    from torchmetrics.functional.image import peak_signal_noise_ratio
+def _f01(frames: np.ndarray, device="cpu") -> torch.Tensor:
+    """uint8 [N, H, W, 3] -> [N, 3, H, W] in [0, 1]: float64 on cpu, float32 on an accelerator."""
+    dt = torch.float64 if torch.device(device).type == "cpu" else torch.float32
+    x = torch.from_numpy(np.ascontiguousarray(frames)).to(device)
+    return x.permute(0, 3, 1, 2).to(dt) / 255.0
 
-    p, t = _f01(pred), _f01(target)
-    if torch.equal(p, t):
+
+def psnr(pred: np.ndarray, target: np.ndarray, device="cpu") -> float | None:
+    """PSNR (dB, data range 1 on uint8/255) of the MSE pooled over all given frames, with torchmetrics'
+    `PeakSignalNoiseRatio` accumulated chunk by chunk; None when the frames are identical (PSNR infinite)."""
+    from torchmetrics.image import PeakSignalNoiseRatio
+
+    if np.array_equal(pred, target):
         return None
-    return float(peak_signal_noise_ratio(p, t, data_range=1.0))
+    m = PeakSignalNoiseRatio(data_range=1.0).to(device)
+    for i in range(0, len(pred), METRIC_CHUNK):
+        m.update(_f01(pred[i:i + METRIC_CHUNK], device), _f01(target[i:i + METRIC_CHUNK], device))
+    return float(m.compute())
 
 
-def ssim_frames(pred: np.ndarray, target: np.ndarray) -> list[float]:
-    """SSIM of each frame (torchmetrics, gaussian 11x11, data range 1)."""
+def ssim_frames(pred: np.ndarray, target: np.ndarray, device="cpu") -> list[float]:
+    """SSIM of each frame (torchmetrics, gaussian 11x11 sigma 1.5, data range 1)."""
     from torchmetrics.functional.image import structural_similarity_index_measure
 
-    p, t = _f01(pred), _f01(target)
-    out = structural_similarity_index_measure(p, t, data_range=1.0, reduction="none")
-    return [float(v) for v in out.reshape(-1)]
+    out = []
+    for i in range(0, len(pred), METRIC_CHUNK):
+        v = structural_similarity_index_measure(_f01(pred[i:i + METRIC_CHUNK], device),
+                                                _f01(target[i:i + METRIC_CHUNK], device),
+                                                data_range=1.0, reduction="none")
+        out += [float(x) for x in v.reshape(-1).cpu()]
+    return out
 
 
-def video_metrics(pred: np.ndarray, target: np.ndarray, ssim: bool = True) -> dict[str, Any]:
+def video_metrics(pred: np.ndarray, target: np.ndarray, ssim: bool = True, device="cpu") -> dict[str, Any]:
     """Per-frame PSNR/SSIM and the summary: `psnr` over frames 1.. (pooled MSE), `ssim` = mean per-frame SSIM over
     frames 1.., `psnr_frame0`. PSNR None = identical (infinite); SSIM None when not computed."""
     if pred.shape != target.shape:
         raise ValueError(f"videos differ in shape: {pred.shape} vs {target.shape}")
-    s = ssim_frames(pred, target) if ssim else [None] * len(pred)
-    frames = [{"frame": f, "psnr": psnr(pred[f:f + 1], target[f:f + 1]), "ssim": s[f]} for f in range(len(pred))]
+    s = ssim_frames(pred, target, device) if ssim else [None] * len(pred)
+    frames = [{"frame": f, "psnr": psnr(pred[f:f + 1], target[f:f + 1], device), "ssim": s[f]}
+              for f in range(len(pred))]
     rest = s[1:]
-    return {"psnr": psnr(pred[1:], target[1:]) if len(pred) > 1 else None,
+    return {"psnr": psnr(pred[1:], target[1:], device) if len(pred) > 1 else None,
             "ssim": float(np.mean(rest)) if ssim and rest else None,
             "psnr_frame0": frames[0]["psnr"], "frames": frames}
 
@@ -284,6 +296,9 @@ class ShardSource:
 
 
 def open_source(data_root: str | os.PathLike):
+    if str(data_root).startswith("s3://"):
+        raise SampleError(f"--data_root {data_root}: object-store shards are not read by gcc.sample; use the "
+                          f"prepared root or a local copy of the shards")
     root = Path(data_root)
     if (root / "manifest.json").is_file():
         return ShardSource(root)
@@ -432,15 +447,15 @@ def sample_latents(dit, first: torch.Tensor, context: torch.Tensor, context_ids:
                    null_context: torch.Tensor, null_ids: torch.Tensor, sem: torch.Tensor, noise: torch.Tensor,
                    steps: int = 50, shift: float = 5.0, cfg: float = 1.0, sem_cfg: float = 1.0) -> torch.Tensor:
     """TI2V flow-matching sampling of one clip. first [C, 1, h, w] clean frame-0 latent; context [T, L, D],
-    ids [T]; sem uint8 [F, H, W] (what the model sees); noise [C, T, h, w]. Returns the latents [C, T, h, w].
+    ids [T]; sem uint8 [F, H, W] (what the model sees); noise [C, T, h, w]. Returns the latents [C, T, h, w] (fp32).
 
     Guidance (see the module docstring): variants cond, nulltext (cfg != 1), unknown (sem_cfg != 1, and only when
     the ids are not already all UNKNOWN), run as one batch per step."""
     p = next(dit.parameters())
     dev, dt = p.device, p.dtype
     sched = make_sampling_scheduler(steps, shift)
-    first = first.to(dev, dt)
-    x = noise.to(dev, dt).clone()
+    first = first.to(dev, torch.float32)
+    x = noise.to(dev, torch.float32).clone()  # the state stays fp32; the model sees it in its dtype
     x[:, 0:1] = first
     sem = sem.to(dev)
     ctx, cid = [context], [context_ids]
@@ -457,7 +472,7 @@ def sample_latents(dit, first: torch.Tensor, context: torch.Tensor, context_ids:
     sem_b = torch.stack(sems)
     for t in sched.timesteps:
         ts = t.reshape(1).expand(B).to(dev, torch.float32)
-        pred = dit(x.unsqueeze(0).expand(B, *x.shape), ts, ctx_b, cid_b, sem_b, first_frame_cond=True).float()
+        pred = dit(x.to(dt).unsqueeze(0).expand(B, *x.shape), ts, ctx_b, cid_b, sem_b, first_frame_cond=True).float()
         e = pred[0]
         k = 1
         if use_text:
@@ -465,7 +480,7 @@ def sample_latents(dit, first: torch.Tensor, context: torch.Tensor, context_ids:
             k += 1
         if use_sem:
             e = e + (sem_cfg - 1.0) * (pred[0] - pred[k])
-        x = sched.step(e, t, x.float()).to(dt)
+        x = sched.step(e, t, x)
         x[:, 0:1] = first
     return x
 
@@ -547,6 +562,10 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         a.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32)
 
     # everything that can be wrong with the inputs is checked before the models load
+    from gcc.model import PRESETS
+
+    if a.model not in PRESETS:
+        raise SampleError(f"--model {a.model!r}: unknown preset; known: {sorted(PRESETS)}")
     if a.ckpt:
         vocab, ckpt_kind = ckpt_vocab(a.ckpt, a.vocab)
     else:
@@ -599,8 +618,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         t3 = time.perf_counter()
         if gen.shape != gt.shape:
             raise SampleError(f"clip {cid}: decoded video {gen.shape} differs from the ground truth {gt.shape}")
-        m = video_metrics(gen, gt, ssim=not a.no_ssim)
-        rm = video_metrics(recon, gt, ssim=not a.no_ssim) if recon is not None else None
+        m = video_metrics(gen, gt, ssim=not a.no_ssim, device=device)
+        rm = video_metrics(recon, gt, ssim=not a.no_ssim, device=device) if recon is not None else None
         write_panels_mp4(out / f"{cid}.mp4", gt, gen, colorize(sem, vocab), fps=a.fps)
         t4 = time.perf_counter()
         frames = m.pop("frames")
