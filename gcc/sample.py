@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import math
 import os
 import sys
 import tarfile
@@ -32,7 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from gcc.vocab import NULL_PROMPT, UNKNOWN, VOCABS, colorize, collapse_parts
+from gcc.vocab import UNKNOWN, VOCABS, colorize, collapse_parts
 
 VAE_FILES = ("Wan2.2_VAE.pth", "Wan2.2_VAE.safetensors")  # as published / DiffSynth's converted copy
 EXIT_ERROR = 2
@@ -267,7 +266,8 @@ class ShardSource:
             raw = local / sh["raw_data"]["basename"]
             raw.parent.mkdir(parents=True, exist_ok=True)
             if sh.get("compression") and sh.get("zip_data"):
-                raw.write_bytes(decompress(sh["compression"], (self.root / split / sh["zip_data"]["basename"]).read_bytes()))
+                blob = (self.root / split / sh["zip_data"]["basename"]).read_bytes()
+                raw.write_bytes(decompress(sh["compression"], blob))
             else:
                 shutil.copyfile(self.root / split / sh["raw_data"]["basename"], raw)
         shutil.copyfile(self.root / split / "index.json", local / "index.json")
@@ -494,7 +494,7 @@ def write_panels_mp4(path: Path, gt: np.ndarray, gen: np.ndarray, cond_rgb: np.n
     frames = np.concatenate([gt, gen, cond_rgb], axis=2)
     tmp = path.with_name(path.stem + ".tmp.mp4")
     w = imageio.get_writer(str(tmp), fps=fps, codec="libx264", quality=9, macro_block_size=1,
-                           ffmpeg_log_level="error", output_params=["-pix_fmt", "yuv420p"])
+                           pixelformat="yuv420p", ffmpeg_log_level="error")
     try:
         for f in frames:
             w.append_data(f)
@@ -594,7 +594,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         C, T, h, w = clip.latents.shape
         F = 4 * (T - 1) + 1
         if clip.sem_ids.shape != (F, 16 * h, 16 * w):
-            raise SampleError(f"clip {cid}: sem ids {clip.sem_ids.shape} do not match latents {tuple(clip.latents.shape)}")
+            raise SampleError(f"clip {cid}: sem ids {clip.sem_ids.shape} do not match latents "
+                              f"{tuple(clip.latents.shape)}")
         sem = clip.sem_ids if vocab == "parts" else collapse_parts(clip.sem_ids)
         if a.sem_mode == "unknown":
             sem = np.full_like(sem, UNKNOWN)
@@ -631,7 +632,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                "recon_psnr_frame0": rm["psnr_frame0"] if rm else None,
                "num_frames": int(F), "hw": [int(gt.shape[1]), int(gt.shape[2])], "run": clip.run,
                "split": clip.split,
-               "timings": {"data": t0 - t_data, "sampling": t1 - t0, "decode": t2 - t1, "recon": t3 - t2, "metrics": t4 - t3}}
+               "timings": {"data": t0 - t_data, "sampling": t1 - t0, "decode": t2 - t1, "recon": t3 - t2,
+                           "metrics": t4 - t3}}
         per_clip[cid] = row
         for k in tot:
             tot[k] += row["timings"][k]
