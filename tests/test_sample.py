@@ -183,6 +183,21 @@ def test_guidance_skips_unit_scales_and_is_deterministic(assets, prepared_tiny):
     S.sample_latents(dit, **{**kw, "sem": torch.full_like(kw["sem"], UNKNOWN)}, sem_cfg=2.0)
     assert calls == [1] * 3  # ids already all 255: the sem guidance term is zero, its forward skipped
     hook.remove()
+    # one step (sigma 1 -> 0): x = noise - e, e = e_c + (cfg-1)(e_c - e_nulltext) + (sem_cfg-1)(e_c - e_unknown)
+    x1 = S.sample_latents(dit, **{**kw, "steps": 1}, cfg=3.0, sem_cfg=2.0)
+    x0 = kw["noise"].clone()
+    x0[:, :1] = kw["first"]
+    t = S.make_sampling_scheduler(1, 5.0).timesteps[:1]
+    sem = kw["sem"][None]
+
+    def e(ctx, ids, sem_ids):
+        return dit(x0[None], t, ctx[None], ids[None], sem_ids, first_frame_cond=True)[0]
+    e_c = e(kw["context"], kw["context_ids"], sem)
+    e_n = e(null, kw["null_ids"], sem)
+    e_u = e(kw["context"], kw["context_ids"], torch.full_like(sem, UNKNOWN))
+    want = x0 - (e_c + 2.0 * (e_c - e_n) + 1.0 * (e_c - e_u))
+    torch.testing.assert_close(x1[:, 1:], want[:, 1:], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(x1[:, :1], kw["first"])
 
 
 def test_base_weights_and_shards_match_prepared(assets, prepared_tiny, tmp_path):
