@@ -239,11 +239,13 @@ def test_clear_errors(assets, prepared_tiny, tmp_path, capsys):
     assert not (out / "metrics.json").exists()
     # as a program: non-zero exit, one line naming the problem, no traceback
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    p = subprocess.run([sys.executable, "-m", "gcc.sample",
-                        *_args(assets, prepared_tiny, out, "--clip_ids", "clip_missing", weights=["--base"])],
-                       capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    argv = _args(assets, prepared_tiny, out, "--val_n", "1", weights=["--base"])
+    argv[argv.index("--model_dir") + 1] = str(empty)  # fails before the heavy imports: a fast subprocess
+    p = subprocess.run([sys.executable, "-m", "gcc.sample", *argv], capture_output=True, text=True, env=env,
+                       cwd=REPO, timeout=120)
     assert p.returncode == S.EXIT_ERROR
-    assert "clip_missing" in p.stderr and "Traceback" not in p.stderr
+    assert p.stderr.startswith("gcc.sample: error: --model_dir") and str(empty) in p.stderr
+    assert "Wan2.2_VAE.pth" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_tiny_vae_roundtrip_shapes(assets):
