@@ -12,6 +12,7 @@ import imageio.v2 as imageio
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 from _gc_helpers import randomize_cond, tiny_dit
@@ -216,6 +217,15 @@ def test_base_weights_and_shards_match_prepared(assets, prepared_tiny, tmp_path)
     assert m["weights"] == "base" and m["vocab"] == "ids" and m["data_kind"] == "shards"
     assert m["raw_root"] == str(Path(prepared_tiny).resolve() / "raw")  # from the manifest's source
     assert (tmp_path / "sh" / "clip00011.mp4").read_bytes() == (tmp_path / "pr" / "clip00011.mp4").read_bytes()
+    # a plain Wan export as --ckpt: the same weights as --base, cond at zero
+    wan = tmp_path / "wan.safetensors"
+    with safe_open(str(next(assets["model_dir"].glob("*00001-of-00002.safetensors"))), "pt") as f1, \
+            safe_open(str(next(assets["model_dir"].glob("*00002-of-00002.safetensors"))), "pt") as f2:
+        save_file({k: f.get_tensor(k) for f in (f1, f2) for k in f.keys()}, str(wan))
+    assert S.main(_args(assets, prepared_tiny, tmp_path / "wan", "--clip_ids", "clip00011", "--no_ssim",
+                        "--no_recon_ceiling", "--vocab", "ids", weights=["--ckpt", str(wan)])) == 0
+    assert json.loads((tmp_path / "wan" / "metrics.json").read_text())["weights"] == "wan"
+    assert (tmp_path / "wan" / "clip00011.mp4").read_bytes() == (tmp_path / "pr" / "clip00011.mp4").read_bytes()
 
 
 def test_clear_errors(assets, prepared_tiny, tmp_path, capsys):
