@@ -1,0 +1,271 @@
+"""gcc.sample (SPEC §10) on CPU: a tiny GcDiT and a tiny WanVideoVAE38 (random weights) on the synthetic world."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import imageio.v2 as imageio
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from _gc_helpers import randomize_cond, tiny_dit
+from gcc import sample as S
+from gcc.export import gc_metadata, save_gc
+from gcc.model import wan_keys
+from gcc.vocab import UNKNOWN, colorize
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_VAE = dict(dim=8, z_dim=48, dec_dim=8)  # DiffSynth VideoVAE38_ widths of the test VAE
+VAL_RR = ["clip00008", "clip00020", "clip00010", "clip00021"]  # prepared_tiny: val runs 2 and 5, 9 is dropped
+
+
+def _meta(vocab: str, model_dir: str) -> dict:
+    return gc_metadata(vocab=vocab, data="synth", data_root="", step=1, text_dropout=0.1, cond_dropout=0.05,
+                       mask_p=0.5, lr=1e-5, cond_lr=1e-4, weight_decay=0.01, warmup_steps=1,
+                       first_frame_cond=True, seed=0, init_ckpt="", model_dir=model_dir)
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    """A tiny Wan2.2 model dir as published (sharded DiT + index + Wan2.2_VAE.pth) and gc25d exports."""
+    from diffsynth.models.wan_video_vae import VideoVAE38_
+
+    root = tmp_path_factory.mktemp("sample_assets")
+    md = root / "Wan2.2-TI2V-tiny"
+    md.mkdir()
+    dit = tiny_dit(seed=3)
+    sd = dit.state_dict()
+    keys, weight_map = sorted(wan_keys(dit)), {}
+    for s in range(2):
+        name = f"diffusion_pytorch_model-{s + 1:05d}-of-00002.safetensors"
+        save_file({k: sd[k].contiguous() for k in keys[s::2]}, str(md / name))
+        weight_map.update({k: name for k in keys[s::2]})
+    (md / "diffusion_pytorch_model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map}))
+    with torch.random.fork_rng():
+        torch.manual_seed(5)
+        vae_net = VideoVAE38_(**TINY_VAE)
+    torch.save(vae_net.state_dict(), md / "Wan2.2_VAE.pth")  # the published format: the bare network's state dict
+
+    randomize_cond(dit, scale=2.0)  # a trained-looking cond, so the ids matter
+    ck = save_gc(dit.state_dict(), root / "step-1.safetensors", _meta("parts", str(md)))
+    dit_ids = tiny_dit(vocab="ids", seed=3)
+    ck_ids = save_gc(dit_ids.state_dict(), root / "ids-step-1.safetensors", _meta("ids", str(md)))
+    return {"model_dir": md, "ckpt": ck, "ckpt_ids": ck_ids, "root": root}
+
+
+def _args(assets, data_root, out, *extra, weights=None):
+    weights = weights if weights is not None else ["--ckpt", str(assets["ckpt"])]
+    return [*weights, "--model", "tiny", "--model_dir", str(assets["model_dir"]), "--data_root", str(data_root),
+            "--out_dir", str(out), "--steps", "2", "--device", "cpu", *extra]
+
+
+def _frames(mp4: Path) -> np.ndarray:
+    r = imageio.get_reader(str(mp4))
+    try:
+        return np.stack([f for f in r])
+    finally:
+        r.close()
+
+
+def test_outputs_shapes_frames_and_metrics(assets, prepared_tiny, tmp_path):
+    out = tmp_path / "out"
+    assert S.main(_args(assets, prepared_tiny, out, "--val_n", "2")) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["clip_ids"] == VAL_RR[:2] and m["vocab"] == "parts" and m["weights"] == "gc25d"
+    assert m["data_kind"] == "prepared" and m["raw_root"] == str(prepared_tiny / "raw")
+    for k in ("load", "sampling", "decode", "total"):
+        assert m["timings"][k] >= 0
+    assert m["timings"]["total"] >= m["timings"]["load"] + m["timings"]["sampling"]
+    for k in ("psnr", "ssim", "psnr_frame0", "recon_psnr", "recon_ssim"):
+        assert isinstance(m["mean"][k], float) and math.isfinite(m["mean"][k]), k
+    for cid in VAL_RR[:2]:
+        row = m["clips"][cid]
+        assert row["num_frames"] == 9 and row["hw"] == [64, 96]
+        frames = json.loads((out / f"{cid}.frames.json").read_text())["frames"]
+        assert [f["frame"] for f in frames] == list(range(9))
+        assert all(isinstance(f[k], float) for f in frames for k in ("psnr", "ssim", "recon_psnr", "recon_ssim"))
+        assert row["psnr_frame0"] == frames[0]["psnr"]
+        assert row["ssim"] == pytest.approx(np.mean([f["ssim"] for f in frames[1:]]))
+        video = _frames(out / f"{cid}.mp4")
+        assert video.shape == (9, 64, 3 * 96, 3)  # GT | generated | cond
+        # the GT panel is the raw tar resampled to dst; the cond panel is the palette of the ids the model got
+        src = S.PreparedSource(prepared_tiny)
+        clip = src.load(cid)
+        gt = S.resample_rgb(S.read_gt(prepared_tiny / "raw", clip, 9), (64, 96))
+        assert np.abs(video[:, :, :96].astype(int) - gt).mean() < 6
+        assert np.abs(video[:, :, 192:].astype(int) - colorize(clip.sem_ids)).mean() < 12
+        assert np.abs(video[:, :, 192:].astype(int) - colorize(np.full_like(clip.sem_ids, UNKNOWN))).mean() > 30
+
+
+def test_val_selection_round_robin_and_clip_id_files(prepared_tiny, tmp_path):
+    rows = S.PreparedSource(prepared_tiny).rows
+    assert S.select_clips(rows, val_n=4) == VAL_RR
+    everything = S.select_clips(rows, val_n=100)  # fewer available: all of them, with a note
+    assert sorted(everything) == ["clip00008", "clip00010", "clip00011", "clip00020", "clip00021", "clip00022",
+                                  "clip00023"]
+    f = tmp_path / "ids.txt"
+    f.write_text("clip00003  # a train clip\n\nclip00009,clip00001\n")
+    assert S.parse_clip_ids(f"@{f}") == ["clip00003", "clip00009", "clip00001"]
+    assert S.select_clips(rows, S.parse_clip_ids(f"@{f}")) == ["clip00003", "clip00009", "clip00001"]
+    with pytest.raises(S.SampleError, match="nope"):
+        S.select_clips(rows, ["clip00001", "nope"])
+
+
+def test_psnr_identical_is_null_and_known_perturbation_matches_hand_computation():
+    rng = np.random.default_rng(0)
+    gt = rng.integers(20, 200, size=(3, 8, 8, 3), dtype=np.uint8)
+    m = S.video_metrics(gt, gt.copy())
+    assert m["psnr"] is None and m["psnr_frame0"] is None and all(f["psnr"] is None for f in m["frames"])
+    assert m["ssim"] == pytest.approx(1.0)
+    json.dumps(m, allow_nan=False)  # null, never Infinity, in the json files
+    gen = gt.copy()
+    gen[1, 0:2, 0:4, 0] += 10  # 8 values off by 10
+    gen[2, 3, 3, :] -= 6  # 3 values off by 6
+    m = S.video_metrics(gen, gt)
+    n = 8 * 8 * 3
+    mse_rest = (8 * 10 ** 2 + 3 * 6 ** 2) / (2 * n) / 255 ** 2  # frames 1.., pooled
+    assert m["psnr"] == pytest.approx(10 * math.log10(1 / mse_rest), abs=1e-4)  # torchmetrics works in float32
+    assert m["frames"][1]["psnr"] == pytest.approx(10 * math.log10(1 / (800 / n / 255 ** 2)), abs=1e-4)
+    assert m["frames"][2]["psnr"] == pytest.approx(10 * math.log10(1 / (108 / n / 255 ** 2)), abs=1e-4)
+    assert m["psnr_frame0"] is None  # frame 0 untouched
+    assert m["ssim"] < 1.0 and S.video_metrics(gen, gt, ssim=False)["ssim"] is None
+
+
+def test_same_seed_identical_and_unknown_differs(assets, prepared_tiny, tmp_path):
+    runs = {"a": ["--seed", "0"], "b": ["--seed", "0"], "unk": ["--seed", "0", "--sem_mode", "unknown"],
+            "seed1": ["--seed", "1"]}
+    vids = {}
+    for name, extra in runs.items():
+        out = tmp_path / name
+        assert S.main(_args(assets, prepared_tiny, out, "--clip_ids", "clip00008", "--no_ssim",
+                            "--no_recon_ceiling", *extra)) == 0
+        vids[name] = _frames(out / "clip00008.mp4")
+    assert (tmp_path / "a" / "clip00008.mp4").read_bytes() == (tmp_path / "b" / "clip00008.mp4").read_bytes()
+    assert (tmp_path / "a" / "clip00008.frames.json").read_bytes() == \
+        (tmp_path / "b" / "clip00008.frames.json").read_bytes()
+    gen = {k: v[:, :, 96:192].astype(int) for k, v in vids.items()}
+    assert np.abs(gen["a"] - gen["unk"]).mean() > 1.0  # the semantic condition reaches the video
+    assert np.abs(gen["a"] - gen["seed1"]).mean() > 1.0
+    # unknown: the model (and the cond panel) got ids all 255
+    hatched = colorize(np.full((9, 64, 96), UNKNOWN, np.uint8))
+    assert np.abs(vids["unk"][:, :, 192:].astype(int) - hatched).mean() < 12
+    m = json.loads((tmp_path / "unk" / "metrics.json").read_text())
+    assert m["settings"]["sem_mode"] == "unknown" and m["clips"]["clip00008"]["ssim"] is None
+
+
+def test_guidance_skips_unit_scales_and_is_deterministic(assets, prepared_tiny):
+    dit = S.load_dit("tiny", "parts", "cpu", torch.float32, ckpt=str(assets["ckpt"]))
+    src = S.PreparedSource(prepared_tiny)
+    clip = src.load("clip00010")
+    C, T, h, w = clip.latents.shape
+    calls = []
+    hook = dit.register_forward_hook(lambda mod, inp, out: calls.append(inp[0].shape[0]))
+    null = src.table.gather([src.table.null_id] * T)
+    kw = dict(first=clip.latents[:, :1].float(), context=src.table.gather(clip.context_ids),
+              context_ids=torch.from_numpy(clip.context_ids), null_context=null,
+              null_ids=torch.full((T,), src.table.null_id), sem=torch.from_numpy(clip.sem_ids),
+              noise=S.clip_noise(0, "clip00010", (C, T, h, w)), steps=3)
+    x1 = S.sample_latents(dit, **kw)
+    x2 = S.sample_latents(dit, **kw)
+    assert torch.equal(x1, x2) and calls == [1] * 6  # cfg = sem_cfg = 1: one forward per step, batch 1
+    torch.testing.assert_close(x1[:, :1], clip.latents[:, :1].float())  # frame 0 stays the clean latent
+    calls.clear()
+    xg = S.sample_latents(dit, **kw, cfg=3.0, sem_cfg=2.0)
+    assert calls == [3] * 3 and not torch.equal(xg, x1)
+    calls.clear()
+    S.sample_latents(dit, **{**kw, "sem": torch.full_like(kw["sem"], UNKNOWN)}, sem_cfg=2.0)
+    assert calls == [1] * 3  # ids already all 255: the sem guidance term is zero, its forward skipped
+    hook.remove()
+    # one step (sigma 1 -> 0): x = noise - e, e = e_c + (cfg-1)(e_c - e_nulltext) + (sem_cfg-1)(e_c - e_unknown)
+    x1 = S.sample_latents(dit, **{**kw, "steps": 1}, cfg=3.0, sem_cfg=2.0)
+    x0 = kw["noise"].clone()
+    x0[:, :1] = kw["first"]
+    t = S.make_sampling_scheduler(1, 5.0).timesteps[:1]
+    sem = kw["sem"][None]
+
+    def e(ctx, ids, sem_ids):
+        return dit(x0[None], t, ctx[None], ids[None], sem_ids, first_frame_cond=True)[0]
+    e_c = e(kw["context"], kw["context_ids"], sem)
+    e_n = e(null, kw["null_ids"], sem)
+    e_u = e(kw["context"], kw["context_ids"], torch.full_like(sem, UNKNOWN))
+    want = x0 - (e_c + 2.0 * (e_c - e_n) + 1.0 * (e_c - e_u))
+    torch.testing.assert_close(x1[:, 1:], want[:, 1:], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(x1[:, :1], kw["first"])
+
+
+def test_base_weights_and_shards_match_prepared(assets, prepared_tiny, tmp_path):
+    from gcc.convert import convert
+
+    shards = tmp_path / "shards"
+    convert(str(prepared_tiny), str(shards), progress=False)
+    ids_file = tmp_path / "clips.txt"
+    ids_file.write_text("clip00011\n")
+    base = ["--base", "--vocab", "ids"]
+    assert S.main(_args(assets, shards, tmp_path / "sh", "--clip_ids", f"@{ids_file}", "--no_ssim",
+                        "--no_recon_ceiling", weights=base)) == 0
+    assert S.main(_args(assets, prepared_tiny, tmp_path / "pr", "--clip_ids", "clip00011", "--no_ssim",
+                        "--no_recon_ceiling", weights=base)) == 0
+    m = json.loads((tmp_path / "sh" / "metrics.json").read_text())
+    assert m["weights"] == "base" and m["vocab"] == "ids" and m["data_kind"] == "shards"
+    assert m["raw_root"] == str(Path(prepared_tiny).resolve() / "raw")  # from the manifest's source
+    assert (tmp_path / "sh" / "clip00011.mp4").read_bytes() == (tmp_path / "pr" / "clip00011.mp4").read_bytes()
+    # a plain Wan export as --ckpt: the same weights as --base, cond at zero
+    wan = tmp_path / "wan.safetensors"
+    with safe_open(str(next(assets["model_dir"].glob("*00001-of-00002.safetensors"))), "pt") as f1, \
+            safe_open(str(next(assets["model_dir"].glob("*00002-of-00002.safetensors"))), "pt") as f2:
+        save_file({k: f.get_tensor(k) for f in (f1, f2) for k in f.keys()}, str(wan))
+    assert S.main(_args(assets, prepared_tiny, tmp_path / "wan", "--clip_ids", "clip00011", "--no_ssim",
+                        "--no_recon_ceiling", "--vocab", "ids", weights=["--ckpt", str(wan)])) == 0
+    assert json.loads((tmp_path / "wan" / "metrics.json").read_text())["weights"] == "wan"
+    assert (tmp_path / "wan" / "clip00011.mp4").read_bytes() == (tmp_path / "pr" / "clip00011.mp4").read_bytes()
+
+
+def test_clear_errors(assets, prepared_tiny, tmp_path, capsys):
+    out = tmp_path / "out"
+    # a checkpoint of another vocab than requested
+    assert S.main(_args(assets, prepared_tiny, out, "--val_n", "1", "--vocab", "ids")) == S.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert str(assets["ckpt"]) in err and "'parts'" in err and "'ids'" in err
+    assert S.main(_args(assets, prepared_tiny, out, "--val_n", "1", "--vocab", "parts",
+                        weights=["--ckpt", str(assets["ckpt_ids"])])) == S.EXIT_ERROR
+    assert "ids-step-1.safetensors has vocab 'ids'" in capsys.readouterr().err
+    # a missing clip id
+    assert S.main(_args(assets, prepared_tiny, out, "--clip_ids", "clip00001,clip_missing")) == S.EXIT_ERROR
+    assert "clip_missing" in capsys.readouterr().err
+    # a model dir without the VAE
+    empty = tmp_path / "no_vae"
+    empty.mkdir()
+    assert S.main(_args(assets, prepared_tiny, out, "--val_n", "1")[:4] + ["--model_dir", str(empty)]
+                  + _args(assets, prepared_tiny, out, "--val_n", "1")[6:]) == S.EXIT_ERROR
+    assert "Wan2.2_VAE.pth" in capsys.readouterr().err
+    assert not (out / "metrics.json").exists()
+    # as a program: non-zero exit, one line naming the problem, no traceback
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    argv = _args(assets, prepared_tiny, out, "--val_n", "1", weights=["--base"])
+    argv[argv.index("--model_dir") + 1] = str(empty)  # fails before the heavy imports: a fast subprocess
+    p = subprocess.run([sys.executable, "-m", "gcc.sample", *argv], capture_output=True, text=True, env=env,
+                       cwd=REPO, timeout=120)
+    assert p.returncode == S.EXIT_ERROR
+    assert p.stderr.startswith("gcc.sample: error: --model_dir") and str(empty) in p.stderr
+    assert "Wan2.2_VAE.pth" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_tiny_vae_roundtrip_shapes(assets):
+    vae = S.load_vae(assets["model_dir"] / "Wan2.2_VAE.pth")
+    assert type(vae).__name__ == "WanVideoVAE38" and vae.z_dim == 48 and vae.upsampling_factor == 16
+    frames = np.random.default_rng(1).integers(0, 255, size=(9, 64, 96, 3), dtype=np.uint8)
+    z = S.vae_encode(vae, frames, "cpu")
+    assert tuple(z.shape) == (48, 3, 4, 6)
+    assert S.vae_decode(vae, z, "cpu").shape == (9, 64, 96, 3)
+    bad = assets["root"] / "bad_vae.pth"
+    torch.save({"foo": torch.zeros(1)}, bad)
+    with pytest.raises(S.SampleError, match="not a Wan2.2 VAE"):
+        S.load_vae(bad)
