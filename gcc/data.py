@@ -98,7 +98,7 @@ class GcStreamingDataset(StreamingDataset):
         return epoch, sample_in_epoch
 
     def get_item(self, sample_id: int, retry: int = 7) -> dict[str, Any]:
-        rec = ClipRecord.from_sample(super().get_item(sample_id, retry))
+        rec = ClipRecord.from_sample(super().get_item(sample_id, retry), empty=_empty)
         return self.make_sample(rec, int(sample_id), self._epoch)
 
     def make_sample(self, rec: ClipRecord, sample_id: int, epoch: int) -> dict[str, Any]:

@@ -46,8 +46,14 @@ def bf16_to_bits(t: torch.Tensor) -> np.ndarray:
     return t.contiguous().view(torch.uint16).numpy()
 
 
-def bits_to_bf16(a: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.array(a, dtype=np.uint16, copy=True)).view(torch.bfloat16)
+def bits_to_bf16(a: np.ndarray, empty=None) -> torch.Tensor:
+    """uint16 bit pattern -> a new bf16 tensor; `empty(shape, dtype)` allocates it (default torch.empty)."""
+    a = np.asarray(a)
+    if empty is None:
+        return torch.from_numpy(np.array(a, dtype=np.uint16, copy=True)).view(torch.bfloat16)
+    out = empty(a.shape, torch.bfloat16)
+    np.copyto(out.view(torch.uint16).numpy(), a, casting="same_kind")
+    return out
 
 
 def encode_sem(ids: np.ndarray) -> bytes:
@@ -126,11 +132,12 @@ class ClipRecord:
     meta_text: str
 
     @staticmethod
-    def from_sample(s: dict[str, Any]) -> "ClipRecord":
+    def from_sample(s: dict[str, Any], empty=None) -> "ClipRecord":
+        """`empty(shape, dtype)` allocates the latents tensor (default torch.empty)."""
         return ClipRecord(
             clip_id=s["clip_id"], run=s["run"], subset=s["subset"], scene=s["scene"], drop=bool(s["drop"]),
             context_ids=np.array(s["context_ids"], dtype=np.int64),
-            input_latents=bits_to_bf16(s["input_latents"]),
+            input_latents=bits_to_bf16(s["input_latents"], empty),
             sem_shape=tuple(int(v) for v in s["sem_shape"]), sem_zst=s["sem_zst"], meta_text=s["meta"],
         )
 
