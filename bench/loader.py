@@ -55,7 +55,8 @@ class _MemCollate:
         if self.start_rss is None:
             self.start_rss = _vm("VmRSS")  # after the first sample (worker forked, dataset iterating)
         b = self.collate(samples)
-        b["_mem"] = (self.start_rss, _vm("VmRSS"), _vm("VmHWM"), os.getpid())
+        ru = resource.getrusage(resource.RUSAGE_SELF)  # the worker process, all its threads
+        b["_mem"] = (self.start_rss, _vm("VmRSS"), _vm("VmHWM"), os.getpid(), ru.ru_utime + ru.ru_stime)
         return b
 
 
@@ -89,9 +90,10 @@ def loader_rate(shards: Path, cache: Path, epochs: int, workers: int = 1, seed: 
             text += int(b["drop_text"][0])
             mem.append(b["_mem"])
     secs = time.perf_counter() - t_first
+    cpu = mem[-1][4] - mem[0][4]  # worker CPU between the first and the last batch's collate
     total = n + 1
     del dl
-    return {"rate": n / secs, "n": n, "secs": secs, "startup": startup, "samples": total, "masked": masked,
+    return {"rate": n / secs, "cpu_rate": n / cpu, "cpu": cpu, "n": n, "secs": secs, "startup": startup, "samples": total, "masked": masked,
             "cond": cond, "text": text, "worker_start_rss": mem[0][0], "worker_peak_rss": max(m[2] for m in mem),
             "worker_last_rss": mem[-1][1], "main_rss_at_fork": main_rss}
 
@@ -117,14 +119,14 @@ def baseline_rate(src: Path, clip_ids: list[str], epochs: int):
         return ids, lat, ctx, meta
 
     one(clip_ids[0])  # warm the page cache like the loader's first (excluded) sample
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     n = 0
     for _ in range(epochs):
         for cid in clip_ids:
             one(cid)
             n += 1
-    secs = time.perf_counter() - t0
-    return {"rate": n / secs, "n": n, "secs": secs}
+    secs, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    return {"rate": n / secs, "cpu_rate": n / cpu, "cpu": cpu, "n": n, "secs": secs}
 
 
 def mask_timing(shards: Path, cache: Path, reps: int, ref_frames: int):
@@ -197,13 +199,16 @@ def main():
 
         lo = loader_rate(shards, tmp / "cache", args.epochs)
         base = baseline_rate(src, clip_ids, args.epochs)
-        print(f"loader, 1 worker, default p (text .1 / cond .05 / mask .5, frame0): {lo['rate']:.2f} samples/s "
-              f"({lo['n']} samples in {lo['secs']:.2f} s after the first; startup {lo['startup']:.1f} s; "
+        print(f"loader, 1 worker, default p (text .1 / cond .05 / mask .5, frame0): {lo['rate']:.2f} samples/s wall, "
+              f"{lo['cpu_rate']:.2f} samples/s per worker CPU second ({lo['n']} samples in {lo['secs']:.2f} s wall / "
+              f"{lo['cpu']:.2f} s worker CPU after the first; startup {lo['startup']:.1f} s; "
               f"{lo['masked']}/{lo['samples']} masked, {lo['cond']} cond-dropped, {lo['text']} text-dropped)  "
               f"target >= 8")
-        print(f"baseline (prepared npz + safetensors + text rows, in-process): {base['rate']:.2f} samples/s "
-              f"({base['n']} samples in {base['secs']:.2f} s)")
-        print(f"ratio loader / baseline: {lo['rate'] / base['rate']:.2f}x")
+        print(f"baseline (prepared npz + safetensors + text rows, in-process): {base['rate']:.2f} samples/s wall, "
+              f"{base['cpu_rate']:.2f} per CPU second ({base['n']} samples in {base['secs']:.2f} s / {base['cpu']:.2f} s CPU)")
+        print(f"ratio loader / baseline: {lo['rate'] / base['rate']:.2f}x wall, {lo['cpu_rate'] / base['cpu_rate']:.2f}x CPU "
+              f"(wall numbers depend on the load of this shared machine: load average "
+              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; CPU-time numbers are what one dedicated core gives)")
         print(f"worker memory: peak RSS (VmHWM) {lo['worker_peak_rss']:.0f} MiB, RSS after its first sample "
               f"{lo['worker_start_rss']:.0f} MiB, at the end {lo['worker_last_rss']:.0f} MiB (main process RSS at "
               f"fork {lo['main_rss_at_fork']:.0f} MiB; RSS counts the page-cache-shared text table rows it touched)")
