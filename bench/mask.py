@@ -63,6 +63,53 @@ def median_ms(fn, reps):
     return 1e3 * float(np.median(ts)), 1e3 * float(np.min(ts))
 
 
+def masked_draws(n: int, seed: int = 0) -> list[MaskParams]:
+    """The mask parameters of the first n samples (epoch 0) whose mask applies, from the real sampler."""
+    draws, sid = [], 0
+    while len(draws) < n:
+        d = draw_sample(seed, 0, sid)
+        if d.mask is not None:
+            draws.append(d.mask)
+        sid += 1
+    return draws
+
+
+def time_fast(ids, cams, gz, draws, calibration: str, max_frame_coverage: float = 0.4) -> dict:
+    """`apply_unknown_mask` (inplace, on a fresh copy of `ids` each time, not timed) once per draw.
+    Returns CPU ms (this thread), wall ms and masked fractions per draw, and the STATS deltas."""
+    buf = ids.copy()
+    ts, walls, fr = [], [], []
+    before = dict(STATS)
+    for p in draws:
+        np.copyto(buf, ids)  # the loader hands over a fresh writable array: not timed
+        t0, w0 = time.thread_time(), time.perf_counter()
+        _, frac = apply_unknown_mask(buf, cams, gz, p, calibration, max_frame_coverage, inplace=True)
+        ts.append(time.thread_time() - t0)
+        walls.append(time.perf_counter() - w0)
+        fr.append(frac)
+    return {"cpu_ms": 1e3 * np.array(ts), "wall_ms": 1e3 * np.array(walls), "fracs": np.array(fr),
+            "stats": {k: STATS[k] - before[k] for k in STATS}}
+
+
+def time_reference(ids, cams, gz, params: MaskParams, ref_frames: int = 2, calibration: str = "frame0"):
+    """The per-pixel reference (tests/mask_reference.py) on frame 0 plus `ref_frames` more frames, CPU time
+    extrapolated to all frames, and whether it agrees with the fast mask on those frames.
+    Returns (extrapolated ms per sample, s per frame, frames, agree)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from mask_reference import reference_mask  # noqa: E402
+
+    nf = ids.shape[0]
+    frames = [0] + [int(f) for f in np.linspace(1, nf - 1, ref_frames).astype(int)] if ref_frames else [0]
+    fast_out, _ = apply_unknown_mask(ids, cams, gz, params, calibration)
+    t0 = time.thread_time()
+    ref_out, _, _ = reference_mask(ids, cams, gz, params.thetas, params.qs, calibration, frames=frames)
+    ref_s = time.thread_time() - t0
+    agree = bool(np.array_equal(ref_out, fast_out[frames]))
+    # frame 0 is visited twice by the reference (τ, then the mask): per-frame cost ≈ ref_s / (len(frames) + 1)
+    per_frame = ref_s / (len(frames) + 1)
+    return 1e3 * per_frame * (nf + 1), per_frame, frames, agree
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=10, help="masked draws per configuration")
@@ -70,55 +117,27 @@ def main():
     args = ap.parse_args()
     print(f"geometry {F}x{H}x{W}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
 
-    # masked draws from the real sampler (keys where the mask applies)
-    draws = []
-    sid = 0
-    while len(draws) < args.reps:
-        d = draw_sample(0, 0, sid)
-        if d.mask is not None:
-            draws.append(d.mask)
-        sid += 1
-
+    draws = masked_draws(args.reps)
     fast_ms = {}
     for ortho in (False, True):
         ids, cams, gz, _ = synthetic_sample(ortho)
         for cal in ("frame0", "cap"):
-            buf = ids.copy()
-            ts, walls, fr = [], [], []
-            ex0, br0, so0 = STATS["exact_cells"], STATS["cap_bracketed"], STATS["cap_sorted"]
-            for p in draws:
-                np.copyto(buf, ids)  # the loader hands over a fresh writable array: not timed
-                t0, w0 = time.thread_time(), time.perf_counter()
-                _, frac = apply_unknown_mask(buf, cams, gz, p, cal, inplace=True)
-                ts.append(time.thread_time() - t0)
-                walls.append(time.perf_counter() - w0)
-                fr.append(frac)
-            ms = 1e3 * np.array(ts)
+            r = time_fast(ids, cams, gz, draws, cal)
+            ms, st = r["cpu_ms"], r["stats"]
             fast_ms[(ortho, cal)] = float(np.median(ms))
             print(f"fast  {'ortho' if ortho else 'persp'} {cal:6s}: CPU median {np.median(ms):6.1f} ms  "
-                  f"min {ms.min():6.1f}  max {ms.max():6.1f}  | wall median {1e3 * np.median(walls):6.1f} ms  "
-                  f"(inplace; a copy adds ~4 ms)  mean masked fraction {np.mean(fr):.3f}, cells evaluated "
-                  f"with ground_points {(STATS['exact_cells'] - ex0) / len(draws):.0f} of {F * H * W // 16}"
-                  + (f", capped frame-planes bracketed {STATS['cap_bracketed'] - br0} / fully sorted "
-                     f"{STATS['cap_sorted'] - so0}" if cal == "cap" else ""))
+                  f"min {ms.min():6.1f}  max {ms.max():6.1f}  | wall median {np.median(r['wall_ms']):6.1f} ms  "
+                  f"(inplace; a copy adds ~4 ms)  mean masked fraction {np.mean(r['fracs']):.3f}, cells evaluated "
+                  f"with ground_points {st['exact_cells'] / len(draws):.0f} of {F * H * W // 16}"
+                  + (f", capped frame-planes bracketed {st['cap_bracketed']} / fully sorted "
+                     f"{st['cap_sorted']}" if cal == "cap" else ""))
 
     # reference on a few frames, extrapolated to 81 frames; agreement checked on those frames
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-    from mask_reference import reference_mask  # noqa: E402
-
     ids, cams, gz, _ = synthetic_sample(False)
     p = MaskParams((0.7, 3.9), (0.3, 0.15))
-    frames = [0] + [int(f) for f in np.linspace(1, F - 1, args.ref_frames).astype(int)] if args.ref_frames else [0]
-    fast_out, _ = apply_unknown_mask(ids, cams, gz, p, "frame0")
-    t0 = time.thread_time()
-    ref_out, _, _ = reference_mask(ids, cams, gz, p.thetas, p.qs, "frame0", frames=frames)
-    ref_s = time.thread_time() - t0
-    agree = np.array_equal(ref_out, fast_out[frames])
-    # frame 0 is visited twice by the reference (τ, then the mask): per-frame cost ≈ ref_s / (len(frames) + 1)
-    per_frame = ref_s / (len(frames) + 1)
-    ref_ms = 1e3 * per_frame * (F + 1)
-    print(f"reference (tests/mask_reference.py, persp frame0): CPU {ref_s:.1f} s for frames {frames} "
-          f"(+ frame 0 for τ) -> {per_frame:.2f} s/frame, EXTRAPOLATED to {F} frames: {ref_ms / 1e3:.1f} s "
+    ref_ms, per_frame, frames, agree = time_reference(ids, cams, gz, p, args.ref_frames)
+    print(f"reference (tests/mask_reference.py, persp frame0): CPU {per_frame * (len(frames) + 1):.1f} s for frames "
+          f"{frames} (+ frame 0 for τ) -> {per_frame:.2f} s/frame, EXTRAPOLATED to {F} frames: {ref_ms / 1e3:.1f} s "
           f"per sample; agrees with fast on those frames: {agree}")
     f0 = fast_ms[(False, "frame0")]
     print(f"ratio reference / fast (persp frame0, CPU time): {ref_ms / f0:.0f}x   (fast {f0:.1f} ms, target <= 40 ms, "

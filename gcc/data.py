@@ -9,6 +9,7 @@ epoch). Neither depends on the worker count, rank count or resume point. Pinned 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 from streaming import StreamingDataset
+from torch.utils.data import get_worker_info
 
 from gcc import storage
 from gcc.convert import BadInput, read_manifest
@@ -61,7 +63,12 @@ def release_stale_shm(local_dirs: Sequence[str | Path], scan: int = 256) -> int:
 
     ours = {os.path.abspath(str(d)) for d in local_dirs}
     released = 0
-    for prefix in range(scan):
+    # Streaming's prefix numbers only grow on a node (it skips numbers whose lock files remain in /tmp), so
+    # look at the segments that exist rather than a fixed range
+    shm_dir = Path("/dev/shm")
+    prefixes = sorted(int(p.name[:6]) for p in shm_dir.glob("[0-9][0-9][0-9][0-9][0-9][0-9]_" + LOCALS)) \
+        if shm_dir.is_dir() else range(scan)
+    for prefix in prefixes:
         try:
             shm = SharedMemory(_get_path(prefix, LOCALS), create=False, auto_cleanup=False)
         except (FileNotFoundError, PermissionError):
@@ -78,6 +85,39 @@ def release_stale_shm(local_dirs: Sequence[str | Path], scan: int = 256) -> int:
                 os.remove(os.path.join(gettempdir(), _get_path(prefix, lock)))
         released += 1
     return released
+
+
+def _empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """A new uninitialised tensor. Inside a DataLoader worker its storage is shared memory from the start (as
+    torch's default_collate does for its batches), so handing the sample or batch to the main process does
+    not copy it once more: at v10 a sample's sem ids are 32 MB and a context 88 MB."""
+    shape = tuple(int(s) for s in shape)
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+
+
+@contextlib.contextmanager
+def _node_registration_lock():
+    """Serialise Streaming's shared-memory registration between independent jobs on one node.
+
+    Streaming picks the first free prefix number and then creates it, so two jobs starting at once can pick
+    the same number and one dies with FileExistsError ('/000123_locals'). Only the node's local leader
+    registers (other local ranks attach after a barrier inside Streaming), so only it takes the lock: a rank
+    waiting at that barrier never holds it."""
+    import fcntl
+    from tempfile import gettempdir
+
+    if int(os.environ.get("LOCAL_RANK", 0)) != 0:
+        yield
+        return
+    with open(os.path.join(gettempdir(), "gcc_streaming_registration.lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def fetch_text_table(data: str, cache_dir: str | Path) -> Path:
@@ -110,9 +150,10 @@ class GcStreamingDataset(StreamingDataset):
         cache_dir.mkdir(parents=True, exist_ok=True)
         self.text = TextTable(fetch_text_table(data, cache_dir))
         self._epoch = 0
-        super().__init__(remote=storage.join(data, split), local=str(cache_dir / split), batch_size=batch_size,
-                         shuffle=shuffle, shuffle_seed=self.seed, num_canonical_nodes=num_canonical_nodes,
-                         cache_limit=cache_limit, predownload=predownload)
+        with _node_registration_lock():
+            super().__init__(remote=storage.join(data, split), local=str(cache_dir / split), batch_size=batch_size,
+                             shuffle=shuffle, shuffle_seed=self.seed, num_canonical_nodes=num_canonical_nodes,
+                             cache_limit=cache_limit, predownload=predownload)
 
     # Streaming computes the epoch inside each worker's __iter__; keep it for get_item.
     def _resume_incr_epoch(self) -> tuple[int, int]:
@@ -121,7 +162,7 @@ class GcStreamingDataset(StreamingDataset):
         return epoch, sample_in_epoch
 
     def get_item(self, sample_id: int, retry: int = 7) -> dict[str, Any]:
-        rec = ClipRecord.from_sample(super().get_item(sample_id, retry))
+        rec = ClipRecord.from_sample(super().get_item(sample_id, retry), empty=_empty)
         return self.make_sample(rec, int(sample_id), self._epoch)
 
     def make_sample(self, rec: ClipRecord, sample_id: int, epoch: int) -> dict[str, Any]:
@@ -129,22 +170,25 @@ class GcStreamingDataset(StreamingDataset):
         draw = draw_sample(self.seed, epoch, sample_id, d.text, d.cond, d.mask)
         ids = np.full(len(rec.context_ids), self.text.null_id, np.int64) if draw.drop_text else rec.context_ids
         mask_frac = 0.0
+        # sem ids are written once, into their final (in a worker: shared) storage
+        sem_t = _empty(rec.sem_shape, torch.uint8)
+        sem = sem_t.numpy()
         if draw.drop_cond:
-            sem = np.full(rec.sem_shape, UNKNOWN, np.uint8)  # the stored ids are never decompressed
+            sem.fill(UNKNOWN)  # the stored ids are never decompressed
         else:
-            sem = rec.sem_ids()
+            rec.sem_ids(out=sem)
             if draw.mask is not None:
                 meta = rec.meta()
                 sem, mask_frac = apply_unknown_mask(sem, Cameras.from_meta(meta), np.asarray(meta["ground_z"], float),
                                                     draw.mask, calibration=d.calibration,
                                                     max_frame_coverage=d.max_frame_coverage, inplace=True)
         if self.vocab == "ids":
-            sem = collapse_parts(sem)
+            sem_t = torch.from_numpy(collapse_parts(sem))
         return {
             "input_latents": rec.input_latents,
-            "context": self.text.gather(ids),
+            "context": self.text.gather(ids, empty=_empty),
             "context_ids": torch.from_numpy(np.asarray(ids, np.int64)),
-            "sem_ids": torch.from_numpy(np.ascontiguousarray(sem)),
+            "sem_ids": sem_t,
             "clip_id": rec.clip_id,
             "sample_id": sample_id,
             "epoch": epoch,
@@ -152,13 +196,24 @@ class GcStreamingDataset(StreamingDataset):
         }
 
 
+def _stack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """torch.stack; one tensor becomes a [1, ...] view (no copy); in a worker the stack is written straight
+    into shared memory (as default_collate does)."""
+    if len(tensors) == 1:
+        return tensors[0].unsqueeze(0)
+    out = _empty((len(tensors), *tensors[0].shape), tensors[0].dtype)
+    return torch.stack(list(tensors), out=out)
+
+
 def gc_collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Stack samples into the batch the model consumes; `dropped` becomes three flat tensors."""
+    """Stack samples into the batch the model consumes; `dropped` becomes three flat tensors. A batch of one
+    sample holds views of the sample's tensors (values identical; a single-prompt context stays a stride-0
+    expanded view, see `TextTable.gather`)."""
     return {
-        "input_latents": torch.stack([s["input_latents"] for s in samples]),
-        "context": torch.stack([s["context"] for s in samples]),
+        "input_latents": _stack([s["input_latents"] for s in samples]),
+        "context": _stack([s["context"] for s in samples]),
         "context_ids": torch.stack([s["context_ids"] for s in samples]),
-        "sem_ids": torch.stack([s["sem_ids"] for s in samples]),
+        "sem_ids": _stack([s["sem_ids"] for s in samples]),
         "clip_id": [s["clip_id"] for s in samples],
         "sample_id": torch.tensor([s["sample_id"] for s in samples], dtype=torch.int64),
         "epoch": torch.tensor([s["epoch"] for s in samples], dtype=torch.int64),
