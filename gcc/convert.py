@@ -202,6 +202,34 @@ def validate_meta(meta: Any, clip_id: str, geo: Geometry, where: str) -> None:
             raise bad(f"{f}.fov_deg", "a number in (0, 180)", cam.get("fov_deg"))
 
 
+def _read_member(cid: str, path: Path, key: str):
+    """One tensor of a .safetensors file or one array of a .npz file; failures name clip, file and key."""
+    try:
+        if path.suffix == ".safetensors":
+            with safe_open(str(path), "pt") as f:
+                keys = list(f.keys())
+                if key in keys:
+                    return f.get_tensor(key)
+        else:
+            with np.load(path) as z:
+                keys = list(z.files)
+                if key in keys:
+                    return z[key]
+    except Exception as e:
+        raise BadInput(f"clip {cid}: {path}: unreadable {path.suffix[1:]} file ({e})") from None
+    raise BadInput(f"clip {cid}: {path}: key '{key}' missing (has {keys[:5]})")
+
+
+def _check_array(cid: str, path: Path, key: str, dtype, shape: tuple, want_dtype, want_shape: tuple,
+                 shape_note: str) -> None:
+    if dtype != want_dtype:
+        name = str(want_dtype).replace("torch.", "").replace("<class 'numpy.", "").rstrip("'>")
+        raise BadInput(f"clip {cid}: {path}: '{key}' dtype must be {name}, got {dtype}")
+    if shape != tuple(want_shape):
+        raise BadInput(f"clip {cid}: {path}: '{key}' shape must be {list(want_shape)} ({shape_note}), "
+                       f"got {list(shape)}")
+
+
 def load_clip(src: Path, row: dict[str, Any], geo: Geometry, ids_of: dict[str, int]) -> dict[str, Any]:
     """Read and validate one clip; returns its MDS sample or raises BadInput naming clip and field."""
     cid = row["clip_id"]
@@ -217,41 +245,16 @@ def load_clip(src: Path, row: dict[str, Any], geo: Geometry, ids_of: dict[str, i
     unknown = sorted(set(keys) - set(ids_of))
     if unknown:
         raise BadInput(f"clip {cid}: index field 'context_keys' has keys not in the text table: {unknown[:5]}")
-    # latents
-    try:
-        with safe_open(str(paths["latents"]), "pt") as f:
-            if "input_latents" not in f.keys():
-                raise BadInput(f"clip {cid}: {paths['latents']}: key 'input_latents' missing "
-                               f"(has {list(f.keys())[:5]})")
-            lat = f.get_tensor("input_latents")
-    except BadInput:
-        raise
-    except Exception as e:
-        raise BadInput(f"clip {cid}: {paths['latents']}: unreadable safetensors ({e})") from None
-    if lat.dtype != torch.bfloat16:
-        raise BadInput(f"clip {cid}: {paths['latents']}: 'input_latents' dtype must be bfloat16, got {lat.dtype}")
-    if tuple(lat.shape) != geo.latents:
-        raise BadInput(f"clip {cid}: {paths['latents']}: 'input_latents' shape must be {list(geo.latents)} "
-                       f"(the dataset geometry), got {list(lat.shape)}")
+    lat = _read_member(cid, paths["latents"], "input_latents")
+    _check_array(cid, paths["latents"], "input_latents", lat.dtype, tuple(lat.shape), torch.bfloat16, geo.latents,
+                 "the dataset geometry")
     finite = torch.isfinite(lat)
     if not bool(finite.all()):
         raise BadInput(f"clip {cid}: {paths['latents']}: 'input_latents' must be finite, has "
                        f"{int((~finite).sum())} NaN/inf values")
-    # sem ids
-    try:
-        with np.load(paths["sem"]) as z:
-            if "ids" not in z.files:
-                raise BadInput(f"clip {cid}: {paths['sem']}: key 'ids' missing (has {z.files[:5]})")
-            sem = z["ids"]
-    except BadInput:
-        raise
-    except Exception as e:
-        raise BadInput(f"clip {cid}: {paths['sem']}: unreadable npz ({e})") from None
-    if sem.dtype != np.uint8:
-        raise BadInput(f"clip {cid}: {paths['sem']}: 'ids' dtype must be uint8, got {sem.dtype}")
-    if tuple(sem.shape) != geo.sem:
-        raise BadInput(f"clip {cid}: {paths['sem']}: 'ids' shape must be {list(geo.sem)} (F = 4·(T−1)+1, "
-                       f"H, W = 16·latent h, w), got {list(sem.shape)}")
+    sem = _read_member(cid, paths["sem"], "ids")
+    _check_array(cid, paths["sem"], "ids", sem.dtype, tuple(sem.shape), np.uint8, geo.sem,
+                 "F = 4·(T−1)+1, H, W = 16·latent h, w")
     bad_vals = invalid_values(sem, "parts")
     if bad_vals:
         raise BadInput(f"clip {cid}: {paths['sem']}: 'ids' holds values {bad_vals[:10]} outside the "
