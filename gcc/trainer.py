@@ -106,6 +106,10 @@ def run(cfg) -> int:
         say(f"refused: {info}", err=True)
         return EXIT_REFUSED
 
+    if info["resumed_step"] is not None and info["resumed_step"] >= cfg.max_steps:
+        say(f"nothing to do: {cfg.run_dir} is at step {info['resumed_step']} >= max_steps={cfg.max_steps} "
+            f"(raise max_steps=... to train further)")
+        return 0
     cache = B.cache_dir(cfg)
     if dist.get_local_rank() == 0:
         cache.mkdir(parents=True, exist_ok=True)

@@ -185,8 +185,11 @@ def test_second_launch_refused_stale_lock_ignored(shards, tmp_path):
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
-    r = ok(launch(run_dir, shards, "max_steps=1"))  # the dead run's lock does not block; it resumes
-    assert "resuming from" in r.stdout
+    at = int(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt").split("-ba")[1].split("-")[0])
+    r = ok(launch(run_dir, shards, f"max_steps={at + 1}"))  # the dead run's lock does not block; it resumes
+    assert "resuming from" in r.stdout and int(rows(run_dir)[-1]["step"]) == at + 1
+    r = ok(launch(run_dir, shards, f"max_steps={at + 1}"))  # finished: says so, exits 0
+    assert f"nothing to do: {run_dir} is at step {at + 1}" in r.stdout
 
 
 def test_nonfinite_loss_on_one_rank_stops_all(shards, tmp_path):
