@@ -196,6 +196,15 @@ def run(cfg) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = _main(argv)
+    if code and _rank() != 0:
+        # Composer's launcher reports the first non-zero exit in rank order and kills the rest: let rank 0
+        # exit first, so the launcher's code is ours (2/3/4), not rank 0's -15 from that cleanup.
+        time.sleep(5)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     from gcc.config import ConfigError, load_config
 
     p = argparse.ArgumentParser(prog="gcc/train.py", description="Train the gc25d teacher (SPEC §9).")
