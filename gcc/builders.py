@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from gcc import storage
 from gcc.config import TrainConfig
-from gcc.data import Dropouts, GcStreamingDataset, build_dataloader, gc_collate
+from gcc.data import Dropouts, GcStreamingDataset, build_dataloader, gc_collate, round_robin_by_run
 from gcc.optim import BETAS
 from gcc.run_folder import file_digest
 from gcc.shards import MANIFEST
@@ -86,18 +86,9 @@ def build_train_loader(cfg: TrainConfig, per_rank_batch: int) -> DataLoader:
 
 
 def select_val_ids(manifest: dict, n: int) -> list[int]:
-    """The fixed validation clips: sample ids taken round-robin over the val runs (in run order)."""
-    runs = manifest["splits"]["val"]["clip_runs"]
-    by_run: dict[str, list[int]] = {}
-    for i, r in enumerate(runs):
-        by_run.setdefault(r, []).append(i)
-    queues = [by_run[r] for r in sorted(by_run)]
-    out: list[int] = []
-    while len(out) < min(n, len(runs)):
-        for q in queues:
-            if q and len(out) < n:
-                out.append(q.pop(0))
-    return sorted(out)
+    """The fixed validation clips: sample ids taken round-robin over the val runs."""
+    runs = manifest["splits"]["val"]["clip_runs"]  # sample id i is the split's clip i
+    return sorted(round_robin_by_run([(run, i) for i, run in enumerate(runs)], n))
 
 
 class ValClips(Dataset):

@@ -120,6 +120,20 @@ def _node_registration_lock():
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def round_robin_by_run(items: Sequence[tuple[str, Any]], n: int) -> list:
+    """Up to n items spread over runs: runs by name, items in the given order within a run; every run's first
+    item, then every run's second, ... (fixed validation/evaluation clips that cover many recordings)."""
+    by_run: dict[str, list] = {}
+    for run, item in items:
+        by_run.setdefault(run, []).append(item)
+    out: list = []
+    depth = 0
+    while len(out) < n and any(depth < len(v) for v in by_run.values()):
+        out += [v[depth] for _, v in sorted(by_run.items()) if depth < len(v)][:n - len(out)]
+        depth += 1
+    return out
+
+
 def fetch_text_table(data: str, cache_dir: str | Path) -> Path:
     """The text table as a local file: in place for local data, else downloaded once into the cache."""
     if not storage.is_remote(data):

@@ -334,17 +334,12 @@ def select_clips(rows: dict[str, dict], clip_ids: Sequence[str] | None = None, v
         return list(clip_ids)
     if val_n is None or val_n < 1:
         raise SampleError("give --clip_ids or --val_n N (N >= 1)")
-    by_run: dict[str, list[str]] = {}
-    for cid in sorted(rows):
-        r = rows[cid]
-        if r["split"] == "val" and not r["drop"]:
-            by_run.setdefault(r["run"], []).append(cid)
-    if not by_run:
+    from gcc.data import round_robin_by_run
+
+    val = [(rows[c]["run"], c) for c in sorted(rows) if rows[c]["split"] == "val" and not rows[c]["drop"]]
+    if not val:
         raise SampleError("no val clips with drop=false in the data")
-    out, depth = [], 0
-    while len(out) < val_n and any(depth < len(v) for v in by_run.values()):
-        out += [v[depth] for _, v in sorted(by_run.items()) if depth < len(v)][:val_n - len(out)]
-        depth += 1
+    out = round_robin_by_run(val, val_n)
     if len(out) < val_n:
         print(f"gcc.sample: only {len(out)} val clips available (asked for {val_n})", file=sys.stderr)
     return out

@@ -292,3 +292,14 @@ def test_release_stale_shm_after_a_killed_process_group(shards, tmp_path):
     assert release_stale_shm([cache / "train"]) == 1
     assert len(GcStreamingDataset(str(shards[1]), "train", cache, batch_size=2)) == len(other)
     assert run_epochs(other, workers=1)  # its shared memory is intact
+
+
+def test_round_robin_by_run_and_fixed_val_ids():
+    from gcc.builders import select_val_ids
+    from gcc.data import round_robin_by_run
+
+    items = [("b", "b0"), ("a", "a0"), ("a", "a1"), ("c", "c0"), ("c", "c1"), ("c", "c2")]
+    assert round_robin_by_run(items, 4) == ["a0", "b0", "c0", "a1"]
+    assert round_robin_by_run(items, 10) == ["a0", "b0", "c0", "a1", "c1", "c2"]
+    manifest = {"splits": {"val": {"clip_runs": ["r1", "r1", "r1", "r2", "r3", "r3"]}}}
+    assert select_val_ids(manifest, 4) == [0, 1, 3, 4]
