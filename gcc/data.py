@@ -237,13 +237,28 @@ def gc_collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+WORKER_GRACE_S = 30.0
+
+
+def _deferred_exit(signum, frame) -> None:
+    import threading
+
+    if not getattr(_deferred_exit, "armed", False):
+        _deferred_exit.armed = True
+        threading.Timer(WORKER_GRACE_S, os._exit, [0]).start()
+
+
 def ignore_preemption_signals(worker_id: int = 0) -> None:
-    """Loader workers leave SIGTERM/SIGUSR1 to their rank: a scheduler signals the whole process group, and
-    a worker dying of it would crash the step the rank is finishing before its preemption checkpoint."""
+    """Loader workers outlive a SIGTERM/SIGUSR1 by WORKER_GRACE_S seconds, then exit cleanly (code 0).
+
+    A scheduler signals the whole process group: a worker dying at once would crash the step its rank is
+    finishing before the preemption checkpoint. Ignoring the signal for good is wrong too: the DataLoader
+    itself stops a stuck worker with SIGTERM when it shuts down, and a worker that never exits hangs the
+    process at exit."""
     import signal
 
     for s in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(s, signal.SIG_IGN)
+        signal.signal(s, _deferred_exit)
 
 
 def build_dataloader(dataset: GcStreamingDataset, batch_size: int, num_workers: int = 0,
