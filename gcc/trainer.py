@@ -199,8 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     code = _main(argv)
     if code and _rank() != 0:
         # Composer's launcher reports the first non-zero exit in rank order and kills the rest: let rank 0
-        # exit first, so the launcher's code is ours (2/3/4), not rank 0's -15 from that cleanup.
-        time.sleep(5)
+        # exit first, so the launcher's code is ours (2/3/4), not rank 0's -15 from that cleanup. The launcher
+        # kills us as soon as rank 0 is gone (a loaded machine can take several seconds to tear rank 0 down).
+        time.sleep(60)
     return code
 
 
