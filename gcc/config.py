@@ -6,7 +6,6 @@ Defaults are the v10 run (SPEC §8). Unknown keys, wrong types and inconsistent 
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
