@@ -44,7 +44,6 @@ def check_leak(manifest: dict) -> None:
 def prepare_run(cfg, lock) -> dict:
     """Rank 0's checks before any work (SPEC §9.3, §9.5). Returns what every rank needs to know."""
     from gcc.builders import read_manifest_bytes, run_signature
-    from gcc.convert import BadInput
     from gcc.run_folder import Refusal, check_identity, repair_checkpoints, stored_record
 
     lock.acquire()
