@@ -140,6 +140,30 @@ def test_warmup_lr_applied_by_a_real_composer_trainer(tmp_path, monkeypatch):
     trainer.close()
 
 
+def test_micro_batches_are_not_deep_copied(tmp_path, monkeypatch):
+    """Composer deep-copies each micro-batch for train metrics; the model has none, so MicroBatch skips the copy."""
+    import composer.trainer.trainer as composer_trainer
+    from composer import Trainer
+    from composer.core import DataSpec
+
+    from gcc.trainer import MicroBatch
+
+    monkeypatch.chdir(tmp_path)
+    model = _model()
+    assert model.get_metrics(is_train=True) == {}  # nothing would ever read the copy
+    copies = []
+    real = composer_trainer.deepcopy
+    monkeypatch.setattr(composer_trainer, "deepcopy", lambda x, *a: copies.append((type(x), (y := real(x, *a)) is x)) or y)
+    opt = build_optimizer(model, lr=1e-3, cond_lr=1e-3)
+    trainer = Trainer(model=model, train_dataloader=DataSpec(DataLoader(_Batches(4), batch_size=4),
+                                                             microbatch_transforms=MicroBatch),
+                      device_train_microbatch_size=2, max_duration="1ba", optimizers=opt, device="cpu",
+                      progress_bar=False, log_to_console=False, loggers=[], save_folder=None, run_name="copy_test")
+    trainer.fit()
+    trainer.close()
+    assert [c for c in copies if c[0] is MicroBatch] == [(MicroBatch, True)] * 2  # two micro-batches, same objects
+
+
 def test_val_timesteps_resolve_to_scheduler_timesteps():
     got = resolve_timesteps(make_scheduler(1000, 5.0), [200, 500, 800])
     assert [round(t, 1) for _, t in got] == [201.3, 500.6, 799.7]

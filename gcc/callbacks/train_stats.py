@@ -3,7 +3,8 @@
 Per micro-batch (AFTER_LOSS) it accumulates the objective's stats and the batch's dropouts; at BATCH_END it
 reduces them over all ranks, so every number describes the whole global batch. `clips` lists every rank's
 clip ids in rank order. `step_time` is wall time from asking the loader for the batch to the end of the
-step (data wait included, validation and checkpointing excluded); `data_time` is the loader-wait part.
+step (data wait included, validation and checkpointing excluded); `data_time` is the loader-wait part; `time`
+is the Unix time at the end of the step (differences of consecutive rows: the true period, everything included).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from composer.utils import dist
 from gcc.callbacks.grad_clip import GradClip
 
 TRAIN_COLUMNS = ["step", "loss", "mse", "timestep", "lr", "cond_lr", "grad_norm", "sem_rms", "x_rms", "text_drop",
-                 "cond_drop", "mask_frac", "step_time", "data_time", "mem_gb", "epoch", "clips"]
+                 "cond_drop", "mask_frac", "step_time", "data_time", "mem_gb", "epoch", "time", "clips"]
 _SUMMED = ["mse", "timestep", "sem_rms", "x_rms", "text_drop", "cond_drop", "mask_frac", "n"]
 
 
@@ -81,7 +82,7 @@ class TrainStats(Callback):
             **mean,
             "lr": self._lrs[0], "cond_lr": self._lrs[1], "grad_norm": self.grad_clip.last_norm,
             "step_time": step_time, "data_time": self._t_data, "mem_gb": memory_gb(),
-            "epoch": min(self._epochs) if self._epochs else int(state.timestamp.epoch),
+            "epoch": min(self._epochs) if self._epochs else int(state.timestamp.epoch), "time": time.time(),
             "clips": ";".join(clips),
         }
         logger.log_table(TRAIN_COLUMNS, [[row[c] for c in TRAIN_COLUMNS]], name="train_log")
