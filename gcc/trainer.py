@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 EXIT_CONFIG, EXIT_REFUSED, EXIT_NONFINITE = 2, 3, 4
@@ -31,14 +32,17 @@ def say(msg: str, *, err: bool = False) -> None:
         print(f"gcc.train: {msg}", file=sys.stderr if err else sys.stdout, flush=True)
 
 
-def check_leak(manifest: dict) -> None:
+def check_data(manifest: dict, data: str) -> None:
+    """Refuse data the run cannot train on: no train clips, or train and val sharing clips or runs."""
     from gcc.run_folder import Refusal
 
     tr, va = manifest["splits"]["train"], manifest["splits"]["val"]
+    if not tr["clip_ids"]:
+        raise Refusal(f"data {data}: the train split has no clips")
     clips = sorted(set(tr["clip_ids"]) & set(va["clip_ids"]))
     runs = sorted(set(tr["runs"]) & set(va["runs"]))
     if clips or runs:
-        raise Refusal(f"train/val leak in the data: shared clips {clips[:5]}, shared runs {runs[:5]}")
+        raise Refusal(f"data {data}: train/val leak: shared clips {clips[:5]}, shared runs {runs[:5]}")
 
 
 class MicroBatch(dict):
@@ -64,7 +68,7 @@ def prepare_run(cfg, lock) -> dict:
         raise Refusal(f"data {cfg.data.path}: no readable manifest.json — not a finished convert_data output "
                       f"({type(e).__name__}: {e})") from None
     manifest = json.loads(manifest_bytes)
-    check_leak(manifest)
+    check_data(manifest, cfg.data.path)
     old = stored_record(Path(cfg.run_dir))
     signature = run_signature(cfg, manifest_bytes, known=(old or {}).get("signature"))
     lineage = {"init_ckpt": os.path.realpath(cfg.model.init_ckpt) if cfg.model.init_ckpt else ""}
@@ -186,6 +190,8 @@ def run(cfg) -> int:
         autoresume=cfg.autoresume, loggers=loggers, callbacks=callbacks, progress_bar=cfg.progress_bar,
         log_to_console=False, seed=cfg.seed, dist_timeout=cfg.dist_timeout,
     )
+    if resumed:  # a run resumed at an epoch's end trains no batch of that epoch, and Composer warns about it
+        warnings.filterwarnings("ignore", message="No batches were trained for global rank", category=UserWarning)
     trainer.state.callbacks.append(CheckpointRotation(run_dir, cfg.keep_checkpoints))  # after the CheckpointSaver
     t0 = time.time()
     try:

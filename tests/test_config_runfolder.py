@@ -1,4 +1,4 @@
-"""Config validation, the run folder (lock, signature, checkpoint repair/rotation) and the CSV logger."""
+"""Config validation, the data check, the run folder (lock, signature, checkpoint repair/rotation) and the CSV logger."""
 from __future__ import annotations
 
 import csv
@@ -165,3 +165,19 @@ def test_csv_header_rotation_and_rows_after_resume_point(tmp_path):
     assert _read(tmp_path / "t.csv") == [["step", "loss"], ["1", "0.1"]]
     with pytest.raises(ValueError, match="differ from the declared"):
         lg.log_table(["step"], [[4]], name="t")
+
+
+def test_data_check_refuses_an_empty_train_split_and_leaks():
+    from gcc.trainer import check_data
+
+    def manifest(train, val, train_runs=("r1",), val_runs=("r2",)):
+        return {"splits": {"train": {"clip_ids": train, "runs": list(train_runs)},
+                           "val": {"clip_ids": val, "runs": list(val_runs)}}}
+
+    check_data(manifest(["a", "b"], ["c"]), "d")
+    with pytest.raises(Refusal, match="data d: the train split has no clips"):
+        check_data(manifest([], ["c"], train_runs=()), "d")
+    with pytest.raises(Refusal, match=r"shared clips \['b'\]"):
+        check_data(manifest(["a", "b"], ["b"]), "d")
+    with pytest.raises(Refusal, match=r"shared runs \['r1'\]"):
+        check_data(manifest(["a"], ["c"], val_runs=("r1",)), "d")
