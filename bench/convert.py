@@ -9,7 +9,6 @@ both, and the ratios between them.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import tempfile
 import time

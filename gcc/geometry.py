@@ -121,7 +121,7 @@ class Cameras:
             x_ndc = right * scale / half_w
             y_ndc = up * scale / half_h
             depth = np.where(ortho, fwd, NEAR_CM / fwd)
-        (src_h, src_w), (dst_h, dst_w) = self.src_hw, self.dst_hw
+        dst_h, dst_w = self.dst_hw
         u = (x_ndc + 1.0) / 2.0 * dst_w
         v = (1.0 - y_ndc) / 2.0 * dst_h
         return np.stack([u, v], -1), fwd, depth

@@ -416,7 +416,7 @@ def _weights_beyond(clip: _Clip, theta: float, thr: np.ndarray, cw: np.ndarray, 
     """Exact per-frame weights [F] of the static finite cells (w_fin) and of those with projection > thr[f]
     (w_bey; thr = +inf: none), and the plane intervals at thr: sums over the sure runs, then the ambiguous
     cells corrected with their exact status."""
-    h4, w4, P = clip.h4, clip.w4, clip.h4 * clip.w4
+    w4, P = clip.w4, clip.h4 * clip.w4
     hlo, hhi = hit_iv[0], hit_iv[1]
     piv = clip.intervals(*clip.plane_function(theta, thr))
     plo, phi = piv[0], piv[1]
@@ -566,7 +566,7 @@ def _bracketed_quantiles(clip: _Clip, frames: np.ndarray, theta: float, weights:
     good = wsum == (c_hi - c_lo)[ok]  # the runs hold exactly the bracket's weight
     srt = np.argsort(pos, kind="stable")
     starts = np.r_[0, np.cumsum(cnt)[:-1]]
-    todo_p, todo_c, state = [], [], []
+    todo_p, state = [], []
     for n in range(fo.size):
         if not good[n]:
             state.append(None)
