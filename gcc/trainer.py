@@ -84,7 +84,6 @@ def run(cfg) -> int:
     from composer import Evaluator, Trainer
     from composer.core import DataSpec, Event
     from composer.devices import DeviceCPU, DeviceGPU
-    from composer.loggers import TensorboardLogger
     from composer.utils import dist
 
     from gcc import builders as B
@@ -95,6 +94,7 @@ def run(cfg) -> int:
     from gcc.export import gc_metadata
     from gcc.optim import build_optimizer, trainer_schedule_kwargs
     from gcc.run_folder import RunLock, ckpt_dir
+    from gcc.tensorboard_logger import LocalTensorboardLogger
     from gcc.text_table import TextTable
 
     world = B.world_size()
@@ -163,7 +163,7 @@ def run(cfg) -> int:
                  RunFiles(run_dir, B.resolved_config(cfg, manifest, per_rank), stats)]
     loggers = [CSVLogger(run_dir, {"train_log": TRAIN_COLUMNS, "val_log": VAL_COLUMNS}, log=say)]
     if cfg.tensorboard:
-        loggers.append(TensorboardLogger(log_dir=str(run_dir / "tensorboard"), flush_interval=10))
+        loggers.append(LocalTensorboardLogger(log_dir=str(run_dir / "tensorboard"), flush_interval=10))
 
     def eval_interval(state, event) -> bool:
         step = int(state.timestamp.batch)

@@ -164,6 +164,29 @@ def test_micro_batches_are_not_deep_copied(tmp_path, monkeypatch):
     assert [c for c in copies if c[0] is MicroBatch] == [(MicroBatch, True)] * 2  # two micro-batches, same objects
 
 
+def test_tensorboard_one_event_file_per_launch(tmp_path, monkeypatch):
+    """Composer's logger starts a new event file at every flush; ours keeps one file, holding every step."""
+    from composer import Trainer
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from gcc.tensorboard_logger import LocalTensorboardLogger
+
+    monkeypatch.chdir(tmp_path)
+    model = _model()
+    opt = build_optimizer(model, lr=1e-3, cond_lr=1e-3)
+    trainer = Trainer(model=model, train_dataloader=DataLoader(_Batches(4), batch_size=2), max_duration="4ba",
+                      optimizers=opt, device="cpu", progress_bar=False, log_to_console=False, save_folder=None,
+                      loggers=[LocalTensorboardLogger(log_dir=str(tmp_path / "tb"), flush_interval=1)],
+                      run_name="tb_test")  # 2 batches per epoch: flushes at every step and epoch end
+    trainer.fit()
+    trainer.close()
+    files = list((tmp_path / "tb" / "tb_test").glob("events.out.tfevents.*"))
+    assert len(files) == 1, files
+    acc = EventAccumulator(str(files[0]))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss/train/total")] == [0, 1, 2, 3]  # Composer logs the 0-based batch
+
+
 def test_val_timesteps_resolve_to_scheduler_timesteps():
     got = resolve_timesteps(make_scheduler(1000, 5.0), [200, 500, 800])
     assert [round(t, 1) for _, t in got] == [201.3, 500.6, 799.7]

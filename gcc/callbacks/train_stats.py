@@ -86,7 +86,7 @@ class TrainStats(Callback):
             "clips": ";".join(clips),
         }
         logger.log_table(TRAIN_COLUMNS, [[row[c] for c in TRAIN_COLUMNS]], name="train_log")
-        scalars = {f"train/{k}": row[k] for k in TRAIN_COLUMNS if k not in ("step", "clips")}
+        scalars = {f"train/{k}": row[k] for k in TRAIN_COLUMNS if k not in ("step", "time", "clips")}
         scalars["train/sem_over_x"] = row["sem_rms"] / row["x_rms"] if row["x_rms"] else float("nan")
         logger.log_metrics(scalars)
         self._reset()
