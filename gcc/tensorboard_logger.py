@@ -2,21 +2,35 @@
 
 Composer 0.32.1 closes its SummaryWriter at every flush (every `flush_interval` steps, every epoch end and
 every validation) so that a finished file can be uploaded to object storage; locally that leaves a new event
-file each time (hundreds per run, which TensorBoard then loads one by one). The run folder is local, so
-here a flush only flushes.
+file each time (hundreds per run, which TensorBoard then loads one by one). It also opens an (empty) event
+file on every rank, and writes one more hparams file per validation. The run folder is local: here only
+rank 0 writes, a flush only flushes, and there are no hparams files (`config.json` holds the config).
 """
 from __future__ import annotations
 
+from composer.core import State
 from composer.loggers import Logger, TensorboardLogger
 from composer.utils import dist
 
 
 class LocalTensorboardLogger(TensorboardLogger):
+    def _silent(self) -> bool:
+        return self.rank_zero_only and dist.get_global_rank() != 0
+
+    def init(self, state: State, logger: Logger) -> None:
+        if self._silent():
+            self.run_name = state.run_name
+        else:
+            super().init(state, logger)
+
+    def eval_end(self, state: State, logger: Logger) -> None:
+        self._flush(logger)
+
     def _flush(self, logger: Logger) -> None:
-        if self.writer is not None and not (self.rank_zero_only and dist.get_global_rank() != 0):
+        if self.writer is not None:
             self.writer.flush()
 
-    def close(self, state, logger: Logger) -> None:
+    def close(self, state: State, logger: Logger) -> None:
         if self.writer is not None:
             self.writer.close()
         self.writer = None
