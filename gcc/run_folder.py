@@ -121,6 +121,11 @@ def ckpt_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
+def checkpoint_step(path: str | Path) -> int:
+    """The optimizer step B of a checkpoint named ep{E}-ba{B}-rank0.pt."""
+    return int(CKPT_RE.match(Path(path).name).group(2))
+
+
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     d = ckpt_dir(run_dir)
     if not d.exists():
@@ -154,7 +159,7 @@ def repair_checkpoints(run_dir: Path, log=print) -> Path | None:
         if latest is not None:
             os.symlink(latest.name, link)
             log(f"checkpoints: 'latest' repaired -> {latest.name}")
-    latest_batch = int(CKPT_RE.match(latest.name).group(2)) if latest is not None else -1
+    latest_batch = checkpoint_step(latest) if latest is not None else -1
     for batch, p in ckpts:
         if batch > latest_batch or (p != latest and not is_complete(p)):
             log(f"checkpoints: removing incomplete/stale {p.name}")

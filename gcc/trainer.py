@@ -59,7 +59,7 @@ class MicroBatch(dict):
 def prepare_run(cfg, lock) -> dict:
     """Rank 0's checks before any work (SPEC §9.3, §9.5). Returns what every rank needs to know."""
     from gcc.builders import read_manifest_bytes, run_signature
-    from gcc.run_folder import Refusal, check_identity, repair_checkpoints, stored_record
+    from gcc.run_folder import Refusal, check_identity, checkpoint_step, repair_checkpoints, stored_record
 
     lock.acquire()
     try:
@@ -74,7 +74,7 @@ def prepare_run(cfg, lock) -> dict:
     lineage = {"init_ckpt": os.path.realpath(cfg.model.init_ckpt) if cfg.model.init_ckpt else ""}
     record = check_identity(Path(cfg.run_dir), signature, lineage)
     latest = repair_checkpoints(Path(cfg.run_dir), log=say) if cfg.autoresume else None
-    resumed_step = int(latest.name.split("-ba")[1].split("-")[0]) if latest else None
+    resumed_step = checkpoint_step(latest) if latest else None
     return {"manifest": manifest, "lineage": record["lineage"],
             "resumed_from": str(latest.resolve()) if latest else "", "resumed_step": resumed_step}
 

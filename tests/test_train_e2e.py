@@ -19,6 +19,7 @@ import torch
 from safetensors import safe_open
 
 from gcc import convert as C
+from gcc.run_folder import checkpoint_step
 
 from conftest import make_prepared
 
@@ -146,7 +147,7 @@ def test_preemption_checkpoints_and_resumes(reference, shards, tmp_path):
     assert 4 <= stopped < 12
     ckpts = [p.name for p in (run_dir / "checkpoints").glob("ep*-ba*-rank0.pt")]
     assert any(f"-ba{stopped}-" in c for c in ckpts), ckpts
-    assert os.readlink(run_dir / "checkpoints" / "latest-rank0.pt").split("-ba")[1].startswith(f"{stopped}-")
+    assert checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt")) == stopped
     ok(launch(run_dir, shards))
     assert exact(rows(run_dir)) == exact(rows(reference))
 
@@ -172,9 +173,7 @@ def test_data_on_s3_with_a_node_cache_trains_and_resumes_the_same(reference, sha
     C.convert(shards.parent / "prepared", remote, chunk_clips=8, progress=False, log=lambda *a: None)
     run_dir = tmp_path / "run"
     for steps in (6, 12):  # the second launch resumes at step 6 with a warm cache
-        r = subprocess.run(cmd(run_dir, shards, f"data.path={remote}", f"max_steps={steps}"), env=env(),
-                           capture_output=True, text=True, timeout=900)
-        ok(r)
+        r = ok(launch(run_dir, shards, f"data.path={remote}", f"max_steps={steps}"))
     assert "resuming from" in r.stdout
     assert exact(rows(run_dir)) == exact(rows(reference))
     cache = run_dir / "cache" / "node0"
@@ -203,7 +202,7 @@ def test_second_launch_refused_stale_lock_ignored(shards, tmp_path):
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
-    at = int(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt").split("-ba")[1].split("-")[0])
+    at = checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt"))
     r = ok(launch(run_dir, shards, f"max_steps={at + 1}"))  # the dead run's lock does not block; it resumes
     assert "resuming from" in r.stdout and int(rows(run_dir)[-1]["step"]) == at + 1
     r = ok(launch(run_dir, shards, f"max_steps={at + 1}"))  # finished: says so, exits 0
@@ -216,7 +215,7 @@ def test_nonfinite_loss_on_one_rank_stops_all(shards, tmp_path):
     assert r.returncode == 4, (r.stdout[-2000:], r.stderr[-3000:])
     assert "non-finite loss at step 5 (rank 1: clips clip" in r.stderr
     ckpts = sorted(p.name for p in (run_dir / "checkpoints").glob("ep*-ba*-rank0.pt"))
-    assert [c.split("-ba")[1].split("-")[0] for c in ckpts] == ["3"]  # nothing of the poisoned state
+    assert [checkpoint_step(c) for c in ckpts] == [3]  # nothing of the poisoned state
     assert [int(x["step"]) for x in rows(run_dir)] == [1, 2, 3, 4]
 
 
