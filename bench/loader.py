@@ -6,7 +6,7 @@
 Writes `--clips` full-geometry clips with `gcc.synth.write_prepared` (or reuses `--prepared`), converts them,
 then prints, all measured in this run:
 1. one loader worker's samples/s with the default probabilities (decode + text gather + mask + collate):
-   `build_dataloader(GcStreamingDataset(...), batch_size=1, num_workers=1)` (persistent worker) over
+   `build_dataloader(GcStreamingDataset(...), batch_size=1, num_workers=1)` (its persistent worker) over
    `--epochs` epochs, timed from the first batch's arrival (startup and the first sample excluded) to the
    last; against a baseline: the same clips read from the prepared layout (np.load of the sem npz +
    safetensors load of the latents + the text rows from the table with safetensors), in this process, and
@@ -61,20 +61,16 @@ class _MemCollate:
 
 
 def loader_rate(shards: Path, cache: Path, epochs: int, workers: int = 1, seed: int = 0):
-    import torch
     from streaming.base.util import clean_stale_shared_memory
-    from torch.utils.data import DataLoader
 
-    from gcc.data import Dropouts, GcStreamingDataset
+    from gcc.data import Dropouts, GcStreamingDataset, build_dataloader
 
     clean_stale_shared_memory()
     ds = GcStreamingDataset(str(shards), "train", cache / uuid.uuid4().hex, batch_size=1, seed=seed,
                             dropouts=Dropouts())
-    collate = _MemCollate()
-    # build_dataloader's DataLoader, with a collate that also reports the worker's memory and a persistent
-    # worker so that only the first start is excluded
-    dl = DataLoader(ds, batch_size=1, num_workers=workers, collate_fn=collate, persistent_workers=True,
-                    worker_init_fn=lambda _: torch.set_num_threads(1))
+    # the training's DataLoader (persistent workers from the forkserver: only the first start is excluded),
+    # with a collate that also reports the worker's memory
+    dl = build_dataloader(ds, batch_size=1, num_workers=workers, collate_fn=_MemCollate())
     main_rss = _vm("VmRSS")
     t_first, n, masked, cond, text, mem = None, 0, 0, 0, 0, []
     t_start = time.perf_counter()
@@ -95,7 +91,7 @@ def loader_rate(shards: Path, cache: Path, epochs: int, workers: int = 1, seed: 
     del dl
     return {"rate": n / secs, "cpu_rate": n / cpu, "cpu": cpu, "n": n, "secs": secs, "startup": startup, "samples": total, "masked": masked,
             "cond": cond, "text": text, "worker_start_rss": mem[0][0], "worker_peak_rss": max(m[2] for m in mem),
-            "worker_last_rss": mem[-1][1], "main_rss_at_fork": main_rss}
+            "worker_last_rss": mem[-1][1], "main_rss": main_rss}
 
 
 def baseline_rate(src: Path, clip_ids: list[str], epochs: int):
@@ -210,8 +206,8 @@ def main():
               f"(wall numbers depend on the load of this shared machine: load average "
               f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; CPU-time numbers are what one dedicated core gives)")
         print(f"worker memory: peak RSS (VmHWM) {lo['worker_peak_rss']:.0f} MiB, RSS after its first sample "
-              f"{lo['worker_start_rss']:.0f} MiB, at the end {lo['worker_last_rss']:.0f} MiB (main process RSS at "
-              f"fork {lo['main_rss_at_fork']:.0f} MiB; RSS counts the page-cache-shared text table rows it touched)")
+              f"{lo['worker_start_rss']:.0f} MiB, at the end {lo['worker_last_rss']:.0f} MiB (main process RSS "
+              f"{lo['main_rss']:.0f} MiB; the worker is forked by the forkserver, not from it; RSS counts the page-cache-shared text table rows it touched)")
 
         if not args.skip_mask:
             ms, (ref_ms, per_frame, frames, agree, cid) = mask_timing(shards, tmp / "cache", args.mask_reps,

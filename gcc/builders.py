@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from gcc import storage
 from gcc.config import TrainConfig
-from gcc.data import Dropouts, GcStreamingDataset, build_dataloader, gc_collate, round_robin_by_run
+from gcc.data import Dropouts, GcStreamingDataset, StallAt, build_dataloader, gc_collate, round_robin_by_run
 from gcc.optim import BETAS
 from gcc.run_folder import file_digest
 from gcc.shards import MANIFEST
@@ -82,7 +82,11 @@ def build_train_loader(cfg: TrainConfig, per_rank_batch: int) -> DataLoader:
                             vocab=cfg.model.vocab, dropouts=dropouts(cfg), shuffle=True,
                             num_canonical_nodes=cfg.data.num_canonical_nodes,
                             cache_limit=cfg.data.cache_limit or None)
-    return build_dataloader(ds, batch_size=per_rank_batch, num_workers=cfg.data.num_workers)
+    collate = gc_collate
+    if cfg.inject_stall_step and env_int("RANK", 0) == cfg.inject_stall_rank:
+        collate = StallAt(gc_collate, cfg.inject_stall_step)
+    return build_dataloader(ds, batch_size=per_rank_batch, num_workers=cfg.data.num_workers, collate_fn=collate,
+                            preemption_grace_s=cfg.preemption_grace_s)
 
 
 def select_val_ids(manifest: dict, n: int) -> list[int]:

@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from gcc.workers import PREEMPTION_GRACE_S
+
 
 class ConfigError(ValueError):
     pass
@@ -74,8 +76,13 @@ class TrainConfig:
     progress_bar: bool = True
     tensorboard: bool = True
     dist_timeout: float = 600.0
+    # after SIGTERM/SIGUSR1 a rank must checkpoint and exit within this; else it writes every thread's stack to
+    # <run_dir>/stacks/ and exits 5. Keep it below the scheduler's kill timeout.
+    preemption_grace_s: float = PREEMPTION_GRACE_S
     inject_nonfinite_step: int = 0  # fault injection for tests: make the loss NaN at this step...
     inject_nonfinite_rank: int = 0  # ...on this rank (0 = off)
+    inject_stall_step: int = 0  # fault injection for tests: the loader never delivers this step's batch...
+    inject_stall_rank: int = 0  # ...on this rank (0 = off)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -179,6 +186,9 @@ def validate(cfg: TrainConfig) -> None:
     for key in ("data.text_dropout", "data.cond_dropout", "data.mask_p", "data.max_frame_coverage"):
         if not 0.0 <= _get(cfg, key) <= 1.0:
             raise ConfigError(f"{key}: must be in [0, 1], got {_get(cfg, key)}")
+    for key in ("dist_timeout", "preemption_grace_s"):
+        if _get(cfg, key) <= 0:
+            raise ConfigError(f"{key}: must be > 0 seconds, got {_get(cfg, key)}")
     if cfg.data.num_workers < 0:
         raise ConfigError(f"data.num_workers: must be >= 0, got {cfg.data.num_workers}")
     if cfg.grad_accum < 0:

@@ -36,6 +36,7 @@ from gcc import __version__, storage
 from gcc.geometry import ORTHOGRAPHIC, PROJECTIONS
 from gcc.shards import COLUMNS, FORMAT_VERSION, MANIFEST, SPLITS, TEXT_TABLE, encode_clip
 from gcc.vocab import NULL_PROMPT, invalid_values, key_to_id
+from gcc.workers import pool_worker_init, worker_context
 
 CONVERTER_VERSION = f"gcc-convert/{__version__}/format{FORMAT_VERSION}"
 DONE = "DONE.json"
@@ -418,7 +419,9 @@ def convert(src: str | Path, out: str, workers: int = 1, chunk_clips: int = 64, 
     results, errors = [], []
     bar = tqdm(total=sum(len(t[3]) for t in todo), unit="clip", disable=not progress, file=sys.stderr)
     if workers > 1 and len(todo) > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        # forkserver, not fork: tqdm's monitor thread and boto3's threads live in this process (gcc/workers.py)
+        with ProcessPoolExecutor(max_workers=workers, mp_context=worker_context(),
+                                 initializer=pool_worker_init, initargs=(dict(os.environ),)) as pool:
             for res in pool.map(_chunk_job, todo):
                 results.append(res)
                 bar.update(len(todo[len(results) - 1][3]))

@@ -8,12 +8,15 @@ epoch). Neither depends on the worker count, rank count or resume point. Pinned 
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import math
 import os
+import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -28,6 +31,7 @@ from gcc.sample_rng import draw_sample
 from gcc.shards import TEXT_TABLE, ClipRecord
 from gcc.text_table import TextTable
 from gcc.vocab import UNKNOWN, check_vocab, collapse_parts
+from gcc.workers import PREEMPTION_GRACE_S, LoaderWorkerInit, worker_context
 
 
 @dataclass(frozen=True)
@@ -237,36 +241,49 @@ def gc_collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-WORKER_GRACE_S = 30.0
+class StallAt:
+    """Fault injection for tests: the worker's `batch`-th collate never returns, as a loader that stops
+    delivering (a hung storage read, a deadlocked worker). With one worker per rank, batch N is step N of the
+    launch."""
+
+    def __init__(self, collate: Callable, batch: int):
+        self.collate, self.batch, self.made = collate, batch, 0
+
+    def __call__(self, samples):
+        self.made += 1
+        if self.made == self.batch:
+            while True:
+                time.sleep(3600)
+        return self.collate(samples)
 
 
-def _deferred_exit(signum, frame) -> None:
-    import threading
-
-    if not getattr(_deferred_exit, "armed", False):
-        _deferred_exit.armed = True
-        threading.Timer(WORKER_GRACE_S, os._exit, [0]).start()
+# after a preemption signal a loader worker lives this much longer than its rank's grace (see LoaderWorkerInit)
+WORKER_EXTRA_GRACE_S = 30.0
 
 
-def ignore_preemption_signals(worker_id: int = 0) -> None:
-    """Loader workers outlive a SIGTERM/SIGUSR1 by WORKER_GRACE_S seconds, then exit cleanly (code 0).
-
-    A scheduler signals the whole process group: a worker dying at once would crash the step its rank is
-    finishing before the preemption checkpoint. Ignoring the signal for good is wrong too: the DataLoader
-    itself stops a stuck worker with SIGTERM when it shuts down, and a worker that never exits hangs the
-    process at exit."""
-    import signal
-
-    for s in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(s, _deferred_exit)
-
-
-def build_dataloader(dataset: GcStreamingDataset, batch_size: int, num_workers: int = 0,
-                     persistent_workers: bool = False, prefetch_factor: int | None = None):
-    """A plain torch DataLoader: Composer saves/restores Streaming's position through `.dataset`."""
+def build_dataloader(dataset, batch_size: int, num_workers: int = 0, *, collate_fn: Callable = gc_collate,
+                     preemption_grace_s: float = PREEMPTION_GRACE_S, prefetch_factor: int | None = None):
+    """The DataLoader of every gcc loader: a plain torch DataLoader (Composer saves/restores Streaming's
+    position through `.dataset`) whose workers start once, from the forkserver, and live for the whole run
+    (see gcc/workers.py). Streaming re-reads its resume state at each epoch's `__iter__`, persistent workers
+    included."""
     from torch.utils.data import DataLoader
 
-    return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=gc_collate,
-                      persistent_workers=persistent_workers and num_workers > 0,
-                      prefetch_factor=prefetch_factor if num_workers > 0 else None,
-                      worker_init_fn=ignore_preemption_signals if num_workers > 0 else None)
+    if num_workers == 0:
+        return DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn)
+    dl = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_fn,
+                    persistent_workers=True, prefetch_factor=prefetch_factor,
+                    multiprocessing_context=worker_context(),
+                    worker_init_fn=LoaderWorkerInit(preemption_grace_s + WORKER_EXTRA_GRACE_S))
+    atexit.register(_stop_workers, weakref.ref(dl))
+    return dl
+
+
+def _stop_workers(loader_ref: weakref.ref) -> None:
+    """At interpreter exit, stop a loader's persistent workers the DataLoader's own way (a `None` on each index
+    queue, then join). Otherwise multiprocessing's exit handler, which runs before the loader is collected,
+    stops them with SIGTERM, which a loader worker defers by its preemption grace (LoaderWorkerInit)."""
+    loader = loader_ref()
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()

@@ -19,16 +19,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from safetensors import safe_open
 
-from diffsynth.models.wan_video_dit import (
-    CrossAttention,
-    DiTBlock,
-    Head,
-    RMSNorm,
-    WanModel,
-    precompute_freqs_cis_3d,
-    sinusoidal_embedding_1d,
-)
-
+from gcc.diffsynth_parts import (CrossAttention, DiTBlock, Head, RMSNorm, WanModel, precompute_freqs_cis_3d,
+                                 sinusoidal_embedding_1d)
 from gcc.vocab import CHANNEL_LUT, check_vocab, num_classes
 
 # Wan2.2 VAE (WanVideoVAE38): one latent frame per 4 pixel frames (the first alone), 16x16 pixels per latent cell.

@@ -14,8 +14,7 @@ import torch
 from composer.models import ComposerModel
 from torchmetrics import Metric
 
-from diffsynth.diffusion.flow_match import FlowMatchScheduler
-
+from gcc.diffsynth_parts import FlowMatchScheduler
 from gcc.model import GcDiT
 from gcc.vocab import UNKNOWN
 

@@ -65,10 +65,8 @@ def load_vae(path: str | os.PathLike, device: str | torch.device = "cpu", dtype:
     `WanVideoVAE38(z_dim, dim)` builds; another decoder width (tiny test VAEs) swaps in DiffSynth's
     `VideoVAE38_(dim, z_dim, dec_dim)` as `.model`.
     """
-    from diffsynth.core.loader.file import load_state_dict
-    from diffsynth.core.vram.initialization import skip_model_initialization
-    from diffsynth.models.wan_video_vae import VideoVAE38_, WanVideoVAE38
-    from diffsynth.utils.state_dict_converters.wan_video_vae import WanVideoVAEStateDictConverter
+    from gcc.diffsynth_parts import (VideoVAE38_, WanVideoVAE38, WanVideoVAEStateDictConverter, load_state_dict,
+                                     skip_model_initialization)
 
     path = str(path)
     try:
@@ -423,7 +421,7 @@ def load_dit(model: str, vocab: str, device, dtype, ckpt: str | None = None, mod
 
 
 def make_sampling_scheduler(steps: int, shift: float):
-    from diffsynth.diffusion.flow_match import FlowMatchScheduler
+    from gcc.diffsynth_parts import FlowMatchScheduler
 
     sched = FlowMatchScheduler("Wan")
     sched.set_timesteps(steps, shift=shift)  # inference schedule (training=False)

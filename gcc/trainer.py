@@ -7,7 +7,8 @@ Order of a launch:
    refusal, the same on all ranks);
 3. build data, model (base/warm-start weights only when there is no checkpoint to resume), optimizer,
    callbacks, loggers and Composer's Trainer with autoresume; fit.
-Exit codes: 0 done or preempted (checkpoint written), 2 bad config, 3 refused, 4 non-finite loss.
+Exit codes: 0 done or preempted (checkpoint written), 2 bad config, 3 refused, 4 non-finite loss, 5 stalled (a
+rank missed a deadline; every thread's stack is in <run_dir>/stacks/).
 """
 from __future__ import annotations
 
@@ -96,6 +97,7 @@ def run(cfg) -> int:
     from gcc.run_folder import RunLock, ckpt_dir
     from gcc.tensorboard_logger import LocalTensorboardLogger
     from gcc.text_table import TextTable
+    from gcc.watchdog import StallWatchdog
 
     world = B.world_size()
     per_rank = cfg.per_rank_batch(world)
@@ -142,7 +144,7 @@ def run(cfg) -> int:
     model = B.build_model(cfg, text, load_weights=not resumed, fsdp=fsdp is not None, log=say)
     opt = build_optimizer(model, cfg.optim.lr, cfg.optim.cond_lr, cfg.optim.weight_decay)
 
-    preemption = Preemption()
+    preemption = Preemption(StallWatchdog(run_dir, dist.get_global_rank()), cfg.preemption_grace_s)
 
     def metadata(step: int) -> dict:
         return gc_metadata(vocab=cfg.model.vocab, data=B.data_kind(cfg), data_root=cfg.data.path, step=step,

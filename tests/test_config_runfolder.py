@@ -46,6 +46,7 @@ def test_sft_v10_is_the_spec_defaults():
     (["global_batch=10", "micro_batch=4"], "global_batch=10 is not a multiple of micro_batch=4"),
     (["data.mask_p=1.5"], r"data.mask_p: must be in \[0, 1\]"),
     (["optim=3"], "optim: expected a mapping"),
+    (["preemption_grace_s=0"], "preemption_grace_s: must be > 0 seconds"),
 ])
 def test_bad_config_names_the_key(overrides, match):
     with pytest.raises(ConfigError, match=match):

@@ -188,13 +188,15 @@ sys.path.insert(0, {tests!r})
 from pathlib import Path
 from test_data import batch_digests, HEAVY
 from gcc.data import GcStreamingDataset, build_dataloader
-rank = int(os.environ.get("RANK", 0))
-ds = GcStreamingDataset({out!r}, "train", Path({cache!r}),  # one cache per node, shared by its ranks
-                        batch_size=int(sys.argv[1]), seed=0,
-                        dropouts=HEAVY)
-dl = build_dataloader(ds, batch_size=int(sys.argv[1]), num_workers=1)
-res = [batch_digests(b) for b in dl]
-Path({res!r}, f"rank{{rank}}.json").write_text(json.dumps(res))
+
+if __name__ == "__main__":  # loader workers import this file (forkserver): nothing may run at import
+    rank = int(os.environ.get("RANK", 0))
+    ds = GcStreamingDataset({out!r}, "train", Path({cache!r}),  # one cache per node, shared by its ranks
+                            batch_size=int(sys.argv[1]), seed=0,
+                            dropouts=HEAVY)
+    dl = build_dataloader(ds, batch_size=int(sys.argv[1]), num_workers=1)
+    res = [batch_digests(b) for b in dl]
+    Path({res!r}, f"rank{{rank}}.json").write_text(json.dumps(res))
 """
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from diffsynth.models.wan_video_dit import DiTBlock, WanModel, sinusoidal_embedding_1d
+from gcc.diffsynth_parts import DiTBlock, WanModel, sinusoidal_embedding_1d
 from gcc.model import (build_gc_dit, class_fractions, cond_keys, count_params, load_wan_base, model_config,
                        wan_keys)
 from gcc.vocab import CHANNEL_LUT, UNKNOWN, num_classes

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 import torch
@@ -43,8 +44,8 @@ def shards(tmp_path_factory):
     return out
 
 
-def cmd(run_dir: Path, shards: Path, *overrides: str, n: int = 2) -> list[str]:
-    return [COMPOSER, "-n", str(n), str(ROOT / "gcc" / "train.py"), str(ROOT / "yamls" / "tiny_cpu.yaml"),
+def cmd(run_dir: Path, shards: Path, *overrides: str, n: int = 2, launcher: Sequence[str] = ()) -> list[str]:
+    return [COMPOSER, "-n", str(n), *launcher, str(ROOT / "gcc" / "train.py"), str(ROOT / "yamls" / "tiny_cpu.yaml"),
             f"run_dir={run_dir}", f"data.path={shards}", *BASE, *overrides]
 
 
@@ -52,9 +53,9 @@ def env() -> dict:
     return dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
 
 
-def launch(run_dir, shards, *overrides, n=2, timeout=900) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd(run_dir, shards, *overrides, n=n), env=env(), capture_output=True, text=True,
-                          timeout=timeout)
+def launch(run_dir, shards, *overrides, n=2, timeout=900, launcher=()) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd(run_dir, shards, *overrides, n=n, launcher=launcher), env=env(), capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def rows(run_dir: Path, name: str = "train_log") -> list[dict]:
@@ -62,10 +63,10 @@ def rows(run_dir: Path, name: str = "train_log") -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def start_bg(run_dir, shards, *overrides, n=2) -> subprocess.Popen:
+def start_bg(run_dir, shards, *overrides, n=2, launcher=()) -> subprocess.Popen:
     """A launch in its own process group, so a signal reaches the launcher and every rank, as on a cluster."""
-    return subprocess.Popen(cmd(run_dir, shards, *overrides, n=n), env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(cmd(run_dir, shards, *overrides, n=n, launcher=launcher), env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
 def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 600) -> None:
@@ -148,6 +149,45 @@ def test_preemption_checkpoints_and_resumes(reference, shards, tmp_path):
     ckpts = [p.name for p in (run_dir / "checkpoints").glob("ep*-ba*-rank0.pt")]
     assert any(f"-ba{stopped}-" in c for c in ckpts), ckpts
     assert checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt")) == stopped
+    ok(launch(run_dir, shards))
+    assert exact(rows(run_dir)) == exact(rows(reference))
+
+
+def test_loader_workers_start_once_per_rank_from_the_forkserver(shards, tmp_path):
+    """Each rank's one loader worker starts once for the whole run (three epochs), forked by the forkserver."""
+    manifest = json.loads((shards / "manifest.json").read_text())
+    per_epoch = -(-manifest["counts"]["train"] // 4)  # global batch 4
+    run_dir = tmp_path / "run"
+    r = ok(launch(run_dir, shards, f"max_steps={2 * per_epoch + 1}", "val_every=0", "export_every=0",
+                  launcher=["--stderr", str(tmp_path / "rank{rank}.stderr")]))
+    assert {int(x["epoch"]) for x in rows(run_dir)} == {0, 1, 2}
+    for rank, err in ((0, r.stderr), (1, (tmp_path / "rank1.stderr").read_text())):
+        starts = [line for line in err.splitlines() if f"rank {rank} loader worker" in line]
+        assert len(starts) == 1, err[-3000:]
+        assert starts[0].endswith("(forkserver)"), starts
+
+
+def test_sigterm_while_a_rank_waits_for_data_stops_the_run_with_stacks(reference, shards, tmp_path):
+    """Rank 1's loader never delivers step 5's batch, rank 0 waits for rank 1 inside step 5: a SIGTERM to the
+    process group still ends both within the grace, with rank 1's stacks in the run folder; the last
+    checkpoint is intact and the relaunch continues exactly."""
+    run_dir = tmp_path / "run"
+    grace = 20
+    p = start_bg(run_dir, shards, "inject_stall_step=5", "inject_stall_rank=1", f"preemption_grace_s={grace}",
+                 launcher=["--stderr", str(tmp_path / "rank{rank}.stderr")])
+    wait_for_step(run_dir, 4, p)
+    time.sleep(3)  # both ranks are blocked now: rank 1 on its loader, rank 0 in an all-reduce waiting for rank 1
+    t0 = time.monotonic()
+    os.killpg(p.pid, signal.SIGTERM)
+    out, _ = p.communicate(timeout=grace + 120)  # EOF: every process of the launch has exited
+    assert grace - 1 < time.monotonic() - t0 < grace + 45, out[-3000:]
+    assert p.returncode != 0
+    stacks = (run_dir / "stacks" / "rank1.txt").read_text()
+    assert f"SIGTERM received, and the rank did not checkpoint and exit within preemption_grace_s={grace} s" in stacks
+    assert "_try_get_data" in stacks  # its main thread was waiting on the DataLoader
+    assert "rank 1: SIGTERM received" in (tmp_path / "rank1.stderr").read_text()
+    assert [int(x["step"]) for x in rows(run_dir)] == [1, 2, 3, 4]
+    assert checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt")) == 3
     ok(launch(run_dir, shards))
     assert exact(rows(run_dir)) == exact(rows(reference))
 

@@ -1,0 +1,37 @@
+"""The one place gcc imports DiffSynth: the parts it uses (Wan DiT modules, the flow-matching scheduler, the
+Wan2.2 VAE and its loader), re-exported for the rest of the package.
+
+`import diffsynth` calls `torch.compile(...)` at import time (its flex-attention wrapper), which makes torch
+inductor start a compile-worker pool: a server process plus one worker per usable core (up to 32) and a
+reader thread, in every process that imports the model. gcc never compiles, so that pool is only cost (about
+1.3 GB RSS per rank here) and its thread makes any later `fork()` of the process unsafe on CPython 3.11.
+One compile thread keeps inductor in-process. Inductor reads `TORCHINDUCTOR_COMPILE_THREADS` once, when its
+config is first imported (Composer may have done that already), so the config is set too; a value the user
+set (to compile something themselves) is kept.
+"""
+import os
+
+import torch._inductor.config as inductor_config
+
+if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # for the processes this one starts
+    inductor_config.compile_threads = 1
+
+from diffsynth.core.loader.file import load_state_dict  # noqa: E402
+from diffsynth.core.vram.initialization import skip_model_initialization  # noqa: E402
+from diffsynth.diffusion.flow_match import FlowMatchScheduler  # noqa: E402
+from diffsynth.models.wan_video_dit import (  # noqa: E402
+    CrossAttention,
+    DiTBlock,
+    Head,
+    RMSNorm,
+    WanModel,
+    precompute_freqs_cis_3d,
+    sinusoidal_embedding_1d,
+)
+from diffsynth.models.wan_video_vae import VideoVAE38_, WanVideoVAE38  # noqa: E402
+from diffsynth.utils.state_dict_converters.wan_video_vae import WanVideoVAEStateDictConverter  # noqa: E402
+
+__all__ = ["CrossAttention", "DiTBlock", "FlowMatchScheduler", "Head", "RMSNorm", "VideoVAE38_", "WanModel",
+           "WanVideoVAE38", "WanVideoVAEStateDictConverter", "load_state_dict", "precompute_freqs_cis_3d",
+           "sinusoidal_embedding_1d", "skip_model_initialization"]

@@ -1,0 +1,111 @@
+"""Deadlines for a rank: one that misses one writes every thread's Python stack into the run folder and exits
+with EXIT_STALLED, so that a scheduler restarts it instead of waiting on it forever.
+
+The deadlines are kept by a daemon thread, not by the main thread: a rank blocked waiting for data or inside a
+collective runs no Python on its main thread, so a Python signal handler (and anything it would start) may
+never run there. Signals still reach the thread: CPython's C-level handler writes each caught signal's number
+to the wakeup fd (`signal.set_wakeup_fd`) at the moment it arrives, whatever the main thread is doing, and
+the thread arms the deadline tied to that signal (preemption: the rank must have checkpointed within the
+grace). `arm`/`disarm` set deadlines by name from Python code (a progress deadline moved at every step).
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+EXIT_STALLED = 5
+STACKS_DIR = "stacks"
+
+
+def stack_report() -> str:
+    """Every Python thread's stack, named, innermost call last."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = []
+    for ident, frame in sys._current_frames().items():
+        out.append(f"--- thread {names.get(ident, '?')} (ident {ident})\n")
+        out += traceback.format_stack(frame)
+    return "".join(out)
+
+
+def dump_stacks(run_dir: str | Path, rank: int, reason: str) -> Path:
+    """Append this process's stacks to `<run_dir>/stacks/rank<R>.txt` (fsynced: the process exits next)."""
+    path = Path(run_dir) / STACKS_DIR / f"rank{rank}.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = (f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} rank {rank} pid {os.getpid()}: {reason}\n"
+            f"{stack_report()}\n")
+    with open(path, "a") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    return path
+
+
+class StallWatchdog:
+    """Named deadlines of one rank, checked by a daemon thread every `poll_s` seconds.
+
+    `on_signal(signum, seconds, reason)` (main thread, once per signal) arms deadline `reason` when `signum`
+    arrives, the first time only; `arm(name, seconds, reason)` sets or moves one; `disarm(name)` clears it.
+    When any deadline passes: stacks to `<run_dir>/stacks/rank<R>.txt`, a line on stderr, `os._exit(EXIT_STALLED)`.
+    """
+
+    def __init__(self, run_dir: str | Path, rank: int, poll_s: float = 0.5):
+        self.run_dir, self.rank, self.poll_s = Path(run_dir), rank, poll_s
+        self._due: dict[str, tuple[float, str]] = {}
+        self._on_signal: dict[int, tuple[float, str]] = {}
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._thread = threading.Thread(target=self._loop, name="gcc-stall-watchdog", daemon=True)
+        self._thread.start()
+
+    def on_signal(self, signum: int, seconds: float, reason: str) -> None:
+        """Call from the main thread after installing a Python handler for `signum` (without one, CPython does
+        not catch the signal and nothing is written to the wakeup fd)."""
+        self._on_signal[int(signum)] = (float(seconds), reason)
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+
+    def arm(self, name: str, seconds: float, reason: str) -> None:
+        self._due[name] = (time.monotonic() + seconds, reason)
+
+    def disarm(self, name: str) -> None:
+        self._due.pop(name, None)
+
+    def close(self) -> None:
+        """Stop listening for signals (the deadlines already armed still hold)."""
+        if self._on_signal:
+            signal.set_wakeup_fd(-1)
+            self._on_signal.clear()
+
+    def _loop(self) -> None:
+        while True:
+            ready, _, _ = select.select([self._wake_r], [], [], self.poll_s)
+            if ready:
+                try:
+                    caught = os.read(self._wake_r, 512)
+                except BlockingIOError:
+                    caught = b""
+                for signum in caught:
+                    key = f"signal {signum}"
+                    if signum in self._on_signal and key not in self._due:
+                        seconds, reason = self._on_signal[signum]
+                        self._due[key] = (time.monotonic() + seconds, reason)
+            now = time.monotonic()
+            for due, reason in list(self._due.values()):
+                if now > due:
+                    self._fire(reason)
+
+    def _fire(self, reason: str) -> None:
+        try:
+            path = dump_stacks(self.run_dir, self.rank, reason)
+            where = f"every thread's stack is in {path}"
+        except OSError as e:  # a full or gone run folder must not keep the rank alive
+            where = f"could not write the stacks ({e})"
+        print(f"gcc.train: rank {self.rank}: {reason}; {where}; exiting with code {EXIT_STALLED}",
+              file=sys.stderr, flush=True)
+        os._exit(EXIT_STALLED)

@@ -1,0 +1,133 @@
+"""Worker processes (gcc/workers.py) and the stall watchdog (gcc/watchdog.py): no fork of a threaded process, no
+idle compile pool, persistent loader workers from the forkserver, deadlines that end a blocked process."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from gcc import convert as C
+from gcc.data import GcStreamingDataset, build_dataloader, gc_collate
+from gcc.watchdog import EXIT_STALLED
+
+from conftest import make_prepared
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROCESS_REPORT = """
+import os, sys
+import composer, torch._inductor.config  # first, as in a training rank: inductor has read its settings
+import gcc.model, gcc.objective, gcc.sample  # everything that imports DiffSynth
+import time; time.sleep(1)  # a pool would be starting by now
+me = os.getpid()
+threads = os.listdir(f"/proc/{me}/task")
+children = [c for t in threads for c in open(f"/proc/{me}/task/{t}/children").read().split()]
+print(len(threads), len(children))
+"""
+
+
+def _threads_and_children(extra_env: dict) -> tuple[int, int]:
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_COMPILE_THREADS"}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **extra_env)
+    r = subprocess.run([sys.executable, "-c", PROCESS_REPORT], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    threads, children = map(int, r.stdout.split()[-2:])
+    return threads, children
+
+
+def test_importing_the_model_starts_no_thread_and_no_process():
+    assert _threads_and_children({}) == (1, 0)
+    # the check can fail: with inductor's compile threads asked for, `import diffsynth` starts the pool
+    threads, children = _threads_and_children({"TORCHINDUCTOR_COMPILE_THREADS": "2"})
+    assert threads > 1 and children >= 1
+
+
+class PidCollate:
+    """gc_collate plus the worker's pid, parent pid and one environment variable (picklable: module level)."""
+
+    def __call__(self, samples):
+        batch = gc_collate(samples)
+        batch["worker"] = (os.getpid(), os.getppid(), os.environ.get("GCC_TEST_MARK"))
+        return batch
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("workers")
+    out = root / "shards"
+    C.convert(make_prepared(root, clips=12, seed=2), str(out), chunk_clips=4, progress=False, log=lambda *a: None)
+    return out
+
+
+def test_loader_workers_come_from_the_forkserver_and_serve_every_epoch(shards, tmp_path, monkeypatch):
+    ds = GcStreamingDataset(str(shards), "train", tmp_path / uuid.uuid4().hex, batch_size=2, seed=0)
+    dl = build_dataloader(ds, batch_size=2, num_workers=1, collate_fn=PidCollate())
+    assert dl.multiprocessing_context.get_start_method() == "forkserver" and dl.persistent_workers
+    seen = []
+    for epoch in range(3):
+        seen += [b["worker"] for b in dl]
+        assert seen[-1][0] != os.getpid()
+    pids = {pid for pid, _, _ in seen}
+    assert len(pids) == 1 and len(seen) >= 3 * 3  # one worker process served all three epochs
+    pid, parent, _ = seen[0]
+    assert parent != os.getpid()  # not forked from this (threaded) process...
+    assert "multiprocessing.forkserver" in Path(f"/proc/{parent}/cmdline").read_text()  # ...but by the forkserver
+    # a later loader's worker sees the environment of now, not the forkserver's at its start
+    monkeypatch.setenv("GCC_TEST_MARK", "set after the forkserver started")
+    ds2 = GcStreamingDataset(str(shards), "train", tmp_path / uuid.uuid4().hex, batch_size=2, seed=0)
+    b = next(iter(build_dataloader(ds2, batch_size=2, num_workers=1, collate_fn=PidCollate())))
+    assert b["worker"][2] == "set after the forkserver started" and b["worker"][0] != pid
+
+
+WATCHDOG_SCRIPT = """
+import signal, sys, time
+from gcc.watchdog import StallWatchdog
+
+wd = StallWatchdog(sys.argv[1], rank=3, poll_s=0.1)
+if sys.argv[2] == "signal":
+    signal.signal(signal.SIGTERM, lambda *a: None)  # does nothing: the watchdog's thread must arm the deadline
+    wd.on_signal(signal.SIGTERM, 1.0, "SIGTERM and no checkpoint within 1 s")
+else:
+    wd.arm("step", 1.0, "no step within 1 s")
+print("ready", flush=True)
+
+def waiting_for_data():
+    while True:
+        time.sleep(0.05)
+
+waiting_for_data()
+"""
+
+
+@pytest.mark.parametrize("how", ["signal", "arm"])
+def test_a_missed_deadline_writes_the_stacks_and_exits(tmp_path, how):
+    script = tmp_path / "blocked.py"
+    script.write_text(textwrap.dedent(WATCHDOG_SCRIPT))
+    p = subprocess.Popen([sys.executable, str(script), str(tmp_path / "run"), how], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        if how == "signal":
+            time.sleep(1.5)
+            assert p.poll() is None  # nothing is armed before the signal
+            t0 = time.monotonic()
+            p.send_signal(signal.SIGTERM)
+        else:
+            t0 = time.monotonic()
+        code = p.wait(timeout=60)
+        waited = time.monotonic() - t0
+    finally:
+        p.kill()
+    assert code == EXIT_STALLED
+    assert 0.9 < waited < 30
+    stacks = (tmp_path / "run" / "stacks" / "rank3.txt").read_text()
+    assert "waiting_for_data" in stacks and "MainThread" in stacks and "gcc-stall-watchdog" in stacks
+    reason = "SIGTERM and no checkpoint within 1 s" if how == "signal" else "no step within 1 s"
+    assert reason in stacks and reason in p.stderr.read()
