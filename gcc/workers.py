@@ -22,7 +22,7 @@ import os
 import signal
 import sys
 import threading
-from multiprocessing import forkserver
+from multiprocessing import forkserver, resource_tracker
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 # After a preemption signal a rank has this long to finish its step, checkpoint and exit, or it leaves its stacks
@@ -39,6 +39,8 @@ def worker_context() -> multiprocessing.context.BaseContext:
     """The multiprocessing context of every worker gcc starts (loader workers, converter processes)."""
     ctx = multiprocessing.get_context(START_METHOD)
     ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+    # the resource tracker first: starting it unblocks SIGTERM in this thread, which must stay blocked below
+    resource_tracker.ensure_running()
     old = signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPTION_SIGNALS)
     try:
         forkserver.ensure_running()  # no-op when it runs; otherwise starts it with this thread's mask

@@ -69,15 +69,20 @@ def start_bg(run_dir, shards, *overrides, n=2, launcher=()) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 600) -> None:
+def wait_for(done, proc: subprocess.Popen, what: str, timeout: float = 600) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if (run_dir / "train_log.csv").exists() and any(int(r["step"]) >= step for r in rows(run_dir)):
+        if done():
             return
         if proc.poll() is not None:
-            raise AssertionError(f"run ended before step {step}:\n{proc.stdout.read()[-4000:]}")
+            raise AssertionError(f"run ended before {what}:\n{proc.stdout.read()[-4000:]}")
         time.sleep(0.2)
-    raise AssertionError(f"step {step} not reached in {timeout} s")
+    raise AssertionError(f"{what} not reached in {timeout} s")
+
+
+def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 600) -> None:
+    wait_for(lambda: (run_dir / "train_log.csv").exists() and any(int(r["step"]) >= step for r in rows(run_dir)),
+             proc, f"step {step}", timeout)
 
 
 def ok(r: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
@@ -174,9 +179,12 @@ def test_sigterm_while_a_rank_waits_for_data_stops_the_run_with_stacks(reference
     run_dir = tmp_path / "run"
     grace = 20
     p = start_bg(run_dir, shards, "inject_stall_step=5", "inject_stall_rank=1", f"preemption_grace_s={grace}",
-                 launcher=["--stderr", str(tmp_path / "rank{rank}.stderr")])
-    wait_for_step(run_dir, 4, p)
-    time.sleep(3)  # both ranks are blocked now: rank 1 on its loader, rank 0 in an all-reduce waiting for rank 1
+                 "checkpoint_every=4", launcher=["--stderr", str(tmp_path / "rank{rank}.stderr")])
+    # step 4's checkpoint is saved after both ranks agreed at step 4's end that no signal had come: from then
+    # on, rank 1 can only be on its way to, or in, the wait for step 5's batch (and rank 0 waiting for rank 1)
+    latest = run_dir / "checkpoints" / "latest-rank0.pt"
+    wait_for(lambda: latest.is_symlink() and checkpoint_step(os.readlink(latest)) == 4, p, "step 4's checkpoint")
+    time.sleep(2)
     t0 = time.monotonic()
     os.killpg(p.pid, signal.SIGTERM)
     out, _ = p.communicate(timeout=grace + 120)  # EOF: every process of the launch has exited
@@ -184,10 +192,10 @@ def test_sigterm_while_a_rank_waits_for_data_stops_the_run_with_stacks(reference
     assert p.returncode != 0
     stacks = (run_dir / "stacks" / "rank1.txt").read_text()
     assert f"SIGTERM received, and the rank did not checkpoint and exit within preemption_grace_s={grace} s" in stacks
-    assert "_try_get_data" in stacks  # its main thread was waiting on the DataLoader
+    assert "_try_get_data" in stacks, stacks  # its main thread was waiting on the DataLoader
     assert "rank 1: SIGTERM received" in (tmp_path / "rank1.stderr").read_text()
     assert [int(x["step"]) for x in rows(run_dir)] == [1, 2, 3, 4]
-    assert checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt")) == 3
+    assert checkpoint_step(os.readlink(latest)) == 4
     ok(launch(run_dir, shards))
     assert exact(rows(run_dir)) == exact(rows(reference))
 

@@ -49,6 +49,28 @@ def test_importing_the_model_starts_no_thread_and_no_process():
     assert threads > 1 and children >= 1
 
 
+FORKSERVER_MASK = """
+import signal
+from multiprocessing import forkserver
+from gcc.workers import PREEMPTION_SIGNALS, worker_context
+
+worker_context()
+status = open(f"/proc/{forkserver._forkserver._forkserver_pid}/status").read()
+blocked = int(next(l for l in status.splitlines() if l.startswith("SigBlk:")).split()[1], 16)
+print(all(blocked >> (s - 1) & 1 for s in PREEMPTION_SIGNALS))
+print(signal.pthread_sigmask(signal.SIG_BLOCK, []) == set())
+"""
+
+
+def test_the_forkserver_of_a_fresh_process_survives_preemption_signals():
+    """Started with SIGTERM/SIGUSR1 blocked (a group SIGTERM must not kill it under the workers), while the
+    process that started it keeps them deliverable."""
+    r = subprocess.run([sys.executable, "-c", FORKSERVER_MASK], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["True", "True"]
+
+
 class PidCollate:
     """gc_collate plus the worker's pid, parent pid and one environment variable (picklable: module level)."""
 
