@@ -33,6 +33,27 @@ def s3():
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def e2e_shards(tmp_path_factory):
+    """The end-to-end tests' shards: 32 tiny clips (seed 1) converted to MDS; read-only."""
+    from gcc.convert import convert
+
+    root = tmp_path_factory.mktemp("e2e")
+    out = root / "shards"
+    convert(make_prepared(root, clips=32, seed=1), str(out), chunk_clips=8, progress=False, log=lambda *a: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def reference(e2e_shards, tmp_path_factory):
+    """One uninterrupted 12-step DDP run on 2 ranks (tests/_launch.py BASE); interrupted runs must reproduce it."""
+    from _launch import launch, ok
+
+    run_dir = tmp_path_factory.mktemp("ref") / "run"
+    ok(launch(run_dir, e2e_shards))
+    return run_dir
+
+
 def pytest_configure(config):
     # Streaming segments leaked by an earlier, killed test session would collide with ours; clean them once,
     # in the controller only (xdist workers start later), never while another test holds a live dataset.

@@ -5,106 +5,26 @@ signature refusals, the run lock, a NaN on one rank, warm start + lineage over r
 """
 from __future__ import annotations
 
-import csv
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Sequence
 
 import pytest
 import torch
-from safetensors import safe_open
 
 from gcc import convert as C
 from gcc.run_folder import checkpoint_step
 
-from conftest import make_prepared
+from _launch import exact, export_tensors, launch, ok, rows, start_bg, wait_for, wait_for_step
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
-COMPOSER = str(Path(sys.executable).with_name("composer"))
-# small and fast, but every mechanism on: checkpoints every 3 steps, validation and exports every 6
-BASE = ["global_batch=4", "micro_batch=1", "max_steps=12", "checkpoint_every=3", "keep_checkpoints=2",
-        "export_every=6", "val_every=6", "val_n=4", "val_batch=2", "optim.warmup_steps=4", "progress_bar=false",
-        "tensorboard=false", "data.num_workers=1"]
-EXACT = ["step", "loss", "mse", "timestep", "lr", "cond_lr", "grad_norm", "sem_rms", "x_rms", "text_drop",
-         "cond_drop", "mask_frac", "epoch", "clips"]
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    root = tmp_path_factory.mktemp("e2e")
-    src = make_prepared(root, clips=32, seed=1)
-    out = root / "shards"
-    C.convert(src, str(out), chunk_clips=8, progress=False, log=lambda *a: None)
-    return out
-
-
-def cmd(run_dir: Path, shards: Path, *overrides: str, n: int = 2, launcher: Sequence[str] = ()) -> list[str]:
-    return [COMPOSER, "-n", str(n), *launcher, str(ROOT / "gcc" / "train.py"), str(ROOT / "yamls" / "tiny_cpu.yaml"),
-            f"run_dir={run_dir}", f"data.path={shards}", *BASE, *overrides]
-
-
-def env() -> dict:
-    return dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-
-
-def launch(run_dir, shards, *overrides, n=2, timeout=900, launcher=()) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd(run_dir, shards, *overrides, n=n, launcher=launcher), env=env(), capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def rows(run_dir: Path, name: str = "train_log") -> list[dict]:
-    with open(run_dir / f"{name}.csv", newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def start_bg(run_dir, shards, *overrides, n=2, launcher=()) -> subprocess.Popen:
-    """A launch in its own process group, so a signal reaches the launcher and every rank, as on a cluster."""
-    return subprocess.Popen(cmd(run_dir, shards, *overrides, n=n, launcher=launcher), env=env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-
-
-def wait_for(done, proc: subprocess.Popen, what: str, timeout: float = 600) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if done():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"run ended before {what}:\n{proc.stdout.read()[-4000:]}")
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not reached in {timeout} s")
-
-
-def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 600) -> None:
-    wait_for(lambda: (run_dir / "train_log.csv").exists() and any(int(r["step"]) >= step for r in rows(run_dir)),
-             proc, f"step {step}", timeout)
-
-
-def ok(r: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-5000:])
-    return r
-
-
-@pytest.fixture(scope="module")
-def reference(shards, tmp_path_factory):
-    """One uninterrupted 12-step run; the interrupted runs must reproduce it."""
-    run_dir = tmp_path_factory.mktemp("ref") / "run"
-    ok(launch(run_dir, shards))
-    return run_dir
-
-
-def exact(rs: list[dict]) -> list[dict]:
-    return [{k: r[k] for k in EXACT} for r in rs]
-
-
-def export_tensors(path: Path) -> dict:
-    with safe_open(str(path), "pt") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+@pytest.fixture
+def shards(e2e_shards):
+    return e2e_shards
 
 
 def test_reference_run_outputs(reference):
@@ -242,11 +162,13 @@ def test_changed_signature_is_refused_larger_max_steps_accepted(shards, tmp_path
 
 def test_second_launch_refused_stale_lock_ignored(shards, tmp_path):
     run_dir = tmp_path / "run"
-    p = start_bg(run_dir, shards, "max_steps=500", "val_every=0", "export_every=0")
+    # far more steps than it can take while the second launch starts (on a loaded machine that takes a while)
+    p = start_bg(run_dir, shards, "max_steps=1000000", "val_every=0", "export_every=0")
     try:
         wait_for_step(run_dir, 4, p)
-        r = launch(run_dir, shards, "max_steps=500")
-        assert r.returncode == 3 and "another live run holds" in r.stderr
+        r = launch(run_dir, shards, "max_steps=1000000")
+        assert p.poll() is None, "the first launch ended: this test needs it alive"
+        assert r.returncode == 3 and "another live run holds" in r.stderr, (r.stdout[-3000:], r.stderr[-3000:])
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()

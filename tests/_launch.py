@@ -1,0 +1,77 @@
+"""Launching `composer -n N gcc/train.py` from tests (the real launcher, CPU, gloo) and reading what runs write."""
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from safetensors import safe_open
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSER = str(Path(sys.executable).with_name("composer"))
+# small and fast, but every mechanism on: checkpoints every 3 steps, validation and exports every 6
+BASE = ["global_batch=4", "micro_batch=1", "max_steps=12", "checkpoint_every=3", "keep_checkpoints=2",
+        "export_every=6", "val_every=6", "val_n=4", "val_batch=2", "optim.warmup_steps=4", "progress_bar=false",
+        "tensorboard=false", "data.num_workers=1"]
+# train_log.csv columns that a resumed run must reproduce to the last digit (everything but timings)
+EXACT = ["step", "loss", "mse", "timestep", "lr", "cond_lr", "grad_norm", "sem_rms", "x_rms", "text_drop",
+         "cond_drop", "mask_frac", "epoch", "clips"]
+
+
+def cmd(run_dir: Path, shards: Path, *overrides: str, n: int = 2, launcher: Sequence[str] = ()) -> list[str]:
+    return [COMPOSER, "-n", str(n), *launcher, str(ROOT / "gcc" / "train.py"), str(ROOT / "yamls" / "tiny_cpu.yaml"),
+            f"run_dir={run_dir}", f"data.path={shards}", *BASE, *overrides]
+
+
+def env() -> dict:
+    return dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+
+
+def launch(run_dir, shards, *overrides, n=2, timeout=900, launcher=()) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd(run_dir, shards, *overrides, n=n, launcher=launcher), env=env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def start_bg(run_dir, shards, *overrides, n=2, launcher=()) -> subprocess.Popen:
+    """A launch in its own process group, so a signal reaches the launcher and every rank, as on a cluster."""
+    return subprocess.Popen(cmd(run_dir, shards, *overrides, n=n, launcher=launcher), env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def ok(r: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-5000:])
+    return r
+
+
+def rows(run_dir: Path, name: str = "train_log") -> list[dict]:
+    with open(run_dir / f"{name}.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def exact(rs: list[dict]) -> list[dict]:
+    return [{k: r[k] for k in EXACT} for r in rs]
+
+
+def wait_for(done, proc: subprocess.Popen, what: str, timeout: float = 600) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if done():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended before {what}:\n{proc.stdout.read()[-4000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"{what} not reached in {timeout} s")
+
+
+def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 600) -> None:
+    wait_for(lambda: (run_dir / "train_log.csv").exists() and any(int(r["step"]) >= step for r in rows(run_dir)),
+             proc, f"step {step}", timeout)
+
+
+def export_tensors(path: Path) -> tuple[dict, dict]:
+    with safe_open(str(path), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
