@@ -421,7 +421,7 @@ def convert(src: str | Path, out: str, workers: int = 1, chunk_clips: int = 64, 
     if workers > 1 and len(todo) > 1:
         # forkserver, not fork: tqdm's monitor thread and boto3's threads live in this process (gcc/workers.py)
         with ProcessPoolExecutor(max_workers=workers, mp_context=worker_context(),
-                                 initializer=pool_worker_init, initargs=(dict(os.environ),)) as pool:
+                                 initializer=pool_worker_init, initargs=(os.getpid(), dict(os.environ))) as pool:
             for res in pool.map(_chunk_job, todo):
                 results.append(res)
                 bar.update(len(todo[len(results) - 1][3]))

@@ -10,15 +10,17 @@ started by exec (no fork of this process), single-threaded, which imports `gcc.d
 from itself. Loader workers are also persistent: one start per run, not one per epoch.
 
 Preemption: a scheduler signals the whole process group. The forkserver is started with SIGTERM/SIGUSR1
-blocked (the mask survives exec), so it never dies under the workers mid-step; it exits when the process that
-started it exits (its alive pipe closes). Each worker then sets its own handling (`LoaderWorkerInit`,
-`default_signals`).
+blocked (the mask survives exec), so it never dies under the workers mid-step. Each worker sets its own
+handling (`LoaderWorkerInit`, `pool_worker_init`) and exits as soon as the process that asked for it exits,
+however that ends (`exit_with`): a forkserver's child is not its requester's child, so neither the kernel's
+parent-death signal nor torch's worker watchdog notice a SIGKILLed rank, and the forkserver itself exits only
+once every process it forked has (they hold its "alive" pipe).
 """
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import os
+import select
 import signal
 import sys
 import threading
@@ -32,7 +34,6 @@ PREEMPTION_GRACE_S = 25.0
 START_METHOD = "forkserver"
 # what the forkserver imports once, so that a worker starts by a fork of it, not by importing torch again
 FORKSERVER_PRELOAD = ["gcc.data"]
-_PR_SET_PDEATHSIG = 1
 
 
 def worker_context() -> multiprocessing.context.BaseContext:
@@ -49,14 +50,18 @@ def worker_context() -> multiprocessing.context.BaseContext:
     return ctx
 
 
-def die_with_parent() -> None:
-    """Have the kernel SIGKILL this process when its parent (the forkserver, alive exactly as long as the
-    process that started it) exits, so no worker outlives its rank, however the rank ended."""
-    parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before prctl took effect
+def exit_with(pid: int) -> None:
+    """End this process as soon as process `pid` ends (a thread waits on its pidfd)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:  # already gone
         os._exit(0)
+
+    def wait() -> None:
+        select.select([fd], [], [])  # a pidfd becomes readable when its process exits
+        os._exit(0)
+
+    threading.Thread(target=wait, name="gcc-exit-with-requester", daemon=True).start()
 
 
 def adopt_environ(environ: dict[str, str]) -> None:
@@ -68,10 +73,10 @@ def adopt_environ(environ: dict[str, str]) -> None:
         os.environ.update(environ)
 
 
-def pool_worker_init(environ: dict[str, str]) -> None:
-    """Process-pool initializer (with `initargs=(dict(os.environ),)`): the parent's environment, and the
-    preemption signals act as usual (they end the process at once)."""
-    die_with_parent()
+def pool_worker_init(requester: int, environ: dict[str, str]) -> None:
+    """Process-pool initializer, with `initargs=(os.getpid(), dict(os.environ))`: exits with the requester,
+    takes its environment, and the preemption signals act as usual (they end the process at once)."""
+    exit_with(requester)
     adopt_environ(environ)
     for s in PREEMPTION_SIGNALS:
         signal.signal(s, signal.SIG_DFL)
@@ -102,6 +107,7 @@ class LoaderWorkerInit:
 
     def __init__(self, grace_s: float):
         self.grace_s = float(grace_s)
+        self.requester = os.getpid()  # the rank that builds the loader
         self.environ = dict(os.environ)  # the loader's builder's environment (see adopt_environ)
         self.rank = int(self.environ.get("RANK", 0))
         self._armed = False
@@ -109,7 +115,7 @@ class LoaderWorkerInit:
     def __call__(self, worker_id: int) -> None:
         from torch.utils.data import get_worker_info
 
-        die_with_parent()
+        exit_with(self.requester)
         adopt_environ(self.environ)
         for s in PREEMPTION_SIGNALS:
             signal.signal(s, self._deferred_exit)

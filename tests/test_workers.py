@@ -108,6 +108,44 @@ def test_loader_workers_come_from_the_forkserver_and_serve_every_epoch(shards, t
     assert b["worker"][2] == "set after the forkserver started" and b["worker"][0] != pid
 
 
+ORPHAN_SCRIPT = """
+import os, sys, time, uuid
+from gcc.data import GcStreamingDataset, build_dataloader
+from test_workers import PidCollate
+
+if __name__ == "__main__":
+    ds = GcStreamingDataset(sys.argv[1], "train", os.path.join(sys.argv[2], uuid.uuid4().hex), batch_size=2)
+    dl = build_dataloader(ds, batch_size=2, num_workers=1, collate_fn=PidCollate())  # kept: its worker lives
+    worker, forkserver, _ = next(iter(dl))["worker"]
+    print(worker, forkserver, flush=True)
+    time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def test_a_killed_rank_leaves_no_worker_and_no_forkserver(shards, tmp_path):
+    """SIGKILL to the rank alone (an OOM kill): its loader worker and forkserver, which are not its children's
+    children in the kernel's eyes, exit too."""
+    script = tmp_path / "rank.py"
+    script.write_text(ORPHAN_SCRIPT)
+    p = subprocess.Popen([sys.executable, str(script), str(shards), str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")])))
+    worker, forkserver = map(int, p.stdout.readline().split())
+    assert _alive(worker) and _alive(forkserver)
+    p.kill()
+    p.wait()
+    deadline = time.monotonic() + 30
+    while (_alive(worker) or _alive(forkserver)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(worker) and not _alive(forkserver)
+
+
 WATCHDOG_SCRIPT = """
 import signal, sys, time
 from gcc.watchdog import StallWatchdog
