@@ -69,7 +69,7 @@ def main() -> None:
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     grad_ckpt = args.grad_ckpt if args.grad_ckpt is not None else args.preset != "tiny"
-    dit = build_gc_dit(args.preset).to(device)
+    dit = build_gc_dit(args.preset, device=device)  # built on meta, initialised module by module on the device
     D = dit.config.text_dim
     model = GcTrainModel(dit, seed=0, null_context=torch.zeros(geo["L"], D), null_id=0, grad_ckpt=grad_ckpt).to(device)
     model.train()

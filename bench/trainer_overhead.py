@@ -40,7 +40,7 @@ def bare_loop(cfg, steps: int) -> tuple[list[float], list[float], list[float]]:
 
     torch.set_num_threads(os.cpu_count() or 1)
     text = TextTable(fetch_text_table(cfg.data.path, cache_dir(cfg)))
-    model = build_model(cfg, text, load_weights=False, fsdp=False, log=lambda *a: None)
+    model = build_model(cfg, text, fsdp=False)
     opt = build_optimizer(model, cfg.optim.lr, cfg.optim.cond_lr, cfg.optim.weight_decay)
     sched = warmup_scheduler(opt, cfg.optim.warmup_steps)
     loader = build_train_loader(cfg, cfg.per_rank_batch(1))

@@ -8,7 +8,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch.utils.data import DataLoader, Dataset
 
 from gcc import storage
@@ -61,6 +60,7 @@ def run_signature(cfg: TrainConfig, manifest_bytes: bytes, known: dict[str, Any]
         "data.mask_calibration": d.mask_calibration, "data.max_frame_coverage": d.max_frame_coverage,
         "data.num_canonical_nodes": d.num_canonical_nodes,
         "seed": cfg.seed, "global_batch": cfg.global_batch, "precision": cfg.precision,
+        "parallelism": cfg.parallelism,  # DDP and FSDP checkpoints differ in format
         "optim.lr": o.lr, "optim.cond_lr": o.cond_lr, "optim.weight_decay": o.weight_decay,
         "optim.warmup_steps": o.warmup_steps, "optim.grad_clip": o.grad_clip, "optim.betas": list(BETAS),
     }
@@ -121,37 +121,51 @@ def build_val_loader(cfg: TrainConfig) -> DataLoader | None:
                       collate_fn=gc_collate, num_workers=0)
 
 
-# ---- model ---------------------------------------------------------------------------------------------
-def build_model(cfg: TrainConfig, text: TextTable, load_weights: bool, fsdp: bool, log=print):
-    """GcTrainModel with base/warm-start weights (skipped on resume: the checkpoint brings the weights)."""
-    from gcc.export import load_gc_weights, load_legacy_zero
-    from gcc.model import build_gc_dit, load_wan_base
+# ---- model ----------------------------------------------------------------------------------------------
+def build_model(cfg: TrainConfig, text: TextTable, fsdp: bool):
+    """GcTrainModel around a GcDiT whose initial values are a pure function of the seed. Under FSDP the DiT stays
+    on the meta device: Composer shards it and each rank initialises only its shard. Base / warm-start weights
+    come after the Trainer is built (`load_initial_weights`), into the sharded model."""
+    from gcc.model import build_gc_dit
     from gcc.objective import GcTrainModel
 
-    torch.manual_seed(cfg.seed)  # identical random init of the new layers on every rank
-    dit = build_gc_dit(cfg.model.preset, vocab=cfg.model.vocab, **cfg.model.overrides)
-    if load_weights:
-        if cfg.model.model_dir:
-            load_wan_base(dit, cfg.model.model_dir)
-            log(f"model: base Wan weights from {cfg.model.model_dir}")
-        if cfg.model.legacy_zero_ckpt:
-            load_legacy_zero(dit, cfg.model.legacy_zero_ckpt)
-            log(f"model: warm start from DeepSpeed ZeRO checkpoint {cfg.model.legacy_zero_ckpt}")
-        if cfg.model.init_ckpt:
-            load_gc_weights(dit, cfg.model.init_ckpt)
-            log(f"model: warm start from {cfg.model.init_ckpt}")
-    # with Composer FSDP, activation checkpointing is applied by the FSDP hooks instead
+    dit = build_gc_dit(cfg.model.preset, device="meta" if fsdp else "cpu", vocab=cfg.model.vocab,
+                       init_seed=cfg.seed, **cfg.model.overrides)
+    # with FSDP, Composer applies activation checkpointing to the blocks itself
     return GcTrainModel(dit, seed=cfg.seed, null_context=text.row(text.null_id), null_id=text.null_id,
                         val_timesteps=tuple(cfg.val_timesteps), grad_ckpt=cfg.model.grad_ckpt and not fsdp,
                         first_frame_cond=cfg.model.first_frame_cond)
 
 
+def load_initial_weights(dit, cfg: TrainConfig, log=print) -> None:
+    """Base Wan weights, then a warm start, into the model as it is (each rank reads only the rows it holds
+    when sharded). Not called on resume: the checkpoint brings the weights."""
+    from gcc.export import load_gc_weights, load_legacy_zero
+    from gcc.model import load_wan_base
+
+    if cfg.model.model_dir:
+        load_wan_base(dit, cfg.model.model_dir)
+        log(f"model: base Wan weights from {cfg.model.model_dir}")
+    if cfg.model.legacy_zero_ckpt:
+        load_legacy_zero(dit, cfg.model.legacy_zero_ckpt)
+        log(f"model: warm start from DeepSpeed ZeRO checkpoint {cfg.model.legacy_zero_ckpt}")
+    if cfg.model.init_ckpt:
+        load_gc_weights(dit, cfg.model.init_ckpt)
+        log(f"model: warm start from {cfg.model.init_ckpt}")
+
+
 def parallelism_config(cfg: TrainConfig) -> dict | None:
-    if cfg.parallelism != "fsdp" or not torch.cuda.is_available() or world_size() == 1:
-        return None  # DDP is automatic for world_size > 1; Composer's FSDP needs CUDA
-    return {"fsdp": {"sharding_strategy": "SHARD_GRAD_OP", "mixed_precision": "DEFAULT",
-                     "activation_checkpointing": cfg.model.grad_ckpt, "activation_checkpointing_reentrant": False,
-                     "use_orig_params": True, "state_dict_type": "full"}}
+    """`parallelism: fsdp` is Composer's FSDP2 on GPU and CPU alike, at any world size (a sharded checkpoint
+    needs it to be read, also on one rank): each DiT block a unit with activation checkpointing, bf16 compute
+    with fp32 master weights and fp32 reduction under amp_bf16, sharded (DCP) checkpoints. `ddp`: None (Composer
+    uses DDP when there is more than one rank)."""
+    if cfg.parallelism != "fsdp":
+        return None
+    from composer.utils.parallelism import FSDP2Config
+
+    return {"fsdp": FSDP2Config(reshard_after_forward=cfg.fsdp.reshard_after_forward,
+                                activation_checkpointing=cfg.model.grad_ckpt, mixed_precision="DEFAULT",
+                                state_dict_type="sharded")}
 
 
 def resolved_config(cfg: TrainConfig, manifest: dict, per_rank_batch: int) -> dict:

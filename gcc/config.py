@@ -22,7 +22,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    preset: str = "ti2v-5b"  # gcc.model presets: ti2v-5b | tiny
+    preset: str = "ti2v-5b"  # gcc.model presets: ti2v-5b | wide (its width, 2 blocks) | tiny
     overrides: dict = field(default_factory=dict)  # preset fields to change (e.g. tiny's text_dim)
     model_dir: str = ""  # base Wan2.2-TI2V-5B weights (sharded safetensors); "" = random init (tiny/CPU only)
     init_ckpt: str = ""  # warm start: a gc25d export (same vocab) or a plain Wan export
@@ -56,6 +56,13 @@ class OptimConfig:
 
 
 @dataclass
+class FsdpConfig:
+    # False: ZeRO-2-like (a block's gathered parameters stay from its forward to its backward); True: ZeRO-3-like
+    # (gathered again in the backward: less memory, one more all-gather per block). docs/performance.md has both.
+    reshard_after_forward: bool = False
+
+
+@dataclass
 class TrainConfig:
     run_dir: str = "runs/sft_v10"
     seed: int = 0
@@ -64,7 +71,7 @@ class TrainConfig:
     grad_accum: int = 0  # 0 = derived: global_batch / (world_size × micro_batch); else must match
     max_steps: int = 20000
     precision: str = "amp_bf16"  # amp_bf16 (GPU) | fp32 (CPU)
-    parallelism: str = "fsdp"  # fsdp (SHARD_GRAD_OP, ZeRO-2-like) | ddp
+    parallelism: str = "fsdp"  # fsdp (Composer's FSDP2, sharded checkpoints) | ddp
     checkpoint_every: int = 500
     keep_checkpoints: int = 2
     export_every: int = 1000
@@ -83,6 +90,7 @@ class TrainConfig:
     inject_nonfinite_rank: int = 0  # ...on this rank (0 = off)
     inject_stall_step: int = 0  # fault injection for tests: the loader never delivers this step's batch...
     inject_stall_rank: int = 0  # ...on this rank (0 = off)
+    fsdp: FsdpConfig = field(default_factory=FsdpConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -101,7 +109,7 @@ class TrainConfig:
         return per_rank
 
 
-CHOICES = {"model.vocab": ("parts", "ids"), "model.preset": ("ti2v-5b", "tiny"),
+CHOICES = {"model.vocab": ("parts", "ids"), "model.preset": ("ti2v-5b", "wide", "tiny"),
            "data.mask_calibration": ("frame0", "cap"), "precision": ("amp_bf16", "fp32"),
            "parallelism": ("fsdp", "ddp")}
 

@@ -103,22 +103,32 @@ def _empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def _node_registration_lock():
-    """Serialise Streaming's shared-memory registration between independent jobs on one node.
+def node_registration_lock():
+    """Serialise Streaming's shared-memory registration between independent jobs on one node. Every
+    StreamingDataset this project builds (tests included) is built inside it.
 
-    Streaming picks the first free prefix number and then creates it, so two jobs starting at once can pick
-    the same number and one dies with FileExistsError ('/000123_locals'). Only the node's local leader
-    registers (other local ranks attach after a barrier inside Streaming), so only it takes the lock: a rank
-    waiting at that barrier never holds it."""
+    Streaming's registration is optimistic: every local rank scans for the first free prefix number, then the
+    local leader creates it and the other ranks attach to the number *they* found. Two jobs starting at once can
+    pick the same number (the leader dies with FileExistsError '/000123_locals'), and a rank that scanned while
+    another job was registering finds another number than its leader (it dies: "Internal error: shared memory
+    prefix ... not registered by local leader"). So the node's local leader takes a file lock, and only then do
+    the other ranks start their scan (a barrier): no other job registers between the scans and the creation."""
     import fcntl
     from tempfile import gettempdir
 
+    import torch.distributed as tdist
+
+    sync = tdist.is_available() and tdist.is_initialized()
     if int(os.environ.get("LOCAL_RANK", 0)) != 0:
+        if sync:
+            tdist.barrier()  # the leader holds the lock now
         yield
         return
     with open(os.path.join(gettempdir(), "gcc_streaming_registration.lock"), "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
+            if sync:
+                tdist.barrier()
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
@@ -168,7 +178,7 @@ class GcStreamingDataset(StreamingDataset):
         cache_dir.mkdir(parents=True, exist_ok=True)
         self.text = TextTable(fetch_text_table(data, cache_dir))
         self._epoch = 0
-        with _node_registration_lock():
+        with node_registration_lock():
             super().__init__(remote=storage.join(data, split), local=str(cache_dir / split), batch_size=batch_size,
                              shuffle=shuffle, shuffle_seed=self.seed, num_canonical_nodes=num_canonical_nodes,
                              cache_limit=cache_limit, predownload=predownload)

@@ -16,7 +16,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from gcc import __version__
-from gcc.model import COND_PREFIX, GcDiT, build_gc_dit, model_config, wan_keys
+from gcc.fsdp import fill_local
+from gcc.model import COND_PREFIX, GcDiT, build_gc_dit, model_config, read_slice, wan_keys
 from gcc.vocab import VOCABS, num_classes
 
 # SPEC §9.9, in order
@@ -152,20 +153,21 @@ def save_gc(state_dict: Mapping[str, torch.Tensor], path: str | os.PathLike, met
 # ---- import ------------------------------------------------------------------------------------------------
 
 @torch.no_grad()
-def _load_checked(model: GcDiT, shapes: Mapping[str, tuple], get: Callable[[str], torch.Tensor],
+def _load_checked(model: GcDiT, shapes: Mapping[str, tuple], read: Callable[[str, tuple], torch.Tensor],
                   where: str, has_cond: bool) -> None:
-    """Verify the key set and every shape first, then copy; without cond keys (plain Wan) the cond restarts at
-    zero output. Nothing is modified if any check fails."""
+    """Verify the key set and every shape first, then copy (`read(key, slices)`: that part of the full tensor;
+    an FSDP-sharded model asks each rank for its rows only); without cond keys (plain Wan) the cond restarts at
+    its initial, zero-output values. Nothing is modified if any check fails."""
     params = model.state_dict()
     want = set(params) if has_cond else set(wan_keys(model))
     _key_diff(set(shapes), want, where)
     for k in sorted(want):
         if tuple(shapes[k]) != tuple(params[k].shape):
             raise GcCkptError(f"{where}: {k} has shape {tuple(shapes[k])}, model expects {tuple(params[k].shape)}")
-    for k in want:
-        params[k].copy_(get(k))
+    for k in sorted(want):
+        fill_local(params[k], lambda sl: read(k, sl))
     if not has_cond:
-        model.gc_sem_cond.reset_parameters()
+        model.reset_cond()
 
 
 def load_gc_weights(model: GcDiT, path: str | os.PathLike) -> dict:
@@ -188,7 +190,7 @@ def load_gc_weights(model: GcDiT, path: str | os.PathLike) -> dict:
                 raise GcCkptError(f"{path}: vocab {meta.get('vocab')!r} differs from the model's {model.vocab!r}")
             has_cond = True  # a gc25d file must carry the cond; missing ones are reported by the key check
         shapes = {k: tuple(fh.get_slice(k).get_shape()) for k in keys}
-        _load_checked(model, shapes, fh.get_tensor, path, has_cond)
+        _load_checked(model, shapes, lambda k, sl: read_slice(fh, k, sl), path, has_cond)
     return {"kind": "gc25d" if has_cond else "wan", "path": path, "vocab": meta.get("vocab", model.vocab)}
 
 
@@ -215,7 +217,8 @@ def load_state_dict_gc(model: GcDiT, state_dict: Mapping[str, torch.Tensor], whe
                 k = k[len(prefix):]
         sd[k] = v
     has_cond = any(k.startswith(COND_PREFIX) for k in sd)
-    _load_checked(model, {k: tuple(v.shape) for k, v in sd.items()}, lambda k: sd[k].contiguous(), where, has_cond)
+    _load_checked(model, {k: tuple(v.shape) for k, v in sd.items()}, lambda k, sl: sd[k].contiguous()[sl], where,
+                  has_cond)
     return {"kind": "gc25d" if has_cond else "wan", "path": where, "vocab": model.vocab}
 
 

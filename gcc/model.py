@@ -19,8 +19,12 @@ import torch.nn.functional as F
 from einops import rearrange
 from safetensors import safe_open
 
+from torch.distributed.fsdp import FSDPModule
+
 from gcc.diffsynth_parts import (CrossAttention, DiTBlock, Head, RMSNorm, WanModel, precompute_freqs_cis_3d,
                                  sinusoidal_embedding_1d)
+from gcc.fsdp import fill_local
+from gcc.seeds import stable_seed
 from gcc.vocab import CHANNEL_LUT, check_vocab, num_classes
 
 # Wan2.2 VAE (WanVideoVAE38): one latent frame per 4 pixel frames (the first alone), 16x16 pixels per latent cell.
@@ -63,6 +67,8 @@ class DiTConfig:
 
 PRESETS: dict[str, DiTConfig] = {
     "ti2v-5b": DiTConfig(dim=3072, ffn_dim=14336, num_heads=24, num_layers=30),
+    # the real TI2V-5B layer shapes with 2 blocks: the sharded path on CPU at full width (synth geometry `wide`)
+    "wide": DiTConfig(dim=3072, ffn_dim=14336, num_heads=24, num_layers=2),
     # CPU-sized; text_dim matches the tiny synthetic data (D=64). head_dim 32 keeps Wan's 3D RoPE split even.
     "tiny": DiTConfig(dim=64, ffn_dim=128, num_heads=2, num_layers=2, text_dim=64, freq_dim=32, cond_hidden=32),
 }
@@ -159,19 +165,30 @@ class FramewiseCrossAttention(CrossAttention):
 
 
 class GcDiT(WanModel):
-    """Wan2.2 TI2V DiT + gc_sem_cond. Call the module itself (forward == gc_forward) under FSDP, so that the
-    root unit's parameters are gathered."""
+    """Wan2.2 TI2V DiT + gc_sem_cond.
 
-    def __init__(self, cfg: DiTConfig):
+    Call `gc_forward` (timesteps in scheduler units). It computes the per-frame sinusoidal timestep features from
+    the exact float32 timesteps and then calls the module itself, so that FSDP's hooks run; `forward` takes those
+    features. The split is on purpose: FSDP casts every floating-point input of a unit's forward to the compute
+    dtype, and in bf16 a timestep would be rounded (201.3 -> 201; the 1000 training timesteps to ~294 values).
+
+    Initial values are a pure function of (`init_seed`, the module's name) (`param_init_fn`), so an unsharded
+    model and FSDP shards on any number of ranks start from the same weights.
+    """
+
+    def __init__(self, cfg: DiTConfig, init_seed: int = 0):
         super().__init__(**cfg.wan_kwargs())
         self.config = cfg
         self.vocab = check_vocab(cfg.vocab)
+        self.init_seed = int(init_seed)
         for blk in self.blocks:
             blk.cross_attn.__class__ = FramewiseCrossAttention  # same parameters, framewise routing
         # RoPE tables are a plain attribute (not a buffer); keep them on CPU even when built on meta
         with torch.device("cpu"):
             self.freqs = precompute_freqs_cis_3d(cfg.dim // cfg.num_heads)
         self.gc_sem_cond = GcSemCond(num_classes(cfg.vocab), cfg.cond_hidden, cfg.dim)
+        # module names as built (wrappers added later, activation checkpointing's, do not rename them)
+        self._init_names = {id(m): n for n, m in self.named_modules()}
 
     # -- Composer FSDP hooks: each DiT block is one FSDP unit and one activation-checkpointing unit; the rest
     #    (embeddings, head, cond: small) stays in the root unit.
@@ -183,18 +200,36 @@ class GcDiT(WanModel):
 
     @torch.no_grad()
     def param_init_fn(self, module: nn.Module) -> None:
-        """Composer calls this for each module whose own parameters were on the meta device (meta init under
-        FSDP). Wan's RMSNorm and the `modulation` parameters have no reset_parameters; this initialises them as
-        WanModel.__init__ does. Base weights are loaded afterwards (or broadcast with sync_module_states)."""
-        if module is self.gc_sem_cond.proj_out:  # the cond must start at zero output
-            nn.init.zeros_(module.weight)
-            nn.init.zeros_(module.bias)
-        elif isinstance(module, RMSNorm):
-            module.weight.fill_(1.0)
-        elif isinstance(module, (DiTBlock, Head)):
-            module.modulation.normal_().div_(module.dim ** 0.5)
-        elif hasattr(module, "reset_parameters"):
-            module.reset_parameters()
+        """Initialise `module`'s own parameters (not its children's) as WanModel.__init__ does, from a generator
+        seeded by (init_seed, the module's name). The full values are made on the CPU one module at a time and
+        each rank keeps its part (all of it, unsharded). Composer calls this for every module of a meta-device
+        model after sharding it; `materialize` does for an unsharded one."""
+        own = dict(module.named_parameters(recurse=False))
+        if not own:
+            return
+        name = self._init_names[id(module)]
+        twin = _full_size_twin(module)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(stable_seed("gcc.init", self.init_seed, name))
+            if name == COND_PREFIX + "proj_out":  # the cond must start at zero output
+                for p in twin.parameters():
+                    p.zero_()
+            elif isinstance(twin, RMSNorm):
+                twin.weight.fill_(1.0)
+            elif isinstance(twin, (DiTBlock, Head)):
+                twin.modulation.normal_().div_(twin.dim ** 0.5)
+            elif hasattr(twin, "reset_parameters"):
+                twin.reset_parameters()
+            else:
+                raise ValueError(f"{name} ({type(twin).__name__}): no initialisation known for its parameters")
+        for n, p in own.items():
+            full = twin._parameters[n]
+            fill_local(p, lambda sl: full[sl])
+
+    def reset_cond(self) -> None:
+        """gc_sem_cond back to its initial values (zero output), as after construction."""
+        for m in self.gc_sem_cond.modules():
+            self.param_init_fn(m)
 
     def embed_context(self, context: torch.Tensor, context_ids: torch.Tensor) -> torch.Tensor:
         """context [B, T, L, D], ids [B, T] -> [B*T, L, dim]; text_embedding runs once per unique id
@@ -208,20 +243,36 @@ class GcDiT(WanModel):
         emb = self.text_embedding(context.reshape(B * T, L, D)[first])
         return emb[inv]
 
-    def forward(self, x_t, timestep, context, context_ids, sem_ids, first_frame_cond: bool = True,
-                grad_ckpt: bool = False, aux: bool = False):
-        return self.gc_forward(x_t, timestep, context, context_ids, sem_ids, first_frame_cond, grad_ckpt, aux)
+    def time_features(self, timestep: torch.Tensor, batch: int, frames: int,
+                      first_frame_cond: bool = True) -> torch.Tensor:
+        """float32 [batch, frames, freq_dim]: the sinusoidal features of each latent frame's timestep, from the
+        exact float32 timesteps ([batch] or one value for all, scheduler units). With first_frame_cond the
+        clean first frame (latent frame 0) gets timestep 0 (TI2V separated timestep)."""
+        t_frame = timestep.float().reshape(-1, 1).expand(batch, frames).clone()
+        if first_frame_cond:
+            t_frame[:, 0] = 0
+        return sinusoidal_embedding_1d(self.freq_dim, t_frame.reshape(-1)).view(batch, frames, self.freq_dim)
 
     def gc_forward(self, x_t: torch.Tensor, timestep: torch.Tensor, context: torch.Tensor,
                    context_ids: torch.Tensor, sem_ids: torch.Tensor, first_frame_cond: bool = True,
                    grad_ckpt: bool = False, aux: bool = False):
-        """x_t [B, C, T, h, w]; timestep [B] or a scalar (scheduler units); context [B, T, L, D]; context_ids [B, T];
-        sem_ids uint8 [B, 4(T-1)+1, 16h, 16w]. Returns the prediction [B, C, T, h, w] (and aux stats).
+        """x_t [B, C, T, h, w]; timestep [B] or a scalar (scheduler units, float32); context [B, T, L, D];
+        context_ids [B, T]; sem_ids uint8 [B, 4(T-1)+1, 16h, 16w]. Returns the prediction [B, C, T, h, w] (and
+        aux stats).
 
         first_frame_cond: latent frame 0 is the clean first frame (TI2V) and gets timestep 0.
         grad_ckpt: torch checkpoint per block; leave it off when Composer/FSDP already wraps the blocks.
         """
+        t_freq = self.time_features(timestep.to(x_t.device), x_t.shape[0], x_t.shape[2], first_frame_cond)
+        return self(x_t, t_freq, context, context_ids, sem_ids, grad_ckpt=grad_ckpt, aux=aux)
+
+    def forward(self, x_t: torch.Tensor, t_freq: torch.Tensor, context: torch.Tensor, context_ids: torch.Tensor,
+                sem_ids: torch.Tensor, grad_ckpt: bool = False, aux: bool = False):
+        """`gc_forward` after the timestep features (t_freq [B, T, freq_dim]); see the class docstring."""
         B, _, T = x_t.shape[:3]
+        if tuple(t_freq.shape) != (B, T, self.freq_dim):
+            raise ValueError(f"timestep features {tuple(t_freq.shape)}, expected {(B, T, self.freq_dim)}: call "
+                             f"gc_forward(x_t, timestep, ...), which makes them from the timesteps")
         if context.shape[:2] != (B, T) or context_ids.shape != (B, T):
             raise ValueError(f"context {tuple(context.shape)} / ids {tuple(context_ids.shape)} need one cell per "
                              f"latent frame ({B}, {T})")
@@ -239,11 +290,8 @@ class GcDiT(WanModel):
                  "sem_rms": cond.detach().float().pow(2).mean().sqrt()}
         x = x + cond
 
-        # separated timestep: embed per latent frame (only 2 distinct values per sample) and broadcast to tokens
-        t_frame = timestep.float().reshape(-1, 1).expand(B, f).clone()  # [B] or one value for all
-        if first_frame_cond:
-            t_frame[:, 0] = 0
-        t = self.time_embedding(sinusoidal_embedding_1d(self.freq_dim, t_frame.reshape(-1)).to(dtype))
+        # separated timestep: embedded per latent frame (only 2 distinct values per sample), broadcast to tokens
+        t = self.time_embedding(t_freq.reshape(B * f, self.freq_dim).to(dtype))
         t_mod = self.time_projection(t).unflatten(1, (6, self.dim))
         t = t.view(B, f, 1, self.dim).expand(B, f, n, self.dim).reshape(B, f * n, self.dim)
         t_mod = t_mod.view(B, f, 1, 6, self.dim).expand(B, f, n, 6, self.dim).reshape(B, f * n, 6, self.dim)
@@ -266,13 +314,40 @@ class GcDiT(WanModel):
         return (out, stats) if aux else out
 
 
+def _full_size_twin(module: nn.Module) -> nn.Module:
+    """A bare copy of `module` (its class without FSDP, its attributes) that owns full-size CPU tensors for its
+    own parameters and has no children: what the module's init code runs on, whatever its parameters are now
+    (meta, a DTensor shard, a device tensor)."""
+    cls = type(module)
+    if issubclass(cls, FSDPModule):
+        cls = cls.__mro__[2]  # fully_shard's class is (FSDP<cls>, FSDPModule, cls, ...)
+    twin = object.__new__(cls)
+    twin.__dict__.update(module.__dict__)
+    twin.__dict__["_parameters"] = {n: nn.Parameter(torch.empty(tuple(p.shape), dtype=p.dtype), requires_grad=False)
+                                    for n, p in module._parameters.items() if p is not None}
+    twin.__dict__["_modules"] = {}
+    twin.__dict__["_buffers"] = {}
+    return twin
+
+
+def materialize(model: GcDiT, device: str | torch.device = "cpu") -> GcDiT:
+    """A meta-device model, unsharded, on `device`, initialised module by module (`GcDiT.param_init_fn`)."""
+    model.to_empty(device=device)
+    for m in model.modules():
+        model.param_init_fn(m)
+    return model
+
+
 def build_gc_dit(cfg: DiTConfig | str, device: str | torch.device | None = None,
-                 dtype: torch.dtype | None = None, **overrides) -> GcDiT:
-    """Build from a preset name or config. device="meta" allocates nothing (shape/param-count checks)."""
+                 dtype: torch.dtype | None = None, init_seed: int = 0, **overrides) -> GcDiT:
+    """Build from a preset name or config, initialised from `init_seed`. device="meta" allocates nothing (shapes,
+    parameter counts, or a model that FSDP shards and initialises rank by rank)."""
     if isinstance(cfg, str):
         cfg = model_config(cfg, **overrides)
-    with torch.device(device or "cpu"):
-        model = GcDiT(cfg)
+    with torch.device("meta"):
+        model = GcDiT(cfg, init_seed=init_seed)
+    if str(device) != "meta":
+        materialize(model, device or "cpu")
     return model.to(dtype) if dtype is not None else model
 
 
@@ -307,10 +382,31 @@ def _wan_weight_map(model_dir: Path) -> dict[str, str]:
                             f"Wan2.2-TI2V-5B layout)")
 
 
+def write_wan_layout(state_dict: dict[str, torch.Tensor], folder: str | os.PathLike, n_shards: int = 1) -> None:
+    """Write Wan weights as Wan2.2 is published (what `load_wan_base` reads): `n_shards` files
+    diffusion_pytorch_model-0000i-of-0000n.safetensors and the index that maps each key to its file."""
+    from safetensors.torch import save_file
+
+    keys = sorted(state_dict)
+    weight_map = {}
+    for s in range(n_shards):
+        name = f"diffusion_pytorch_model-{s + 1:05d}-of-{n_shards:05d}.safetensors"
+        part = keys[s::n_shards]
+        save_file({k: state_dict[k].contiguous() for k in part}, str(Path(folder) / name))
+        weight_map.update({k: name for k in part})
+    (Path(folder) / WAN_INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def read_slice(fh, key: str, slices: tuple[slice, ...]) -> torch.Tensor:
+    """Only `slices` of `key` from an open safetensors file (a rank reads just the rows it holds)."""
+    return fh.get_slice(key)[slices] if slices else fh.get_tensor(key)
+
+
 @torch.no_grad()
 def load_wan_base(model: GcDiT, model_dir: str | os.PathLike) -> GcDiT:
     """Load Wan weights from a local Wan2.2 directory as published (sharded diffusion_pytorch_model*.safetensors
-    + index). Every Wan key of the model must come from the files with the same shape; the cond is left as is."""
+    + index). Every Wan key of the model must come from the files with the same shape; the cond is left as is.
+    An FSDP-sharded model reads only the rows each rank holds."""
     model_dir = Path(model_dir)
     weight_map = _wan_weight_map(model_dir)
     params = model.state_dict()
@@ -336,5 +432,5 @@ def load_wan_base(model: GcDiT, model_dir: str | os.PathLike) -> GcDiT:
                 shape = tuple(fh.get_slice(k).get_shape())
                 if shape != tuple(params[k].shape):
                     raise ValueError(f"{path}: {k} has shape {shape}, model expects {tuple(params[k].shape)}")
-                params[k].copy_(fh.get_tensor(k))
+                fill_local(params[k], lambda sl: read_slice(fh, k, sl))
     return model

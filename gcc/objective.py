@@ -7,7 +7,6 @@ a training sample's (tid, eps) is a pure function of (seed, sample_id, epoch) an
 """
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Sequence
 
 import torch
@@ -16,16 +15,11 @@ from torchmetrics import Metric
 
 from gcc.diffsynth_parts import FlowMatchScheduler
 from gcc.model import GcDiT
+from gcc.seeds import stable_seed
 from gcc.vocab import UNKNOWN
 
 VAL_VARIANTS = ("cond", "uncond", "nulltext")
 VAL_ROW_FIELDS = ("timestep", "mse", "mse_uncond", "mse_nulltext", "gap_uncond", "gap_nulltext", "n")
-
-
-def stable_seed(*parts: Any) -> int:
-    """A 63-bit seed from the parts' string forms (blake2b: stable across processes, unlike hash())."""
-    digest = hashlib.blake2b("\x1f".join(str(p) for p in parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
 def train_draw(seed: int, sample_id: int, epoch: int, shape: Sequence[int],
@@ -135,8 +129,8 @@ class GcTrainModel(ComposerModel):
 
     def _run(self, x_t, timesteps, batch, context=None, context_ids=None, sem_ids=None, aux=False):
         dt = self._dtype()
-        return self.dit(
-            x_t, timesteps.to(x_t.device),
+        return self.dit.gc_forward(
+            x_t, timesteps,
             (batch["context"] if context is None else context).to(dt),
             batch["context_ids"] if context_ids is None else context_ids,
             batch["sem_ids"] if sem_ids is None else sem_ids,

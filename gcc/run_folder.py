@@ -2,14 +2,18 @@
 
     <run_dir>/.lock                 flock held by global rank 0 while the run lives (freed by the OS on any death)
     <run_dir>/run.json              the run signature (SPEC §9.3) and lineage (init_ckpt), written at first start
-    <run_dir>/checkpoints/          Composer checkpoints ep{E}-ba{B}-rank0.pt + latest-rank0.pt symlink
+    <run_dir>/checkpoints/          Composer checkpoints + latest-rank0.pt symlink to the newest:
+                                    DDP: one file ep{E}-ba{B}-rank0.pt; FSDP: a folder ep{E}-ba{B}/ of torch DCP
+                                    shards (__<rank>_0.distcp, one per rank) and its .metadata
     <run_dir>/step-N.safetensors    exports (SPEC §9.9)
 
 Composer writes a checkpoint in place and then replaces the `latest` symlink (remove + create). A SIGKILL can
-therefore leave a truncated file newer than `latest`, or no `latest` at all. `repair_checkpoints` runs before
-the Trainer starts: it points `latest` at the newest complete checkpoint (a complete torch.save file is a zip
-with its end-of-central-directory record) and deletes anything newer, so a partial file is never loaded and
-Composer's "newer checkpoint in folder" check never trips on one.
+therefore leave a truncated file or a partial folder newer than `latest`, or no `latest` at all.
+`repair_checkpoints` runs before the Trainer starts: it points `latest` at the newest complete checkpoint and
+deletes anything newer, so a partial checkpoint is never loaded and Composer's "newer checkpoint in folder"
+check never trips on one. Complete means: a torch.save file is a zip with its end-of-central-directory record;
+a DCP folder has its `.metadata`, which DCP writes (to a temporary name, then renamed) only after every rank
+has written and fsynced its shard.
 """
 from __future__ import annotations
 
@@ -18,13 +22,15 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import socket
 import zipfile
 from pathlib import Path
 from typing import Any
 
 EXIT_REFUSED = 3
-CKPT_RE = re.compile(r"^ep(\d+)-ba(\d+)-rank0\.pt$")
+CKPT_RE = re.compile(r"^ep(\d+)-ba(\d+)(-rank0\.pt)?$")  # a DDP checkpoint file or an FSDP (DCP) folder
+DCP_METADATA = ".metadata"
 LATEST = "latest-rank0.pt"
 
 
@@ -78,8 +84,13 @@ def file_digest(path: str, known: dict[str, Any] | None = None) -> dict[str, Any
     return {**stamp, "sha256": sha256_file(path)}
 
 
+# signature fields added after some runs were recorded, with the value those runs had
+ADDED_FIELDS = {"parallelism": "ddp"}  # before FSDP2 every CPU run (the only ones recorded) was DDP
+
+
 def comparable(signature: dict[str, Any]) -> dict[str, Any]:
     """A signature as compared: a file digest (path, size, mtime, sha256) compares by its sha256 only."""
+    signature = {**ADDED_FIELDS, **signature}
     return {k: (v.get("sha256", "") if isinstance(v, dict) else v) for k, v in signature.items()}
 
 
@@ -122,7 +133,7 @@ def ckpt_dir(run_dir: Path) -> Path:
 
 
 def checkpoint_step(path: str | Path) -> int:
-    """The optimizer step B of a checkpoint named ep{E}-ba{B}-rank0.pt."""
+    """The optimizer step B of a checkpoint named ep{E}-ba{B}-rank0.pt (DDP) or ep{E}-ba{B} (FSDP folder)."""
     return int(CKPT_RE.match(Path(path).name).group(2))
 
 
@@ -130,12 +141,22 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     d = ckpt_dir(run_dir)
     if not d.exists():
         return []
-    out = [(int(m.group(2)), p) for p in d.iterdir() if (m := CKPT_RE.match(p.name)) and p.is_file()]
+    out = [(int(m.group(2)), p) for p in d.iterdir()
+           if (m := CKPT_RE.match(p.name)) and not p.is_symlink() and (p.is_dir() if m.group(3) is None else p.is_file())]
     return sorted(out)
 
 
 def is_complete(path: Path) -> bool:
+    if path.is_dir():
+        return (path / DCP_METADATA).is_file()
     return zipfile.is_zipfile(path)
+
+
+def remove_checkpoint(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -163,7 +184,7 @@ def repair_checkpoints(run_dir: Path, log=print) -> Path | None:
     for batch, p in ckpts:
         if batch > latest_batch or (p != latest and not is_complete(p)):
             log(f"checkpoints: removing incomplete/stale {p.name}")
-            p.unlink()
+            remove_checkpoint(p)
     return latest
 
 
@@ -176,5 +197,5 @@ def rotate_checkpoints(run_dir: Path, keep: int) -> list[Path]:
     upto = ckpts[:ckpts.index(latest) + 1] if latest in ckpts else ckpts
     doomed = upto[:-keep] if keep > 0 else []
     for p in doomed:
-        p.unlink(missing_ok=True)
+        remove_checkpoint(p)
     return doomed

@@ -429,7 +429,7 @@ def make_sampling_scheduler(steps: int, shift: float):
 
 
 def clip_noise(seed: int, clip_id: str, shape: Sequence[int]) -> torch.Tensor:
-    from gcc.objective import stable_seed
+    from gcc.seeds import stable_seed
 
     g = torch.Generator().manual_seed(stable_seed("gcc.sample", int(seed), str(clip_id)))
     return torch.randn(tuple(shape), generator=g)
@@ -465,7 +465,8 @@ def sample_latents(dit, first: torch.Tensor, context: torch.Tensor, context_ids:
     sem_b = torch.stack(sems)
     for t in sched.timesteps:
         ts = t.reshape(1).expand(B).to(dev, torch.float32)
-        pred = dit(x.to(dt).unsqueeze(0).expand(B, *x.shape), ts, ctx_b, cid_b, sem_b, first_frame_cond=True).float()
+        pred = dit.gc_forward(x.to(dt).unsqueeze(0).expand(B, *x.shape), ts, ctx_b, cid_b, sem_b,
+                              first_frame_cond=True).float()
         e = pred[0]
         k = 1
         if use_text:

@@ -1,6 +1,6 @@
 """A synthetic world written in the prepared layout (SPEC §4, docs/data_format.md).
 
-    python -m gcc.synth --out DIR --clips N --geometry tiny|full --seed S [--overwrite]
+    python -m gcc.synth --out DIR --clips N --geometry tiny|wide|full --seed S [--overwrite]
 
 The world of clip i (a pure function of (seed, i), independent of N):
 * a ground plane Z = gz (per clip) painted with static classes 0..5 as world-anchored blobs (a domain-warped
@@ -97,6 +97,8 @@ class Geometry:
 GEOMETRIES: dict[str, Geometry] = {
     "full": Geometry(T=21, h=30, w=52, src_hw=(720, 1248), text_L=512, text_D=4096),  # v10
     "tiny": Geometry(T=3, h=4, w=6, src_hw=(96, 144), text_L=16, text_D=64),
+    # tiny frames with the real text width, for the `wide` model preset (the real TI2V-5B layer shapes)
+    "wide": Geometry(T=3, h=4, w=6, src_hw=(96, 144), text_L=16, text_D=4096),
 }
 
 

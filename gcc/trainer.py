@@ -90,9 +90,12 @@ def run(cfg) -> int:
     from gcc import builders as B
     from gcc.callbacks import (VAL_COLUMNS, TRAIN_COLUMNS, CheckpointRotation, Export, GradClip, NonFiniteGuard,
                                NonFiniteLoss, Preemption, RunFiles, TrainStats, ValidationLog)
+    from gcc.callbacks.train_stats import peak_rss_gb
     from gcc.csv_logger import CSVLogger
     from gcc.data import fetch_text_table, release_stale_shm
     from gcc.export import gc_metadata
+    from gcc.fsdp import mean_gradients_on_gloo, meta_init_on
+    from gcc.model import count_params
     from gcc.optim import build_optimizer, trainer_schedule_kwargs
     from gcc.run_folder import RunLock, ckpt_dir
     from gcc.tensorboard_logger import LocalTensorboardLogger
@@ -141,7 +144,7 @@ def run(cfg) -> int:
     train_loader = B.build_train_loader(cfg, per_rank)
     val_loader = B.build_val_loader(cfg)
     fsdp = B.parallelism_config(cfg)
-    model = B.build_model(cfg, text, load_weights=not resumed, fsdp=fsdp is not None, log=say)
+    model = B.build_model(cfg, text, fsdp=fsdp is not None)
     opt = build_optimizer(model, cfg.optim.lr, cfg.optim.cond_lr, cfg.optim.weight_decay)
 
     preemption = Preemption(StallWatchdog(run_dir, dist.get_global_rank()), cfg.preemption_grace_s)
@@ -160,8 +163,8 @@ def run(cfg) -> int:
     stats = TrainStats(grad_clip)
     callbacks = [NonFiniteGuard(cfg.inject_nonfinite_step, cfg.inject_nonfinite_rank), grad_clip, stats, preemption,
                  ValidationLog("val"),
-                 Export(run_dir, cfg.export_every, cfg.max_steps, metadata, lambda: preemption.preempted_at is not None,
-                        log=say),
+                 Export(run_dir, model.dit, cfg.export_every, cfg.max_steps, metadata,
+                        lambda: preemption.preempted_at is not None, log=say),
                  RunFiles(run_dir, B.resolved_config(cfg, manifest, per_rank), stats)]
     loggers = [CSVLogger(run_dir, {"train_log": TRAIN_COLUMNS, "val_log": VAL_COLUMNS}, log=say)]
     if cfg.tensorboard:
@@ -180,21 +183,36 @@ def run(cfg) -> int:
 
     evaluators = [Evaluator(label="val", dataloader=DataSpec(val_loader, get_num_samples_in_batch=n_samples),
                             eval_interval=eval_interval)] if val_loader is not None else []
-    trainer = Trainer(
-        model=model, run_name=run_dir.name, device=device,
-        train_dataloader=DataSpec(train_loader, get_num_samples_in_batch=n_samples, microbatch_transforms=MicroBatch),
-        eval_dataloader=evaluators or None,
-        max_duration=f"{cfg.max_steps}ba", optimizers=opt, **trainer_schedule_kwargs(opt, cfg.optim.warmup_steps),
-        device_train_microbatch_size=cfg.micro_batch,
-        precision="fp32" if cfg.precision == "fp32" else "amp_bf16", parallelism_config=fsdp,
-        save_folder=str(ckpt_dir(run_dir)), save_interval=f"{cfg.checkpoint_every}ba",
-        save_num_checkpoints_to_keep=-1,  # CheckpointRotation keeps N across restarts
-        autoresume=cfg.autoresume, loggers=loggers, callbacks=callbacks, progress_bar=cfg.progress_bar,
-        log_to_console=False, seed=cfg.seed, dist_timeout=cfg.dist_timeout,
-    )
+    rotation = CheckpointRotation(run_dir, cfg.keep_checkpoints, log=say)
+    callbacks.insert(0, rotation.clock)  # before Composer's CheckpointSaver: times each save
+    t_build = time.time()
+    with meta_init_on("cuda" if torch.cuda.is_available() else "cpu"):  # FSDP: shards, then inits each shard
+        trainer = Trainer(
+            model=model, run_name=run_dir.name, device=device,
+            train_dataloader=DataSpec(train_loader, get_num_samples_in_batch=n_samples,
+                                      microbatch_transforms=MicroBatch),
+            eval_dataloader=evaluators or None, max_duration=f"{cfg.max_steps}ba", optimizers=opt,
+            **trainer_schedule_kwargs(opt, cfg.optim.warmup_steps),
+            device_train_microbatch_size=cfg.micro_batch,
+            precision="fp32" if cfg.precision == "fp32" else "amp_bf16", parallelism_config=fsdp,
+            save_folder=str(ckpt_dir(run_dir)), save_interval=f"{cfg.checkpoint_every}ba",
+            save_num_checkpoints_to_keep=-1,  # CheckpointRotation keeps N across restarts
+            autoresume=cfg.autoresume, loggers=loggers, callbacks=callbacks, progress_bar=cfg.progress_bar,
+            log_to_console=False, seed=cfg.seed, dist_timeout=cfg.dist_timeout,
+        )
+    if fsdp is not None:
+        mean_gradients_on_gloo(model)
+    if resumed:
+        say(f"checkpoint loaded: trainer ready in {time.time() - t_build:.1f} s")
+    else:
+        B.load_initial_weights(model.dit, cfg, log=say)
+    # every rank (the launcher shows rank 0's; --stdout keeps the others'): what loading the model cost
+    print(f"gcc.train: rank {dist.get_global_rank()}: model ready, {count_params(model.dit) / 1e6:.1f} M "
+          f"parameters, {'FSDP2 over ' + str(world) + ' rank(s)' if fsdp is not None else 'not sharded'}; "
+          f"peak host RSS so far {peak_rss_gb():.2f} GB", flush=True)
     if resumed:  # a run resumed at an epoch's end trains no batch of that epoch, and Composer warns about it
         warnings.filterwarnings("ignore", message="No batches were trained for global rank", category=UserWarning)
-    trainer.state.callbacks.append(CheckpointRotation(run_dir, cfg.keep_checkpoints))  # after the CheckpointSaver
+    trainer.state.callbacks.append(rotation)  # after the CheckpointSaver
     t0 = time.time()
     try:
         trainer.fit()

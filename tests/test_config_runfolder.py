@@ -124,6 +124,32 @@ def test_repair_points_latest_at_newest_complete_and_drops_partials(tmp_path):
     assert zipfile.is_zipfile(latest_checkpoint(tmp_path))
 
 
+def _dcp_ckpt(d: Path, batch: int, complete: bool = True) -> Path:
+    """A sharded (FSDP) checkpoint folder written by torch DCP itself; incomplete = what a kill mid-save leaves:
+    the shard files, and the metadata not yet renamed into place."""
+    import torch.distributed.checkpoint as dcp
+
+    p = d / f"ep0-ba{batch}"
+    dcp.save({"w": torch.full((4,), float(batch))}, checkpoint_id=str(p), no_dist=True)
+    if not complete:
+        (p / ".metadata").rename(p / ".metadata.tmp")
+    return p
+
+
+def test_sharded_folders_repaired_and_rotated(tmp_path):
+    d = tmp_path / "checkpoints"
+    d.mkdir()
+    for b in (2, 4, 6):
+        _dcp_ckpt(d, b)
+    _dcp_ckpt(d, 8, complete=False)
+    os.symlink("ep0-ba8", d / "latest-rank0.pt")  # at worst `latest` already points at the partial folder
+    assert repair_checkpoints(tmp_path, log=lambda *a: None).name == "ep0-ba6"
+    assert os.readlink(d / "latest-rank0.pt") == "ep0-ba6" and not (d / "ep0-ba8").exists()
+    assert [b for b, _ in list_checkpoints(tmp_path)] == [2, 4, 6]
+    assert rotate_checkpoints(tmp_path, keep=2) == [d / "ep0-ba2"]
+    assert [p.name for _, p in list_checkpoints(tmp_path)] == ["ep0-ba4", "ep0-ba6"]
+
+
 def test_rotation_keeps_n_across_restarts(tmp_path):
     d = tmp_path / "checkpoints"
     d.mkdir()

@@ -34,8 +34,12 @@ def src(tmp_path):
 def read_split(out: str, split: str, cache: Path) -> dict[str, ClipRecord]:
     """Every sample of a split through a real StreamingDataset (remote = the conversion, local = a cache)."""
     from streaming import StreamingDataset
-    ds = StreamingDataset(remote=f"{out}/{split}", local=str(cache / f"{split}-{uuid.uuid4().hex[:8]}"),
-                          batch_size=1, shuffle=False)
+
+    from gcc.data import node_registration_lock
+
+    with node_registration_lock():  # other jobs on this machine register Streaming shared memory too
+        ds = StreamingDataset(remote=f"{out}/{split}", local=str(cache / f"{split}-{uuid.uuid4().hex[:8]}"),
+                              batch_size=1, shuffle=False)
     return {r.clip_id: r for r in (ClipRecord.from_sample(ds[i]) for i in range(len(ds)))}
 
 

@@ -2,19 +2,15 @@
 weights (SPEC §7)."""
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
 
-from gcc.diffsynth_parts import DiTBlock, WanModel, sinusoidal_embedding_1d
-from gcc.model import (build_gc_dit, class_fractions, cond_keys, count_params, load_wan_base, model_config,
-                       wan_keys)
+from gcc.diffsynth_parts import DiTBlock, sinusoidal_embedding_1d
+from gcc.model import build_gc_dit, class_fractions, cond_keys, count_params, load_wan_base, wan_keys
 from gcc.vocab import CHANNEL_LUT, UNKNOWN, num_classes
 
-from _gc_helpers import make_batch, randomize_cond, tiny_dit
+from _gc_helpers import make_batch, randomize_cond, save_wan_layout, tiny_dit
 
 
 def _inputs(batch):
@@ -26,7 +22,7 @@ def test_tiny_forward_backward():
     dit = tiny_dit()
     randomize_cond(dit)
     b = make_batch(B=2)
-    out, aux = dit(*_inputs(b), aux=True)
+    out, aux = dit.gc_forward(*_inputs(b), aux=True)
     assert out.shape == b["input_latents"].shape and torch.isfinite(out).all()
     assert aux["sem_rms"] > 0 and aux["x_rms"] > 0
     out.square().mean().backward()
@@ -67,9 +63,9 @@ def test_sem_ids_must_cover_the_latents():
     dit = tiny_dit()
     x, ts, ctx, ids, sem = _inputs(make_batch(B=2, T=3, h=4, w=4))
     with pytest.raises(ValueError, match="do not cover"):
-        dit(x, ts, ctx, ids, sem[:, :, :, :32])
+        dit.gc_forward(x, ts, ctx, ids, sem[:, :, :, :32])
     with pytest.raises(ValueError, match="do not cover"):
-        dit(x, ts, ctx, ids, sem[:, :5])  # frames of 2 latent frames for 3
+        dit.gc_forward(x, ts, ctx, ids, sem[:, :5])  # frames of 2 latent frames for 3
 
 
 def test_separated_timestep_frame0_at_zero():
@@ -79,14 +75,14 @@ def test_separated_timestep_frame0_at_zero():
     dit.head.register_forward_pre_hook(lambda m, args: seen.__setitem__("t", args[1].detach()))
     x, ts, ctx, ids, sem = _inputs(b)
     with torch.no_grad():
-        dit(x, ts, ctx, ids, sem)
+        dit.gc_forward(x, ts, ctx, ids, sem)
         emb = lambda v: dit.time_embedding(sinusoidal_embedding_1d(dit.freq_dim, torch.tensor([float(v)])))[0]
         n = (x.shape[3] // 2) * (x.shape[4] // 2)
         t = seen["t"]
         for i, tv in enumerate(ts.tolist()):
             torch.testing.assert_close(t[i, :n], emb(0).expand(n, -1))
             torch.testing.assert_close(t[i, n:], emb(tv).expand(t.shape[1] - n, -1))
-        dit(x, ts, ctx, ids, sem, first_frame_cond=False)
+        dit.gc_forward(x, ts, ctx, ids, sem, first_frame_cond=False)
         torch.testing.assert_close(seen["t"][0, :n], emb(ts[0]).expand(n, -1))
 
 
@@ -98,12 +94,12 @@ def test_text_cell_reaches_only_its_frame():
     x, _, ctx, ids, sem = _inputs(b)
     ts = torch.tensor([600.0])
     with torch.no_grad():
-        base = dit(x, ts, ctx, ids, sem)
+        base = dit.gc_forward(x, ts, ctx, ids, sem)
         for k in range(3):
             ctx2, ids2 = ctx.clone(), ids.clone()
             ctx2[0, k] = torch.randn_like(ctx2[0, k])
             ids2[0, k] = 99  # a new prompt id
-            out = dit(x, ts, ctx2, ids2, sem)
+            out = dit.gc_forward(x, ts, ctx2, ids2, sem)
             changed = [(out[:, :, j] - base[:, :, j]).abs().max().item() > 1e-6 for j in range(3)]
             assert changed == [j == k for j in range(3)]
 
@@ -124,7 +120,7 @@ def test_text_embedding_once_per_unique_id_equals_per_cell():
         assert calls == [3]  # three unique ids
         x, ts, _, _, sem = _inputs(b)
         distinct = torch.arange(6).view(2, 3)  # every cell its own id: the per-cell path
-        torch.testing.assert_close(dit(x, ts, ctx, ids, sem), dit(x, ts, ctx, distinct, sem))
+        torch.testing.assert_close(dit.gc_forward(x, ts, ctx, ids, sem), dit.gc_forward(x, ts, ctx, distinct, sem))
 
 
 def test_grad_ckpt_same_result_and_grads():
@@ -133,7 +129,7 @@ def test_grad_ckpt_same_result_and_grads():
     for ckpt in (False, True):
         dit = tiny_dit(seed=5)
         randomize_cond(dit)
-        out = dit(*_inputs(b), grad_ckpt=ckpt)
+        out = dit.gc_forward(*_inputs(b), grad_ckpt=ckpt)
         out.square().mean().backward()
         grads.append({n: p.grad.clone() for n, p in dit.named_parameters()})
     for n in grads[0]:
@@ -153,11 +149,11 @@ def test_fsdp_and_activation_checkpointing_hooks_select_exactly_the_blocks():
     assert {id(m) for m in dit.modules() if dit.fsdp_wrap_fn(m)} == blocks
     assert {id(m) for m in dit.modules() if dit.activation_checkpointing_fn(m)} == blocks
     b = make_batch(B=1)
-    ref = dit(*_inputs(b))
+    ref = dit.gc_forward(*_inputs(b))
     apply_ac(model, True, False, generate_composer_model_check_fn(model))
     wrapped = [m for m in dit.modules() if type(m).__name__ == "CheckpointWrapper"]
     assert len(wrapped) == 3 and all(isinstance(w._checkpoint_wrapped_module, DiTBlock) for w in wrapped)
-    torch.testing.assert_close(dit(*_inputs(b)), ref)
+    torch.testing.assert_close(dit.gc_forward(*_inputs(b)), ref)
 
 
 def test_param_init_fn_materialises_a_meta_model():
@@ -174,7 +170,7 @@ def test_param_init_fn_materialises_a_meta_model():
     assert params["blocks.1.modulation"].std() > 0 and params["head.modulation"].std() > 0
     assert (params["gc_sem_cond.proj_out.weight"] == 0).all() and (params["gc_sem_cond.proj_out.bias"] == 0).all()
     b = make_batch(B=1)
-    out, aux = dit(*_inputs(b), aux=True)
+    out, aux = dit.gc_forward(*_inputs(b), aux=True)
     assert torch.isfinite(out).all() and aux["sem_rms"] == 0
 
 
@@ -193,27 +189,8 @@ def test_ti2v_5b_on_meta_has_831_keys_and_5b_params():
     assert dit.gc_sem_cond.proj_in.in_features == num_classes("parts")
 
 
-def _save_sharded_wan(tmp_path, n_shards=2, **overrides):
-    """A tiny plain DiffSynth WanModel in the published layout: shards + index."""
-    cfg = model_config("tiny", **overrides)
-    with torch.random.fork_rng():
-        torch.manual_seed(11)
-        wan = WanModel(**cfg.wan_kwargs())
-    sd = wan.state_dict()
-    keys = sorted(sd)
-    weight_map = {}
-    for s in range(n_shards):
-        name = f"diffusion_pytorch_model-{s + 1:05d}-of-{n_shards:05d}.safetensors"
-        part = keys[s::n_shards]
-        save_file({k: sd[k].contiguous() for k in part}, str(tmp_path / name))
-        weight_map.update({k: name for k in part})
-    (tmp_path / "diffusion_pytorch_model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {}, "weight_map": weight_map}))
-    return sd
-
-
 def test_load_sharded_base_weights(tmp_path):
-    sd = _save_sharded_wan(tmp_path)
+    sd = save_wan_layout(tmp_path)
     dit = tiny_dit(seed=3)
     cond_before = {k: v.clone() for k, v in dit.state_dict().items() if k.startswith("gc_sem_cond.")}
     load_wan_base(dit, tmp_path)
@@ -226,13 +203,13 @@ def test_load_sharded_base_weights(tmp_path):
 
 
 def test_load_base_weights_errors(tmp_path):
-    _save_sharded_wan(tmp_path)
+    save_wan_layout(tmp_path)
     (tmp_path / "diffusion_pytorch_model-00002-of-00002.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="00002-of-00002"):
         load_wan_base(tiny_dit(), tmp_path)
     other = tmp_path / "wide"
     other.mkdir()
-    _save_sharded_wan(other, dim=128)
+    save_wan_layout(other, dim=128)
     with pytest.raises(ValueError, match="shape"):
         load_wan_base(tiny_dit(), other)
     with pytest.raises(FileNotFoundError, match="index"):

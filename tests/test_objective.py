@@ -30,8 +30,8 @@ def test_loss_equals_hand_computation():
         x_t = (1 - sigma) * x0[i] + sigma * eps
         x_t[:, 0] = x0[i, :, 0]  # clean first frame
         with torch.no_grad():
-            pred = model.dit(x_t[None], t[None], b["context"][i:i + 1].float(), b["context_ids"][i:i + 1],
-                             b["sem_ids"][i:i + 1])[0]
+            pred = model.dit.gc_forward(x_t[None], t[None], b["context"][i:i + 1].float(),
+                                        b["context_ids"][i:i + 1], b["sem_ids"][i:i + 1])[0]
         target = eps - x0[i]
         mse = (pred[:, 1:] - target[:, 1:]).pow(2).mean()
         expect.append(mse * sched.linear_timesteps_weights[tid])

@@ -192,7 +192,7 @@ def test_guidance_skips_unit_scales_and_is_deterministic(assets, prepared_tiny):
     sem = kw["sem"][None]
 
     def e(ctx, ids, sem_ids):
-        return dit(x0[None], t, ctx[None], ids[None], sem_ids, first_frame_cond=True)[0]
+        return dit.gc_forward(x0[None], t, ctx[None], ids[None], sem_ids, first_frame_cond=True)[0]
     e_c = e(kw["context"], kw["context_ids"], sem)
     e_n = e(null, kw["null_ids"], sem)
     e_u = e(kw["context"], kw["context_ids"], torch.full_like(sem, UNKNOWN))

@@ -4,23 +4,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+import torch
 from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
-from gcc.export import save_gc
+from gcc.export import EXPORT_DTYPE, save_gc
+from gcc.fsdp import full_state_dict
 
 
 class Export(Callback):
-    def __init__(self, run_dir: str | Path, every: int, max_steps: int, metadata: Callable[[int], dict],
-                 is_preempted: Callable[[], bool] = lambda: False, log=print):
-        self.run_dir, self.every, self.max_steps = Path(run_dir), every, max_steps
+    def __init__(self, run_dir: str | Path, dit: torch.nn.Module, every: int, max_steps: int,
+                 metadata: Callable[[int], dict], is_preempted: Callable[[], bool] = lambda: False, log=print):
+        self.run_dir, self.dit, self.every, self.max_steps = Path(run_dir), dit, every, max_steps
         self.metadata, self.is_preempted, self.log = metadata, is_preempted, log
         self.last_step = -1
 
     def export(self, state: State) -> None:
         step = int(state.timestamp.batch)
-        sd = state.get_model_state_dict()  # collective under FSDP; the full dict lands on rank 0
+        # under FSDP a collective per tensor; the full bf16 state lands on rank 0's CPU
+        sd = full_state_dict(self.dit, EXPORT_DTYPE, keep=dist.get_global_rank() == 0)
         if dist.get_global_rank() == 0:
             path = save_gc(sd, self.run_dir / f"step-{step}.safetensors", self.metadata(step))
             self.log(f"export: {path}")

@@ -1,0 +1,132 @@
+"""FSDP2 in gcc: Composer's `FSDP2Config` shards the DiT (each block a unit, the rest in the root unit) and its
+parameters become DTensors. What gcc adds around that, on GPU and on CPU (gloo) alike:
+
+* every rank fills only the rows it holds: initial values (a pure function of the seed and the parameter's
+  module, so any world size starts from the same weights), base Wan weights, warm starts (`fill_local`);
+* exports gather one tensor at a time to rank 0 (`full_state_dict`), never the whole fp32 model;
+* the global gradient norm and clipping over DTensor gradients (`clip_grad_norm`);
+* the gradient is a mean over the global batch on gloo too (`mean_gradients_on_gloo`);
+* Composer's meta-device initialisation on CPU (`meta_init_on`).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Callable, Iterable
+
+import torch
+import torch.distributed as tdist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+
+# ---- this rank's part of a tensor -------------------------------------------------------------------------
+def local_slices(t: torch.Tensor) -> tuple[slice, ...]:
+    """Where this rank's part of `t` lies in the full tensor: all of it for a plain tensor, this rank's shard
+    (FSDP2: rows of dim 0) for a DTensor."""
+    if isinstance(t, DTensor):
+        shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+        return tuple(slice(o, o + s) for o, s in zip(offset, shape))
+    return tuple(slice(0, s) for s in t.shape)
+
+
+def local_part(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+@torch.no_grad()
+def fill_local(target: torch.Tensor, read: Callable[[tuple[slice, ...]], torch.Tensor]) -> None:
+    """Copy into `target` (a plain tensor or this rank's shard of a DTensor) its part of the full value;
+    `read(slices)` returns that part only (a file read of just those rows, or a slice of a full tensor)."""
+    local_part(target).copy_(read(local_slices(target)))
+
+
+# ---- gathering -------------------------------------------------------------------------------------------
+@torch.no_grad()
+def full_state_dict(module: torch.nn.Module, dtype: torch.dtype, keep: bool) -> dict[str, torch.Tensor]:
+    """`module.state_dict()` with every tensor in full, as `dtype` on the CPU, kept where `keep` (rank 0) and
+    dropped elsewhere. Gathered one tensor at a time (a collective per DTensor, on every rank), so the peak is
+    the result plus one full tensor: a bf16 export of the 5B model never holds its fp32 state."""
+    out = {}
+    for k, v in module.state_dict().items():
+        full = v.full_tensor() if isinstance(v, DTensor) else v
+        if keep:
+            out[k] = full.detach().to("cpu", dtype)
+        del full
+    return out
+
+
+# ---- gradients -------------------------------------------------------------------------------------------
+@torch.no_grad()
+def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float) -> float:
+    """The global L2 norm of the gradients (over every rank's shard for DTensor gradients), then clipping to
+    `max_norm` (inf: no clipping). Returns the norm before clipping."""
+    params = [p for p in parameters if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
+    if isinstance(norm, DTensor):  # partial sums over the shards: reduce them
+        norm = norm.full_tensor()
+    if math.isfinite(max_norm):
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return float(norm)
+
+
+def mean_gradients_on_gloo(model: torch.nn.Module) -> int:
+    """Make FSDP2's reduce-scattered gradient a mean over the ranks on gloo, as it is on NCCL.
+
+    torch 2.7's FSDP2 reduce-scatters fp32/bf16 gradients with ReduceOp.AVG and no division of its own
+    (`_get_gradient_divide_factors` returns (None, None)); NCCL averages natively, but gloo's reduce-scatter
+    sums and does not raise (pytorch/pytorch issue 162338). The gradient would scale with the world size: Adam
+    hides it within a run, but clipping, the logged norm and optimizer moments resumed on another world size
+    would not match. The hook runs on each unit's reduce-scatter output before it becomes the sharded gradient.
+    A test compares the gradient with a one-process reference, so a torch that fixes gloo (and would then be
+    divided twice) is caught. Returns the number of units hooked (0 when not needed)."""
+    if not tdist.is_initialized() or tdist.get_backend() != "gloo" or tdist.get_world_size() == 1:
+        return 0
+    world = tdist.get_world_size()
+
+    def to_mean(reduce_output: torch.Tensor) -> None:
+        reduce_output.div_(world)
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in units:
+        m.set_all_reduce_hook(to_mean)
+    return len(units)
+
+
+# ---- Composer's meta-device initialisation ---------------------------------------------------------------
+def _meta_init(device: torch.device, module: torch.nn.Module, param_init_fn=None) -> None:
+    """Composer 0.32.1's `composer.distributed.param_init.meta_init`, with the device as a parameter: after
+    sharding a meta-device model, each module that still holds meta tensors is materialised (its own shard
+    only) and handed to the nearest `param_init_fn`."""
+    init_fn = getattr(module, "param_init_fn", param_init_fn)
+    for child in module.children():
+        _meta_init(device, child, init_fn)
+    own = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
+    if not any(t.is_meta for t in own):
+        return
+    module.to_empty(device=device, recurse=False)
+    if callable(init_fn):
+        init_fn(module)
+    elif callable(getattr(module, "reset_parameters", None)):
+        module.reset_parameters()
+    else:
+        raise ValueError(f"{type(module).__name__}: meta parameters but no param_init_fn or reset_parameters")
+
+
+@contextlib.contextmanager
+def meta_init_on(device: torch.device | str):
+    """While Composer builds its Trainer, materialise the sharded meta-device model on `device`.
+
+    Composer 0.32.1's `meta_init` calls `module.to_empty(device='cuda')` whatever the device, so a meta-device
+    model cannot be sharded on CPU (gloo) through it; this swaps in the same procedure with the right device
+    (on GPU it is the same as Composer's)."""
+    from composer.distributed import prepare_distributed
+
+    device = torch.device(device)
+    original = prepare_distributed.meta_init
+    prepare_distributed.meta_init = lambda module, param_init_fn=None: _meta_init(device, module, param_init_fn)
+    try:
+        yield
+    finally:
+        prepare_distributed.meta_init = original
