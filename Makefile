@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m gcc.demo --out $(DEMO)
+	$(BIN)/python -m gcc.tools.demo --out $(DEMO)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(JOBS) -q tests

@@ -35,8 +35,8 @@ def main() -> None:
     t = time.time()
     import streaming  # noqa: F401  (a one-time ~8 s import; kept out of the conversion timing)
 
-    from gcc import synth
-    from gcc.convert import convert
+    from gcc.data import synth
+    from gcc.data.convert import convert
     print(f"imports: {time.time() - t:.1f} s (once per process, not counted below)")
 
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
@@ -68,7 +68,7 @@ def main() -> None:
 
         out = tmp / "shards"
         t = time.time()
-        convert(src, str(out), workers=args.workers, progress=False, log=lambda *a: None)
+        convert(src, str(out), workers=args.workers, progress=False)
         conv_s = time.time() - t
         conv_bytes = dir_bytes(out / "train", "*.zstd") + dir_bytes(out / "val", "*.zstd")
 

@@ -58,9 +58,9 @@ def main() -> None:
     ap.add_argument("--reshard-after-forward", action="store_true", help="ZeRO-3-like instead of ZeRO-2-like")
     args = ap.parse_args()
 
-    from gcc.convert import convert
-    from gcc.model import build_gc_dit, count_params
-    from gcc.synth import write_prepared
+    from gcc.data.convert import convert
+    from gcc.data.synth import write_prepared
+    from gcc.model.dit import build_gc_dit, count_params
 
     n = 2 if args.cpu else torch.cuda.device_count()
     if n == 0:
@@ -77,7 +77,7 @@ def main() -> None:
         t = time.time()
         shards = work / "shards"
         convert(write_prepared(work / "prepared", clips=max(8, 2 * n * accum), geometry=geometry, seed=0),
-                str(shards), progress=False, log=lambda *a: None)
+                str(shards), progress=False)
         print(f"data: {geometry} geometry synthesized and converted in {time.time() - t:.0f} s")
         run_dir = work / "run"
         wall1, out1 = launch(n, run_dir, shards, overrides + [f"max_steps={args.steps}"], work / "launch1.log")

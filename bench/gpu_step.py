@@ -37,7 +37,9 @@ def model_flops(dit_cfg, n_params_matmul: int, T: int, h: int, w: int, L: int, b
 
 def synthetic_batch(B: int, T: int, h: int, w: int, L: int, D: int, device, seed: int = 0) -> dict:
     g = torch.Generator().manual_seed(seed)
-    F, H, W = 4 * (T - 1) + 1, 16 * h, 16 * w
+    from gcc.geometry import Geometry
+
+    F, H, W = Geometry(T=T, h=h, w=w, text_L=L, text_D=D).sem_shape
     ids = torch.randint(0, 7, (B, F, H, W), generator=g, dtype=torch.uint8)
     return {
         "input_latents": torch.randn(B, 48, T, h, w, generator=g).to(device, torch.bfloat16),
@@ -61,9 +63,9 @@ def main() -> None:
     ap.add_argument("--peak-tflops", type=float, default=None, help="peak bf16 TFLOP/s of the device for MFU")
     args = ap.parse_args()
 
-    from gcc.model import build_gc_dit
-    from gcc.objective import GcTrainModel
-    from gcc.optim import build_optimizer
+    from gcc.model.dit import build_gc_dit
+    from gcc.model.objective import GcTrainModel
+    from gcc.model.optim import build_optimizer
 
     geo = GEOMETRIES[args.geometry or ("tiny" if args.preset == "tiny" else "full")]
     device = torch.device(args.device)

@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD python bench/loader.py [--clips 6] [--epochs 8] [--prepared DIR]
                                                              [--mask-reps 6] [--ref-frames 1] [--tmp DIR]
 
-Writes `--clips` full-geometry clips with `gcc.synth.write_prepared` (or reuses `--prepared`), converts them,
+Writes `--clips` full-geometry clips with `gcc.data.synth.write_prepared` (or reuses `--prepared`), converts them,
 then prints, all measured in this run:
 1. one loader worker's samples/s with the default probabilities (decode + text gather + mask + collate):
    `build_dataloader(GcStreamingDataset(...), batch_size=1, num_workers=1)` (its persistent worker) over
@@ -46,7 +46,7 @@ class _MemCollate:
     """gc_collate plus the calling worker's RSS / peak RSS (read in the worker)."""
 
     def __init__(self):
-        from gcc.data import gc_collate
+        from gcc.data.dataset import gc_collate
 
         self.collate = gc_collate
         self.start_rss = None
@@ -63,7 +63,7 @@ class _MemCollate:
 def loader_rate(shards: Path, cache: Path, epochs: int, workers: int = 1, seed: int = 0):
     from streaming.base.util import clean_stale_shared_memory
 
-    from gcc.data import Dropouts, GcStreamingDataset, build_dataloader
+    from gcc.data.dataset import Dropouts, GcStreamingDataset, build_dataloader
 
     clean_stale_shared_memory()
     ds = GcStreamingDataset(str(shards), "train", cache / uuid.uuid4().hex, batch_size=1, seed=seed,
@@ -127,14 +127,14 @@ def baseline_rate(src: Path, clip_ids: list[str], epochs: int):
 
 def mask_timing(shards: Path, cache: Path, reps: int, ref_frames: int):
     """Fast mask CPU ms per masked sample on the converted clips (both calibrations) and the reference."""
+    from mask import masked_draws, time_fast, time_reference  # bench/mask.py
     from streaming import StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
 
-    from gcc.data import NO_DROPOUTS, GcStreamingDataset
+    from gcc.data.dataset import NO_DROPOUTS, GcStreamingDataset
+    from gcc.data.mask import mask_ground_z
+    from gcc.data.shards import ClipRecord
     from gcc.geometry import Cameras
-    from gcc.mask import mask_ground_z
-    from gcc.shards import ClipRecord
-    from mask import masked_draws, time_fast, time_reference  # bench/mask.py
 
     clean_stale_shared_memory()
     ds = GcStreamingDataset(str(shards), "train", cache / uuid.uuid4().hex, batch_size=1, dropouts=NO_DROPOUTS,
@@ -173,8 +173,9 @@ def main():
     import streaming  # noqa: F401
     import torch
 
-    from gcc import synth
-    from gcc.convert import convert, read_manifest
+    from gcc.data import synth
+    from gcc.data.convert import convert
+    from gcc.data.shards import read_manifest
     torch.set_num_threads(1)
     print(f"imports {time.time() - t:.1f} s; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
           f"{os.cpu_count()} CPUs visible")
@@ -187,7 +188,7 @@ def main():
             src = synth.write_prepared(tmp / "prepared", clips=args.clips, geometry="full", seed=0)
             print(f"synth: {args.clips} full-geometry clips in {time.time() - t:.1f} s")
         shards = tmp / "shards"
-        convert(src, str(shards), progress=False, log=lambda *a: None)
+        convert(src, str(shards), progress=False)
         man = read_manifest(str(shards))
         clip_ids = man["splits"]["train"]["clip_ids"]
         print(f"data: {len(clip_ids)} train clips, sem {man['geometry']['sem']}, latents "

@@ -4,7 +4,7 @@ Times are this thread's CPU time (time.thread_time: robust on a shared machine);
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD python bench/mask.py [--reps 10] [--ref-frames 2]
 
 Builds a synthetic full-size sample (cameras from gcc.geometry translating over the clip, a ground-class
-layout, characters, some sky), times `gcc.mask.apply_unknown_mask` per masked sample (median over draws,
+layout, characters, some sky), times `gcc.data.mask.apply_unknown_mask` per masked sample (median over draws,
 both calibrations, perspective and orthographic), times the per-pixel reference (tests/mask_reference.py)
 in the same run on frame 0 plus `--ref-frames` more frames and extrapolates it to 81 frames (said in the
 output), checks that both agree on those frames, and prints the ratio and peak memory.
@@ -23,9 +23,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import numpy as np  # noqa: E402
 
+from gcc.data.mask import STATS, MaskParams, apply_unknown_mask  # noqa: E402
+from gcc.data.sample_rng import draw_sample  # noqa: E402
 from gcc.geometry import Cameras  # noqa: E402
-from gcc.mask import STATS, MaskParams, apply_unknown_mask  # noqa: E402
-from gcc.sample_rng import draw_sample  # noqa: E402
 
 F, H, W = 81, 480, 832
 

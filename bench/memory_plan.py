@@ -32,7 +32,7 @@ LEGACY_GPUS = 4
 def saved_activation_bytes(frames: int, gh: int, gw: int, text_len: int) -> tuple[int, int, float]:
     """Bytes autograd saves in one `wide` DiT block's bf16 forward at this geometry (parameters excluded), the
     block input's bytes, and the seconds it took."""
-    from gcc.model import build_gc_dit
+    from gcc.model.dit import build_gc_dit
 
     dit = build_gc_dit("wide", num_layers=1).to(torch.bfloat16)
     block = dit.blocks[0]
@@ -67,7 +67,7 @@ def main() -> None:
     ap.add_argument("--text-len", type=int, default=512)
     args = ap.parse_args()
 
-    from gcc.model import build_gc_dit, count_params
+    from gcc.model.dit import build_gc_dit, count_params
 
     dit = build_gc_dit("ti2v-5b", device="meta")
     P = count_params(dit)

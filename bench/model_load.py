@@ -66,10 +66,10 @@ def main() -> None:
 
     import torch
 
-    from gcc.convert import convert
-    from gcc.diffsynth_parts import WanModel
-    from gcc.model import count_params, model_config, write_wan_layout
-    from gcc.synth import write_prepared
+    from gcc.data.convert import convert
+    from gcc.data.synth import write_prepared
+    from gcc.model.diffsynth_parts import WanModel
+    from gcc.model.dit import count_params, model_config, write_wan_layout
 
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         work = Path(tmp)
@@ -80,8 +80,7 @@ def main() -> None:
         write_wan_layout({k: v.to(torch.bfloat16) for k, v in wan.state_dict().items()}, model_dir, n_shards=3)
         del wan
         shards = work / "shards"
-        convert(write_prepared(work / "prepared", clips=4, geometry="wide", seed=0), str(shards), progress=False,
-                log=lambda *a: None)
+        convert(write_prepared(work / "prepared", clips=4, geometry="wide", seed=0), str(shards), progress=False)
         print(f"wide preset: {n / 1e6:.0f} M Wan parameters ({4 * n / 1e9:.2f} GB in fp32), base weights bf16 in "
               f"3 files; {args.ranks} CPU ranks")
         base = peak_rss_when_ready(work, shards, model_dir, "ddp", args.ranks)

@@ -32,11 +32,10 @@ OVERRIDES = ["global_batch=8", "micro_batch=2", "val_every=0", "export_every=0",
 def bare_loop(cfg, steps: int) -> tuple[list[float], list[float], list[float]]:
     import torch
 
-    from gcc.builders import build_model, build_train_loader
-    from gcc.data import fetch_text_table
-    from gcc.optim import build_optimizer, warmup_scheduler
-    from gcc.builders import cache_dir
-    from gcc.text_table import TextTable
+    from gcc.data.dataset import fetch_text_table
+    from gcc.data.text_table import TextTable
+    from gcc.model.optim import build_optimizer, warmup_scheduler
+    from gcc.train.builders import build_model, build_train_loader, cache_dir
 
     torch.set_num_threads(os.cpu_count() or 1)
     text = TextTable(fetch_text_table(cfg.data.path, cache_dir(cfg)))
@@ -88,19 +87,19 @@ def main() -> None:
     ap.add_argument("--shards", default="", help="a converted dataset (default: synthesize 48 tiny clips)")
     args = ap.parse_args()
 
-    from gcc.config import load_config
+    from gcc.train.config import load_config
 
     times = {side: {"period": [], "step": [], "data": []} for side in ("bare PyTorch", "gcc/train.py")}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         shards = args.shards
         if not shards:
-            from gcc import synth
-            from gcc.convert import convert
+            from gcc.data import synth
+            from gcc.data.convert import convert
 
             src = synth.write_prepared(tmp / "prepared", clips=48, geometry="tiny", seed=0)
             shards = str(tmp / "shards")
-            convert(src, shards, progress=False, log=lambda *a: None)
+            convert(src, shards, progress=False)
         common = [f"data.path={shards}", f"max_steps={args.steps}", *OVERRIDES]
         for r in range(args.rounds):
             cfg = load_config(ROOT / "yamls" / "tiny_cpu.yaml", [f"run_dir={tmp / f'bare{r}'}", *common])

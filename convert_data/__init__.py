@@ -1,1 +1,1 @@
-"""`python -m convert_data`: a thin entry over `gcc.convert` (prepared clips -> MDS shards)."""
+"""`python -m convert_data`: a thin entry over `gcc.data.convert` (prepared clips -> MDS shards)."""

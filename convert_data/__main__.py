@@ -1,5 +1,5 @@
 import sys
 
-from gcc.convert import main
+from gcc.data.convert import main
 
 sys.exit(main())

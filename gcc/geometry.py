@@ -1,4 +1,8 @@
-"""Camera geometry in Unreal Engine conventions (SPEC §3).
+"""Geometry: a clip's array shapes (the VAE's shape rule) and its cameras in Unreal Engine conventions (docs/design.md §3).
+
+Shapes: T latent frames of h×w cover F = 4(T-1)+1 pixel frames of 16h×16w (latent frame 0 = pixel frame 0,
+latent frame k ≥ 1 = pixel frames 4k-3..4k). `Geometry` holds one clip's shapes; everything that needs the
+rule (converter, loader, synth, model, sampler, tests) uses it from here.
 
 World: X forward, Y right, Z up, centimetres. A rotation is (pitch, yaw, roll) in degrees, turned into axes
 exactly as UE's FRotationMatrix does. Cameras render at `src_hw`; clips are resampled to `dst_hw`, and dst
@@ -15,6 +19,63 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+
+VAE_STRIDE_T, VAE_STRIDE_S = 4, 16  # Wan2.2 VAE: 4 frames and 16×16 pixels per latent cell
+LATENT_C = 48  # Wan2.2 TI2V-5B latent channels
+
+
+def pixel_frames(latent_frames: int) -> int:
+    """The shape rule in time: latent frame 0 is pixel frame 0, each further latent frame 4 pixel frames."""
+    return VAE_STRIDE_T * (latent_frames - 1) + 1
+
+
+def latent_frame_spans(latent_frames: int) -> list[tuple[int, int]]:
+    """[lo, hi) pixel frames of each latent frame: frame 0 alone, then 4k-3..4k (the VAE's causal grouping)."""
+    return [(0, 1)] + [(VAE_STRIDE_T * k - 3, VAE_STRIDE_T * k + 1) for k in range(1, latent_frames)]
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """One clip's shapes: latents [C, T, h, w], sem ids [F, 16h, 16w], text cells [text_L, text_D]; `src_hw` is
+    the raw video's size (used where raw frames are rendered or read)."""
+    T: int  # latent frames
+    h: int  # latent height
+    w: int  # latent width
+    text_L: int
+    text_D: int
+    C: int = LATENT_C
+    src_hw: tuple[int, int] | None = None
+
+    @classmethod
+    def from_shapes(cls, latents: Sequence[int], text: Sequence[int]) -> "Geometry":
+        c, t, h, w = (int(v) for v in latents)
+        return cls(T=t, h=h, w=w, text_L=int(text[0]), text_D=int(text[1]), C=c)
+
+    @property
+    def F(self) -> int:
+        return pixel_frames(self.T)
+
+    @property
+    def dst_hw(self) -> tuple[int, int]:
+        return (VAE_STRIDE_S * self.h, VAE_STRIDE_S * self.w)
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int]:
+        return (self.C, self.T, self.h, self.w)
+
+    @property
+    def sem_shape(self) -> tuple[int, int, int]:
+        return (self.F, *self.dst_hw)
+
+    @property
+    def text_shape(self) -> tuple[int, int]:
+        return (self.text_L, self.text_D)
+
+    def as_dict(self) -> dict[str, Any]:
+        """As a manifest records it."""
+        return {"latents": list(self.latent_shape), "sem": list(self.sem_shape), "text": list(self.text_shape),
+                "latent_frames": self.T, "frames": self.F}
+
 
 PERSPECTIVE, ORTHOGRAPHIC = "perspective", "orthographic"
 PROJECTIONS = (PERSPECTIVE, ORTHOGRAPHIC)
@@ -53,7 +114,7 @@ class Cameras:
 
     @staticmethod
     def from_meta(meta: dict[str, Any]) -> "Cameras":
-        """Build from a clip's meta json (the prepared layout, SPEC §4)."""
+        """Build from a clip's meta json (the prepared layout, docs/design.md §4)."""
         cams = meta["cameras"]
         return Cameras(
             location=np.array([c["location"] for c in cams], dtype=np.float64).reshape(-1, 3),
@@ -128,7 +189,7 @@ class Cameras:
 
 
 def ground_points(cameras: Cameras, dst_pixels: np.ndarray, ground_z: float) -> np.ndarray:
-    """Intersect each dst pixel's ray with the plane Z = ground_z (SPEC §3).
+    """Intersect each dst pixel's ray with the plane Z = ground_z (docs/design.md §3).
 
     dst_pixels: [P, 2] (u, v). Returns world XY [N, P, 2], NaN where the ray misses the plane (it points
     parallel to it or away from it, e.g. sky)."""

@@ -1,4 +1,4 @@
-"""The semantic vocabulary (SPEC §2): raw values, names, vocabularies, the palette, and the text-table ids.
+"""The semantic vocabulary (docs/design.md §2): raw values, names, vocabularies, the palette, and the text-table ids.
 
 Every other module asks this one what a `sem_ids` value means; nothing else hard-codes class numbers.
 """
@@ -39,7 +39,7 @@ def check_vocab(vocab: str) -> str:
 
 
 def num_classes(vocab: str) -> int:
-    """V of SPEC §7: the vocabulary's classes plus UNKNOWN."""
+    """V of docs/design.md §7: the vocabulary's classes plus UNKNOWN."""
     return len(VOCAB_VALUES[check_vocab(vocab)])
 
 
@@ -81,7 +81,7 @@ def is_static(ids: np.ndarray) -> np.ndarray:
 
 
 def key_to_id(keys: Iterable[str]) -> dict[str, int]:
-    """The text table's id of each prompt key: its position in sorted order (SPEC §2)."""
+    """The text table's id of each prompt key: its position in sorted order (docs/design.md §2)."""
     return {k: i for i, k in enumerate(sorted(keys))}
 
 

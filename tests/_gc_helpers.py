@@ -5,8 +5,9 @@ from pathlib import Path
 
 import torch
 
-from gcc.diffsynth_parts import WanModel
-from gcc.model import build_gc_dit, model_config, write_wan_layout
+from gcc.geometry import Geometry
+from gcc.model.diffsynth_parts import WanModel
+from gcc.model.dit import build_gc_dit, model_config, write_wan_layout
 from gcc.vocab import VOCAB_VALUES
 
 L_TXT, D_TXT = 16, 64  # tiny synthetic text: L tokens of width D
@@ -27,7 +28,7 @@ def randomize_cond(dit, seed: int = 1, scale: float = 0.5):
 def make_batch(B: int = 2, T: int = 3, h: int = 4, w: int = 4, seed: int = 0, vocab: str = "parts",
                sample_ids=None, epochs=None, clip_ids=None) -> dict:
     g = torch.Generator().manual_seed(seed)
-    F, H, W = 4 * (T - 1) + 1, 16 * h, 16 * w
+    F, H, W = Geometry(T=T, h=h, w=w, text_L=L_TXT, text_D=D_TXT).sem_shape
     values = torch.tensor(VOCAB_VALUES[vocab], dtype=torch.uint8)
     ids = torch.randint(0, 5, (B, T), generator=g)
     table = torch.randn(5, L_TXT, D_TXT, generator=g)

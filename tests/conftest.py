@@ -1,5 +1,5 @@
-"""Shared fixtures. `prepared_tiny` is a session-wide synthetic dataset in the prepared layout (SPEC §4):
-24 tiny clips, seed 0 (which clips are val/dropped/NaN-ground is documented in gcc/synth.py). Treat it as
+"""Shared fixtures. `prepared_tiny` is a session-wide synthetic dataset in the prepared layout (docs/design.md §4):
+24 tiny clips, seed 0 (which clips are val/dropped/NaN-ground is documented in gcc/data/synth.py). Treat it as
 read-only; a test that modifies data writes its own copy with `make_prepared(tmp_path, clips=..., seed=...)`."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests' own helper modules (s3server)
 
-from gcc.synth import make_prepared  # noqa: F401  (re-exported for tests)
+from gcc.data.synth import make_prepared  # noqa: F401  (re-exported for tests)
 
 PREPARED_TINY_CLIPS = 24
 PREPARED_TINY_SEED = 0
@@ -33,14 +33,36 @@ def s3():
     server.stop()
 
 
+@pytest.fixture
+def s3_bucket(s3, monkeypatch) -> str:
+    """This process pointed at the loopback S3 server (S3_ENDPOINT_URL and test credentials, as production reads
+    them; restored after the test, and inherited by launched subprocesses) and a fresh bucket: 's3://<bucket>'."""
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)
+    return f"s3://{s3.new_bucket()}"
+
+
+@pytest.fixture(scope="session")
+def shards(tmp_path_factory):
+    """The loader tests' shards: 24 tiny clips (seed 3) converted to MDS in chunks of 4; read-only, its prepared
+    source is `shards.parent / "prepared"`. The folder is this session's (and xdist worker's) own; a test streams
+    it into a cache folder of its own (a fresh name: Streaming keys its shared memory on it)."""
+    from gcc.data.convert import convert
+
+    root = tmp_path_factory.mktemp("loader")
+    out = root / "shards"
+    convert(make_prepared(root, clips=24, seed=3), str(out), chunk_clips=4, progress=False)
+    return out
+
+
 @pytest.fixture(scope="session")
 def e2e_shards(tmp_path_factory):
     """The end-to-end tests' shards: 32 tiny clips (seed 1) converted to MDS; read-only."""
-    from gcc.convert import convert
+    from gcc.data.convert import convert
 
     root = tmp_path_factory.mktemp("e2e")
     out = root / "shards"
-    convert(make_prepared(root, clips=32, seed=1), str(out), chunk_clips=8, progress=False, log=lambda *a: None)
+    convert(make_prepared(root, clips=32, seed=1), str(out), chunk_clips=8, progress=False)
     return out
 
 

@@ -11,19 +11,30 @@ from pathlib import Path
 import pytest
 import torch
 
-from gcc.config import ConfigError, load_config
-from gcc.csv_logger import CSVLogger
-from gcc.run_folder import (Refusal, RunLock, check_identity, latest_checkpoint, list_checkpoints,
-                            repair_checkpoints, rotate_checkpoints)
+from gcc.train.config import ConfigError, load_config
+from gcc.train.csv_logger import CSVLogger
+from gcc.train.run_folder import (Refusal, RunLock, check_identity, latest_checkpoint, list_checkpoints,
+                                  repair_checkpoints, rotate_checkpoints)
 
 ROOT = Path(__file__).resolve().parents[1]
 YAMLS = sorted((ROOT / "yamls").glob("*.yaml"))
 
 
+# each shipped yaml at the world size(s) its header's launch command uses: (world_size, accumulation, per-rank
+# batch), worked out by hand from its global_batch and micro_batch
+LAUNCHES = {
+    "mini.yaml": [(4, 2, 2)],                  # composer -n 4: 8 / (4 × 1) = 2 micro-batches of 1
+    "sft_v10.yaml": [(8, 2, 2), (16, 1, 1)],   # composer -n 8: 16 / (8 × 1); two nodes of 8: 16 / (16 × 1)
+    "tiny_cpu.yaml": [(2, 2, 4)],              # composer -n 2: 8 / (2 × 2) = 2 micro-batches of 2
+}
+
+
 @pytest.mark.parametrize("yaml", YAMLS, ids=[p.name for p in YAMLS])
 def test_shipped_yamls_load(yaml):
     cfg = load_config(yaml)
-    assert cfg.global_batch % cfg.micro_batch == 0
+    assert yaml.name in LAUNCHES, f"{yaml.name}: add its launch world size(s) to LAUNCHES"
+    for world, accumulation, per_rank in LAUNCHES[yaml.name]:
+        assert (cfg.accumulation(world), cfg.per_rank_batch(world)) == (accumulation, per_rank), world
 
 
 def test_sft_v10_is_the_spec_defaults():
@@ -84,7 +95,7 @@ def test_lock_refuses_a_second_holder_and_frees_on_release(tmp_path):
 
 
 def test_lock_of_a_killed_process_does_not_block(tmp_path):
-    code = f"from gcc.run_folder import RunLock; RunLock({str(tmp_path)!r}).acquire(); import os; os._exit(9)"
+    code = f"from gcc.train.run_folder import RunLock; RunLock({str(tmp_path)!r}).acquire(); import os; os._exit(9)"
     subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)))
     RunLock(tmp_path).acquire()
 
@@ -114,12 +125,12 @@ def test_repair_points_latest_at_newest_complete_and_drops_partials(tmp_path):
         _fake_ckpt(d, b)
     os.symlink("ep0-ba6-rank0.pt", d / "latest-rank0.pt")
     _fake_ckpt(d, 9, complete=False)  # killed while writing step 9, before the symlink moved
-    assert repair_checkpoints(tmp_path, log=lambda *a: None).name == "ep0-ba6-rank0.pt"
+    assert repair_checkpoints(tmp_path).name == "ep0-ba6-rank0.pt"
     assert [b for b, _ in list_checkpoints(tmp_path)] == [3, 6]
     # killed between Composer's symlink remove and create: no latest at all
     (d / "latest-rank0.pt").unlink()
     _fake_ckpt(d, 9, complete=False)
-    assert repair_checkpoints(tmp_path, log=lambda *a: None).name == "ep0-ba6-rank0.pt"
+    assert repair_checkpoints(tmp_path).name == "ep0-ba6-rank0.pt"
     assert latest_checkpoint(tmp_path).name == "ep0-ba6-rank0.pt"
     assert zipfile.is_zipfile(latest_checkpoint(tmp_path))
 
@@ -143,7 +154,7 @@ def test_sharded_folders_repaired_and_rotated(tmp_path):
         _dcp_ckpt(d, b)
     _dcp_ckpt(d, 8, complete=False)
     os.symlink("ep0-ba8", d / "latest-rank0.pt")  # at worst `latest` already points at the partial folder
-    assert repair_checkpoints(tmp_path, log=lambda *a: None).name == "ep0-ba6"
+    assert repair_checkpoints(tmp_path).name == "ep0-ba6"
     assert os.readlink(d / "latest-rank0.pt") == "ep0-ba6" and not (d / "ep0-ba8").exists()
     assert [b for b, _ in list_checkpoints(tmp_path)] == [2, 4, 6]
     assert rotate_checkpoints(tmp_path, keep=2) == [d / "ep0-ba2"]
@@ -180,7 +191,7 @@ def _read(p: Path) -> list[list[str]]:
 
 def test_csv_header_rotation_and_rows_after_resume_point(tmp_path):
     (tmp_path / "t.csv").write_text("step,old_col\n1,2\n")
-    lg = CSVLogger(tmp_path, {"t": ["step", "loss"]}, log=lambda *a: None)
+    lg = CSVLogger(tmp_path, {"t": ["step", "loss"]})
     lg.fit_start(_State, None)
     assert _read(tmp_path / "t.old1.csv") == [["step", "old_col"], ["1", "2"]]
     for s in (1, 2, 3):
@@ -188,14 +199,14 @@ def test_csv_header_rotation_and_rows_after_resume_point(tmp_path):
     assert _read(tmp_path / "t.csv") == [["step", "loss"], ["1", "0.1"], ["2", "0.2"], ["3", "0.3"]]
     # a relaunch that resumed from step 1's checkpoint: rows 2-3 will be trained (and logged) again
     state = type("S", (), {"timestamp": type("T", (), {"batch": 1})})
-    CSVLogger(tmp_path, {"t": ["step", "loss"]}, log=lambda *a: None).fit_start(state, None)
+    CSVLogger(tmp_path, {"t": ["step", "loss"]}).fit_start(state, None)
     assert _read(tmp_path / "t.csv") == [["step", "loss"], ["1", "0.1"]]
     with pytest.raises(ValueError, match="differ from the declared"):
         lg.log_table(["step"], [[4]], name="t")
 
 
 def test_data_check_refuses_an_empty_train_split_and_leaks():
-    from gcc.trainer import check_data
+    from gcc.train.trainer import check_data
 
     def manifest(train, val, train_runs=("r1",), val_runs=("r2",)):
         return {"splits": {"train": {"clip_ids": train, "runs": list(train_runs)},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -14,14 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import make_prepared
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from gcc import convert as C
-from gcc.shards import MANIFEST, TEXT_TABLE, ClipRecord, bf16_to_bits
+from gcc.data import convert as C
+from gcc.data.errors import BadInput
+from gcc.data.shards import MANIFEST, TEXT_TABLE, ClipRecord, bf16_to_bits, read_manifest
 from gcc.vocab import key_to_id
-
-from conftest import make_prepared
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +36,7 @@ def read_split(out: str, split: str, cache: Path) -> dict[str, ClipRecord]:
     """Every sample of a split through a real StreamingDataset (remote = the conversion, local = a cache)."""
     from streaming import StreamingDataset
 
-    from gcc.data import node_registration_lock
+    from gcc.data.dataset import node_registration_lock
 
     with node_registration_lock():  # other jobs on this machine register Streaming shared memory too
         ds = StreamingDataset(remote=f"{out}/{split}", local=str(cache / f"{split}-{uuid.uuid4().hex[:8]}"),
@@ -76,7 +77,7 @@ def assert_matches_source(src: Path, out: str, cache: Path, include_dropped: boo
 
 def test_round_trip_every_field(src, tmp_path):
     out = tmp_path / "out"
-    manifest = C.convert(src, str(out), chunk_clips=3, progress=False, log=lambda *a: None)
+    manifest = C.convert(src, str(out), chunk_clips=3, progress=False)
     assert_matches_source(src, str(out), tmp_path / "cache")
     assert (out / TEXT_TABLE).read_bytes() == (src / "text" / "table.safetensors").read_bytes()
     rows = [r for r in rows_of(src) if not r["drop"]]
@@ -95,7 +96,7 @@ def test_round_trip_every_field(src, tmp_path):
 def test_include_dropped(src, tmp_path):
     assert any(r["drop"] for r in rows_of(src))
     out = tmp_path / "out"
-    C.convert(src, str(out), include_dropped=True, progress=False, log=lambda *a: None)
+    C.convert(src, str(out), include_dropped=True, progress=False)
     assert_matches_source(src, str(out), tmp_path / "cache", include_dropped=True)
 
 
@@ -215,22 +216,24 @@ def test_bad_input_is_refused_with_a_clear_message(kind, src, tmp_path, capsys):
     assert not (out / MANIFEST).exists()
 
 
-def test_failed_chunk_keeps_finished_ones_and_rerun_completes_identically(src, tmp_path, capsys):
+def test_failed_chunk_keeps_finished_ones_and_rerun_completes_identically(src, tmp_path, capsys, caplog):
     clean = tmp_path / "clean"
-    C.convert(src, str(clean), chunk_clips=3, progress=False, log=lambda *a: None)
+    C.convert(src, str(clean), chunk_clips=3, progress=False)
     broken = tmp_path / "broken_src"
     shutil.copytree(src, broken)
     bad = _last(broken)
     _edit_latents(broken, bad, _nonfinite)
     out = tmp_path / "out"
-    with pytest.raises(C.BadInput, match=bad):
-        C.convert(broken, str(out), chunk_clips=3, progress=False, log=lambda *a: None)
+    with pytest.raises(BadInput, match=bad):
+        C.convert(broken, str(out), chunk_clips=3, progress=False)
     assert not (out / MANIFEST).exists()
     done_before = sorted(p.parent.name for p in out.rglob("DONE.json"))
     assert done_before  # other chunks survived
     shutil.copy(src / "latents" / f"{bad}.safetensors", broken / "latents" / f"{bad}.safetensors")
-    logs = []
-    C.convert(broken, str(out), chunk_clips=3, progress=False, log=logs.append)
+    caplog.set_level(logging.INFO, logger="gcc.data.convert")
+    caplog.clear()
+    C.convert(broken, str(out), chunk_clips=3, progress=False)
+    logs = caplog.messages
     assert f"({len(done_before)} already done)" in logs[0]
     assert _shards_digest(out) == _shards_digest(clean)
 
@@ -253,14 +256,14 @@ def write(self, sample):
         os._exit(137)  # die like SIGKILL: no cleanup, no finally, no atexit
     return orig(self, sample)
 MDSWriter.write = write
-from gcc.convert import main
+from gcc.data.convert import main
 sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_killed_conversion_resumes_to_identical_output(src, tmp_path):
+def test_killed_conversion_resumes_to_identical_output(src, tmp_path, caplog):
     clean = tmp_path / "clean"
-    C.convert(src, str(clean), chunk_clips=2, progress=False, log=lambda *a: None)
+    C.convert(src, str(clean), chunk_clips=2, progress=False)
     out = tmp_path / "out"
     args = ["--src", str(src), "--out", str(out), "--chunk-clips", "2", "--no-progress"]
     env = dict(os.environ, KILL_AFTER="6", PYTHONPATH=str(ROOT))
@@ -270,8 +273,10 @@ def test_killed_conversion_resumes_to_identical_output(src, tmp_path):
     done = sorted(out.rglob("DONE.json"))
     assert len(done) == 2  # chunks 1-2 finished; the 3rd died mid-write and is not visible as a chunk
     assert list(out.glob("*/.chunk_*")), "the killed chunk's staging folder should be left behind"
-    logs = []
-    C.convert(src, str(out), chunk_clips=2, progress=False, log=logs.append)
+    caplog.set_level(logging.INFO, logger="gcc.data.convert")
+    caplog.clear()
+    C.convert(src, str(out), chunk_clips=2, progress=False)
+    logs = caplog.messages
     assert "(2 already done)" in logs[0]
     assert not list(out.glob("*/.chunk_*"))
     assert _shards_digest(out) == _shards_digest(clean)
@@ -279,22 +284,24 @@ def test_killed_conversion_resumes_to_identical_output(src, tmp_path):
 
 def test_parallel_equals_serial(src, tmp_path):
     a, b = tmp_path / "serial", tmp_path / "parallel"
-    C.convert(src, str(a), workers=1, chunk_clips=2, progress=False, log=lambda *a: None)
-    C.convert(src, str(b), workers=2, chunk_clips=2, progress=False, log=lambda *a: None)
+    C.convert(src, str(a), workers=1, chunk_clips=2, progress=False)
+    C.convert(src, str(b), workers=2, chunk_clips=2, progress=False)
     assert tree_digest(a) == tree_digest(b)
 
 
-def test_rerun_on_finished_output_does_nothing(src, tmp_path):
+def test_rerun_on_finished_output_does_nothing(src, tmp_path, caplog):
     out = tmp_path / "out"
-    C.convert(src, str(out), chunk_clips=3, progress=False, log=lambda *a: None)
+    C.convert(src, str(out), chunk_clips=3, progress=False)
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
-    logs = []
-    C.convert(src, str(out), chunk_clips=3, progress=False, log=logs.append)
+    caplog.set_level(logging.INFO, logger="gcc.data.convert")
+    caplog.clear()
+    C.convert(src, str(out), chunk_clips=3, progress=False)
+    logs = caplog.messages
     assert "nothing to do" in logs[0]
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
     # the same folder with other settings is refused, naming what differs
-    with pytest.raises(C.BadInput, match="chunk_clips"):
-        C.convert(src, str(out), chunk_clips=5, progress=False, log=lambda *a: None)
+    with pytest.raises(BadInput, match="chunk_clips"):
+        C.convert(src, str(out), chunk_clips=5, progress=False)
 
 
 def test_console_entry_points(src, tmp_path):
@@ -309,13 +316,13 @@ def test_console_entry_points(src, tmp_path):
 
 
 @pytest.mark.slow
-def test_s3_round_trip(src, tmp_path, s3, monkeypatch):
-    for k, v in s3.env().items():
-        monkeypatch.setenv(k, v)
-    out = f"s3://{s3.new_bucket()}/v1/shards"
-    manifest = C.convert(src, out, workers=2, chunk_clips=3, progress=False, log=lambda *a: None)
-    assert C.read_manifest(out) == manifest
+def test_s3_round_trip(src, tmp_path, s3_bucket, caplog):
+    out = f"{s3_bucket}/v1/shards"
+    manifest = C.convert(src, out, workers=2, chunk_clips=3, progress=False)
+    assert read_manifest(out) == manifest
     assert_matches_source(src, out, tmp_path / "cache")
-    logs = []
-    C.convert(src, out, chunk_clips=3, progress=False, log=logs.append)
+    caplog.set_level(logging.INFO, logger="gcc.data.convert")
+    caplog.clear()
+    C.convert(src, out, chunk_clips=3, progress=False)
+    logs = caplog.messages
     assert "nothing to do" in logs[0]

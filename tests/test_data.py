@@ -15,29 +15,19 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from gcc import convert as C
-from gcc.data import Dropouts, GcStreamingDataset, build_dataloader, gc_collate
-from gcc.shards import MANIFEST
+from gcc.data import convert as C
+from gcc.data.dataset import Dropouts, GcStreamingDataset, build_dataloader, gc_collate
+from gcc.data.errors import BadInput
+from gcc.data.shards import MANIFEST
 from gcc.vocab import NULL_PROMPT, UNKNOWN, collapse_parts, invalid_values, key_to_id
-
-from conftest import make_prepared
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = Dropouts(text=0.3, cond=0.2, mask=0.7)  # more drops than default, so few samples exercise every path
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    src = make_prepared(root, clips=24, seed=3)
-    out = root / "shards"
-    C.convert(src, str(out), chunk_clips=4, progress=False, log=lambda *a: None)
-    return src, out
-
-
 def new_ds(shards, split="train", **kw) -> GcStreamingDataset:
     kw.setdefault("batch_size", 2)
-    return GcStreamingDataset(str(shards[1]), split, shards[1].parent / "caches" / uuid.uuid4().hex, **kw)
+    return GcStreamingDataset(str(shards), split, shards.parent / "caches" / uuid.uuid4().hex, **kw)
 
 
 def batch_digests(batch) -> list[tuple]:
@@ -58,7 +48,7 @@ def run_epochs(ds, workers: int, epochs: int = 1, batch_size: int = 2) -> list[l
 
 
 def test_sample_contract(shards):
-    src, out = shards
+    src, out = shards.parent / "prepared", shards
     geo = json.loads((out / MANIFEST).read_text())["geometry"]
     ds = new_ds(shards, dropouts=Dropouts(0, 0, 0))
     s = ds[0]
@@ -81,7 +71,7 @@ def test_sample_contract(shards):
 
 
 def test_splits_and_drop(shards):
-    src, _ = shards
+    src = shards.parent / "prepared"
     rows = [json.loads(l) for l in (src / "index" / "clips.jsonl").read_text().splitlines()]
     for split in ("train", "val"):
         ds = new_ds(shards, split, dropouts=Dropouts(0, 0, 0))
@@ -100,7 +90,6 @@ def test_val_never_drops(shards):
 
 
 def test_dropout_paths(shards):
-    src, _ = shards
     ds = new_ds(shards, dropouts=HEAVY)
     table_null = key_to_id(ds.text.keys)[NULL_PROMPT]
     seen = {"text": 0, "cond": 0, "mask": 0}
@@ -126,14 +115,15 @@ def test_dropout_paths(shards):
 
 
 def _record(ds, i):
-    from gcc.shards import ClipRecord
     from streaming import StreamingDataset
+
+    from gcc.data.shards import ClipRecord
 
     return ClipRecord.from_sample(StreamingDataset.get_item(ds, i))
 
 
 def test_cond_drop_never_decodes_sem(shards, monkeypatch):
-    from gcc.shards import ClipRecord
+    from gcc.data.shards import ClipRecord
 
     ds = new_ds(shards, dropouts=Dropouts(0, 1.0, 1.0))
 
@@ -187,7 +177,7 @@ import json, os, sys, hashlib
 sys.path.insert(0, {tests!r})
 from pathlib import Path
 from test_data import batch_digests, HEAVY
-from gcc.data import GcStreamingDataset, build_dataloader
+from gcc.data.dataset import GcStreamingDataset, build_dataloader
 
 if __name__ == "__main__":  # loader workers import this file (forkserver): nothing may run at import
     rank = int(os.environ.get("RANK", 0))
@@ -207,7 +197,7 @@ def test_same_global_batches_for_1_and_2_ranks(shards, tmp_path):
         res = tmp_path / tag
         res.mkdir()
         script = tmp_path / f"ranks_{tag}.py"
-        script.write_text(RANK_SCRIPT.format(tests=str(ROOT / "tests"), out=str(shards[1]),
+        script.write_text(RANK_SCRIPT.format(tests=str(ROOT / "tests"), out=str(shards),
                                              cache=str(tmp_path / f"cache_{tag}"), res=str(res)))
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         r = subprocess.run([str(Path(sys.executable).with_name("composer")), "-n", str(nproc), str(script),
@@ -226,11 +216,9 @@ def test_same_global_batches_for_1_and_2_ranks(shards, tmp_path):
 
 
 @pytest.mark.slow
-def test_reads_from_s3(shards, tmp_path, s3, monkeypatch):
-    for k, v in s3.env().items():
-        monkeypatch.setenv(k, v)
-    remote = f"s3://{s3.new_bucket()}/shards"
-    C.convert(shards[0], remote, chunk_clips=4, progress=False, log=lambda *a: None)
+def test_reads_from_s3(shards, tmp_path, s3_bucket):
+    remote = f"{s3_bucket}/shards"
+    C.convert(shards.parent / "prepared", remote, chunk_clips=4, progress=False)
     ds = GcStreamingDataset(remote, "train", tmp_path / "cache", batch_size=2, dropouts=HEAVY)
     local = new_ds(shards, dropouts=HEAVY)
     assert run_epochs(ds, workers=1) == run_epochs(local, workers=1)
@@ -241,9 +229,9 @@ def test_refuses_data_without_manifest(shards, tmp_path):
     import shutil
 
     broken = tmp_path / "shards"
-    shutil.copytree(shards[1], broken)
+    shutil.copytree(shards, broken)
     (broken / MANIFEST).unlink()
-    with pytest.raises(C.BadInput, match="manifest.json"):
+    with pytest.raises(BadInput, match="manifest.json"):
         GcStreamingDataset(str(broken), "train", tmp_path / "cache", batch_size=2)
 
 
@@ -262,7 +250,7 @@ def test_collate(shards):
 HOLD_SCRIPT = """
 import sys, time
 from pathlib import Path
-from gcc.data import GcStreamingDataset
+from gcc.data.dataset import GcStreamingDataset
 ds = GcStreamingDataset(sys.argv[1], "train", sys.argv[2], batch_size=1)
 Path(sys.argv[3]).touch()
 time.sleep(300)
@@ -275,10 +263,10 @@ def test_release_stale_shm_after_a_killed_process_group(shards, tmp_path):
     import signal
     import time
 
-    from gcc.data import release_stale_shm
+    from gcc.data.dataset import release_stale_shm
 
     cache, ready = tmp_path / "cache", tmp_path / "ready"
-    p = subprocess.Popen([sys.executable, "-c", HOLD_SCRIPT, str(shards[1]), str(cache), str(ready)],
+    p = subprocess.Popen([sys.executable, "-c", HOLD_SCRIPT, str(shards), str(cache), str(ready)],
                          env=dict(os.environ, PYTHONPATH=str(ROOT)), start_new_session=True)
     try:
         deadline = time.time() + 120
@@ -290,15 +278,15 @@ def test_release_stale_shm_after_a_killed_process_group(shards, tmp_path):
         p.wait()
     other = new_ds(shards)  # a live dataset on another cache must survive the release
     with pytest.raises(ValueError, match="Reused local directory"):
-        GcStreamingDataset(str(shards[1]), "train", cache, batch_size=2)
+        GcStreamingDataset(str(shards), "train", cache, batch_size=2)
     assert release_stale_shm([cache / "train"]) == 1
-    assert len(GcStreamingDataset(str(shards[1]), "train", cache, batch_size=2)) == len(other)
+    assert len(GcStreamingDataset(str(shards), "train", cache, batch_size=2)) == len(other)
     assert run_epochs(other, workers=1)  # its shared memory is intact
 
 
 def test_round_robin_by_run_and_fixed_val_ids():
-    from gcc.builders import select_val_ids
-    from gcc.data import round_robin_by_run
+    from gcc.data.dataset import round_robin_by_run
+    from gcc.train.builders import select_val_ids
 
     items = [("b", "b0"), ("a", "a0"), ("a", "a1"), ("c", "c0"), ("c", "c1"), ("c", "c2")]
     assert round_robin_by_run(items, 4) == ["a0", "b0", "c0", "a1"]

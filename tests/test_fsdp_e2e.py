@@ -13,21 +13,15 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from gcc.run_folder import checkpoint_step
-
 from _gc_helpers import save_wan_layout
 from _launch import exact, export_tensors, launch, ok, rows, start_bg, wait_for_step
+
+from gcc.train.run_folder import checkpoint_step
 
 pytestmark = pytest.mark.slow
 FSDP = "parallelism=fsdp"
 AC = "model.grad_ckpt=true"  # activation checkpointing per block, applied by Composer as in production
 NUMERIC = ["loss", "mse", "grad_norm", "sem_rms", "x_rms"]  # the same computation, summed in another order
-
-
-@pytest.fixture
-def shards(e2e_shards):
-    return e2e_shards
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +70,9 @@ def test_fsdp_trains_as_ddp_and_writes_sharded_checkpoints(fsdp_reference, refer
     assert meta_a["format"] == "gc25d" and meta_a["step"] == "12"
 
 
-def test_fsdp_exact_resume_after_sigkill_never_reads_a_partial_checkpoint(fsdp_reference, shards, tmp_path):
+def test_fsdp_exact_resume_after_sigkill_never_reads_a_partial_checkpoint(fsdp_reference, e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
-    p = start_bg(run_dir, shards, FSDP, AC)
+    p = start_bg(run_dir, e2e_shards, FSDP, AC)
     wait_for_step(run_dir, 8, p)  # past the step-6 checkpoint, before step 9's
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
@@ -92,7 +86,7 @@ def test_fsdp_exact_resume_after_sigkill_never_reads_a_partial_checkpoint(fsdp_r
     (partial / ".metadata").rename(partial / ".metadata.tmp")
     (ckpts / "latest-rank0.pt").unlink()
     os.symlink(partial.name, ckpts / "latest-rank0.pt")
-    r = ok(launch(run_dir, shards, FSDP, AC))
+    r = ok(launch(run_dir, e2e_shards, FSDP, AC))
     assert "removing incomplete/stale ep9-ba9" in r.stdout and "resuming from" in r.stdout
     assert exact(rows(run_dir)) == exact(rows(fsdp_reference))  # to the last digit
     a, _ = export_tensors(fsdp_reference / "step-12.safetensors")
@@ -102,55 +96,54 @@ def test_fsdp_exact_resume_after_sigkill_never_reads_a_partial_checkpoint(fsdp_r
     assert [checkpoint_step(p) for p in ckpt_folders(run_dir)] == [9, 12]  # rotation across the restart
 
 
-def test_fsdp_preemption_checkpoints_and_resumes(fsdp_reference, shards, tmp_path):
+def test_fsdp_preemption_checkpoints_and_resumes(fsdp_reference, e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
-    p = start_bg(run_dir, shards, FSDP, AC)
+    p = start_bg(run_dir, e2e_shards, FSDP, AC)
     wait_for_step(run_dir, 4, p)
     os.killpg(p.pid, signal.SIGTERM)
     out, _ = p.communicate(timeout=600)
     assert "preempted: stopped after step" in out, out[-4000:]
     stopped = int(out.split("preempted: stopped after step ")[1].split()[0])
     assert latest_step(run_dir) == stopped and (ckpt_folders(run_dir)[-1] / ".metadata").is_file()
-    ok(launch(run_dir, shards, FSDP, AC))
+    ok(launch(run_dir, e2e_shards, FSDP, AC))
     assert exact(rows(run_dir)) == exact(rows(fsdp_reference))
 
 
 @pytest.mark.parametrize("before, after", [(2, 1), (1, 2)])
-def test_fsdp_world_size_change_continues_the_run(fsdp_reference, shards, tmp_path, before, after):
+def test_fsdp_world_size_change_continues_the_run(fsdp_reference, e2e_shards, tmp_path, before, after):
     """Same global batch on another number of ranks: the sharded checkpoint is read back resharded (weights,
     AdamW moments), the data continues where it stopped; numbers equal up to summation order."""
     run_dir = tmp_path / "run"
-    ok(launch(run_dir, shards, FSDP, AC, "max_steps=6", n=before))
-    r = ok(launch(run_dir, shards, FSDP, AC, n=after))
+    ok(launch(run_dir, e2e_shards, FSDP, AC, "max_steps=6", n=before))
+    r = ok(launch(run_dir, e2e_shards, FSDP, AC, n=after))
     assert "resuming from" in r.stdout
     same_draws(rows(run_dir), rows(fsdp_reference), rel=1e-4)
 
 
-def test_fsdp_refusals_and_the_nonfinite_stop(shards, tmp_path):
+def test_fsdp_refusals_and_the_nonfinite_stop(e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
-    r = launch(run_dir, shards, FSDP, "inject_nonfinite_step=5", "inject_nonfinite_rank=1", "val_every=0")
+    r = launch(run_dir, e2e_shards, FSDP, "inject_nonfinite_step=5", "inject_nonfinite_rank=1", "val_every=0")
     assert r.returncode == 4, (r.stdout[-2000:], r.stderr[-3000:])
     assert "non-finite loss at step 5 (rank 1: clips clip" in r.stderr
     assert [checkpoint_step(p) for p in ckpt_folders(run_dir)] == [3]  # nothing of the poisoned state
     assert [int(x["step"]) for x in rows(run_dir)] == [1, 2, 3, 4]
-    r = launch(run_dir, shards, "parallelism=ddp", "val_every=0")  # DDP cannot read these checkpoints
+    r = launch(run_dir, e2e_shards, "parallelism=ddp", "val_every=0")  # DDP cannot read these checkpoints
     assert r.returncode == 3 and "parallelism: 'fsdp' -> 'ddp'" in r.stderr
-    r = ok(launch(run_dir, shards, FSDP, "max_steps=4", "val_every=0"))  # the same run resumes
+    r = ok(launch(run_dir, e2e_shards, FSDP, "max_steps=4", "val_every=0"))  # the same run resumes
     assert "resuming from" in r.stdout and [int(x["step"]) for x in rows(run_dir)] == [1, 2, 3, 4]
 
 
 def test_wide_preset_loads_published_layout_base_weights_by_shard(tmp_path):
     """The real TI2V-5B layer shapes (2 blocks), base weights as published (3 files + index, bf16): after one
     step at lr 0 the export holds exactly the files' Wan weights and the seeded, zero-output condition."""
-    from gcc.convert import convert
-    from gcc.synth import write_prepared
+    from gcc.data.convert import convert
+    from gcc.data.synth import write_prepared
 
     model_dir = tmp_path / "wan"
     model_dir.mkdir()
     base = save_wan_layout(model_dir, n_shards=3, preset="wide", seed=5, dtype=torch.bfloat16)
     shards = tmp_path / "shards"
-    convert(write_prepared(tmp_path / "prepared", clips=8, geometry="wide", seed=3), str(shards), progress=False,
-            log=lambda *a: None)
+    convert(write_prepared(tmp_path / "prepared", clips=8, geometry="wide", seed=3), str(shards), progress=False)
     run_dir = tmp_path / "run"
     r = ok(launch(run_dir, shards, FSDP, AC, "model.preset=wide", f"model.model_dir={model_dir}", "optim.lr=0",
                   "optim.cond_lr=0", "max_steps=1", "export_every=1", "val_every=0", "checkpoint_every=1",

@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from gcc import shards as S
-from gcc.data import gc_collate
-from gcc.text_table import TextTable
+from gcc.data import shards as S
+from gcc.data.dataset import gc_collate
+from gcc.data.text_table import TextTable
 
 
 @pytest.mark.parametrize("lib", ["libzstd", "module"])

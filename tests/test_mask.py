@@ -1,4 +1,4 @@
-"""The world-anchored UNKNOWN mask (SPEC §6) and the per-sample draws (SPEC §5). CPU only, < 1 min."""
+"""The world-anchored UNKNOWN mask (docs/design.md §6) and the per-sample draws (docs/design.md §5). CPU only, < 1 min."""
 from __future__ import annotations
 
 import math
@@ -6,11 +6,12 @@ import math
 import numpy as np
 import pytest
 
+from gcc.data.mask import (STATS, MaskParams, apply_unknown_mask, cell_pixels, mask_ground_z, static_cell_counts,
+                           unknown_cells, weighted_quantile)
+from gcc.data.sample_rng import SampleDraw, draw_sample, sample_rng
 from gcc.geometry import Cameras, ground_points
-from gcc.mask import (STATS, MaskParams, apply_unknown_mask, cell_pixels, mask_ground_z, static_cell_counts,
-                      unknown_cells, weighted_quantile)
-from gcc.sample_rng import SampleDraw, draw_sample, sample_rng
 from gcc.vocab import STATIC_MAX, UNKNOWN
+
 try:
     from tests.mask_reference import quantile as ref_quantile
     from tests.mask_reference import reference_mask
@@ -340,7 +341,7 @@ def test_cap_bounds_every_frame(ortho):
         within = cov0 <= cap
         assert np.array_equal(f0[within], capped[within])
         assert (covc <= cov0 + 1e-12).all()  # τ_f >= τ: the cap only unmasks
-    # two planes: each plane is capped on its own (SPEC's formula), so the union is <= 2·cap
+    # two planes: each plane is capped on its own (the design's formula), so the union is <= 2·cap
     two = MaskParams((0.2, 6.0), (0.25, 0.2))
     capped, _ = apply_unknown_mask(ids, cams, gz, two, "cap", cap)
     assert (static_coverage(ids, capped) <= 2 * cap + 1e-9).all()

@@ -1,4 +1,4 @@
-"""`python -m gcc.maskstats`: the frame0-vs-cap coverage table, its JSON, hand-checked numbers, the cap bound
+"""`python -m gcc.tools.maskstats`: the frame0-vs-cap coverage table, its JSON, hand-checked numbers, the cap bound
 and the PNG contact sheet."""
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from PIL import Image
 from streaming import StreamingDataset
 from streaming.base.util import clean_stale_shared_memory
 
-from gcc import convert as C
-from gcc import maskstats as MS
-from gcc.data import Dropouts, GcStreamingDataset
+from gcc.data import convert as C
+from gcc.data.dataset import Dropouts, GcStreamingDataset
+from gcc.data.mask import apply_unknown_mask
+from gcc.data.sample_rng import draw_sample
+from gcc.data.shards import ClipRecord, read_manifest
 from gcc.geometry import Cameras
-from gcc.mask import apply_unknown_mask
-from gcc.sample_rng import draw_sample
-from gcc.shards import ClipRecord
+from gcc.tools import maskstats as MS
 
 N = 10  # first 10 train clips of prepared_tiny: clip00000..07, 12, 13; clip00005 has no finite ground_z
 CAP = 0.2  # a tight cap so the bound bites
@@ -28,7 +28,7 @@ CAP = 0.2  # a tight cap so the bound bites
 def stats(prepared_tiny, tmp_path_factory):
     root = tmp_path_factory.mktemp("maskstats")
     out = root / "shards"
-    C.convert(prepared_tiny, str(out), chunk_clips=8, progress=False, log=lambda *a: None)
+    C.convert(prepared_tiny, str(out), chunk_clips=8, progress=False)
     js, png = root / "stats.json", root / "sheet.png"
     rc = MS.main(["--data", str(out), "--split", "train", "--n", str(N), "--seed", "3",
                   "--max_frame_coverage", str(CAP), "--json", str(js), "--preview", str(png)])
@@ -52,7 +52,7 @@ def test_json_has_both_calibrations_and_all_measures(stats):
             assert st["mean"] == pytest.approx(np.mean(vals)) and st["max"] == pytest.approx(max(vals))
             assert st["median"] <= st["p90"] <= st["max"]
     # the stored order: sample id i = the i-th clip of the split in the manifest
-    manifest = C.read_manifest(str(stats["out"]))
+    manifest = read_manifest(str(stats["out"]))
     assert [r["clip_id"] for r in res["per_clip"]] == manifest["splits"]["train"]["clip_ids"][:N]
     assert [r["clip_id"] for r in res["per_clip"] if not r["ground"]] == ["clip00005"]
     # frame0 and cap share τ: frame 0 is the same (the cap only ever raises τ_f), and cap never covers more
@@ -133,7 +133,7 @@ def test_preview_png(stats):
     png = stats["png"]
     assert png.exists()
     img = Image.open(png)
-    f, h, w = C.read_manifest(str(stats["out"]))["geometry"]["sem"]
+    f, h, w = read_manifest(str(stats["out"]))["geometry"]["sem"]
     assert (f, h, w) == (9, 64, 96)
     up = round(MS.CELL_TARGET_W / w)  # tiny frames are upsampled ×2
     n_clips = min(MS.PREVIEW_CLIPS, N - 1)

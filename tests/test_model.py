@@ -1,16 +1,15 @@
 """GcDiT: forward/backward, the cond's token footprint, separated timestep, framewise text, hooks, presets, base
-weights (SPEC §7)."""
+weights (docs/design.md §7)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-
-from gcc.diffsynth_parts import DiTBlock, sinusoidal_embedding_1d
-from gcc.model import build_gc_dit, class_fractions, cond_keys, count_params, load_wan_base, wan_keys
-from gcc.vocab import CHANNEL_LUT, UNKNOWN, num_classes
-
 from _gc_helpers import make_batch, randomize_cond, save_wan_layout, tiny_dit
+
+from gcc.model.diffsynth_parts import DiTBlock, sinusoidal_embedding_1d
+from gcc.model.dit import build_gc_dit, class_fractions, cond_keys, count_params, load_wan_base, wan_keys
+from gcc.vocab import CHANNEL_LUT, UNKNOWN, num_classes
 
 
 def _inputs(batch):
@@ -137,9 +136,10 @@ def test_grad_ckpt_same_result_and_grads():
 
 
 def test_fsdp_and_activation_checkpointing_hooks_select_exactly_the_blocks():
-    from composer.distributed.activation_checkpointing import apply_ac, generate_composer_model_check_fn
-    from gcc.objective import GcTrainModel
     from _gc_helpers import null_embedding
+    from composer.distributed.activation_checkpointing import apply_ac, generate_composer_model_check_fn
+
+    from gcc.model.objective import GcTrainModel
 
     dit = tiny_dit(num_layers=3)
     model = GcTrainModel(dit, seed=0, null_context=null_embedding(), null_id=0)

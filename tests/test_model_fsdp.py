@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from _gc_helpers import save_wan_layout
 
 HERE = Path(__file__).resolve().parent
@@ -28,12 +27,12 @@ from composer.distributed.fsdp2 import prepare_fully_shard
 from composer.distributed.fsdp2_utils import generate_composer_model_policy
 from composer.distributed.prepare_distributed import parallelize_composer_model
 from composer.utils.parallelism import FSDP2Config
-from gcc.diffsynth_parts import sinusoidal_embedding_1d
-from gcc.export import EXPORT_DTYPE, gc_metadata, save_gc
-from gcc.fsdp import _meta_init, clip_grad_norm, full_state_dict, local_part, mean_gradients_on_gloo, meta_init_on
-from gcc.model import build_gc_dit, load_wan_base
-from gcc.objective import GcTrainModel
-from gcc.optim import build_optimizer
+from gcc.model.diffsynth_parts import sinusoidal_embedding_1d
+from gcc.model.export import EXPORT_DTYPE, gc_metadata, save_gc
+from gcc.model.fsdp import _meta_init, clip_grad_norm, full_state_dict, local_part, mean_gradients_on_gloo, meta_init_on
+from gcc.model.dit import build_gc_dit, load_wan_base
+from gcc.model.objective import GcTrainModel
+from gcc.model.optim import build_optimizer
 from _gc_helpers import make_batch, null_embedding
 
 out_dir, wan_dir = sys.argv[1], sys.argv[2]
@@ -149,7 +148,7 @@ def test_fsdp2_two_ranks_match_one_process(tmp_path):
         assert res["groups"][1] == 6  # the gc_sem_cond group survives Composer's re-mapping onto DTensors
         assert res["grad_mean"], "FSDP2 gradient differs from the one-process mean"
         assert res["norm"][0] == pytest.approx(res["norm"][1], rel=1e-5)
-        assert res["gloo_sums"], "gloo's reduce-scatter no longer sums: drop gcc.fsdp.mean_gradients_on_gloo"
+        assert res["gloo_sums"], "gloo's reduce-scatter no longer sums: drop gcc.model.fsdp.mean_gradients_on_gloo"
         assert res["t_dtype"] == "torch.bfloat16" and res["t_exact"] and res["t_rounded_differs"]
     with safe_open(str(tmp_path / "sharded.safetensors"), "pt") as a, \
             safe_open(str(tmp_path / "plain.safetensors"), "pt") as b:

@@ -1,14 +1,13 @@
-"""The ComposerModel objective, validation variants, param groups and warmup (SPEC §7, §9.8)."""
+"""The ComposerModel objective, validation variants, param groups and warmup (docs/design.md §7, §9.8)."""
 from __future__ import annotations
 
 import pytest
 import torch
+from _gc_helpers import make_batch, null_embedding, randomize_cond, tiny_dit
 from torch.utils.data import DataLoader, Dataset
 
-from gcc.objective import (GcTrainModel, GcValMSE, make_scheduler, resolve_timesteps, train_draw, val_noise)
-from gcc.optim import BETAS, build_optimizer, param_groups, trainer_schedule_kwargs
-
-from _gc_helpers import make_batch, null_embedding, randomize_cond, tiny_dit
+from gcc.model.objective import GcTrainModel, GcValMSE, make_scheduler, resolve_timesteps, train_draw, val_noise
+from gcc.model.optim import BETAS, build_optimizer, param_groups, trainer_schedule_kwargs
 
 
 def _model(seed=0, dit_seed=0, **kw):
@@ -146,7 +145,7 @@ def test_micro_batches_are_not_deep_copied(tmp_path, monkeypatch):
     from composer import Trainer
     from composer.core import DataSpec
 
-    from gcc.trainer import MicroBatch
+    from gcc.train.builders import MicroBatch
 
     monkeypatch.chdir(tmp_path)
     model = _model()
@@ -169,7 +168,7 @@ def test_tensorboard_one_event_file_per_launch(tmp_path, monkeypatch):
     from composer import Trainer
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from gcc.tensorboard_logger import LocalTensorboardLogger
+    from gcc.train.tensorboard_logger import LocalTensorboardLogger
 
     monkeypatch.chdir(tmp_path)
     model = _model()
@@ -219,7 +218,29 @@ def test_val_variants_share_noise_and_differ_as_expected():
     randomize_cond(model.dit)
     out2 = model.eval_forward(b)
     assert (out2["mse_uncond"] - out2["mse"]).abs().min() > 0
-    torch.testing.assert_close(out2["mse_nulltext"] - out2["mse"] + out2["mse"], out2["mse_nulltext"])
+    # cond and nulltext by hand (the NULL_PROMPT embedding and id in every cell, the clip's own sem ids): the same
+    # val noise, the clean first frame, frames 1.. in the MSE; and the val_log gap is their difference
+    sched = make_scheduler(1000, 5.0)
+    x0 = b["input_latents"].float()
+    null_ctx, null_ids = null_embedding().float().expand(1, 3, -1, -1), torch.full((1, 3), 3)
+    hand = {"mse": torch.zeros(3, 2), "mse_nulltext": torch.zeros(3, 2)}
+    for j, (tid, t) in enumerate(resolve_timesteps(sched, [200, 500, 800])):
+        for i in range(2):
+            eps = val_noise(0, b["clip_id"][i], tid, x0.shape[1:])
+            x_t = (1 - sched.sigmas[tid]) * x0[i] + sched.sigmas[tid] * eps
+            x_t[:, 0] = x0[i, :, 0]
+            for name, ctx, ids in (("mse", b["context"][i:i + 1].float(), b["context_ids"][i:i + 1]),
+                                   ("mse_nulltext", null_ctx, null_ids)):
+                with torch.no_grad():
+                    pred = model.dit.gc_forward(x_t[None], torch.tensor([t]), ctx, ids, b["sem_ids"][i:i + 1])[0]
+                hand[name][j, i] = (pred[:, 1:] - (eps - x0[i])[:, 1:]).pow(2).mean()
+    torch.testing.assert_close(out2["mse"], hand["mse"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out2["mse_nulltext"], hand["mse_nulltext"], rtol=1e-5, atol=1e-6)
+    metric = GcValMSE([t for _, t in model.val_steps])
+    metric.update(out2["mse"], out2["mse_uncond"], out2["mse_nulltext"])
+    gaps = [r["gap_nulltext"] for r in metric.rows()]
+    assert gaps == pytest.approx((hand["mse_nulltext"] - hand["mse"]).double().mean(1).tolist(), rel=1e-4, abs=1e-6)
+    assert min(abs(g) for g in gaps) > 0
     # eval is deterministic (no global RNG), and the same clip gets the same noise in any batch
     torch.manual_seed(77)
     torch.testing.assert_close(model.eval_forward(b)["mse"], out2["mse"])

@@ -1,4 +1,4 @@
-"""gcc.sample (SPEC §10) on CPU: a tiny GcDiT and a tiny WanVideoVAE38 (random weights) on the synthetic world."""
+"""gcc.tools.sample (docs/design.md §10) on CPU: a tiny GcDiT and a tiny WanVideoVAE38 (random weights) on the synthetic world."""
 from __future__ import annotations
 
 import json
@@ -12,13 +12,19 @@ import imageio.v2 as imageio
 import numpy as np
 import pytest
 import torch
+from _gc_helpers import randomize_cond, tiny_dit
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from _gc_helpers import randomize_cond, tiny_dit
-from gcc import sample as S
-from gcc.export import gc_metadata, save_gc
-from gcc.model import wan_keys
+from gcc.model.dit import wan_keys
+from gcc.model.export import gc_metadata, save_gc
+from gcc.tools.sample import cli
+from gcc.tools.sample import dit as D
+from gcc.tools.sample import metrics as M
+from gcc.tools.sample import sampler as SA
+from gcc.tools.sample import sources as SRC
+from gcc.tools.sample import vae as V
+from gcc.tools.sample.errors import SampleError
 from gcc.vocab import UNKNOWN, colorize
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +41,7 @@ def _meta(vocab: str, model_dir: str) -> dict:
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     """A tiny Wan2.2 model dir as published (sharded DiT + index + Wan2.2_VAE.pth) and gc25d exports."""
-    from gcc.diffsynth_parts import VideoVAE38_
+    from gcc.model.diffsynth_parts import VideoVAE38_
 
     root = tmp_path_factory.mktemp("sample_assets")
     md = root / "Wan2.2-TI2V-tiny"
@@ -77,7 +83,7 @@ def _frames(mp4: Path) -> np.ndarray:
 
 def test_outputs_shapes_frames_and_metrics(assets, prepared_tiny, tmp_path):
     out = tmp_path / "out"
-    assert S.main(_args(assets, prepared_tiny, out, "--val_n", "2")) == 0
+    assert cli.main(_args(assets, prepared_tiny, out, "--val_n", "2")) == 0
     m = json.loads((out / "metrics.json").read_text())
     assert m["clip_ids"] == VAL_RR[:2] and m["vocab"] == "parts" and m["weights"] == "gc25d"
     assert m["data_kind"] == "prepared" and m["raw_root"] == str(prepared_tiny / "raw")
@@ -97,46 +103,46 @@ def test_outputs_shapes_frames_and_metrics(assets, prepared_tiny, tmp_path):
         video = _frames(out / f"{cid}.mp4")
         assert video.shape == (9, 64, 3 * 96, 3)  # GT | generated | cond
         # the GT panel is the raw tar resampled to dst; the cond panel is the palette of the ids the model got
-        src = S.PreparedSource(prepared_tiny)
+        src = SRC.PreparedSource(prepared_tiny)
         clip = src.load(cid)
-        gt = S.resample_rgb(S.read_gt(prepared_tiny / "raw", clip, 9), (64, 96))
+        gt = SRC.resample_rgb(SRC.read_gt(prepared_tiny / "raw", clip, 9), (64, 96))
         assert np.abs(video[:, :, :96].astype(int) - gt).mean() < 6
-        assert np.abs(video[:, :, 192:].astype(int) - colorize(clip.sem_ids)).mean() < 12
-        assert np.abs(video[:, :, 192:].astype(int) - colorize(np.full_like(clip.sem_ids, UNKNOWN))).mean() > 30
+        assert np.abs(video[:, :, 192:].astype(int) - colorize(clip.sem_ids())).mean() < 12
+        assert np.abs(video[:, :, 192:].astype(int) - colorize(np.full_like(clip.sem_ids(), UNKNOWN))).mean() > 30
 
 
 def test_val_selection_round_robin_and_clip_id_files(prepared_tiny, tmp_path):
-    rows = S.PreparedSource(prepared_tiny).rows
-    assert S.select_clips(rows, val_n=4) == VAL_RR
-    everything = S.select_clips(rows, val_n=100)  # fewer available: all of them, with a note
+    rows = SRC.PreparedSource(prepared_tiny).rows
+    assert SRC.select_clips(rows, val_n=4) == VAL_RR
+    everything = SRC.select_clips(rows, val_n=100)  # fewer available: all of them, with a note
     assert sorted(everything) == ["clip00008", "clip00010", "clip00011", "clip00020", "clip00021", "clip00022",
                                   "clip00023"]
     f = tmp_path / "ids.txt"
     f.write_text("clip00003  # a train clip\n\nclip00009,clip00001\n")
-    assert S.parse_clip_ids(f"@{f}") == ["clip00003", "clip00009", "clip00001"]
-    assert S.select_clips(rows, S.parse_clip_ids(f"@{f}")) == ["clip00003", "clip00009", "clip00001"]
-    with pytest.raises(S.SampleError, match="nope"):
-        S.select_clips(rows, ["clip00001", "nope"])
+    assert SRC.parse_clip_ids(f"@{f}") == ["clip00003", "clip00009", "clip00001"]
+    assert SRC.select_clips(rows, SRC.parse_clip_ids(f"@{f}")) == ["clip00003", "clip00009", "clip00001"]
+    with pytest.raises(SampleError, match="nope"):
+        SRC.select_clips(rows, ["clip00001", "nope"])
 
 
 def test_psnr_identical_is_null_and_known_perturbation_matches_hand_computation():
     rng = np.random.default_rng(0)
     gt = rng.integers(20, 200, size=(3, 8, 8, 3), dtype=np.uint8)
-    m = S.video_metrics(gt, gt.copy())
+    m = M.video_metrics(gt, gt.copy())
     assert m["psnr"] is None and m["psnr_frame0"] is None and all(f["psnr"] is None for f in m["frames"])
     assert m["ssim"] == pytest.approx(1.0)
     json.dumps(m, allow_nan=False)  # null, never Infinity, in the json files
     gen = gt.copy()
     gen[1, 0:2, 0:4, 0] += 10  # 8 values off by 10
     gen[2, 3, 3, :] -= 6  # 3 values off by 6
-    m = S.video_metrics(gen, gt)
+    m = M.video_metrics(gen, gt)
     n = 8 * 8 * 3
     mse_rest = (8 * 10 ** 2 + 3 * 6 ** 2) / (2 * n) / 255 ** 2  # frames 1.., pooled
     assert m["psnr"] == pytest.approx(10 * math.log10(1 / mse_rest), abs=1e-4)  # torchmetrics works in float32
     assert m["frames"][1]["psnr"] == pytest.approx(10 * math.log10(1 / (800 / n / 255 ** 2)), abs=1e-4)
     assert m["frames"][2]["psnr"] == pytest.approx(10 * math.log10(1 / (108 / n / 255 ** 2)), abs=1e-4)
     assert m["psnr_frame0"] is None  # frame 0 untouched
-    assert m["ssim"] < 1.0 and S.video_metrics(gen, gt, ssim=False)["ssim"] is None
+    assert m["ssim"] < 1.0 and M.video_metrics(gen, gt, ssim=False)["ssim"] is None
 
 
 def test_same_seed_identical_and_unknown_differs(assets, prepared_tiny, tmp_path):
@@ -145,7 +151,7 @@ def test_same_seed_identical_and_unknown_differs(assets, prepared_tiny, tmp_path
     vids = {}
     for name, extra in runs.items():
         out = tmp_path / name
-        assert S.main(_args(assets, prepared_tiny, out, "--clip_ids", "clip00008", "--no_ssim",
+        assert cli.main(_args(assets, prepared_tiny, out, "--clip_ids", "clip00008", "--no_ssim",
                             "--no_recon_ceiling", *extra)) == 0
         vids[name] = _frames(out / "clip00008.mp4")
     assert (tmp_path / "a" / "clip00008.mp4").read_bytes() == (tmp_path / "b" / "clip00008.mp4").read_bytes()
@@ -162,33 +168,33 @@ def test_same_seed_identical_and_unknown_differs(assets, prepared_tiny, tmp_path
 
 
 def test_guidance_skips_unit_scales_and_is_deterministic(assets, prepared_tiny):
-    dit = S.load_dit("tiny", "parts", "cpu", torch.float32, ckpt=str(assets["ckpt"]))
-    src = S.PreparedSource(prepared_tiny)
+    dit = D.load_dit("tiny", "parts", "cpu", torch.float32, ckpt=str(assets["ckpt"]))
+    src = SRC.PreparedSource(prepared_tiny)
     clip = src.load("clip00010")
-    C, T, h, w = clip.latents.shape
+    C, T, h, w = clip.input_latents.shape
     calls = []
     hook = dit.register_forward_hook(lambda mod, inp, out: calls.append(inp[0].shape[0]))
     null = src.table.gather([src.table.null_id] * T)
-    kw = dict(first=clip.latents[:, :1].float(), context=src.table.gather(clip.context_ids),
+    kw = dict(first=clip.input_latents[:, :1].float(), context=src.table.gather(clip.context_ids),
               context_ids=torch.from_numpy(clip.context_ids), null_context=null,
-              null_ids=torch.full((T,), src.table.null_id), sem=torch.from_numpy(clip.sem_ids),
-              noise=S.clip_noise(0, "clip00010", (C, T, h, w)), steps=3)
-    x1 = S.sample_latents(dit, **kw)
-    x2 = S.sample_latents(dit, **kw)
+              null_ids=torch.full((T,), src.table.null_id), sem=torch.from_numpy(clip.sem_ids()),
+              noise=SA.clip_noise(0, "clip00010", (C, T, h, w)), steps=3)
+    x1 = SA.sample_latents(dit, **kw)
+    x2 = SA.sample_latents(dit, **kw)
     assert torch.equal(x1, x2) and calls == [1] * 6  # cfg = sem_cfg = 1: one forward per step, batch 1
-    torch.testing.assert_close(x1[:, :1], clip.latents[:, :1].float())  # frame 0 stays the clean latent
+    torch.testing.assert_close(x1[:, :1], clip.input_latents[:, :1].float())  # frame 0 stays the clean latent
     calls.clear()
-    xg = S.sample_latents(dit, **kw, cfg=3.0, sem_cfg=2.0)
+    xg = SA.sample_latents(dit, **kw, cfg=3.0, sem_cfg=2.0)
     assert calls == [3] * 3 and not torch.equal(xg, x1)
     calls.clear()
-    S.sample_latents(dit, **{**kw, "sem": torch.full_like(kw["sem"], UNKNOWN)}, sem_cfg=2.0)
+    SA.sample_latents(dit, **{**kw, "sem": torch.full_like(kw["sem"], UNKNOWN)}, sem_cfg=2.0)
     assert calls == [1] * 3  # ids already all 255: the sem guidance term is zero, its forward skipped
     hook.remove()
     # one step (sigma 1 -> 0): x = noise - e, e = e_c + (cfg-1)(e_c - e_nulltext) + (sem_cfg-1)(e_c - e_unknown)
-    x1 = S.sample_latents(dit, **{**kw, "steps": 1}, cfg=3.0, sem_cfg=2.0)
+    x1 = SA.sample_latents(dit, **{**kw, "steps": 1}, cfg=3.0, sem_cfg=2.0)
     x0 = kw["noise"].clone()
     x0[:, :1] = kw["first"]
-    t = S.make_sampling_scheduler(1, 5.0).timesteps[:1]
+    t = SA.make_sampling_scheduler(1, 5.0).timesteps[:1]
     sem = kw["sem"][None]
 
     def e(ctx, ids, sem_ids):
@@ -202,16 +208,16 @@ def test_guidance_skips_unit_scales_and_is_deterministic(assets, prepared_tiny):
 
 
 def test_base_weights_and_shards_match_prepared(assets, prepared_tiny, tmp_path):
-    from gcc.convert import convert
+    from gcc.data.convert import convert
 
     shards = tmp_path / "shards"
     convert(str(prepared_tiny), str(shards), progress=False)
     ids_file = tmp_path / "clips.txt"
     ids_file.write_text("clip00011\n")
     base = ["--base", "--vocab", "ids"]
-    assert S.main(_args(assets, shards, tmp_path / "sh", "--clip_ids", f"@{ids_file}", "--no_ssim",
+    assert cli.main(_args(assets, shards, tmp_path / "sh", "--clip_ids", f"@{ids_file}", "--no_ssim",
                         "--no_recon_ceiling", weights=base)) == 0
-    assert S.main(_args(assets, prepared_tiny, tmp_path / "pr", "--clip_ids", "clip00011", "--no_ssim",
+    assert cli.main(_args(assets, prepared_tiny, tmp_path / "pr", "--clip_ids", "clip00011", "--no_ssim",
                         "--no_recon_ceiling", weights=base)) == 0
     m = json.loads((tmp_path / "sh" / "metrics.json").read_text())
     assert m["weights"] == "base" and m["vocab"] == "ids" and m["data_kind"] == "shards"
@@ -222,7 +228,7 @@ def test_base_weights_and_shards_match_prepared(assets, prepared_tiny, tmp_path)
     with safe_open(str(next(assets["model_dir"].glob("*00001-of-00002.safetensors"))), "pt") as f1, \
             safe_open(str(next(assets["model_dir"].glob("*00002-of-00002.safetensors"))), "pt") as f2:
         save_file({k: f.get_tensor(k) for f in (f1, f2) for k in f.keys()}, str(wan))
-    assert S.main(_args(assets, prepared_tiny, tmp_path / "wan", "--clip_ids", "clip00011", "--no_ssim",
+    assert cli.main(_args(assets, prepared_tiny, tmp_path / "wan", "--clip_ids", "clip00011", "--no_ssim",
                         "--no_recon_ceiling", "--vocab", "ids", weights=["--ckpt", str(wan)])) == 0
     assert json.loads((tmp_path / "wan" / "metrics.json").read_text())["weights"] == "wan"
     assert (tmp_path / "wan" / "clip00011.mp4").read_bytes() == (tmp_path / "pr" / "clip00011.mp4").read_bytes()
@@ -231,41 +237,41 @@ def test_base_weights_and_shards_match_prepared(assets, prepared_tiny, tmp_path)
 def test_clear_errors(assets, prepared_tiny, tmp_path, capsys):
     out = tmp_path / "out"
     # a checkpoint of another vocab than requested
-    assert S.main(_args(assets, prepared_tiny, out, "--val_n", "1", "--vocab", "ids")) == S.EXIT_ERROR
+    assert cli.main(_args(assets, prepared_tiny, out, "--val_n", "1", "--vocab", "ids")) == cli.EXIT_ERROR
     err = capsys.readouterr().err
     assert str(assets["ckpt"]) in err and "'parts'" in err and "'ids'" in err
-    assert S.main(_args(assets, prepared_tiny, out, "--val_n", "1", "--vocab", "parts",
-                        weights=["--ckpt", str(assets["ckpt_ids"])])) == S.EXIT_ERROR
+    assert cli.main(_args(assets, prepared_tiny, out, "--val_n", "1", "--vocab", "parts",
+                        weights=["--ckpt", str(assets["ckpt_ids"])])) == cli.EXIT_ERROR
     assert "ids-step-1.safetensors has vocab 'ids'" in capsys.readouterr().err
     # a missing clip id
-    assert S.main(_args(assets, prepared_tiny, out, "--clip_ids", "clip00001,clip_missing")) == S.EXIT_ERROR
+    assert cli.main(_args(assets, prepared_tiny, out, "--clip_ids", "clip00001,clip_missing")) == cli.EXIT_ERROR
     assert "clip_missing" in capsys.readouterr().err
     # a model dir without the VAE
     empty = tmp_path / "no_vae"
     empty.mkdir()
-    assert S.main(_args(assets, prepared_tiny, out, "--val_n", "1")[:4] + ["--model_dir", str(empty)]
-                  + _args(assets, prepared_tiny, out, "--val_n", "1")[6:]) == S.EXIT_ERROR
+    assert cli.main(_args(assets, prepared_tiny, out, "--val_n", "1")[:4] + ["--model_dir", str(empty)]
+                  + _args(assets, prepared_tiny, out, "--val_n", "1")[6:]) == cli.EXIT_ERROR
     assert "Wan2.2_VAE.pth" in capsys.readouterr().err
     assert not (out / "metrics.json").exists()
     # as a program: non-zero exit, one line naming the problem, no traceback
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     argv = _args(assets, prepared_tiny, out, "--val_n", "1", weights=["--base"])
     argv[argv.index("--model_dir") + 1] = str(empty)  # fails before the heavy imports: a fast subprocess
-    p = subprocess.run([sys.executable, "-m", "gcc.sample", *argv], capture_output=True, text=True, env=env,
+    p = subprocess.run([sys.executable, "-m", "gcc.tools.sample", *argv], capture_output=True, text=True, env=env,
                        cwd=REPO, timeout=120)
-    assert p.returncode == S.EXIT_ERROR
-    assert p.stderr.startswith("gcc.sample: error: --model_dir") and str(empty) in p.stderr
+    assert p.returncode == cli.EXIT_ERROR
+    assert p.stderr.startswith("gcc.tools.sample: error: --model_dir") and str(empty) in p.stderr
     assert "Wan2.2_VAE.pth" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_tiny_vae_roundtrip_shapes(assets):
-    vae = S.load_vae(assets["model_dir"] / "Wan2.2_VAE.pth")
+    vae = V.load_vae(assets["model_dir"] / "Wan2.2_VAE.pth")
     assert type(vae).__name__ == "WanVideoVAE38" and vae.z_dim == 48 and vae.upsampling_factor == 16
     frames = np.random.default_rng(1).integers(0, 255, size=(9, 64, 96, 3), dtype=np.uint8)
-    z = S.vae_encode(vae, frames, "cpu")
+    z = V.vae_encode(vae, frames, "cpu")
     assert tuple(z.shape) == (48, 3, 4, 6)
-    assert S.vae_decode(vae, z, "cpu").shape == (9, 64, 96, 3)
+    assert V.vae_decode(vae, z, "cpu").shape == (9, 64, 96, 3)
     bad = assets["root"] / "bad_vae.pth"
     torch.save({"foo": torch.zeros(1)}, bad)
-    with pytest.raises(S.SampleError, match="not a Wan2.2 VAE"):
-        S.load_vae(bad)
+    with pytest.raises(SampleError, match="not a Wan2.2 VAE"):
+        V.load_vae(bad)

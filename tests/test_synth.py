@@ -1,4 +1,4 @@
-"""The synthetic world (gcc.synth) writes exactly the prepared layout of docs/data_format.md."""
+"""The synthetic world (gcc.data.synth) writes exactly the prepared layout of docs/data_format.md."""
 from __future__ import annotations
 
 import io
@@ -13,7 +13,8 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from gcc import synth, vocab
+from gcc import vocab
+from gcc.data import synth
 from gcc.geometry import Cameras, ground_points, pixel_grid
 
 TINY = synth.GEOMETRIES["tiny"]
@@ -167,7 +168,7 @@ def test_runs_splits_drops(prepared_tiny):
     assert all(len(s) == 1 for s in split_of_run.values()), split_of_run
     assert max(sum(r["run"] == run for r in rows) for run in split_of_run) > 1  # several clips per run
     val = [int(r["clip_id"][4:]) for r in rows if r["split"] == "val"]
-    assert val == [8, 9, 10, 11, 20, 21, 22, 23]  # runs 2 and 5 (documented in gcc/synth.py)
+    assert val == [8, 9, 10, 11, 20, 21, 22, 23]  # runs 2 and 5 (documented in gcc/data/synth.py)
     dropped = [int(r["clip_id"][4:]) for r in rows if r["drop"]]
     assert dropped == [9, 19]
     assert {r["subset"] for r in rows} == {"synth_desert", "synth_forest"}
@@ -264,7 +265,7 @@ def _cells(root: Path):
     feats, text, lat = [], [], []
     for r in rows_of(root):
         ids = load_ids(root, r["clip_id"])
-        frac = synth.class_fractions(ids, TINY.T, TINY.h, TINY.w)  # [T, h, w, V]
+        frac = synth.latent_cell_fractions(ids, TINY.T, TINY.h, TINY.w)  # [T, h, w, V]
         x = load_file(root / "latents" / f"{r['clip_id']}.safetensors")["input_latents"].float().numpy()
         onehot = np.zeros((TINY.T, len(table)), dtype=np.float32)
         onehot[np.arange(TINY.T), [table.index(k) for k in r["context_keys"]]] = 1
@@ -296,12 +297,12 @@ def test_latents_depend_on_sem_layout(prepared_tiny):
     assert same < 0.7 * diff, (same, diff)
 
 
-def test_class_fractions_footprint():
+def test_latent_cell_fractions_footprint():
     ids = np.zeros((9, 32, 48), dtype=np.uint8)
     ids[0, :16, :16] = 6  # latent frame 0 = pixel frame 0
     ids[1:5, 16:, 16:32] = 10  # latent frame 1 = pixel frames 1..4
     ids[5, :16, 32:] = 16  # one of latent frame 2's four frames
-    frac = synth.class_fractions(ids, 3, 2, 3)
+    frac = synth.latent_cell_fractions(ids, 3, 2, 3)
     ch = vocab.CHANNEL_LUT["parts"]
     assert frac.shape == (3, 2, 3, vocab.num_classes("parts"))
     np.testing.assert_allclose(frac.sum(-1), 1.0, rtol=1e-6)

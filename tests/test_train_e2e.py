@@ -13,18 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from gcc import convert as C
-from gcc.run_folder import checkpoint_step
-
 from _launch import exact, export_tensors, launch, ok, rows, start_bg, wait_for, wait_for_step
 
+from gcc.data import convert as C
+from gcc.train.run_folder import checkpoint_step
+
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def shards(e2e_shards):
-    return e2e_shards
 
 
 def test_reference_run_outputs(reference):
@@ -46,13 +40,13 @@ def test_reference_run_outputs(reference):
     assert cfg["steps_per_epoch"] > 0 and cfg["data_geometry"]["latents"][0] == 48
 
 
-def test_exact_resume_after_sigkill(reference, shards, tmp_path):
+def test_exact_resume_after_sigkill(reference, e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
-    p = start_bg(run_dir, shards)
+    p = start_bg(run_dir, e2e_shards)
     wait_for_step(run_dir, 8, p)  # past the step-6 checkpoint, before step 9's
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
-    r = ok(launch(run_dir, shards))
+    r = ok(launch(run_dir, e2e_shards))
     assert "resuming from" in r.stdout
     assert exact(rows(run_dir)) == exact(rows(reference))  # clips, drops, mask, timestep, loss: exactly
     a, meta_a = export_tensors(reference / "step-12.safetensors")
@@ -62,9 +56,9 @@ def test_exact_resume_after_sigkill(reference, shards, tmp_path):
     assert meta_a["resumed_from"] == ""
 
 
-def test_preemption_checkpoints_and_resumes(reference, shards, tmp_path):
+def test_preemption_checkpoints_and_resumes(reference, e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
-    p = start_bg(run_dir, shards)
+    p = start_bg(run_dir, e2e_shards)
     wait_for_step(run_dir, 4, p)
     os.killpg(p.pid, signal.SIGTERM)  # launcher and ranks, as a cluster's preemption does
     out, _ = p.communicate(timeout=600)  # EOF once rank 0 exited
@@ -74,16 +68,16 @@ def test_preemption_checkpoints_and_resumes(reference, shards, tmp_path):
     ckpts = [p.name for p in (run_dir / "checkpoints").glob("ep*-ba*-rank0.pt")]
     assert any(f"-ba{stopped}-" in c for c in ckpts), ckpts
     assert checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt")) == stopped
-    ok(launch(run_dir, shards))
+    ok(launch(run_dir, e2e_shards))
     assert exact(rows(run_dir)) == exact(rows(reference))
 
 
-def test_loader_workers_start_once_per_rank_from_the_forkserver(shards, tmp_path):
+def test_loader_workers_start_once_per_rank_from_the_forkserver(e2e_shards, tmp_path):
     """Each rank's one loader worker starts once for the whole run (three epochs), forked by the forkserver."""
-    manifest = json.loads((shards / "manifest.json").read_text())
+    manifest = json.loads((e2e_shards / "manifest.json").read_text())
     per_epoch = -(-manifest["counts"]["train"] // 4)  # global batch 4
     run_dir = tmp_path / "run"
-    r = ok(launch(run_dir, shards, f"max_steps={2 * per_epoch + 1}", "val_every=0", "export_every=0",
+    r = ok(launch(run_dir, e2e_shards, f"max_steps={2 * per_epoch + 1}", "val_every=0", "export_every=0",
                   launcher=["--stderr", str(tmp_path / "rank{rank}.stderr")]))
     assert {int(x["epoch"]) for x in rows(run_dir)} == {0, 1, 2}
     for rank, err in ((0, r.stderr), (1, (tmp_path / "rank1.stderr").read_text())):
@@ -92,13 +86,13 @@ def test_loader_workers_start_once_per_rank_from_the_forkserver(shards, tmp_path
         assert starts[0].endswith("(forkserver)"), starts
 
 
-def test_sigterm_while_a_rank_waits_for_data_stops_the_run_with_stacks(reference, shards, tmp_path):
+def test_sigterm_while_a_rank_waits_for_data_stops_the_run_with_stacks(reference, e2e_shards, tmp_path):
     """Rank 1's loader never delivers step 5's batch, rank 0 waits for rank 1 inside step 5: a SIGTERM to the
     process group still ends both within the grace, with rank 1's stacks in the run folder; the last
     checkpoint is intact and the relaunch continues exactly."""
     run_dir = tmp_path / "run"
     grace = 20
-    p = start_bg(run_dir, shards, "inject_stall_step=5", "inject_stall_rank=1", f"preemption_grace_s={grace}",
+    p = start_bg(run_dir, e2e_shards, "inject_stall_step=5", "inject_stall_rank=1", f"preemption_grace_s={grace}",
                  "checkpoint_every=4", launcher=["--stderr", str(tmp_path / "rank{rank}.stderr")])
     # step 4's checkpoint is saved after both ranks agreed at step 4's end that no signal had come: from then
     # on, rank 1 can only be on its way to, or in, the wait for step 5's batch (and rank 0 waiting for rank 1)
@@ -116,14 +110,14 @@ def test_sigterm_while_a_rank_waits_for_data_stops_the_run_with_stacks(reference
     assert "rank 1: SIGTERM received" in (tmp_path / "rank1.stderr").read_text()
     assert [int(x["step"]) for x in rows(run_dir)] == [1, 2, 3, 4]
     assert checkpoint_step(os.readlink(latest)) == 4
-    ok(launch(run_dir, shards))
+    ok(launch(run_dir, e2e_shards))
     assert exact(rows(run_dir)) == exact(rows(reference))
 
 
-def test_elastic_resume_on_one_rank_keeps_global_batches(reference, shards, tmp_path):
+def test_elastic_resume_on_one_rank_keeps_global_batches(reference, e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
-    ok(launch(run_dir, shards, "max_steps=6"))
-    ok(launch(run_dir, shards, n=1))  # same global batch 4: now 1 rank × micro 1 × accumulation 4
+    ok(launch(run_dir, e2e_shards, "max_steps=6"))
+    ok(launch(run_dir, e2e_shards, n=1))  # same global batch 4: now 1 rank × micro 1 × accumulation 4
     got, want = rows(run_dir), rows(reference)
     assert [int(r["step"]) for r in got] == list(range(1, 13))
     for g, w in zip(got[6:], want[6:]):
@@ -133,15 +127,13 @@ def test_elastic_resume_on_one_rank_keeps_global_batches(reference, shards, tmp_
         assert float(g["loss"]) == pytest.approx(float(w["loss"]), rel=1e-3)
 
 
-def test_data_on_s3_with_a_node_cache_trains_and_resumes_the_same(reference, shards, tmp_path, s3, monkeypatch):
+def test_data_on_s3_with_a_node_cache_trains_and_resumes_the_same(reference, e2e_shards, tmp_path, s3_bucket):
     """Shards on s3:// (a real S3 server on loopback): the same rows as the local-data run, across a resume."""
-    for k, v in s3.env().items():
-        monkeypatch.setenv(k, v)
-    remote = f"s3://{s3.new_bucket()}/shards"
-    C.convert(shards.parent / "prepared", remote, chunk_clips=8, progress=False, log=lambda *a: None)
+    remote = f"{s3_bucket}/shards"
+    C.convert(e2e_shards.parent / "prepared", remote, chunk_clips=8, progress=False)
     run_dir = tmp_path / "run"
     for steps in (6, 12):  # the second launch resumes at step 6 with a warm cache
-        r = ok(launch(run_dir, shards, f"data.path={remote}", f"max_steps={steps}"))
+        r = ok(launch(run_dir, e2e_shards, f"data.path={remote}", f"max_steps={steps}"))
     assert "resuming from" in r.stdout
     assert exact(rows(run_dir)) == exact(rows(reference))
     cache = run_dir / "cache" / "node0"
@@ -149,39 +141,39 @@ def test_data_on_s3_with_a_node_cache_trains_and_resumes_the_same(reference, sha
     assert any((cache / "train").rglob("*.mds*"))  # the shards streamed into the node cache
 
 
-def test_changed_signature_is_refused_larger_max_steps_accepted(shards, tmp_path):
+def test_changed_signature_is_refused_larger_max_steps_accepted(e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
-    ok(launch(run_dir, shards, "max_steps=2", "val_every=0", "export_every=0"))
-    r = launch(run_dir, shards, "max_steps=2", "optim.lr=5e-4", "model.vocab=ids")
+    ok(launch(run_dir, e2e_shards, "max_steps=2", "val_every=0", "export_every=0"))
+    r = launch(run_dir, e2e_shards, "max_steps=2", "optim.lr=5e-4", "model.vocab=ids")
     assert r.returncode == 3
     assert "optim.lr: 0.001 -> 0.0005" in r.stderr and "model.vocab: 'parts' -> 'ids'" in r.stderr
     assert "Traceback" not in r.stderr
-    r = ok(launch(run_dir, shards, "max_steps=3", "val_every=0", "export_every=0"))
+    r = ok(launch(run_dir, e2e_shards, "max_steps=3", "val_every=0", "export_every=0"))
     assert [int(x["step"]) for x in rows(run_dir)] == [1, 2, 3]
 
 
-def test_second_launch_refused_stale_lock_ignored(shards, tmp_path):
+def test_second_launch_refused_stale_lock_ignored(e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
     # far more steps than it can take while the second launch starts (on a loaded machine that takes a while)
-    p = start_bg(run_dir, shards, "max_steps=1000000", "val_every=0", "export_every=0")
+    p = start_bg(run_dir, e2e_shards, "max_steps=1000000", "val_every=0", "export_every=0")
     try:
         wait_for_step(run_dir, 4, p)
-        r = launch(run_dir, shards, "max_steps=1000000")
+        r = launch(run_dir, e2e_shards, "max_steps=1000000")
         assert p.poll() is None, "the first launch ended: this test needs it alive"
         assert r.returncode == 3 and "another live run holds" in r.stderr, (r.stdout[-3000:], r.stderr[-3000:])
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
     at = checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt"))
-    r = ok(launch(run_dir, shards, f"max_steps={at + 1}"))  # the dead run's lock does not block; it resumes
+    r = ok(launch(run_dir, e2e_shards, f"max_steps={at + 1}"))  # the dead run's lock does not block; it resumes
     assert "resuming from" in r.stdout and int(rows(run_dir)[-1]["step"]) == at + 1
-    r = ok(launch(run_dir, shards, f"max_steps={at + 1}"))  # finished: says so, exits 0
+    r = ok(launch(run_dir, e2e_shards, f"max_steps={at + 1}"))  # finished: says so, exits 0
     assert f"nothing to do: {run_dir} is at step {at + 1}" in r.stdout
 
 
-def test_nonfinite_loss_on_one_rank_stops_all(shards, tmp_path):
+def test_nonfinite_loss_on_one_rank_stops_all(e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
-    r = launch(run_dir, shards, "inject_nonfinite_step=5", "inject_nonfinite_rank=1", "val_every=0")
+    r = launch(run_dir, e2e_shards, "inject_nonfinite_step=5", "inject_nonfinite_rank=1", "val_every=0")
     assert r.returncode == 4, (r.stdout[-2000:], r.stderr[-3000:])
     assert "non-finite loss at step 5 (rank 1: clips clip" in r.stderr
     ckpts = sorted(p.name for p in (run_dir / "checkpoints").glob("ep*-ba*-rank0.pt"))
@@ -192,21 +184,21 @@ def test_nonfinite_loss_on_one_rank_stops_all(shards, tmp_path):
 def _plain_wan_export(path: Path) -> None:
     from safetensors.torch import save_file
 
-    from gcc.model import build_gc_dit, cond_keys
+    from gcc.model.dit import build_gc_dit, cond_keys
 
     dit = build_gc_dit("tiny")
     skip = set(cond_keys(dit))
     save_file({k: v.contiguous() for k, v in dit.state_dict().items() if k not in skip}, str(path))
 
 
-def test_warm_start_and_lineage_over_two_resumes(reference, shards, tmp_path):
+def test_warm_start_and_lineage_over_two_resumes(reference, e2e_shards, tmp_path):
     init = reference / "step-12.safetensors"
     run_dir = tmp_path / "run"
     quiet = ["val_every=0", "export_every=2", "checkpoint_every=2"]
-    ok(launch(run_dir, shards, "max_steps=2", f"model.init_ckpt={init}", *quiet))
+    ok(launch(run_dir, e2e_shards, "max_steps=2", f"model.init_ckpt={init}", *quiet))
     assert float(rows(run_dir)[0]["sem_rms"]) > 0  # the warm-started cond is not zero
-    ok(launch(run_dir, shards, "max_steps=4", f"model.init_ckpt={init}", *quiet))
-    ok(launch(run_dir, shards, "max_steps=6", f"model.init_ckpt={init}", *quiet))
+    ok(launch(run_dir, e2e_shards, "max_steps=4", f"model.init_ckpt={init}", *quiet))
+    ok(launch(run_dir, e2e_shards, "max_steps=6", f"model.init_ckpt={init}", *quiet))
     meta = {n: export_tensors(run_dir / f"step-{n}.safetensors")[1] for n in (2, 4, 6)}
     assert {m["init_ckpt"] for m in meta.values()} == {str(init.resolve())}
     assert (meta[2]["resumed_from"], meta[2]["resumed_step"]) == ("", "")
@@ -216,14 +208,14 @@ def test_warm_start_and_lineage_over_two_resumes(reference, shards, tmp_path):
     plain = tmp_path / "plain_wan.safetensors"
     _plain_wan_export(plain)
     run2 = tmp_path / "run2"
-    ok(launch(run2, shards, "max_steps=1", f"model.init_ckpt={plain}", "val_every=0", "export_every=0"))
+    ok(launch(run2, e2e_shards, "max_steps=1", f"model.init_ckpt={plain}", "val_every=0", "export_every=0"))
     assert float(rows(run2)[0]["sem_rms"]) == 0.0
 
 
-def test_learning_uses_the_condition(shards, tmp_path):
+def test_learning_uses_the_condition(e2e_shards, tmp_path):
     """The chain is right end to end: the loss falls and validation shows the semantic condition is used."""
     run_dir = tmp_path / "run"
-    ok(launch(run_dir, shards, "max_steps=300", "val_every=300", "val_n=8", "export_every=0",
+    ok(launch(run_dir, e2e_shards, "max_steps=300", "val_every=300", "val_n=8", "export_every=0",
               "checkpoint_every=300", "global_batch=8", "micro_batch=2", n=1, timeout=1800))
     r = rows(run_dir)
     first, last = [float(x["mse"]) for x in r[:20]], [float(x["mse"]) for x in r[-20:]]

@@ -1,4 +1,4 @@
-"""Worker processes (gcc/workers.py) and the stall watchdog (gcc/watchdog.py): no fork of a threaded process, no
+"""Worker processes (gcc/data/workers.py) and the stall watchdog (gcc/train/watchdog.py): no fork of a threaded process, no
 idle compile pool, persistent loader workers from the forkserver, deadlines that end a blocked process."""
 from __future__ import annotations
 
@@ -13,18 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from gcc import convert as C
-from gcc.data import GcStreamingDataset, build_dataloader, gc_collate
-from gcc.watchdog import EXIT_STALLED
-
-from conftest import make_prepared
+from gcc.data.dataset import GcStreamingDataset, build_dataloader, gc_collate
+from gcc.train.watchdog import EXIT_STALLED
 
 ROOT = Path(__file__).resolve().parents[1]
 
 PROCESS_REPORT = """
 import os, sys
 import composer, torch._inductor.config  # first, as in a training rank: inductor has read its settings
-import gcc.model, gcc.objective, gcc.sample  # everything that imports DiffSynth
+import gcc.model.diffsynth_parts, gcc.model.dit, gcc.model.objective, gcc.tools.sample.cli  # all that imports DiffSynth
 import time; time.sleep(1)  # a pool would be starting by now
 me = os.getpid()
 threads = os.listdir(f"/proc/{me}/task")
@@ -52,7 +49,7 @@ def test_importing_the_model_starts_no_thread_and_no_process():
 FORKSERVER_MASK = """
 import signal
 from multiprocessing import forkserver
-from gcc.workers import PREEMPTION_SIGNALS, worker_context
+from gcc.data.workers import PREEMPTION_SIGNALS, worker_context
 
 worker_context()
 status = open(f"/proc/{forkserver._forkserver._forkserver_pid}/status").read()
@@ -80,14 +77,6 @@ class PidCollate:
         return batch
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    root = tmp_path_factory.mktemp("workers")
-    out = root / "shards"
-    C.convert(make_prepared(root, clips=12, seed=2), str(out), chunk_clips=4, progress=False, log=lambda *a: None)
-    return out
-
-
 def test_loader_workers_come_from_the_forkserver_and_serve_every_epoch(shards, tmp_path, monkeypatch):
     ds = GcStreamingDataset(str(shards), "train", tmp_path / uuid.uuid4().hex, batch_size=2, seed=0)
     dl = build_dataloader(ds, batch_size=2, num_workers=1, collate_fn=PidCollate())
@@ -110,7 +99,7 @@ def test_loader_workers_come_from_the_forkserver_and_serve_every_epoch(shards, t
 
 ORPHAN_SCRIPT = """
 import os, sys, time, uuid
-from gcc.data import GcStreamingDataset, build_dataloader
+from gcc.data.dataset import GcStreamingDataset, build_dataloader
 from test_workers import PidCollate
 
 if __name__ == "__main__":
@@ -148,7 +137,7 @@ def test_a_killed_rank_leaves_no_worker_and_no_forkserver(shards, tmp_path):
 
 WATCHDOG_SCRIPT = """
 import signal, sys, time
-from gcc.watchdog import StallWatchdog
+from gcc.train.watchdog import StallWatchdog
 
 wd = StallWatchdog(sys.argv[1], rank=3, poll_s=0.1)
 if sys.argv[2] == "signal":

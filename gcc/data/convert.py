@@ -1,0 +1,271 @@
+"""Prepared clips -> MDS shards (docs/design.md §4). Entry points: `python -m convert_data` and the `convert_data` script.
+
+How it stays correct when interrupted:
+* Clips of each split are cut, in sorted clip_id order, into fixed chunks of `--chunk-clips`. A chunk is the
+  unit of work and of resumption; the cut does not depend on `--workers`, so any worker count writes the
+  same bytes.
+* A chunk is written to a staging folder and becomes visible only complete: locally by an atomic rename, on
+  S3 by uploading its `DONE.json` last. A chunk without a matching `DONE.json` is redone from scratch.
+  (Streaming's MDSWriter writes `index.json` even when a write fails, so its presence proves nothing.)
+* `manifest.json` is written last; without it the output is not a dataset (the loader refuses it).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from gcc import __version__
+from gcc.data import storage
+from gcc.data.errors import BadInput
+from gcc.data.layout import check_splits, clip_files, geometry_of, load_clip, read_index, read_text_table
+from gcc.data.shards import COLUMNS, FORMAT_VERSION, MANIFEST, SPLITS, TEXT_TABLE
+from gcc.data.workers import pool_worker_init, worker_context
+from gcc.geometry import Geometry
+from gcc.vocab import key_to_id
+
+logger = logging.getLogger(__name__)
+
+CONVERTER_VERSION = f"gcc-convert/{__version__}/format{FORMAT_VERSION}"
+DONE = "DONE.json"
+INDEX_FIELDS = {"clip_id": str, "run": str, "subset": str, "scene": str, "split": str, "drop": bool,
+                "context_keys": list}
+EXIT_BAD_INPUT = 2
+
+
+# ---- plan, chunks, output ------------------------------------------------------------------------------
+@dataclass
+class Plan:
+    src: Path
+    out: str
+    chunk_clips: int
+    size_limit: int
+    compression: str
+    include_dropped: bool
+    geometry: Geometry
+    text_keys: list[str]
+    signature: dict[str, Any]
+    splits: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def chunks(self) -> list[tuple[str, int, list[dict[str, Any]]]]:
+        out = []
+        for split, rows in self.splits.items():
+            for i in range(0, len(rows), self.chunk_clips):
+                out.append((split, i // self.chunk_clips, rows[i:i + self.chunk_clips]))
+        return out
+
+
+def chunk_name(idx: int) -> str:
+    return f"chunk_{idx:05d}"
+
+
+def _done_record(plan: Plan, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"signature": plan.signature, "clip_ids": [r["clip_id"] for r in rows]}
+
+
+def chunk_is_done(plan: Plan, split: str, idx: int, rows: list[dict[str, Any]]) -> bool:
+    url = storage.join(plan.out, split, chunk_name(idx), DONE)
+    if not storage.exists(url):
+        return False
+    try:
+        return json.loads(storage.read_bytes(url)) == _done_record(plan, rows)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+
+
+def write_chunk(plan: Plan, split: str, idx: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Convert one chunk; returns its stats. Nothing becomes visible unless the whole chunk succeeded."""
+    from streaming import MDSWriter
+
+    final = storage.join(plan.out, split, chunk_name(idx))
+    remote = storage.is_remote(plan.out)
+    stage_root = tempfile.mkdtemp(prefix=f".{chunk_name(idx)}.", dir=None if remote else Path(final).parent)
+    stage = os.path.join(stage_root, chunk_name(idx))
+    ids_of = key_to_id(plan.text_keys)
+    nbytes_src = 0
+    try:
+        with MDSWriter(out=stage, columns=COLUMNS, compression=plan.compression, hashes=["sha1", "xxh64"],
+                       size_limit=plan.size_limit, progress_bar=False) as writer:
+            for row in rows:
+                sample = load_clip(plan.src, row, plan.geometry, ids_of)
+                nbytes_src += sum(p.stat().st_size for p in clip_files(plan.src, row["clip_id"]).values())
+                writer.write(sample)
+        storage.write_bytes(os.path.join(stage, DONE), json.dumps(_done_record(plan, rows)).encode())
+        nbytes_out = sum(p.stat().st_size for p in Path(stage).iterdir())
+        if remote:
+            storage.remove_tree(final)
+            files = sorted(p for p in Path(stage).iterdir() if p.name != DONE)
+            for p in files:
+                storage.upload_file(str(p), storage.join(final, p.name))
+            storage.upload_file(os.path.join(stage, DONE), storage.join(final, DONE))  # last: marks complete
+        else:
+            shutil.rmtree(final, ignore_errors=True)  # a partial chunk from a killed run
+            os.replace(stage, final)
+        return {"split": split, "chunk": idx, "clips": len(rows), "src_bytes": nbytes_src, "out_bytes": nbytes_out}
+    finally:
+        shutil.rmtree(stage_root, ignore_errors=True)
+
+
+def _chunk_job(args: tuple[Plan, str, int, list[dict[str, Any]]]) -> dict[str, Any]:
+    plan, split, idx, rows = args
+    try:
+        return write_chunk(plan, split, idx, rows)
+    except BadInput as e:
+        return {"split": split, "chunk": idx, "error": str(e)}
+
+
+def make_plan(src: Path, out: str, chunk_clips: int = 64, size_limit: int = 1 << 26,
+              compression: str = "zstd", include_dropped: bool = False) -> Plan:
+    if not (src / "READY").exists():
+        raise BadInput(f"{src}: no READY file — the prepared data is incomplete (prep writes READY last)")
+    rows = read_index(src)
+    check_splits(rows)
+    text_keys, text_shape, text_sha = read_text_table(src)
+    kept = [r for r in rows if include_dropped or not r["drop"]]
+    if not kept:
+        raise BadInput(f"{src}/index/clips.jsonl: no clips to convert (all rows have drop=true?)")
+    kept.sort(key=lambda r: r["clip_id"])
+    geo = geometry_of(src, kept[0]["clip_id"], text_shape)
+    signature = {
+        "converter_version": CONVERTER_VERSION,
+        "source_index_sha256": storage.sha256_file(src / "index" / "clips.jsonl"),
+        "text_table_sha256": text_sha,
+        "include_dropped": include_dropped, "chunk_clips": chunk_clips, "size_limit": size_limit,
+        "compression": compression,
+    }
+    plan = Plan(src, str(out), chunk_clips, size_limit, compression, include_dropped, geo, text_keys, signature)
+    plan.splits = {s: [r for r in kept if r["split"] == s] for s in SPLITS}
+    return plan
+
+
+def _existing_manifest(out: str) -> dict[str, Any] | None:
+    url = storage.join(out, MANIFEST)
+    return json.loads(storage.read_bytes(url)) if storage.exists(url) else None
+
+
+def convert(src: str | Path, out: str, workers: int = 1, chunk_clips: int = 64, size_limit: int = 1 << 26,
+            compression: str = "zstd", include_dropped: bool = False, progress: bool = True) -> dict[str, Any]:
+    """Convert (or finish converting) `src` into `out`; returns the manifest. Raises BadInput."""
+    from streaming.base.util import merge_index
+    from tqdm import tqdm
+
+    t0 = time.time()
+    src = Path(src)
+    plan = make_plan(src, out, chunk_clips, size_limit, compression, include_dropped)
+    old = _existing_manifest(out)
+    if old is not None:
+        if old.get("signature") == plan.signature:
+            logger.info(f"{out}: already converted from this source ({MANIFEST} matches); nothing to do")
+            return old
+        diff = sorted(k for k in set(old.get("signature", {})) | set(plan.signature)
+                      if old.get("signature", {}).get(k) != plan.signature.get(k))
+        raise BadInput(f"{out}: holds a finished conversion of different input or settings (differs in: "
+                       f"{', '.join(diff)}); choose another --out or delete it")
+    if not storage.is_remote(out):
+        for split in SPLITS:
+            Path(out, split).mkdir(parents=True, exist_ok=True)
+            for stale in Path(out, split).glob(".chunk_*"):  # staging left by a killed run
+                shutil.rmtree(stale, ignore_errors=True)
+    chunks = plan.chunks()
+    todo = [(plan, s, i, rows) for s, i, rows in chunks if not chunk_is_done(plan, s, i, rows)]
+    n_clips = sum(len(r) for _, _, r in chunks)
+    logger.info(f"converting {src} -> {out}: {n_clips} clips in {len(chunks)} chunks "
+        f"({len(chunks) - len(todo)} already done), {workers} worker(s)")
+    results, errors = [], []
+    bar = tqdm(total=sum(len(t[3]) for t in todo), unit="clip", disable=not progress, file=sys.stderr)
+    if workers > 1 and len(todo) > 1:
+        # forkserver, not fork: tqdm's monitor thread and boto3's threads live in this process (gcc/data/workers.py)
+        with ProcessPoolExecutor(max_workers=workers, mp_context=worker_context(),
+                                 initializer=pool_worker_init, initargs=(os.getpid(), dict(os.environ))) as pool:
+            for res in pool.map(_chunk_job, todo):
+                results.append(res)
+                bar.update(len(todo[len(results) - 1][3]))
+    else:
+        for job in todo:
+            results.append(_chunk_job(job))
+            bar.update(len(job[3]))
+    bar.close()
+    errors = [r["error"] for r in results if "error" in r]
+    if errors:
+        raise BadInput(f"{len(errors)} chunk(s) failed; fix the input and rerun (finished chunks are kept):\n"
+                       + "\n".join(errors))
+    for split in SPLITS:  # Streaming's merge_index logs a warning per call about its temp folder: mute it
+        split_url = storage.join(out, split)
+        idx_urls = [storage.join(split_url, chunk_name(i), "index.json") for s, i, _ in chunks if s == split]
+        with _quiet_logs():
+            if storage.is_remote(out):
+                with tempfile.TemporaryDirectory() as tmp:
+                    merge_index(idx_urls, (tmp, split_url))
+            elif idx_urls:
+                Path(split_url, "index.json").unlink(missing_ok=True)
+                merge_index(idx_urls, split_url)
+    storage.upload_file(str(src / "text" / "table.safetensors"), storage.join(out, TEXT_TABLE))
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "converter_version": CONVERTER_VERSION,
+        "signature": plan.signature,
+        "source": str(src.resolve()),
+        "source_index_sha256": plan.signature["source_index_sha256"],
+        "text_table": TEXT_TABLE, "text_table_sha256": plan.signature["text_table_sha256"],
+        "text_keys": len(plan.text_keys),
+        "geometry": plan.geometry.as_dict(),
+        # clip_ids[i] / clip_runs[i] describe the split's sample id i (the shards hold clips in this order)
+        "splits": {s: {"clips": len(rows), "runs": sorted({r["run"] for r in rows}),
+                       "clip_ids": [r["clip_id"] for r in rows], "clip_runs": [r["run"] for r in rows]}
+                   for s, rows in plan.splits.items()},
+        "counts": {s: len(rows) for s, rows in plan.splits.items()},
+    }
+    storage.write_bytes(storage.join(out, MANIFEST), json.dumps(manifest, indent=1).encode())
+    secs = time.time() - t0
+    done_clips = sum(r["clips"] for r in results)
+    src_mb = sum(r["src_bytes"] for r in results) / 1e6
+    out_mb = sum(r["out_bytes"] for r in results) / 1e6
+    logger.info(f"done in {secs:.1f} s: " + ", ".join(f"{s} {len(r)} clips" for s, r in plan.splits.items())
+        + f"; this run converted {done_clips} clips ({src_mb:.1f} MB -> {out_mb:.1f} MB"
+        + (f", {done_clips / secs:.1f} clips/s" if secs > 0 else "") + f"); manifest {storage.join(out, MANIFEST)}")
+    return manifest
+
+
+@contextlib.contextmanager
+def _quiet_logs():
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="convert_data", description=__doc__.split("\n")[0])
+    p.add_argument("--src", required=True, help="prepared data root (holds index/, latents/, sem/, meta/, text/, READY)")
+    p.add_argument("--out", required=True, help="output: a local folder or s3://bucket/prefix (S3_ENDPOINT_URL honoured)")
+    p.add_argument("--workers", type=int, default=1, help="parallel processes (output is identical for any count)")
+    p.add_argument("--include-dropped", action="store_true", help="also convert rows with drop=true")
+    p.add_argument("--chunk-clips", type=int, default=64, help="clips per chunk, the unit of resumption")
+    p.add_argument("--size-limit", type=int, default=1 << 26, help="MDS shard size limit in bytes")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(list(argv) if argv is not None else None)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    if args.workers < 1 or args.chunk_clips < 1:
+        p.error("--workers and --chunk-clips must be >= 1")
+    try:
+        convert(args.src, args.out, workers=args.workers, chunk_clips=args.chunk_clips,
+                size_limit=args.size_limit, include_dropped=args.include_dropped, progress=not args.no_progress)
+    except BadInput as e:
+        print(f"convert_data: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""The training/validation loader (docs/design.md §5–§6): a StreamingDataset of converted clips plus the text table,
+the three dropouts and the world-anchored UNKNOWN mask.
+
+Determinism: everything random about a sample is drawn from a generator keyed on (seed, epoch, sample id).
+Streaming hands `get_item` the global sample id; the epoch is a local of Streaming's `__iter__`, so this class
+captures it where Streaming computes it (`_resume_incr_epoch`, run in every worker at the start of each
+epoch). Neither depends on the worker count, rank count or resume point. Pinned to streaming==0.13.0.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import math
+import os
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from streaming import StreamingDataset
+from torch.utils.data import get_worker_info
+
+from gcc.data import storage
+from gcc.data.errors import BadInput
+from gcc.data.mask import apply_unknown_mask
+from gcc.data.sample_rng import draw_sample
+from gcc.data.shards import TEXT_TABLE, ClipRecord, read_manifest
+from gcc.data.text_table import TextTable
+from gcc.data.workers import PREEMPTION_GRACE_S, LoaderWorkerInit, worker_context
+from gcc.geometry import Cameras
+from gcc.vocab import UNKNOWN, check_vocab, collapse_parts
+
+
+@dataclass(frozen=True)
+class Dropouts:
+    text: float = 0.1
+    cond: float = 0.05
+    mask: float = 0.5
+    calibration: str = "frame0"  # "frame0" | "cap"
+    max_frame_coverage: float = 0.4
+
+    def __post_init__(self):
+        if self.calibration not in ("frame0", "cap"):
+            raise ValueError(f"mask calibration must be 'frame0' or 'cap', got {self.calibration!r}")
+
+
+NO_DROPOUTS = Dropouts(text=0.0, cond=0.0, mask=0.0)
+
+
+def release_stale_shm(local_dirs: Sequence[str | Path], scan: int = 256) -> int:
+    """Unlink Streaming shared memory left by a *dead* launch that used these cache folders.
+
+    After a SIGKILL, Streaming's shared memory outlives the process and a relaunch on the same cache folder
+    fails with "Reused local directory". `clean_stale_shared_memory()` would fix that by unlinking every
+    Streaming segment on the node, other live jobs' included; this removes only segments registered for our
+    own folders. Call it only while holding the run lock (no live run uses these folders). Returns the
+    number of prefixes released."""
+    import _posixshmem
+    from tempfile import gettempdir
+
+    from streaming.base.constant import BARRIER_FILELOCK, CACHE_FILELOCK, LOCALS, SHM_TO_CLEAN
+    from streaming.base.shared.memory import SharedMemory  # attaches without resource-tracker ownership
+    from streaming.base.shared.prefix import _get_path, _unpack_locals
+
+    ours = {os.path.abspath(str(d)) for d in local_dirs}
+    released = 0
+    # Streaming's prefix numbers only grow on a node (it skips numbers whose lock files remain in /tmp), so
+    # look at the segments that exist rather than a fixed range
+    shm_dir = Path("/dev/shm")
+    prefixes = sorted(int(p.name[:6]) for p in shm_dir.glob("[0-9][0-9][0-9][0-9][0-9][0-9]_" + LOCALS)) \
+        if shm_dir.is_dir() else range(scan)
+    for prefix in prefixes:
+        try:
+            shm = SharedMemory(_get_path(prefix, LOCALS), create=False, auto_cleanup=False)
+        except (FileNotFoundError, PermissionError):
+            continue
+        theirs, _ = _unpack_locals(bytes(shm.buf))
+        shm.shm.close()
+        if not ours.intersection(os.path.abspath(t) for t in theirs):
+            continue
+        for name in SHM_TO_CLEAN:
+            with contextlib.suppress(FileNotFoundError, PermissionError):
+                _posixshmem.shm_unlink("/" + _get_path(prefix, name))
+        for lock in (BARRIER_FILELOCK, CACHE_FILELOCK):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(gettempdir(), _get_path(prefix, lock)))
+        released += 1
+    return released
+
+
+def _empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """A new uninitialised tensor. Inside a DataLoader worker its storage is shared memory from the start (as
+    torch's default_collate does for its batches), so handing the sample or batch to the main process does
+    not copy it once more: at v10 a sample's sem ids are 32 MB and a context 88 MB."""
+    shape = tuple(int(s) for s in shape)
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+
+
+@contextlib.contextmanager
+def node_registration_lock():
+    """Serialise Streaming's shared-memory registration between independent jobs on one node. Every
+    StreamingDataset this project builds (tests included) is built inside it.
+
+    Streaming's registration is optimistic: every local rank scans for the first free prefix number, then the
+    local leader creates it and the other ranks attach to the number *they* found. Two jobs starting at once can
+    pick the same number (the leader dies with FileExistsError '/000123_locals'), and a rank that scanned while
+    another job was registering finds another number than its leader (it dies: "Internal error: shared memory
+    prefix ... not registered by local leader"). So the node's local leader takes a file lock, and only then do
+    the other ranks start their scan (a barrier): no other job registers between the scans and the creation."""
+    import fcntl
+    from tempfile import gettempdir
+
+    import torch.distributed as tdist
+
+    sync = tdist.is_available() and tdist.is_initialized()
+    if int(os.environ.get("LOCAL_RANK", 0)) != 0:
+        if sync:
+            tdist.barrier()  # the leader holds the lock now
+        yield
+        return
+    with open(os.path.join(gettempdir(), "gcc_streaming_registration.lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            if sync:
+                tdist.barrier()
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def round_robin_by_run(items: Sequence[tuple[str, Any]], n: int) -> list:
+    """Up to n items spread over runs: runs by name, items in the given order within a run; every run's first
+    item, then every run's second, ... (fixed validation/evaluation clips that cover many recordings)."""
+    by_run: dict[str, list] = {}
+    for run, item in items:
+        by_run.setdefault(run, []).append(item)
+    out: list = []
+    depth = 0
+    while len(out) < n and any(depth < len(v) for v in by_run.values()):
+        out += [v[depth] for _, v in sorted(by_run.items()) if depth < len(v)][:n - len(out)]
+        depth += 1
+    return out
+
+
+def fetch_text_table(data: str, cache_dir: str | Path) -> Path:
+    """The text table as a local file: in place for local data, else downloaded once into the cache."""
+    if not storage.is_remote(data):
+        return Path(data, TEXT_TABLE)
+    local = Path(cache_dir, TEXT_TABLE)
+    if not local.exists():
+        with storage.atomic_path(local) as tmp:
+            storage.download_file(storage.join(data, TEXT_TABLE), str(tmp))
+    return local
+
+
+class GcStreamingDataset(StreamingDataset):
+    """Converted clips of one split. `data` is a conversion's root (local folder or s3:// URL); shards are
+    cached under `cache_dir` (per run: Streaming refuses two live datasets on one local folder)."""
+
+    def __init__(self, data: str, split: str, cache_dir: str | Path, *, batch_size: int, seed: int = 0,
+                 vocab: str = "parts", dropouts: Dropouts = Dropouts(), shuffle: bool = True,
+                 num_canonical_nodes: int | None = 1, cache_limit: str | None = None,
+                 predownload: int | None = None):
+        self.manifest = read_manifest(data)
+        if split not in self.manifest["splits"]:
+            raise BadInput(f"{data}: split {split!r} not in the manifest ({sorted(self.manifest['splits'])})")
+        self.data, self.split, self.seed, self.vocab = data, split, int(seed), check_vocab(vocab)
+        # the val split never drops anything (docs/design.md §5)
+        self.dropouts = NO_DROPOUTS if split == "val" else dropouts
+        cache_dir = Path(cache_dir)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        self.text = TextTable(fetch_text_table(data, cache_dir))
+        self._epoch = 0
+        with node_registration_lock():
+            super().__init__(remote=storage.join(data, split), local=str(cache_dir / split), batch_size=batch_size,
+                             shuffle=shuffle, shuffle_seed=self.seed, num_canonical_nodes=num_canonical_nodes,
+                             cache_limit=cache_limit, predownload=predownload)
+
+    # Streaming computes the epoch inside each worker's __iter__; keep it for get_item.
+    def _resume_incr_epoch(self) -> tuple[int, int]:
+        epoch, sample_in_epoch = super()._resume_incr_epoch()
+        self._epoch = epoch
+        return epoch, sample_in_epoch
+
+    def get_item(self, sample_id: int, retry: int = 7) -> dict[str, Any]:
+        rec = ClipRecord.from_sample(super().get_item(sample_id, retry), empty=_empty)
+        return self.make_sample(rec, int(sample_id), self._epoch)
+
+    def make_sample(self, rec: ClipRecord, sample_id: int, epoch: int) -> dict[str, Any]:
+        d = self.dropouts
+        draw = draw_sample(self.seed, epoch, sample_id, d.text, d.cond, d.mask)
+        ids = np.full(len(rec.context_ids), self.text.null_id, np.int64) if draw.drop_text else rec.context_ids
+        mask_frac = 0.0
+        # sem ids are written once, into their final (in a worker: shared) storage
+        sem_t = _empty(rec.sem_shape, torch.uint8)
+        sem = sem_t.numpy()
+        if draw.drop_cond:
+            sem.fill(UNKNOWN)  # the stored ids are never decompressed
+        else:
+            rec.sem_ids(out=sem)
+            if draw.mask is not None:
+                meta = rec.meta()
+                sem, mask_frac = apply_unknown_mask(sem, Cameras.from_meta(meta), np.asarray(meta["ground_z"], float),
+                                                    draw.mask, calibration=d.calibration,
+                                                    max_frame_coverage=d.max_frame_coverage, inplace=True)
+        if self.vocab == "ids":
+            sem_t = torch.from_numpy(collapse_parts(sem))
+        return {
+            "input_latents": rec.input_latents,
+            "context": self.text.gather(ids, empty=_empty),
+            "context_ids": torch.from_numpy(np.asarray(ids, np.int64)),
+            "sem_ids": sem_t,
+            "clip_id": rec.clip_id,
+            "sample_id": sample_id,
+            "epoch": epoch,
+            "dropped": {"text": bool(draw.drop_text), "cond": bool(draw.drop_cond), "mask": float(mask_frac)},
+        }
+
+
+def _stack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """torch.stack; one tensor becomes a [1, ...] view (no copy); in a worker the stack is written straight
+    into shared memory (as default_collate does)."""
+    if len(tensors) == 1:
+        return tensors[0].unsqueeze(0)
+    out = _empty((len(tensors), *tensors[0].shape), tensors[0].dtype)
+    return torch.stack(list(tensors), out=out)
+
+
+def gc_collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Stack samples into the batch the model consumes; `dropped` becomes three flat tensors. A batch of one
+    sample holds views of the sample's tensors (values identical; a single-prompt context stays a stride-0
+    expanded view, see `TextTable.gather`)."""
+    return {
+        "input_latents": _stack([s["input_latents"] for s in samples]),
+        "context": _stack([s["context"] for s in samples]),
+        "context_ids": torch.stack([s["context_ids"] for s in samples]),
+        "sem_ids": _stack([s["sem_ids"] for s in samples]),
+        "clip_id": [s["clip_id"] for s in samples],
+        "sample_id": torch.tensor([s["sample_id"] for s in samples], dtype=torch.int64),
+        "epoch": torch.tensor([s["epoch"] for s in samples], dtype=torch.int64),
+        "drop_text": torch.tensor([s["dropped"]["text"] for s in samples], dtype=torch.bool),
+        "drop_cond": torch.tensor([s["dropped"]["cond"] for s in samples], dtype=torch.bool),
+        "mask_frac": torch.tensor([s["dropped"]["mask"] for s in samples], dtype=torch.float32),
+    }
+
+
+class StallAt:
+    """Fault injection for tests: the worker's `batch`-th collate never returns, as a loader that stops
+    delivering (a hung storage read, a deadlocked worker). With one worker per rank, batch N is step N of the
+    launch."""
+
+    def __init__(self, collate: Callable, batch: int):
+        self.collate, self.batch, self.made = collate, batch, 0
+
+    def __call__(self, samples):
+        self.made += 1
+        if self.made == self.batch:
+            while True:
+                time.sleep(3600)
+        return self.collate(samples)
+
+
+# after a preemption signal a loader worker lives this much longer than its rank's grace (see LoaderWorkerInit)
+WORKER_EXTRA_GRACE_S = 30.0
+
+
+def build_dataloader(dataset, batch_size: int, num_workers: int = 0, *, collate_fn: Callable = gc_collate,
+                     preemption_grace_s: float = PREEMPTION_GRACE_S, prefetch_factor: int | None = None):
+    """The DataLoader of every gcc loader: a plain torch DataLoader (Composer saves/restores Streaming's
+    position through `.dataset`) whose workers start once, from the forkserver, and live for the whole run
+    (see gcc/data/workers.py). Streaming re-reads its resume state at each epoch's `__iter__`, persistent workers
+    included."""
+    from torch.utils.data import DataLoader
+
+    if num_workers == 0:
+        return DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn)
+    dl = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_fn,
+                    persistent_workers=True, prefetch_factor=prefetch_factor,
+                    multiprocessing_context=worker_context(),
+                    worker_init_fn=LoaderWorkerInit(preemption_grace_s + WORKER_EXTRA_GRACE_S))
+    atexit.register(_stop_workers, weakref.ref(dl))
+    return dl
+
+
+def _stop_workers(loader_ref: weakref.ref) -> None:
+    """At interpreter exit, stop a loader's persistent workers the DataLoader's own way (a `None` on each index
+    queue, then join). Otherwise multiprocessing's exit handler, which runs before the loader is collected,
+    stops them with SIGTERM, which a loader worker defers by its preemption grace (LoaderWorkerInit)."""
+    loader = loader_ref()
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()

@@ -1,0 +1,145 @@
+"""Local paths and s3:// URLs behind one small interface.
+
+S3 uses boto3 with the endpoint from `S3_ENDPOINT_URL`, the same variable Streaming's own up/downloaders
+read, so one setting points the converter, the loader and Streaming at the same store.
+Writes are atomic where the store allows: local files go through `atomic_path` (a temporary name, fsync,
+rename, fsync of the folder); an S3 PUT is atomic. Every file the project must never leave half-written goes
+through `atomic_path` / `atomic_write`.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import urllib.parse
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+
+def fsync_dir(d: str | os.PathLike) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike, mode: int | None = 0o644, suffix: str = "") -> Iterator[Path]:
+    """A temporary name beside `path` to write to (`<name>.tmp<pid><suffix>`: two processes never share one;
+    `suffix` for writers that choose the format by the extension, e.g. ".mp4" for ffmpeg). When the
+    block ends normally the file is fsynced, renamed over `path` and the folder fsynced, so a reader (or a
+    relaunch after a crash) sees the old file or the whole new one; if it raises, the temporary is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}{suffix}")
+    try:
+        yield tmp
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str, mode: int | None = 0o644) -> None:
+    with atomic_path(path, mode) as tmp:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def is_remote(url: str) -> bool:
+    return "://" in str(url)
+
+
+def join(root: str, *parts: str) -> str:
+    root = str(root)
+    if is_remote(root):
+        return "/".join([root.rstrip("/")] + [p.strip("/") for p in parts])
+    return str(Path(root, *parts))
+
+
+def _s3():
+    import boto3
+
+    return boto3.client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None)
+
+
+def _split_s3(url: str) -> tuple[str, str]:
+    obj = urllib.parse.urlparse(url)
+    if obj.scheme != "s3":
+        raise ValueError(f"{url}: only local paths and s3:// URLs are supported")
+    return obj.netloc, obj.path.lstrip("/")
+
+
+def exists(url: str) -> bool:
+    if not is_remote(url):
+        return os.path.exists(url)
+    bucket, key = _split_s3(url)
+    try:
+        _s3().head_object(Bucket=bucket, Key=key)
+        return True
+    except Exception as e:  # botocore ClientError 404 -> absent; anything else is a real error
+        code = getattr(e, "response", {}).get("Error", {}).get("Code")
+        if code in ("404", "NoSuchKey", "NotFound"):
+            return False
+        raise
+
+
+def read_bytes(url: str) -> bytes:
+    if not is_remote(url):
+        return Path(url).read_bytes()
+    bucket, key = _split_s3(url)
+    return _s3().get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def write_bytes(url: str, data: bytes, mode: int = 0o644) -> None:
+    """Atomic write: a reader sees the old file, or the complete new one, never part of it."""
+    if is_remote(url):
+        bucket, key = _split_s3(url)
+        _s3().put_object(Bucket=bucket, Key=key, Body=data)
+        return
+    atomic_write(url, data, mode)
+
+
+def upload_file(local: str, url: str) -> None:
+    if is_remote(url):
+        bucket, key = _split_s3(url)
+        _s3().upload_file(str(local), bucket, key)
+    else:
+        Path(url).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(local, url)
+
+
+def download_file(url: str, local: str) -> None:
+    Path(local).parent.mkdir(parents=True, exist_ok=True)
+    if is_remote(url):
+        bucket, key = _split_s3(url)
+        _s3().download_file(bucket, key, str(local))
+    else:
+        shutil.copyfile(url, local)
+
+
+def remove_tree(url: str) -> None:
+    """Delete a folder (local) or every object under a prefix (S3)."""
+    if not is_remote(url):
+        shutil.rmtree(url, ignore_errors=True)
+        return
+    bucket, prefix = _split_s3(url)
+    client = _s3()
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix.rstrip("/") + "/"):
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if keys:
+            client.delete_objects(Bucket=bucket, Delete={"Objects": keys})

@@ -1,0 +1,93 @@
+"""The text table (docs/design.md §2): prompt key -> T5 embedding [L, D] bf16, memory-mapped and gathered by id.
+
+Clips store only the ids of their context cells; a v10 embedding is 4 MB, so copying 21 of them into every
+sample would be 88 MB a clip. The table file is mapped once per process and rows are copied out on demand;
+the OS page cache shares them between loader workers.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gcc.vocab import NULL_PROMPT, key_to_id
+
+
+class TextTable:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        with open(self.path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        header.pop("__metadata__", None)
+        if NULL_PROMPT not in header:
+            raise ValueError(f"{self.path}: key {NULL_PROMPT!r} missing")
+        self.keys = sorted(header)
+        self.ids = key_to_id(self.keys)
+        shapes = {tuple(h["shape"]) for h in header.values()}
+        dtypes = {h["dtype"] for h in header.values()}
+        if len(shapes) != 1 or dtypes != {"BF16"}:
+            raise ValueError(f"{self.path}: every key must be BF16 of one shape [L, D]; got {shapes} {dtypes}")
+        self.shape = shapes.pop()
+        self._data_offset = 8 + n
+        # element offsets (uint16 units) of each id's row block, in id order
+        self._starts = np.array([header[k]["data_offsets"][0] // 2 for k in self.keys], dtype=np.int64)
+        self._mm: np.memmap | None = None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def null_id(self) -> int:
+        return self.ids[NULL_PROMPT]
+
+    def _map(self) -> np.memmap:
+        if self._mm is None:  # mapped lazily so the object pickles cheaply into loader workers
+            self._mm = np.memmap(self.path, dtype=np.uint16, mode="r", offset=self._data_offset)
+        return self._mm
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_mm"] = None
+        return state
+
+    def row(self, idx: int) -> torch.Tensor:
+        n = int(np.prod(self.shape))
+        start = int(self._starts[idx])
+        block = np.array(self._map()[start:start + n], copy=True)
+        return torch.from_numpy(block).view(torch.bfloat16).reshape(self.shape)
+
+    def read_into(self, idx: int, out: torch.Tensor) -> torch.Tensor:
+        """Copy row `idx` straight from the mapped file into `out` (bf16 [L, D], contiguous); returns out."""
+        n = int(np.prod(self.shape))
+        start = int(self._starts[idx])
+        np.copyto(out.view(torch.uint16).numpy(), self._map()[start:start + n].reshape(self.shape))
+        return out
+
+    def gather(self, ids, empty=None) -> torch.Tensor:
+        """ids [T] -> bf16 [T, L, D]; each distinct id is read once, straight into the result.
+
+        When every id is the same (always for a text-dropped sample) the result is that one row expanded over
+        T: a stride-0 view with the same values and no [T, L, D] copy (T = 21 rows of 4 MB at v10); like any
+        expanded tensor it refuses in-place writes. `empty(shape, dtype)` allocates the storage (default
+        torch.empty; the loader passes a shared-memory allocator inside DataLoader workers)."""
+        ids = [int(i) for i in ids]
+        if empty is None:
+            def empty(shape, dtype):
+                return torch.empty(shape, dtype=dtype)
+        distinct = set(ids)
+        if len(distinct) == 1:
+            row = self.read_into(ids[0], empty(tuple(self.shape), torch.bfloat16))
+            return row.unsqueeze(0).expand(len(ids), *self.shape)
+        out = empty((len(ids), *self.shape), torch.bfloat16)
+        first: dict[int, int] = {}
+        for t, i in enumerate(ids):
+            if i in first:
+                out[t].copy_(out[first[i]])
+            else:
+                self.read_into(i, out[t])
+                first[i] = t
+        return out

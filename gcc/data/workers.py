@@ -1,0 +1,131 @@
+"""Worker processes: how gcc starts them (never by forking a process that has threads) and how they behave
+when a scheduler preempts the job.
+
+Why not `fork`: on CPython 3.8–3.11 a child forked while another thread of the parent holds the interpreter's
+thread-state lock deadlocks in `PyOS_AfterFork_Child` before it runs a line of Python (python/cpython issue
+112275, fixed in 3.12). A training rank always has threads (TensorBoard's writer, the queue feeders of the
+previous loader iterator, the stall watchdog), and torch's DataLoader forks by default on Linux, so a worker
+start could hang the run for good. Every worker of gcc is instead forked by a *forkserver*: a fresh interpreter
+started by exec (no fork of this process), single-threaded, which imports `gcc.data.dataset` once and forks each worker
+from itself. Loader workers are also persistent: one start per run, not one per epoch.
+
+Preemption: a scheduler signals the whole process group. The forkserver is started with SIGTERM/SIGUSR1
+blocked (the mask survives exec), so it never dies under the workers mid-step. Each worker sets its own
+handling (`LoaderWorkerInit`, `pool_worker_init`) and exits as soon as the process that asked for it exits,
+however that ends (`exit_with`): a forkserver's child is not its requester's child, so neither the kernel's
+parent-death signal nor torch's worker watchdog notice a SIGKILLed rank, and the forkserver itself exits only
+once every process it forked has (they hold its "alive" pipe).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import select
+import signal
+import sys
+import threading
+from multiprocessing import forkserver, resource_tracker
+
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# After a preemption signal a rank has this long to finish its step, checkpoint and exit, or it leaves its stacks
+# and exits 5 (docs/training.md). Under 30 s: Composer's launcher, when it gets the SIGTERM too, SIGKILLs the
+# ranks 30 s later (its CLEANUP_TIMEOUT), and a stuck rank should leave its stacks before that.
+PREEMPTION_GRACE_S = 25.0
+START_METHOD = "forkserver"
+# what the forkserver imports once, so that a worker starts by a fork of it, not by importing torch again
+FORKSERVER_PRELOAD = ["gcc.data.dataset"]
+
+
+def worker_context() -> multiprocessing.context.BaseContext:
+    """The multiprocessing context of every worker gcc starts (loader workers, converter processes)."""
+    ctx = multiprocessing.get_context(START_METHOD)
+    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+    # the resource tracker first: starting it unblocks SIGTERM in this thread, which must stay blocked below
+    resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPTION_SIGNALS)
+    try:
+        forkserver.ensure_running()  # no-op when it runs; otherwise starts it with this thread's mask
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    return ctx
+
+
+def exit_with(pid: int) -> None:
+    """End this process as soon as process `pid` ends (a thread waits on its pidfd)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:  # already gone
+        os._exit(0)
+
+    def wait() -> None:
+        select.select([fd], [], [])  # a pidfd becomes readable when its process exits
+        os._exit(0)
+
+    threading.Thread(target=wait, name="gcc-exit-with-requester", daemon=True).start()
+
+
+def adopt_environ(environ: dict[str, str]) -> None:
+    """Take the environment of the process that asked for this worker. The forkserver holds the environment of
+    the moment it started, but a worker must see what a forked one would: the parent's environment now (its
+    object-store endpoint and credentials, say)."""
+    if environ != os.environ:
+        os.environ.clear()
+        os.environ.update(environ)
+
+
+def pool_worker_init(requester: int, environ: dict[str, str]) -> None:
+    """Process-pool initializer, with `initargs=(os.getpid(), dict(os.environ))`: exits with the requester,
+    takes its environment, and the preemption signals act as usual (they end the process at once)."""
+    exit_with(requester)
+    adopt_environ(environ)
+    for s in PREEMPTION_SIGNALS:
+        signal.signal(s, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, PREEMPTION_SIGNALS)
+
+
+def _parent_name() -> str:
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "unknown"
+    return "forkserver" if "multiprocessing.forkserver" in cmd else cmd[:80]
+
+
+class LoaderWorkerInit:
+    """`worker_init_fn` of gcc's loaders (a picklable object: the forkserver sends it to each worker).
+
+    A loader worker outlives a preemption signal by `grace_s`, then exits cleanly. It must outlive it: the rank
+    finishes its step and checkpoints after the signal, and a worker that died at once would crash that step.
+    It must not ignore it for good either: the DataLoader stops a stuck worker with SIGTERM when it shuts down,
+    and joins it. `grace_s` is longer than the rank's own preemption grace, after which the rank has either
+    checkpointed or exited (and the worker dies with it).
+
+    Each worker prints one line when it starts (its pid and who forked it): with persistent workers that is
+    one line per worker per launch.
+    """
+
+    def __init__(self, grace_s: float):
+        self.grace_s = float(grace_s)
+        self.requester = os.getpid()  # the rank that builds the loader
+        self.environ = dict(os.environ)  # the loader's builder's environment (see adopt_environ)
+        self.rank = int(self.environ.get("RANK", 0))
+        self._armed = False
+
+    def __call__(self, worker_id: int) -> None:
+        from torch.utils.data import get_worker_info
+
+        exit_with(self.requester)
+        adopt_environ(self.environ)
+        for s in PREEMPTION_SIGNALS:
+            signal.signal(s, self._deferred_exit)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, PREEMPTION_SIGNALS)
+        info = get_worker_info()
+        n = info.num_workers if info is not None else "?"
+        print(f"gcc.data: rank {self.rank} loader worker {worker_id}/{n} started: pid {os.getpid()}, "
+              f"parent {os.getppid()} ({_parent_name()})", file=sys.stderr, flush=True)
+
+    def _deferred_exit(self, signum, frame) -> None:
+        if not self._armed:
+            self._armed = True
+            threading.Timer(self.grace_s, os._exit, [0]).start()

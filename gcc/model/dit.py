@@ -1,0 +1,429 @@
+"""GcDiT (docs/design.md §7): DiffSynth's Wan2.2 `WanModel` plus the `gc_sem_cond` semantic condition.
+
+`GcDiT` subclasses `WanModel` so that its state dict is exactly the Wan keys plus `gc_sem_cond.*`: base weights
+published for Wan load without renaming, and an export is the state dict as is (831 keys for TI2V-5B).
+Nothing of Wan is re-implemented; `gc_forward` only orchestrates Wan's own modules (patch embedding, time
+embedding/projection, text embedding, blocks, head) the way DiffSynth's TI2V `model_fn_wan_video` does, with three
+changes: per-token timesteps (latent frame 0 at t = 0), one text cell per latent frame, and the cond addition.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from einops import rearrange
+from safetensors import safe_open
+from torch.distributed.fsdp import FSDPModule
+
+from gcc.geometry import VAE_STRIDE_S, VAE_STRIDE_T, latent_frame_spans, pixel_frames
+from gcc.model.diffsynth_parts import (CrossAttention, DiTBlock, Head, RMSNorm, WanModel, precompute_freqs_cis_3d,
+                                       sinusoidal_embedding_1d)
+from gcc.model.fsdp import fill_local
+from gcc.model.seeds import stable_seed
+from gcc.vocab import CHANNEL_LUT, check_vocab, num_classes
+
+COND_PREFIX = "gc_sem_cond."
+WAN_INDEX = "diffusion_pytorch_model.safetensors.index.json"
+WAN_SINGLE = "diffusion_pytorch_model.safetensors"
+
+
+@dataclass(frozen=True)
+class DiTConfig:
+    """Everything that shapes the network. `vocab` fixes V, the width of the cond input."""
+    dim: int
+    ffn_dim: int
+    num_heads: int
+    num_layers: int
+    in_dim: int = 48
+    out_dim: int = 48
+    patch_size: tuple[int, int, int] = (1, 2, 2)
+    text_dim: int = 4096
+    freq_dim: int = 256
+    eps: float = 1e-6
+    cond_hidden: int = 256
+    vocab: str = "parts"
+
+    def wan_kwargs(self) -> dict:
+        # The TI2V-5B flags of DiffSynth's model_configs.py (hash 1f5ab770...): separated timestep, first-frame
+        # latents fused into the noisy latents (no VAE/CLIP embedding inputs).
+        return dict(dim=self.dim, in_dim=self.in_dim, ffn_dim=self.ffn_dim, out_dim=self.out_dim,
+                    text_dim=self.text_dim, freq_dim=self.freq_dim, eps=self.eps, patch_size=tuple(self.patch_size),
+                    num_heads=self.num_heads, num_layers=self.num_layers, has_image_input=False,
+                    seperated_timestep=True, require_vae_embedding=False, require_clip_embedding=False,
+                    fuse_vae_embedding_in_latents=True)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["patch_size"] = list(self.patch_size)
+        return d
+
+
+PRESETS: dict[str, DiTConfig] = {
+    "ti2v-5b": DiTConfig(dim=3072, ffn_dim=14336, num_heads=24, num_layers=30),
+    # the real TI2V-5B layer shapes with 2 blocks: the sharded path on CPU at full width (synth geometry `wide`)
+    "wide": DiTConfig(dim=3072, ffn_dim=14336, num_heads=24, num_layers=2),
+    # CPU-sized; text_dim matches the tiny synthetic data (D=64). head_dim 32 keeps Wan's 3D RoPE split even.
+    "tiny": DiTConfig(dim=64, ffn_dim=128, num_heads=2, num_layers=2, text_dim=64, freq_dim=32, cond_hidden=32),
+}
+
+
+def model_config(name: str, **overrides) -> DiTConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}")
+    cfg = replace(PRESETS[name], **overrides)
+    check_vocab(cfg.vocab)
+    return cfg
+
+
+# ---- the semantic condition ------------------------------------------------------------------------------
+
+def class_fractions(sem_ids: torch.Tensor, vocab: str, patch_size=(1, 2, 2)) -> torch.Tensor:
+    """sem ids uint8 [B, F, H, W] -> float32 [B, T*gh*gw, V]: each token's class fractions over its footprint.
+
+    Tokens are ordered (f h w) like Wan's patch tokens. Counting uses bincount per latent frame so the peak
+    memory is a few int64 frames, not a one-hot of the whole clip (81x480x832xV).
+    """
+    if sem_ids.dtype != torch.uint8 or sem_ids.dim() != 4:
+        raise ValueError(f"sem_ids must be uint8 [B, F, H, W], got {sem_ids.dtype} {tuple(sem_ids.shape)}")
+    B, Fr, H, W = sem_ids.shape
+    T = (Fr - 1) // VAE_STRIDE_T + 1
+    ph, pw = VAE_STRIDE_S * patch_size[1], VAE_STRIDE_S * patch_size[2]
+    if pixel_frames(T) != Fr or H % ph or W % pw or patch_size[0] != 1:
+        raise ValueError(f"sem_ids {tuple(sem_ids.shape)}: need F = 4(T-1)+1 and H, W multiples of {ph}, {pw}")
+    gh, gw = H // ph, W // pw
+    n, V = gh * gw, num_classes(vocab)
+    dev = sem_ids.device
+    # invalid values go to an extra channel V, checked once at the end (one host sync instead of T)
+    lut = torch.as_tensor(CHANNEL_LUT[vocab], device=dev).clone()
+    lut[lut < 0] = V
+    tok = ((torch.arange(H, device=dev) // ph)[:, None] * gw + (torch.arange(W, device=dev) // pw)[None, :])
+    base = (torch.arange(B, device=dev) * n)[:, None, None, None]
+    out = []
+    for lo, hi in latent_frame_spans(T):
+        ch = lut[sem_ids[:, lo:hi].long()]  # [B, nf, H, W]
+        idx = (base + tok) * (V + 1) + ch
+        counts = torch.bincount(idx.reshape(-1), minlength=B * n * (V + 1)).view(B, n, V + 1)
+        out.append(counts.float() / ((hi - lo) * ph * pw))
+    frac = torch.stack(out, dim=1)  # [B, T, n, V+1]
+    if bool(frac[..., V].any()):
+        bad = torch.unique(sem_ids[(lut[sem_ids.long()] == V)]).tolist()
+        raise ValueError(f"sem_ids hold values outside vocab {vocab!r}: {bad}")
+    return frac[..., :V].reshape(B, T * n, V)
+
+
+class GcSemCond(nn.Module):
+    """Class fractions -> proj_in -> SiLU -> proj_mid -> SiLU -> proj_out (zero-init), added to patch tokens.
+
+    proj_out starts at zero so that a fresh cond leaves the pretrained Wan exactly unchanged (sem_rms = 0).
+    """
+
+    def __init__(self, num_classes: int, hidden: int, dim: int):
+        super().__init__()
+        self.proj_in = nn.Linear(num_classes, hidden)
+        self.proj_mid = nn.Linear(hidden, dim)
+        self.proj_out = nn.Linear(dim, dim)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        for m in (self.proj_in, self.proj_mid):
+            m.reset_parameters()
+        nn.init.zeros_(self.proj_out.weight)
+        nn.init.zeros_(self.proj_out.bias)
+
+    def forward(self, frac: torch.Tensor) -> torch.Tensor:
+        return self.proj_out(F.silu(self.proj_mid(F.silu(self.proj_in(frac)))))
+
+
+class FramewiseCrossAttention(CrossAttention):
+    """Wan's CrossAttention (same parameters, same keys); given one context row per latent frame
+    ([B*T, L, dim] against tokens [B, T*n, dim]) each frame's n tokens attend only to their own row.
+
+    Reshaping the tokens to [B*T, n, dim] is exact and cheaper than a block-diagonal attention mask, and it
+    lets DiffSynth's DiTBlock stay untouched (it calls `self.cross_attn(norm3(x), context)`).
+    """
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor):
+        B, S, D = x.shape
+        if y.shape[0] == B:
+            return super().forward(x, y)
+        T = y.shape[0] // B
+        if T * B != y.shape[0] or S % T:
+            raise ValueError(f"context rows {y.shape[0]} do not split tokens {tuple(x.shape)} into frames")
+        return super().forward(x.reshape(B * T, S // T, D), y).reshape(B, S, D)
+
+
+class GcDiT(WanModel):
+    """Wan2.2 TI2V DiT + gc_sem_cond.
+
+    Call `gc_forward` (timesteps in scheduler units). It computes the per-frame sinusoidal timestep features from
+    the exact float32 timesteps and then calls the module itself, so that FSDP's hooks run; `forward` takes those
+    features. The split is on purpose: FSDP casts every floating-point input of a unit's forward to the compute
+    dtype, and in bf16 a timestep would be rounded (201.3 -> 201; the 1000 training timesteps to ~294 values).
+
+    Initial values are a pure function of (`init_seed`, the module's name) (`param_init_fn`), so an unsharded
+    model and FSDP shards on any number of ranks start from the same weights.
+    """
+
+    def __init__(self, cfg: DiTConfig, init_seed: int = 0):
+        super().__init__(**cfg.wan_kwargs())
+        self.config = cfg
+        self.vocab = check_vocab(cfg.vocab)
+        self.init_seed = int(init_seed)
+        for blk in self.blocks:
+            blk.cross_attn.__class__ = FramewiseCrossAttention  # same parameters, framewise routing
+        # RoPE tables are a plain attribute (not a buffer); keep them on CPU even when built on meta
+        with torch.device("cpu"):
+            self.freqs = precompute_freqs_cis_3d(cfg.dim // cfg.num_heads)
+        self.gc_sem_cond = GcSemCond(num_classes(cfg.vocab), cfg.cond_hidden, cfg.dim)
+        # module names as built (wrappers added later, activation checkpointing's, do not rename them)
+        self._init_names = {id(m): n for n, m in self.named_modules()}
+
+    # -- Composer FSDP hooks: each DiT block is one FSDP unit and one activation-checkpointing unit; the rest
+    #    (embeddings, head, cond: small) stays in the root unit.
+    def fsdp_wrap_fn(self, module: nn.Module) -> bool:
+        return isinstance(module, DiTBlock)
+
+    def activation_checkpointing_fn(self, module: nn.Module) -> bool:
+        return isinstance(module, DiTBlock)
+
+    @torch.no_grad()
+    def param_init_fn(self, module: nn.Module) -> None:
+        """Initialise `module`'s own parameters (not its children's) as WanModel.__init__ does, from a generator
+        seeded by (init_seed, the module's name). The full values are made on the CPU one module at a time and
+        each rank keeps its part (all of it, unsharded). Composer calls this for every module of a meta-device
+        model after sharding it; `materialize` does for an unsharded one."""
+        own = dict(module.named_parameters(recurse=False))
+        if not own:
+            return
+        name = self._init_names[id(module)]
+        twin = _full_size_twin(module)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(stable_seed("gcc.init", self.init_seed, name))
+            if name == COND_PREFIX + "proj_out":  # the cond must start at zero output
+                for p in twin.parameters():
+                    p.zero_()
+            elif isinstance(twin, RMSNorm):
+                twin.weight.fill_(1.0)
+            elif isinstance(twin, (DiTBlock, Head)):
+                twin.modulation.normal_().div_(twin.dim ** 0.5)
+            elif hasattr(twin, "reset_parameters"):
+                twin.reset_parameters()
+            else:
+                raise ValueError(f"{name} ({type(twin).__name__}): no initialisation known for its parameters")
+        for n, p in own.items():
+            full = twin._parameters[n]
+            fill_local(p, lambda sl: full[sl])
+
+    def reset_cond(self) -> None:
+        """gc_sem_cond back to its initial values (zero output), as after construction."""
+        for m in self.gc_sem_cond.modules():
+            self.param_init_fn(m)
+
+    def embed_context(self, context: torch.Tensor, context_ids: torch.Tensor) -> torch.Tensor:
+        """context [B, T, L, D], ids [B, T] -> [B*T, L, dim]; text_embedding runs once per unique id
+        (a clip repeats few prompts across its 21 cells; rows with the same id are the same embedding)."""
+        B, T, L, D = context.shape
+        flat_ids = context_ids.reshape(-1)
+        uniq, inv = torch.unique(flat_ids, return_inverse=True)
+        pos = torch.arange(flat_ids.numel(), device=flat_ids.device)
+        first = torch.full((uniq.numel(),), flat_ids.numel(), device=flat_ids.device, dtype=pos.dtype)
+        first = first.scatter_reduce(0, inv, pos, reduce="amin")
+        emb = self.text_embedding(context.reshape(B * T, L, D)[first])
+        return emb[inv]
+
+    def time_features(self, timestep: torch.Tensor, batch: int, frames: int,
+                      first_frame_cond: bool = True) -> torch.Tensor:
+        """float32 [batch, frames, freq_dim]: the sinusoidal features of each latent frame's timestep, from the
+        exact float32 timesteps ([batch] or one value for all, scheduler units). With first_frame_cond the
+        clean first frame (latent frame 0) gets timestep 0 (TI2V separated timestep)."""
+        t_frame = timestep.float().reshape(-1, 1).expand(batch, frames).clone()
+        if first_frame_cond:
+            t_frame[:, 0] = 0
+        return sinusoidal_embedding_1d(self.freq_dim, t_frame.reshape(-1)).view(batch, frames, self.freq_dim)
+
+    def gc_forward(self, x_t: torch.Tensor, timestep: torch.Tensor, context: torch.Tensor,
+                   context_ids: torch.Tensor, sem_ids: torch.Tensor, first_frame_cond: bool = True,
+                   grad_ckpt: bool = False, aux: bool = False):
+        """x_t [B, C, T, h, w]; timestep [B] or a scalar (scheduler units, float32); context [B, T, L, D];
+        context_ids [B, T]; sem_ids uint8 [B, 4(T-1)+1, 16h, 16w]. Returns the prediction [B, C, T, h, w] (and
+        aux stats).
+
+        first_frame_cond: latent frame 0 is the clean first frame (TI2V) and gets timestep 0.
+        grad_ckpt: torch checkpoint per block; leave it off when Composer/FSDP already wraps the blocks.
+        """
+        t_freq = self.time_features(timestep.to(x_t.device), x_t.shape[0], x_t.shape[2], first_frame_cond)
+        return self(x_t, t_freq, context, context_ids, sem_ids, grad_ckpt=grad_ckpt, aux=aux)
+
+    def forward(self, x_t: torch.Tensor, t_freq: torch.Tensor, context: torch.Tensor, context_ids: torch.Tensor,
+                sem_ids: torch.Tensor, grad_ckpt: bool = False, aux: bool = False):
+        """`gc_forward` after the timestep features (t_freq [B, T, freq_dim]); see the class docstring."""
+        B, _, T = x_t.shape[:3]
+        if tuple(t_freq.shape) != (B, T, self.freq_dim):
+            raise ValueError(f"timestep features {tuple(t_freq.shape)}, expected {(B, T, self.freq_dim)}: call "
+                             f"gc_forward(x_t, timestep, ...), which makes them from the timesteps")
+        if context.shape[:2] != (B, T) or context_ids.shape != (B, T):
+            raise ValueError(f"context {tuple(context.shape)} / ids {tuple(context_ids.shape)} need one cell per "
+                             f"latent frame ({B}, {T})")
+        dtype = x_t.dtype
+        x = self.patch_embedding(x_t)
+        f, gh, gw = x.shape[2:]
+        n = gh * gw
+        x = rearrange(x, "b c f h w -> b (f h w) c")
+        want = (B, pixel_frames(T), gh * VAE_STRIDE_S * self.patch_size[1],
+                gw * VAE_STRIDE_S * self.patch_size[2])
+        if tuple(sem_ids.shape) != want:
+            raise ValueError(f"sem_ids {tuple(sem_ids.shape)} do not cover latents {tuple(x_t.shape)}: need {want}")
+        cond = self.gc_sem_cond(class_fractions(sem_ids, self.vocab, self.patch_size).to(dtype))
+        stats = {"x_rms": x.detach().float().pow(2).mean().sqrt(),
+                 "sem_rms": cond.detach().float().pow(2).mean().sqrt()}
+        x = x + cond
+
+        # separated timestep: embedded per latent frame (only 2 distinct values per sample), broadcast to tokens
+        t = self.time_embedding(t_freq.reshape(B * f, self.freq_dim).to(dtype))
+        t_mod = self.time_projection(t).unflatten(1, (6, self.dim))
+        t = t.view(B, f, 1, self.dim).expand(B, f, n, self.dim).reshape(B, f * n, self.dim)
+        t_mod = t_mod.view(B, f, 1, 6, self.dim).expand(B, f, n, 6, self.dim).reshape(B, f * n, 6, self.dim)
+
+        ctx = self.embed_context(context.to(dtype), context_ids)
+        # move the small per-axis RoPE tables, then expand on the device (not the [f*n] table)
+        fr = [tab[:size].to(x.device) for tab, size in zip(self.freqs, (f, gh, gw))]
+        freqs = torch.cat([
+            fr[0].view(f, 1, 1, -1).expand(f, gh, gw, -1),
+            fr[1].view(1, gh, 1, -1).expand(f, gh, gw, -1),
+            fr[2].view(1, 1, gw, -1).expand(f, gh, gw, -1),
+        ], dim=-1).reshape(f * n, 1, -1)
+        for block in self.blocks:
+            if grad_ckpt and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(block, x, ctx, t_mod, freqs, use_reentrant=False)
+            else:
+                x = block(x, ctx, t_mod, freqs)
+        x = self.head(x, t)
+        out = self.unpatchify(x, (f, gh, gw))
+        return (out, stats) if aux else out
+
+
+def _full_size_twin(module: nn.Module) -> nn.Module:
+    """A bare copy of `module` (its class without FSDP, its attributes) that owns full-size CPU tensors for its
+    own parameters and has no children: what the module's init code runs on, whatever its parameters are now
+    (meta, a DTensor shard, a device tensor)."""
+    cls = type(module)
+    if issubclass(cls, FSDPModule):
+        cls = cls.__mro__[2]  # fully_shard's class is (FSDP<cls>, FSDPModule, cls, ...)
+    twin = object.__new__(cls)
+    twin.__dict__.update(module.__dict__)
+    twin.__dict__["_parameters"] = {n: nn.Parameter(torch.empty(tuple(p.shape), dtype=p.dtype), requires_grad=False)
+                                    for n, p in module._parameters.items() if p is not None}
+    twin.__dict__["_modules"] = {}
+    twin.__dict__["_buffers"] = {}
+    return twin
+
+
+def materialize(model: GcDiT, device: str | torch.device = "cpu") -> GcDiT:
+    """A meta-device model, unsharded, on `device`, initialised module by module (`GcDiT.param_init_fn`)."""
+    model.to_empty(device=device)
+    for m in model.modules():
+        model.param_init_fn(m)
+    return model
+
+
+def build_gc_dit(cfg: DiTConfig | str, device: str | torch.device | None = None,
+                 dtype: torch.dtype | None = None, init_seed: int = 0, **overrides) -> GcDiT:
+    """Build from a preset name or config, initialised from `init_seed`. device="meta" allocates nothing (shapes,
+    parameter counts, or a model that FSDP shards and initialises rank by rank)."""
+    if isinstance(cfg, str):
+        cfg = model_config(cfg, **overrides)
+    with torch.device("meta"):
+        model = GcDiT(cfg, init_seed=init_seed)
+    if str(device) != "meta":
+        materialize(model, device or "cpu")
+    return model.to(dtype) if dtype is not None else model
+
+
+def wan_keys(model: nn.Module) -> list[str]:
+    return [k for k in model.state_dict() if not k.startswith(COND_PREFIX)]
+
+
+def cond_keys(model: nn.Module) -> list[str]:
+    return [k for k in model.state_dict() if k.startswith(COND_PREFIX)]
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# ---- base weights ----------------------------------------------------------------------------------------
+
+def _wan_weight_map(model_dir: Path) -> dict[str, str]:
+    """key -> shard file name, from the index of the published layout (or a single unsharded file)."""
+    index = model_dir / WAN_INDEX
+    if index.is_file():
+        with open(index) as fh:
+            weight_map = json.load(fh).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"{index}: no weight_map")
+        return weight_map
+    single = model_dir / WAN_SINGLE
+    if single.is_file():
+        with safe_open(str(single), "pt") as fh:
+            return {k: WAN_SINGLE for k in fh.keys()}
+    raise FileNotFoundError(f"{model_dir}: neither {WAN_INDEX} nor {WAN_SINGLE} found (expected the published "
+                            f"Wan2.2-TI2V-5B layout)")
+
+
+def write_wan_layout(state_dict: dict[str, torch.Tensor], folder: str | os.PathLike, n_shards: int = 1) -> None:
+    """Write Wan weights as Wan2.2 is published (what `load_wan_base` reads): `n_shards` files
+    diffusion_pytorch_model-0000i-of-0000n.safetensors and the index that maps each key to its file."""
+    from safetensors.torch import save_file
+
+    keys = sorted(state_dict)
+    weight_map = {}
+    for s in range(n_shards):
+        name = f"diffusion_pytorch_model-{s + 1:05d}-of-{n_shards:05d}.safetensors"
+        part = keys[s::n_shards]
+        save_file({k: state_dict[k].contiguous() for k in part}, str(Path(folder) / name))
+        weight_map.update({k: name for k in part})
+    (Path(folder) / WAN_INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def read_slice(fh, key: str, slices: tuple[slice, ...]) -> torch.Tensor:
+    """Only `slices` of `key` from an open safetensors file (a rank reads just the rows it holds)."""
+    return fh.get_slice(key)[slices] if slices else fh.get_tensor(key)
+
+
+@torch.no_grad()
+def load_wan_base(model: GcDiT, model_dir: str | os.PathLike) -> GcDiT:
+    """Load Wan weights from a local Wan2.2 directory as published (sharded diffusion_pytorch_model*.safetensors
+    + index). Every Wan key of the model must come from the files with the same shape; the cond is left as is.
+    An FSDP-sharded model reads only the rows each rank holds."""
+    model_dir = Path(model_dir)
+    weight_map = _wan_weight_map(model_dir)
+    params = model.state_dict()
+    expected = set(wan_keys(model))
+    unexpected = sorted(set(weight_map) - expected)
+    missing = sorted(expected - set(weight_map))
+    if unexpected or missing:
+        raise ValueError(f"{model_dir}: index does not match the model: missing {missing[:5]}"
+                         f"{'...' if len(missing) > 5 else ''} ({len(missing)}), unexpected {unexpected[:5]}"
+                         f"{'...' if len(unexpected) > 5 else ''} ({len(unexpected)})")
+    by_file: dict[str, list[str]] = {}
+    for k, fname in weight_map.items():
+        by_file.setdefault(fname, []).append(k)
+    for fname in sorted(by_file):
+        path = model_dir / fname
+        if not path.is_file():
+            raise FileNotFoundError(f"missing weight file {path} (listed in {WAN_INDEX})")
+        with safe_open(str(path), "pt") as fh:
+            present = set(fh.keys())
+            for k in by_file[fname]:
+                if k not in present:
+                    raise ValueError(f"{path}: key {k} listed in the index is not in the file")
+                shape = tuple(fh.get_slice(k).get_shape())
+                if shape != tuple(params[k].shape):
+                    raise ValueError(f"{path}: {k} has shape {shape}, model expects {tuple(params[k].shape)}")
+                fill_local(params[k], lambda sl: read_slice(fh, k, sl))
+    return model

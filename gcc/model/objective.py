@@ -1,0 +1,193 @@
+"""The training objective (docs/design.md §7) and validation (docs/design.md §9.8) as a Composer model.
+
+Flow matching with DiffSynth's `FlowMatchScheduler("Wan")` (1000 training steps, shift 5), TI2V style: latent
+frame 0 is the clean first frame and is excluded from the loss. Randomness never comes from global RNG state:
+a training sample's (tid, eps) is a pure function of (seed, sample_id, epoch) and a validation clip's noise of
+(seed, clip_id, t), so a resumed run, any rank count and any worker count repeat the same draws.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from composer.models import ComposerModel
+from torchmetrics import Metric
+
+from gcc.model.diffsynth_parts import FlowMatchScheduler
+from gcc.model.dit import GcDiT
+from gcc.model.seeds import stable_seed
+from gcc.vocab import UNKNOWN
+
+VAL_VARIANTS = ("cond", "uncond", "nulltext")
+VAL_ROW_FIELDS = ("timestep", "mse", "mse_uncond", "mse_nulltext", "gap_uncond", "gap_nulltext", "n")
+
+
+def train_draw(seed: int, sample_id: int, epoch: int, shape: Sequence[int],
+               num_timesteps: int = 1000) -> tuple[int, torch.Tensor]:
+    """(tid ~ U{0..num_timesteps-1}, eps ~ N(0, 1) float32 CPU) for one training sample, in that order."""
+    g = torch.Generator().manual_seed(stable_seed("gcc.train", int(seed), int(sample_id), int(epoch)))
+    tid = int(torch.randint(0, num_timesteps, (1,), generator=g))
+    return tid, torch.randn(tuple(shape), generator=g)
+
+
+def val_noise(seed: int, clip_id: str, tid: int, shape: Sequence[int]) -> torch.Tensor:
+    """Validation noise for (clip, scheduler timestep index): shared by the cond/uncond/nulltext variants."""
+    g = torch.Generator().manual_seed(stable_seed("gcc.val", int(seed), str(clip_id), int(tid)))
+    return torch.randn(tuple(shape), generator=g)
+
+
+def make_scheduler(num_train_timesteps: int = 1000, shift: float = 5.0) -> FlowMatchScheduler:
+    sched = FlowMatchScheduler("Wan")
+    sched.set_timesteps(num_train_timesteps, training=True, shift=shift)
+    return sched
+
+
+def resolve_timesteps(sched: FlowMatchScheduler, requested: Sequence[float]) -> list[tuple[int, float]]:
+    """Requested timesteps -> (index, value) of the nearest scheduler timestep (200 -> 201.3 with Wan/shift 5)."""
+    out = []
+    for t in requested:
+        tid = int(torch.argmin((sched.timesteps - float(t)).abs()))
+        out.append((tid, float(sched.timesteps[tid])))
+    return out
+
+
+def _per_sample_mse(pred: torch.Tensor, target: torch.Tensor, first_frame_cond: bool) -> torch.Tensor:
+    """[B] MSE in fp32; latent frame 0 is excluded when it is the given clean first frame."""
+    if first_frame_cond:
+        pred, target = pred[:, :, 1:], target[:, :, 1:]
+    return (pred.float() - target.float()).pow(2).flatten(1).mean(1)
+
+
+class GcValMSE(Metric):
+    """Per-timestep sums of the three variants' MSE; `compute()` = mean cond MSE over timesteps (a scalar, so
+    Composer's loggers can take it); `rows()` gives the val_log.csv rows, synced across ranks."""
+
+    full_state_update = False
+
+    def __init__(self, timesteps: Sequence[float], **kwargs):
+        super().__init__(**kwargs)
+        self.timesteps = [float(t) for t in timesteps]
+        nt = len(self.timesteps)
+        self.add_state("sums", default=torch.zeros(len(VAL_VARIANTS), nt, dtype=torch.float64),
+                       dist_reduce_fx="sum")
+        self.add_state("count", default=torch.zeros(nt, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, mse: torch.Tensor, mse_uncond: torch.Tensor, mse_nulltext: torch.Tensor) -> None:
+        """Each [n_timesteps, B]: one value per (timestep, clip)."""
+        for i, v in enumerate((mse, mse_uncond, mse_nulltext)):
+            self.sums[i] += v.detach().to(self.sums.device, torch.float64).sum(1)
+        self.count += mse.shape[1]
+
+    def compute(self) -> torch.Tensor:
+        return (self.sums[0] / self.count).mean().float()
+
+    def _rows_local(self) -> list[dict]:
+        means = (self.sums / self.count.clamp(min=1)).tolist()
+        rows = []
+        for j, t in enumerate(self.timesteps):
+            m, mu, mn = means[0][j], means[1][j], means[2][j]
+            rows.append(dict(timestep=t, mse=m, mse_uncond=mu, mse_nulltext=mn, gap_uncond=mu - m,
+                             gap_nulltext=mn - m, n=int(self.count[j])))
+        return rows
+
+    def rows(self) -> list[dict]:
+        with self.sync_context():
+            return self._rows_local()
+
+
+class GcTrainModel(ComposerModel):
+    """ComposerModel around a GcDiT (attribute `dit`, the one child Composer wraps with FSDP).
+
+    null_context [L, D] and null_id are the NULL_PROMPT embedding and text-table id (the nulltext variant);
+    they are constructor inputs so the model never reads files.
+    """
+
+    def __init__(self, dit: GcDiT, *, seed: int, null_context: torch.Tensor, null_id: int,
+                 val_timesteps: Sequence[float] = (200, 500, 800), grad_ckpt: bool = False,
+                 first_frame_cond: bool = True, num_train_timesteps: int = 1000, shift: float = 5.0):
+        super().__init__()
+        self.dit = dit
+        self.seed = int(seed)
+        self.null_id = int(null_id)
+        self.grad_ckpt = bool(grad_ckpt)
+        self.first_frame_cond = bool(first_frame_cond)
+        self.scheduler = make_scheduler(num_train_timesteps, shift)
+        self.val_steps = resolve_timesteps(self.scheduler, val_timesteps)
+        # data, not weights: kept out of checkpoints, moved with the model
+        self.register_buffer("null_context", null_context.detach().clone(), persistent=False)
+
+    # -- helpers
+    def _dtype(self) -> torch.dtype:
+        return next(self.dit.parameters()).dtype
+
+    def _noisy(self, x0: torch.Tensor, eps: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
+        # DiffSynth's add_noise takes one timestep; apply it per sample (each sample has its own t)
+        x_t = torch.stack([self.scheduler.add_noise(x0[i], eps[i], timesteps[i]) for i in range(x0.shape[0])])
+        if self.first_frame_cond:
+            x_t[:, :, 0] = x0[:, :, 0]
+        return x_t
+
+    def _run(self, x_t, timesteps, batch, context=None, context_ids=None, sem_ids=None, aux=False):
+        dt = self._dtype()
+        return self.dit.gc_forward(
+            x_t, timesteps,
+            (batch["context"] if context is None else context).to(dt),
+            batch["context_ids"] if context_ids is None else context_ids,
+            batch["sem_ids"] if sem_ids is None else sem_ids,
+            self.first_frame_cond, self.grad_ckpt and self.training, aux)
+
+    # -- training
+    def forward(self, batch: dict) -> dict:
+        x0 = batch["input_latents"].to(self._dtype())
+        B = x0.shape[0]
+        draws = [train_draw(self.seed, s, e, x0.shape[1:], len(self.scheduler.timesteps))
+                 for s, e in zip(batch["sample_id"].tolist(), batch["epoch"].tolist())]
+        tid = torch.tensor([d[0] for d in draws])
+        eps = torch.stack([d[1] for d in draws]).to(x0.device, x0.dtype)
+        timesteps = self.scheduler.timesteps[tid]  # CPU float32
+        x_t = self._noisy(x0, eps, timesteps)
+        target = self.scheduler.training_target(x0, eps, timesteps)
+        weight = torch.stack([self.scheduler.training_weight(timesteps[i]) for i in range(B)])
+        pred, aux = self._run(x_t, timesteps, batch, aux=True)
+        return {"pred": pred, "target": target, "weight": weight.to(x0.device), "tid": tid,
+                "timestep": timesteps, **aux}
+
+    def loss(self, outputs: dict, batch: dict) -> torch.Tensor:
+        mse = _per_sample_mse(outputs["pred"], outputs["target"], self.first_frame_cond)
+        # a mean over the micro-batch: Composer scales each micro-batch loss by its share of the batch
+        loss = (mse * outputs["weight"].float()).mean()
+        outputs["stats"] = {"mse": mse.detach().mean(), "timestep": outputs["timestep"].float().mean(),
+                            "sem_rms": outputs["sem_rms"], "x_rms": outputs["x_rms"]}
+        return loss
+
+    # -- validation
+    @torch.no_grad()
+    def eval_forward(self, batch: dict, outputs: Any | None = None) -> dict:
+        if outputs is not None:  # Composer's train-metrics path; we define no train metrics
+            return outputs
+        x0 = batch["input_latents"].to(self._dtype())
+        B, T = x0.shape[0], x0.shape[2]
+        uncond_ids = torch.full_like(batch["sem_ids"], UNKNOWN)
+        null_ctx = self.null_context.to(x0.device, x0.dtype).expand(B, T, *self.null_context.shape)
+        null_ids = torch.full_like(batch["context_ids"], self.null_id)
+        res = {v: [] for v in VAL_VARIANTS}
+        for tid, t in self.val_steps:
+            eps = torch.stack([val_noise(self.seed, c, tid, x0.shape[1:]) for c in batch["clip_id"]])
+            eps = eps.to(x0.device, x0.dtype)
+            timesteps = torch.full((B,), t, dtype=torch.float32)
+            x_t = self._noisy(x0, eps, timesteps)
+            target = self.scheduler.training_target(x0, eps, timesteps)
+            preds = {"cond": self._run(x_t, timesteps, batch),
+                     "uncond": self._run(x_t, timesteps, batch, sem_ids=uncond_ids),
+                     "nulltext": self._run(x_t, timesteps, batch, context=null_ctx, context_ids=null_ids)}
+            for v in VAL_VARIANTS:
+                res[v].append(_per_sample_mse(preds[v], target, self.first_frame_cond))
+        stacked = {v: torch.stack(res[v]) for v in VAL_VARIANTS}  # [n_t, B]
+        return {"timestep": torch.tensor([t for _, t in self.val_steps]), "mse": stacked["cond"],
+                "mse_uncond": stacked["uncond"], "mse_nulltext": stacked["nulltext"]}
+
+    def get_metrics(self, is_train: bool = False) -> dict[str, Metric]:
+        return {} if is_train else {"val_mse": GcValMSE([t for _, t in self.val_steps])}
+
+    def update_metric(self, batch: Any, outputs: Any, metric: Metric) -> None:
+        metric.update(outputs["mse"], outputs["mse_uncond"], outputs["mse_nulltext"])

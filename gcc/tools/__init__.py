@@ -1,0 +1,1 @@
+"""Tools run by hand: offline sampling, mask statistics, checkpoint inspection, the demo."""

@@ -1,0 +1,198 @@
+"""Offline TI2V evaluation (docs/design.md §10): sample val clips with a gc25d teacher, decode, compare with the ground truth.
+
+    python -m gcc.tools.sample (--ckpt X.safetensors | --base [--vocab parts|ids]) --model_dir WAN_DIR \
+        --data_root ROOT [--raw_root RAW] (--clip_ids a,b | --clip_ids @file | --val_n N) --out_dir OUT \
+        [--steps 50 --shift 5 --cfg 1 --sem_cfg 1 --sem_mode cond|unknown --seed 0 --no_ssim --no_recon_ceiling]
+
+Choices (docs/sample.md has the full description):
+* The clean first frame is latent frame 0 of the clip's `input_latents` (what the model was trained with; the
+  prep writes the VAE encoding of the same frames), not a re-encoding of the GT jpg.
+* Noise is a pure function of (seed, clip_id); guidance as in `gcc.tools.sample.sampler`.
+* The vocab is the checkpoint's (metadata); `--vocab` with `--ckpt` is only an assertion.
+* PSNR of identical videos (MSE 0, PSNR infinite) is reported as `null` in every json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from gcc.geometry import Geometry
+from gcc.tools.sample.dit import ckpt_vocab, load_dit
+from gcc.tools.sample.errors import SampleError
+from gcc.tools.sample.metrics import video_metrics
+from gcc.tools.sample.outputs import FPS, write_json, write_panels_mp4
+from gcc.tools.sample.sampler import clip_noise, sample_latents
+from gcc.tools.sample.sources import open_source, parse_clip_ids, read_gt, resample_rgb, select_clips
+from gcc.tools.sample.vae import find_vae_file, load_vae, vae_decode, vae_encode
+from gcc.vocab import UNKNOWN, VOCABS, collapse_parts, colorize
+
+logger = logging.getLogger(__name__)
+
+EXIT_ERROR = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m gcc.tools.sample", description=__doc__.split("\n")[0])
+    w = ap.add_mutually_exclusive_group(required=True)
+    w.add_argument("--ckpt", help="gc25d export (.safetensors); its metadata gives the vocab")
+    w.add_argument("--base", action="store_true", help="base Wan weights from --model_dir with a zero cond")
+    ap.add_argument("--vocab", choices=VOCABS, default=None,
+                    help="with --base: the cond's vocab (default parts); with --ckpt: must equal the checkpoint's")
+    ap.add_argument("--model_dir", required=True, help="Wan2.2-TI2V-5B folder (sharded DiT + Wan2.2_VAE.pth)")
+    ap.add_argument("--model", default="ti2v-5b", help="model preset (ti2v-5b, tiny)")
+    ap.add_argument("--data_root", required=True, help="prepared root or converted shards folder (local)")
+    ap.add_argument("--raw_root", default=None, help="ground-truth tars (default <prepared root>/raw)")
+    sel = ap.add_mutually_exclusive_group(required=True)
+    sel.add_argument("--clip_ids", help="a,b,c or @file")
+    sel.add_argument("--val_n", type=int, help="N val clips (drop=false), round-robin over runs")
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--shift", type=float, default=5.0)
+    ap.add_argument("--cfg", type=float, default=1.0, help="text guidance scale (uncond = NULL_PROMPT cells)")
+    ap.add_argument("--sem_cfg", type=float, default=1.0, help="semantic guidance scale (uncond = ids all 255)")
+    ap.add_argument("--sem_mode", choices=("cond", "unknown"), default="cond",
+                    help="unknown: the model gets ids all 255")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out_dir", required=True)
+    ap.add_argument("--no_ssim", action="store_true")
+    ap.add_argument("--no_recon_ceiling", action="store_true")
+    ap.add_argument("--device", default=None, help="default cuda if available, else cpu")
+    ap.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto",
+                    help="DiT and VAE dtype (auto: bf16 on cuda, fp32 on cpu)")
+    ap.add_argument("--vae_tiled", action="store_true", help="DiffSynth's tiled VAE encode/decode")
+    ap.add_argument("--fps", type=int, default=FPS)
+    return ap
+
+
+def _mean(vals) -> float | None:
+    v = [x for x in vals if x is not None]
+    return float(np.mean(v)) if v else None
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run(a: argparse.Namespace) -> dict[str, Any]:
+    t_start = time.perf_counter()
+    if a.steps < 1:
+        raise SampleError("--steps must be >= 1")
+    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(
+        a.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32)
+
+    # everything that can be wrong with the inputs is checked before the models load
+    from gcc.model.dit import PRESETS
+
+    if a.model not in PRESETS:
+        raise SampleError(f"--model {a.model!r}: unknown preset; known: {sorted(PRESETS)}")
+    if a.ckpt:
+        vocab, ckpt_kind = ckpt_vocab(a.ckpt, a.vocab)
+    else:
+        vocab, ckpt_kind = a.vocab or "parts", "base"
+    vae_path = find_vae_file(a.model_dir)
+    src = open_source(a.data_root)
+    wanted = parse_clip_ids(a.clip_ids) if a.clip_ids else None
+    rows = src.rows_for(wanted)
+    clip_ids = select_clips(rows, wanted, a.val_n)
+    raw_root = Path(a.raw_root) if a.raw_root else src.default_raw
+    if raw_root is None or not raw_root.is_dir():
+        raise SampleError(f"ground-truth root {raw_root} not found: pass --raw_root (the prepared root's raw/)")
+    out = Path(a.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    dit = load_dit(a.model, vocab, device, dtype, ckpt=a.ckpt, model_dir=a.model_dir)
+    vae = load_vae(vae_path, device, dtype)
+    _sync(device)
+    t_load = time.perf_counter() - t_start  # option checks, data index, DiT + VAE
+    null_id = src.table.null_id
+    null_row = src.table.gather([null_id])[0]
+
+    per_clip, tot = {}, {"data": 0.0, "sampling": 0.0, "decode": 0.0, "recon": 0.0, "metrics": 0.0}
+    for n, cid in enumerate(clip_ids):
+        t_data = time.perf_counter()
+        clip = src.load(cid)
+        lat = clip.input_latents
+        geo = Geometry.from_shapes(lat.shape, src.table.shape)
+        sem_ids = clip.sem_ids()
+        if sem_ids.shape != geo.sem_shape:
+            raise SampleError(f"clip {cid}: sem ids {sem_ids.shape} do not match latents {tuple(lat.shape)}")
+        sem = sem_ids if vocab == "parts" else collapse_parts(sem_ids)
+        if a.sem_mode == "unknown":
+            sem = np.full_like(sem, UNKNOWN)
+        gt = resample_rgb(read_gt(raw_root, clip, geo.F), clip.meta().get("dst_hw", geo.dst_hw))
+
+        t0 = time.perf_counter()
+        gen_lat = sample_latents(
+            dit, lat[:, 0:1].float(), src.table.gather(clip.context_ids),
+            torch.from_numpy(clip.context_ids), null_row.expand(geo.T, *null_row.shape),
+            torch.full((geo.T,), null_id, dtype=torch.int64), torch.from_numpy(np.ascontiguousarray(sem)),
+            clip_noise(a.seed, cid, geo.latent_shape), steps=a.steps, shift=a.shift, cfg=a.cfg, sem_cfg=a.sem_cfg)
+        _sync(device)
+        t1 = time.perf_counter()
+        gen = vae_decode(vae, gen_lat, device, a.vae_tiled)
+        _sync(device)
+        t2 = time.perf_counter()
+        recon = None
+        if not a.no_recon_ceiling:
+            recon = vae_decode(vae, vae_encode(vae, gt, device, a.vae_tiled), device, a.vae_tiled)
+            _sync(device)
+        t3 = time.perf_counter()
+        if gen.shape != gt.shape:
+            raise SampleError(f"clip {cid}: decoded video {gen.shape} differs from the ground truth {gt.shape}")
+        m = video_metrics(gen, gt, ssim=not a.no_ssim, device=device)
+        rm = video_metrics(recon, gt, ssim=not a.no_ssim, device=device) if recon is not None else None
+        write_panels_mp4(out / f"{cid}.mp4", gt, gen, colorize(sem, vocab), fps=a.fps)
+        t4 = time.perf_counter()
+        frames = m.pop("frames")
+        if rm is not None:
+            for fr, rf in zip(frames, rm.pop("frames")):
+                fr["recon_psnr"], fr["recon_ssim"] = rf["psnr"], rf["ssim"]
+        write_json(out / f"{cid}.frames.json", {"clip_id": cid, "frames": frames})
+        row = {**m, "recon_psnr": rm["psnr"] if rm else None, "recon_ssim": rm["ssim"] if rm else None,
+               "recon_psnr_frame0": rm["psnr_frame0"] if rm else None,
+               "num_frames": int(geo.F), "hw": [int(gt.shape[1]), int(gt.shape[2])], "run": clip.run,
+               "split": rows[cid]["split"],
+               "timings": {"data": t0 - t_data, "sampling": t1 - t0, "decode": t2 - t1, "recon": t3 - t2,
+                           "metrics": t4 - t3}}
+        per_clip[cid] = row
+        for k in tot:
+            tot[k] += row["timings"][k]
+        logger.info("[%d/%d] %s: psnr %s ssim %s frame0 %s ceiling %s (%.1fs sampling)", n + 1, len(clip_ids), cid,
+                    row["psnr"], row["ssim"], row["psnr_frame0"], row["recon_psnr"], t1 - t0)
+
+    keys = ("psnr", "ssim", "psnr_frame0", "recon_psnr", "recon_ssim", "recon_psnr_frame0")
+    metrics = {
+        "ckpt": str(a.ckpt) if a.ckpt else "", "weights": ckpt_kind, "vocab": vocab, "model": a.model,
+        "model_dir": str(a.model_dir), "vae": str(vae_path), "data_root": str(a.data_root),
+        "data_kind": src.kind, "raw_root": str(raw_root),
+        "settings": {"steps": a.steps, "shift": a.shift, "cfg": a.cfg, "sem_cfg": a.sem_cfg, "sem_mode": a.sem_mode,
+                     "seed": a.seed, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+                     "ssim": not a.no_ssim, "recon_ceiling": not a.no_recon_ceiling, "vae_tiled": a.vae_tiled},
+        "clip_ids": clip_ids,
+        "mean": {k: _mean(r[k] for r in per_clip.values()) for k in keys},
+        "clips": per_clip,
+        "timings": {"load": t_load, **tot, "total": time.perf_counter() - t_start},
+    }
+    write_json(out / "metrics.json", metrics)
+    return metrics
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    a = build_parser().parse_args(list(argv) if argv is not None else None)
+    try:
+        m = run(a)
+    except SampleError as e:
+        print(f"gcc.tools.sample: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    print(json.dumps({"out_dir": a.out_dir, "mean": m["mean"], "timings": m["timings"]}))
+    return 0

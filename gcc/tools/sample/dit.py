@@ -1,0 +1,51 @@
+"""The DiT to sample with: a checkpoint's vocab and kind, and loading its weights (or the base Wan weights)."""
+from __future__ import annotations
+
+import os
+
+from gcc.tools.sample.errors import SampleError
+
+
+def ckpt_vocab(path: str | os.PathLike, requested: str | None) -> tuple[str, str]:
+    """(vocab, kind) of a checkpoint: a gc25d export's metadata vocab (checked in full by `check_gc_ckpt`; a
+    `requested` vocab that differs is an error), or `requested` (default parts) for a plain Wan export."""
+    from safetensors import safe_open
+
+    from gcc.model.export import GcCkptError, check_gc_ckpt
+
+    path = str(path)
+    if not os.path.isfile(path):
+        raise SampleError(f"--ckpt {path}: file not found")
+    try:
+        with safe_open(path, "pt") as fh:
+            meta = fh.metadata() or {}
+    except Exception as e:
+        raise SampleError(f"--ckpt {path}: cannot be read as safetensors: {e}") from None
+    if meta.get("format") != "gc25d":
+        return requested or "parts", "wan"
+    try:
+        info = check_gc_ckpt(path)
+    except GcCkptError as e:
+        raise SampleError(str(e)) from None
+    if requested is not None and info["vocab"] != requested:
+        raise SampleError(f"--ckpt {path} has vocab {info['vocab']!r} (metadata), but --vocab {requested!r} was "
+                          f"requested")
+    return info["vocab"], "gc25d"
+
+
+def load_dit(model: str, vocab: str, device, dtype, ckpt: str | None = None, model_dir: str | None = None):
+    """The `model` preset's GcDiT with the gc25d/Wan export `ckpt`, or the base Wan weights of `model_dir`."""
+    from gcc.model.dit import build_gc_dit, load_wan_base
+    from gcc.model.export import GcCkptError, load_gc_weights
+
+    dit = build_gc_dit(model, device=device, vocab=vocab)
+    try:
+        if ckpt:
+            load_gc_weights(dit, ckpt)
+        else:
+            load_wan_base(dit, model_dir)
+    except (GcCkptError, FileNotFoundError) as e:
+        raise SampleError(str(e)) from None
+    except ValueError as e:
+        raise SampleError(f"{ckpt or model_dir}: does not fit the {model!r} model: {e}") from None
+    return dit.to(dtype).eval().requires_grad_(False)

@@ -1,0 +1,206 @@
+"""Where the clips come from: the prepared layout or a local conversion (shards), the clip selection, and the
+ground-truth frames. Both sources return clips as `gcc.data.shards.ClipRecord`; a clip's split comes from the
+source's index rows (`rows_for`)."""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import tarfile
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from gcc.data.errors import BadInput
+from gcc.data.shards import ClipRecord
+from gcc.tools.sample.errors import SampleError
+
+logger = logging.getLogger(__name__)
+
+
+class PreparedSource:
+    """The prepared layout (docs/design.md §4): index/clips.jsonl + per-clip latents/sem/meta + text/table, read and
+    validated by `gcc.data.layout`."""
+
+    kind = "prepared"
+
+    def __init__(self, root: Path):
+        from gcc.data.layout import read_index, read_text_table
+        from gcc.data.text_table import TextTable
+
+        self.root = root
+        try:
+            self.rows = {r["clip_id"]: r for r in read_index(root)}
+            _, self.text_shape, _ = read_text_table(root)
+        except BadInput as e:
+            raise SampleError(str(e)) from None
+        self.table = TextTable(root / "text" / "table.safetensors")
+        self.default_raw = root / "raw"
+
+    def load(self, clip_id: str) -> ClipRecord:
+        from gcc.data.layout import geometry_of, load_clip
+
+        try:
+            geo = geometry_of(self.root, clip_id, self.text_shape)
+            sample = load_clip(self.root, self.rows[clip_id], geo, self.table.ids)
+        except BadInput as e:
+            raise SampleError(str(e)) from None
+        return ClipRecord.from_sample(sample)
+
+    def rows_for(self, clip_ids: Sequence[str] | None = None) -> dict[str, dict]:
+        return self.rows
+
+
+class ShardSource:
+    """A local conversion (manifest.json + one MDS dataset per split), read with Streaming's LocalDataset.
+
+    The converter writes zstd-compressed shards and LocalDataset reads raw ones, so the shards of a split are
+    decompressed (Streaming's `decompress`) into a temporary folder, removed with this object. Only the splits
+    that hold the wanted clips are opened (the manifest lists each split's clip ids). Object-store shards are not
+    read: an offline eval of a few clips runs on the prepared root or a local copy.
+    """
+
+    kind = "shards"
+
+    def __init__(self, root: Path):
+        import shutil
+        import tempfile
+        import weakref
+
+        from gcc.data.shards import TEXT_TABLE, read_manifest
+        from gcc.data.text_table import TextTable
+
+        try:
+            self.manifest = read_manifest(str(root))
+        except BadInput as e:
+            raise SampleError(str(e)) from None
+        self.root = root
+        self.table = TextTable(root / TEXT_TABLE)
+        src = self.manifest.get("source")
+        self.default_raw = Path(src) / "raw" if src else None
+        self.split_ids = {s: set(v.get("clip_ids", [])) for s, v in self.manifest["splits"].items()}
+        self._tmp = tempfile.mkdtemp(prefix="gcc_sample_shards_")
+        weakref.finalize(self, shutil.rmtree, self._tmp, True)
+        self._ds, self._pos, self._rows = {}, {}, {}
+
+    def _open(self, split: str) -> None:
+        import shutil
+
+        from streaming import LocalDataset
+        from streaming.base.compression import decompress
+
+        if split in self._ds:
+            return
+        local = Path(self._tmp, split)
+        index = json.loads((self.root / split / "index.json").read_text())
+        for sh in index["shards"]:
+            raw = local / sh["raw_data"]["basename"]
+            raw.parent.mkdir(parents=True, exist_ok=True)
+            if sh.get("compression") and sh.get("zip_data"):
+                blob = (self.root / split / sh["zip_data"]["basename"]).read_bytes()
+                raw.write_bytes(decompress(sh["compression"], blob))
+            else:
+                shutil.copyfile(self.root / split / sh["raw_data"]["basename"], raw)
+        shutil.copyfile(self.root / split / "index.json", local / "index.json")
+        ds = self._ds[split] = LocalDataset(local=str(local))
+        for i in range(len(ds)):
+            rec = ClipRecord.from_sample(ds[i])
+            self._rows[rec.clip_id] = {"clip_id": rec.clip_id, "run": rec.run, "subset": rec.subset,
+                                       "scene": rec.scene, "split": split, "drop": rec.drop}
+            self._pos[rec.clip_id] = (split, i)
+
+    def rows_for(self, clip_ids: Sequence[str] | None = None) -> dict[str, dict]:
+        """Index rows of the splits holding `clip_ids` (None: the val split)."""
+        splits = ([s for s, ids in self.split_ids.items() if ids & set(clip_ids)] if clip_ids is not None
+                  else [s for s in self.split_ids if s == "val"])
+        for s in splits:
+            self._open(s)
+        return self._rows
+
+    def load(self, clip_id: str) -> ClipRecord:
+        split, i = self._pos[clip_id]
+        return ClipRecord.from_sample(self._ds[split][i])
+
+
+def open_source(data_root: str | os.PathLike):
+    if str(data_root).startswith("s3://"):
+        raise SampleError(f"--data_root {data_root}: object-store shards are not read by gcc.tools.sample; use the "
+                          f"prepared root or a local copy of the shards")
+    root = Path(data_root)
+    if (root / "manifest.json").is_file():
+        return ShardSource(root)
+    if (root / "index" / "clips.jsonl").is_file():
+        return PreparedSource(root)
+    raise SampleError(f"--data_root {root}: neither a prepared root (index/clips.jsonl) nor a converted shards "
+                      f"folder (manifest.json)")
+
+
+def parse_clip_ids(spec: str) -> list[str]:
+    """'a,b' or '@file' (one id per line or comma-separated; blank lines and '#' comments ignored)."""
+    if spec.startswith("@"):
+        path = Path(spec[1:])
+        if not path.is_file():
+            raise SampleError(f"--clip_ids {spec}: file {path} not found")
+        text = "\n".join(line.split("#", 1)[0] for line in path.read_text().splitlines())
+        items = [s for line in text.splitlines() for s in line.split(",")]
+    else:
+        items = spec.split(",")
+    ids = list(dict.fromkeys(s.strip() for s in items if s.strip()))
+    if not ids:
+        raise SampleError(f"--clip_ids {spec!r}: no clip ids")
+    return ids
+
+
+def select_clips(rows: dict[str, dict], clip_ids: Sequence[str] | None = None, val_n: int | None = None) -> list[str]:
+    """Explicit ids (any split; every one must exist) or `val_n` val clips with drop=false, round-robin over runs
+    (runs sorted by name, clips sorted within a run: the first clip of every run, then the second, ...)."""
+    if clip_ids is not None:
+        missing = [c for c in clip_ids if c not in rows]
+        if missing:
+            raise SampleError(f"clip id(s) not in the data: {', '.join(missing)}")
+        return list(clip_ids)
+    if val_n is None or val_n < 1:
+        raise SampleError("give --clip_ids or --val_n N (N >= 1)")
+    from gcc.data.dataset import round_robin_by_run
+
+    val = [(rows[c]["run"], c) for c in sorted(rows) if rows[c]["split"] == "val" and not rows[c]["drop"]]
+    if not val:
+        raise SampleError("no val clips with drop=false in the data")
+    out = round_robin_by_run(val, val_n)
+    if len(out) < val_n:
+        logger.warning("gcc.tools.sample: only %d val clips available (asked for %d)", len(out), val_n)
+    return out
+
+
+def read_gt(raw_root: Path, clip: ClipRecord, num_frames: int) -> np.ndarray:
+    """Ground truth RGB uint8 [F, src_h, src_w, 3] from `<raw>/<subset>/<scene>/<run>.tar` members
+    `<clip_id>/<f:03d>.jpg`."""
+    from PIL import Image
+
+    path = raw_root / clip.subset / clip.scene / f"{clip.run}.tar"
+    if not path.is_file():
+        raise SampleError(f"clip {clip.clip_id}: ground-truth tar {path} not found (--raw_root)")
+    frames = []
+    with tarfile.open(path) as tf:
+        for f in range(num_frames):
+            name = f"{clip.clip_id}/{f:03d}.jpg"
+            try:
+                data = tf.extractfile(name).read()
+            except (KeyError, AttributeError):
+                raise SampleError(f"clip {clip.clip_id}: {path} has no member {name}") from None
+            frames.append(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
+    return np.stack(frames)
+
+
+def resample_rgb(frames: np.ndarray, dst_hw: Sequence[int]) -> np.ndarray:
+    """uint8 [F, h, w, 3] at src -> dst_hw: bilinear, pixel centres to pixel centres (docs/design.md §3), antialiased
+    when shrinking."""
+    H, W = (int(v) for v in dst_hw)
+    if frames.shape[1:3] == (H, W):
+        return frames
+    x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float()
+    y = torch.nn.functional.interpolate(x, size=(H, W), mode="bilinear", align_corners=False, antialias=True)
+    return y.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()

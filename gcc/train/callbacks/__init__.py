@@ -1,0 +1,12 @@
+"""Composer callbacks of the gc25d run, one concept per module."""
+from gcc.train.callbacks.checkpoint_rotation import CheckpointRotation
+from gcc.train.callbacks.export import Export
+from gcc.train.callbacks.grad_clip import GradClip
+from gcc.train.callbacks.nonfinite import NonFiniteGuard, NonFiniteLoss
+from gcc.train.callbacks.preemption import Preemption
+from gcc.train.callbacks.run_files import RunFiles
+from gcc.train.callbacks.train_stats import TRAIN_COLUMNS, TrainStats
+from gcc.train.callbacks.validation import VAL_COLUMNS, ValidationLog
+
+__all__ = ["CheckpointRotation", "Export", "GradClip", "NonFiniteGuard", "NonFiniteLoss", "Preemption", "RunFiles",
+           "TRAIN_COLUMNS", "TrainStats", "VAL_COLUMNS", "ValidationLog"]

@@ -1,0 +1,195 @@
+"""The run folder: one live run at a time, one run identity per folder, and checkpoints that are never half-read.
+
+    <run_dir>/.lock                 flock held by global rank 0 while the run lives (freed by the OS on any death)
+    <run_dir>/run.json              the run signature (docs/design.md §9.3) and lineage (init_ckpt), written at first start
+    <run_dir>/checkpoints/          Composer checkpoints + latest-rank0.pt symlink to the newest:
+                                    DDP: one file ep{E}-ba{B}-rank0.pt; FSDP: a folder ep{E}-ba{B}/ of torch DCP
+                                    shards (__<rank>_0.distcp, one per rank) and its .metadata
+    <run_dir>/step-N.safetensors    exports (docs/design.md §9.9)
+
+Composer writes a checkpoint in place and then replaces the `latest` symlink (remove + create). A SIGKILL can
+therefore leave a truncated file or a partial folder newer than `latest`, or no `latest` at all.
+`repair_checkpoints` runs before the Trainer starts: it points `latest` at the newest complete checkpoint and
+deletes anything newer, so a partial checkpoint is never loaded and Composer's "newer checkpoint in folder"
+check never trips on one. Complete means: a torch.save file is a zip with its end-of-central-directory record;
+a DCP folder has its `.metadata`, which DCP writes (to a temporary name, then renamed) only after every rank
+has written and fsynced its shard.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from gcc.data.storage import atomic_write, sha256_file
+
+logger = logging.getLogger(__name__)
+
+EXIT_REFUSED = 3
+CKPT_RE = re.compile(r"^ep(\d+)-ba(\d+)(-rank0\.pt)?$")  # a DDP checkpoint file or an FSDP (DCP) folder
+DCP_METADATA = ".metadata"
+LATEST = "latest-rank0.pt"
+
+
+class Refusal(Exception):
+    """The run must not start (docs/design.md §9.5): exit code 3 with this message."""
+
+
+# ---- lock ---------------------------------------------------------------------------------------------
+class RunLock:
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / ".lock"
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
+            os.close(fd)
+            raise Refusal(f"{self.path.parent}: another live run holds {self.path} ({holder}); "
+                          f"wait for it to finish or stop it first") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        self.fd = fd  # kept open for the life of the process; the kernel releases it on any exit
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+# ---- identity -----------------------------------------------------------------------------------------
+def file_digest(path: str, known: dict[str, Any] | None = None) -> dict[str, Any]:
+    """sha256 of a (possibly 10 GB) file, reusing a stored digest when path, size and mtime are unchanged."""
+    if not path:
+        return {"path": "", "sha256": ""}
+    st = os.stat(path)
+    stamp = {"path": os.path.realpath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    if known and all(known.get(k) == v for k, v in stamp.items()):
+        return known
+    return {**stamp, "sha256": sha256_file(path)}
+
+
+# signature fields added after some runs were recorded, with the value those runs had
+ADDED_FIELDS = {"parallelism": "ddp"}  # before FSDP2 every CPU run (the only ones recorded) was DDP
+
+
+def comparable(signature: dict[str, Any]) -> dict[str, Any]:
+    """A signature as compared: a file digest (path, size, mtime, sha256) compares by its sha256 only."""
+    signature = {**ADDED_FIELDS, **signature}
+    return {k: (v.get("sha256", "") if isinstance(v, dict) else v) for k, v in signature.items()}
+
+
+def diff_signatures(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    old, new = comparable(old), comparable(new)
+    return [f"{k}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}"
+            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+
+
+def stored_record(run_dir: Path) -> dict[str, Any] | None:
+    path = Path(run_dir) / "run.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def check_identity(run_dir: Path, signature: dict[str, Any], lineage: dict[str, Any]) -> dict[str, Any]:
+    """First start: record signature + lineage. Relaunch: the signature must match (exit 3 otherwise)."""
+    path = Path(run_dir) / "run.json"
+    if not path.exists():
+        if list_checkpoints(run_dir):
+            raise Refusal(f"{run_dir}: holds checkpoints but no run.json, so its run signature is unknown; "
+                          f"use another run_dir")
+        record = {"signature": signature, "lineage": lineage}
+        atomic_write(path, json.dumps(record, indent=1, sort_keys=True))
+        return record
+    record = stored_record(run_dir)
+    diffs = diff_signatures(record["signature"], signature)
+    if diffs:
+        raise Refusal(f"{run_dir}: holds a run with a different signature; these fields differ "
+                      f"(stored -> now):\n  " + "\n  ".join(diffs) +
+                      "\nOnly max_steps, the GPU/node count (same global batch), workers and logging may change "
+                      "on resume. Use another run_dir to start a different run.")
+    return record
+
+
+# ---- checkpoints --------------------------------------------------------------------------------------
+def ckpt_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def checkpoint_step(path: str | Path) -> int:
+    """The optimizer step B of a checkpoint named ep{E}-ba{B}-rank0.pt (DDP) or ep{E}-ba{B} (FSDP folder)."""
+    return int(CKPT_RE.match(Path(path).name).group(2))
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    d = ckpt_dir(run_dir)
+    if not d.exists():
+        return []
+    out = [(int(m.group(2)), p) for p in d.iterdir()
+           if (m := CKPT_RE.match(p.name)) and not p.is_symlink() and (p.is_dir() if m.group(3) is None else p.is_file())]
+    return sorted(out)
+
+
+def is_complete(path: Path) -> bool:
+    if path.is_dir():
+        return (path / DCP_METADATA).is_file()
+    return zipfile.is_zipfile(path)
+
+
+def remove_checkpoint(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    link = ckpt_dir(run_dir) / LATEST
+    if link.is_symlink() or link.exists():
+        target = link.resolve()
+        return target if target.exists() else None
+    return None
+
+
+def repair_checkpoints(run_dir: Path) -> Path | None:
+    """Point `latest` at the newest complete checkpoint; delete partial/newer leftovers. Returns it."""
+    ckpts = list_checkpoints(run_dir)
+    link = ckpt_dir(run_dir) / LATEST
+    latest = latest_checkpoint(run_dir)
+    if latest is None or not is_complete(latest):
+        complete = [p for _, p in ckpts if is_complete(p)]
+        latest = complete[-1] if complete else None
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        if latest is not None:
+            os.symlink(latest.name, link)
+            logger.info(f"checkpoints: 'latest' repaired -> {latest.name}")
+    latest_batch = checkpoint_step(latest) if latest is not None else -1
+    for batch, p in ckpts:
+        if batch > latest_batch or (p != latest and not is_complete(p)):
+            logger.info(f"checkpoints: removing incomplete/stale {p.name}")
+            remove_checkpoint(p)
+    return latest
+
+
+def rotate_checkpoints(run_dir: Path, keep: int) -> list[Path]:
+    """Keep the `keep` newest checkpoints up to `latest` (across restarts); returns what was deleted."""
+    latest = latest_checkpoint(run_dir)
+    if latest is None:
+        return []
+    ckpts = [p for _, p in list_checkpoints(run_dir)]
+    upto = ckpts[:ckpts.index(latest) + 1] if latest in ckpts else ckpts
+    doomed = upto[:-keep] if keep > 0 else []
+    for p in doomed:
+        remove_checkpoint(p)
+    return doomed

@@ -1,0 +1,182 @@
+"""The gc25d run on Composer: `composer -n N gcc/train.py <yaml> [dotted.key=value ...]` (docs/design.md §9).
+
+Order of a launch:
+1. parse and validate the config on every rank (exit 2 naming the key: nothing has started yet);
+2. join the process group; global rank 0 takes the run lock, checks the data (manifest, train/val leak),
+   the run signature (run.json) and repairs the checkpoint folder; every rank gets its verdict (exit 3 on a
+   refusal, the same on all ranks);
+3. build data, model (base/warm-start weights only when there is no checkpoint to resume), optimizer,
+   callbacks, loggers and Composer's Trainer with autoresume; fit.
+Exit codes: 0 done or preempted (checkpoint written), 2 bad config, 3 refused, 4 non-finite loss, 5 stalled (a
+rank missed a deadline; every thread's stack is in <run_dir>/stacks/).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+import warnings
+from pathlib import Path
+
+EXIT_CONFIG, EXIT_REFUSED, EXIT_NONFINITE = 2, 3, 4
+
+
+logger = logging.getLogger(__name__)
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", 0))
+
+
+def check_data(manifest: dict, data: str) -> None:
+    """Refuse data the run cannot train on: no train clips, or train and val sharing clips or runs."""
+    from gcc.train.run_folder import Refusal
+
+    tr, va = manifest["splits"]["train"], manifest["splits"]["val"]
+    if not tr["clip_ids"]:
+        raise Refusal(f"data {data}: the train split has no clips")
+    clips = sorted(set(tr["clip_ids"]) & set(va["clip_ids"]))
+    runs = sorted(set(tr["runs"]) & set(va["runs"]))
+    if clips or runs:
+        raise Refusal(f"data {data}: train/val leak: shared clips {clips[:5]}, shared runs {runs[:5]}")
+
+
+def prepare_run(cfg, lock) -> dict:
+    """Rank 0's checks before any work (docs/design.md §9.3, §9.5). Returns what every rank needs to know."""
+    from gcc.train.builders import read_manifest_bytes, run_signature
+    from gcc.train.run_folder import Refusal, check_identity, checkpoint_step, repair_checkpoints, stored_record
+
+    lock.acquire()
+    try:
+        manifest_bytes = read_manifest_bytes(cfg)
+    except Exception as e:  # missing file (local or S3) or unreadable store
+        raise Refusal(f"data {cfg.data.path}: no readable manifest.json — not a finished convert_data output "
+                      f"({type(e).__name__}: {e})") from None
+    manifest = json.loads(manifest_bytes)
+    check_data(manifest, cfg.data.path)
+    old = stored_record(Path(cfg.run_dir))
+    signature = run_signature(cfg, manifest_bytes, known=(old or {}).get("signature"))
+    lineage = {"init_ckpt": os.path.realpath(cfg.model.init_ckpt) if cfg.model.init_ckpt else ""}
+    record = check_identity(Path(cfg.run_dir), signature, lineage)
+    latest = repair_checkpoints(Path(cfg.run_dir)) if cfg.autoresume else None
+    resumed_step = checkpoint_step(latest) if latest else None
+    return {"manifest": manifest, "lineage": record["lineage"],
+            "resumed_from": str(latest.resolve()) if latest else "", "resumed_step": resumed_step}
+
+
+def agree_on_start(cfg, lock) -> tuple[str, object]:
+    """Global rank 0 runs `prepare_run`; every rank gets its verdict: ("ok", info) or ("refused", message)."""
+    from composer.utils import dist
+
+    from gcc.data.errors import BadInput
+    from gcc.train.run_folder import Refusal
+
+    verdict: list = [None]
+    if dist.get_global_rank() == 0:
+        try:
+            verdict[0] = ("ok", prepare_run(cfg, lock))
+        except (Refusal, BadInput) as e:
+            verdict[0] = ("refused", str(e))
+    dist.broadcast_object_list(verdict, src=0)
+    return verdict[0]
+
+
+def run(cfg) -> int:
+    import torch
+    from composer.devices import DeviceCPU, DeviceGPU
+    from composer.utils import dist
+
+    from gcc.model.dit import count_params
+    from gcc.train import builders as B
+    from gcc.train.callbacks import NonFiniteLoss
+    from gcc.train.callbacks.train_stats import peak_rss_gb
+    from gcc.train.console import ALL_RANKS
+    from gcc.train.run_folder import RunLock
+
+    world, per_rank = B.world_size(), cfg.per_rank_batch(B.world_size())
+    device = DeviceGPU() if torch.cuda.is_available() else DeviceCPU()
+    if not torch.cuda.is_available():  # ranks share the CPU: don't oversubscribe its cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+    dist.initialize_dist(device, timeout=cfg.dist_timeout)
+    lock = RunLock(Path(cfg.run_dir))
+    status, info = agree_on_start(cfg, lock)
+    if status == "refused":
+        logger.error(f"refused: {info}")
+        return EXIT_REFUSED
+    resumed = info["resumed_step"] is not None
+    if resumed and info["resumed_step"] >= cfg.max_steps:
+        logger.info(f"nothing to do: {cfg.run_dir} is at step {info['resumed_step']} >= max_steps={cfg.max_steps} "
+                    f"(raise max_steps=... to train further)")
+        return 0
+    text = B.node_cache(cfg)
+    logger.info(f"{'resuming from ' + info['resumed_from'] if resumed else 'starting'}: world {world}, per-rank "
+                f"batch {per_rank} (micro {cfg.micro_batch} × accumulation {cfg.accumulation(world)}), "
+                f"global {cfg.global_batch}")
+    fsdp = B.parallelism_config(cfg)
+    model = B.build_model(cfg, text, fsdp=fsdp is not None)
+    parts = B.build_callbacks(cfg, info, model, per_rank)
+    t_build = time.time()
+    trainer = B.build_trainer(cfg, device, model, B.build_train_loader(cfg, per_rank),
+                              B.build_evaluators(cfg, B.build_val_loader(cfg), parts["preemption"]),
+                              parts["callbacks"], B.build_loggers(cfg), fsdp)
+    if resumed:
+        logger.info(f"checkpoint loaded: trainer ready in {time.time() - t_build:.1f} s")
+        # a run resumed at an epoch's end trains no batch of that epoch, and Composer warns about it
+        warnings.filterwarnings("ignore", message="No batches were trained for global rank", category=UserWarning)
+    else:
+        B.load_initial_weights(model.dit, cfg)
+    logger.info(f"rank {dist.get_global_rank()}: model ready, {count_params(model.dit) / 1e6:.1f} M parameters, "
+                f"{'FSDP2 over ' + str(world) + ' rank(s)' if fsdp is not None else 'not sharded'}; peak host RSS "
+                f"so far {peak_rss_gb():.2f} GB", extra=ALL_RANKS)
+    trainer.state.callbacks.append(parts["rotation"])  # after Composer's CheckpointSaver
+    t0 = time.time()
+    try:
+        trainer.fit()
+    except NonFiniteLoss as e:
+        logger.error(str(e))
+        return EXIT_NONFINITE
+    finally:
+        trainer.close()
+    step = int(trainer.state.timestamp.batch)
+    if parts["preemption"].preempted_at is not None:
+        logger.info(f"preempted: stopped after step {step} with a checkpoint; relaunch the same command to continue")
+    else:
+        logger.info(f"done: step {step} in {time.time() - t0:.0f} s. Run folder {cfg.run_dir}: train_log.csv, "
+                    f"val_log.csv, tensorboard/, step-*.safetensors, checkpoints/")
+    lock.release()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    code = _main(argv)
+    if code and _rank() != 0:
+        # Composer's launcher reports the first non-zero exit in rank order and kills the rest: let rank 0
+        # exit first, so the launcher's code is ours (2/3/4), not rank 0's -15 from that cleanup. The launcher
+        # kills us as soon as rank 0 is gone (a loaded machine can take several seconds to tear rank 0 down).
+        time.sleep(60)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
+    from gcc.train.config import ConfigError, load_config
+    from gcc.train.console import configure_logging
+
+    configure_logging("INFO", _rank())
+    p = argparse.ArgumentParser(prog="gcc/train.py", description="Train the gc25d teacher (docs/design.md §9).")
+    p.add_argument("yaml", help="run config, e.g. yamls/sft_v10.yaml")
+    p.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. optim.lr=2e-5")
+    args = p.parse_args(argv)
+    try:
+        cfg = load_config(args.yaml, args.overrides)
+        cfg.per_rank_batch(int(os.environ.get("WORLD_SIZE", 1)))
+        import torch
+
+        if cfg.precision != "fp32" and not torch.cuda.is_available():
+            raise ConfigError(f"precision: {cfg.precision} needs a GPU; on CPU set precision=fp32")
+    except ConfigError as e:
+        logger.error(f"config error: {e}")
+        return EXIT_CONFIG
+    configure_logging(cfg.log_level, _rank())
+    return run(cfg)
