@@ -29,7 +29,7 @@ from gcc import __version__
 from gcc.data import storage
 from gcc.data.errors import BadInput
 from gcc.data.layout import check_splits, clip_files, geometry_of, load_clip, read_index, read_text_table
-from gcc.data.shards import COLUMNS, FORMAT_VERSION, MANIFEST, SPLITS, TEXT_TABLE
+from gcc.data.shards import COLUMNS, FORMAT_VERSION, MANIFEST, SHARD_HASHES, SPLITS, TEXT_TABLE
 from gcc.data.workers import pool_worker_init, worker_context
 from gcc.geometry import Geometry
 from gcc.vocab import key_to_id
@@ -94,7 +94,7 @@ def write_chunk(plan: Plan, split: str, idx: int, rows: list[dict[str, Any]]) ->
     ids_of = key_to_id(plan.text_keys)
     nbytes_src = 0
     try:
-        with MDSWriter(out=stage, columns=COLUMNS, compression=plan.compression, hashes=["sha1", "xxh64"],
+        with MDSWriter(out=stage, columns=COLUMNS, compression=plan.compression, hashes=list(SHARD_HASHES),
                        size_limit=plan.size_limit, progress_bar=False) as writer:
             for row in rows:
                 sample = load_clip(plan.src, row, plan.geometry, ids_of)

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import math
+import multiprocessing
 import os
 import time
 import weakref
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -24,10 +27,10 @@ from streaming import StreamingDataset
 from torch.utils.data import get_worker_info
 
 from gcc.data import storage
-from gcc.data.errors import BadInput
+from gcc.data.errors import BadInput, DamagedData
 from gcc.data.mask import apply_unknown_mask
 from gcc.data.sample_rng import draw_sample
-from gcc.data.shards import TEXT_TABLE, ClipRecord, read_manifest
+from gcc.data.shards import SHARD_HASH, TEXT_TABLE, ClipRecord, read_manifest
 from gcc.data.text_table import TextTable
 from gcc.data.workers import PREEMPTION_GRACE_S, LoaderWorkerInit, worker_context
 from gcc.geometry import Cameras
@@ -178,9 +181,61 @@ class GcStreamingDataset(StreamingDataset):
         self.text = TextTable(fetch_text_table(data, cache_dir))
         self._epoch = 0
         with node_registration_lock():
-            super().__init__(remote=storage.join(data, split), local=str(cache_dir / split), batch_size=batch_size,
-                             shuffle=shuffle, shuffle_seed=self.seed, num_canonical_nodes=num_canonical_nodes,
-                             cache_limit=cache_limit, predownload=predownload)
+            # validate_hash: every shard is checked against the xxh64 that convert_data recorded when it enters
+            # the cache (a damaged shard otherwise decompresses to garbage or kills the loader's thread)
+            try:
+                super().__init__(remote=storage.join(data, split), local=str(cache_dir / split),
+                                 batch_size=batch_size, shuffle=shuffle, shuffle_seed=self.seed,
+                                 num_canonical_nodes=num_canonical_nodes, cache_limit=cache_limit,
+                                 predownload=predownload, validate_hash=SHARD_HASH)
+            except (json.JSONDecodeError, OSError, KeyError, TypeError) as e:  # index.json missing, cut or altered
+                Path(cache_dir, split, "index.json").unlink(missing_ok=True)  # the relaunch fetches it again
+                raise self._damaged(storage.join(data, split, "index.json"), e) from None
+        self._thread_error: BaseException | None = None
+
+    # ---- damaged data: an error naming the shard, never a silent early end of the epoch ----------------------
+    def _shard_name(self, shard_id: int) -> str:
+        raw, zipped = self.shards[shard_id].file_pairs[0]
+        return storage.join(self.data, self.split, (zipped or raw).basename)
+
+    def _damaged(self, where: str, e: BaseException) -> DamagedData:
+        if isinstance(e, DamagedData):
+            return e
+        return DamagedData(f"{where}: cannot be read ({type(e).__name__}: {e}); the file is damaged or changed "
+                           f"since convert_data wrote it (split {self.split}) — restore or reconvert it")
+
+    def prepare_shard(self, shard_id: int, blocking: bool = True) -> None:
+        try:
+            super().prepare_shard(shard_id, blocking)
+        except Exception as e:
+            # drop the bad copy from the cache: a relaunch after the data is repaired fetches it again
+            stream = self.streams[self.stream_per_shard[shard_id]]
+            for info in self.shards[shard_id].file_pairs[0]:
+                if info is not None:
+                    Path(stream.local, stream.split or "", info.basename).unlink(missing_ok=True)
+            raise self._damaged(self._shard_name(shard_id), e) from None
+
+    def on_exception(self, future) -> None:
+        # Streaming's download threads report here (its own version re-raises into the executor, which only
+        # prints it); keep the error for the iterator, which otherwise just ends the epoch early
+        err = future.exception()
+        if err is not None:
+            self._thread_error = self._thread_error or err
+            self._event.set()
+
+    def __iter__(self):
+        yield from super().__iter__()
+        if self._event.is_set():  # a download thread failed: Streaming ends the epoch early without a word
+            err = self._thread_error or RuntimeError("a Streaming download thread failed")
+            raise self._damaged(f"data {self.data}, split {self.split}", err)
+
+    @contextmanager
+    def _decoding(self, sample_id: int):
+        try:
+            yield
+        except Exception as e:
+            shard_id, _ = self.spanner[sample_id]
+            raise self._damaged(f"{self._shard_name(shard_id)} (sample {sample_id})", e) from None
 
     # Streaming computes the epoch inside each worker's __iter__; keep it for get_item.
     def _resume_incr_epoch(self) -> tuple[int, int]:
@@ -189,10 +244,14 @@ class GcStreamingDataset(StreamingDataset):
         return epoch, sample_in_epoch
 
     def get_item(self, sample_id: int, retry: int = 7) -> dict[str, Any]:
-        rec = ClipRecord.from_sample(super().get_item(sample_id, retry), empty=_empty)
-        return self.make_sample(rec, int(sample_id), self._epoch)
+        with self._decoding(sample_id):
+            rec = ClipRecord.from_sample(super().get_item(sample_id, retry), empty=_empty)
+            meta = rec.meta()
+        return self.make_sample(rec, int(sample_id), self._epoch, meta,
+                                decoding=lambda: self._decoding(sample_id))
 
-    def make_sample(self, rec: ClipRecord, sample_id: int, epoch: int) -> dict[str, Any]:
+    def make_sample(self, rec: ClipRecord, sample_id: int, epoch: int, meta: dict | None = None,
+                    decoding: Callable = nullcontext) -> dict[str, Any]:
         d = self.dropouts
         draw = draw_sample(self.seed, epoch, sample_id, d.text, d.cond, d.mask)
         ids = np.full(len(rec.context_ids), self.text.null_id, np.int64) if draw.drop_text else rec.context_ids
@@ -203,9 +262,10 @@ class GcStreamingDataset(StreamingDataset):
         if draw.drop_cond:
             sem.fill(UNKNOWN)  # the stored ids are never decompressed
         else:
-            rec.sem_ids(out=sem)
+            with decoding():
+                rec.sem_ids(out=sem)
             if draw.mask is not None:
-                meta = rec.meta()
+                meta = meta if meta is not None else rec.meta()
                 sem, mask_frac = apply_unknown_mask(sem, Cameras.from_meta(meta), np.asarray(meta["ground_z"], float),
                                                     draw.mask, calibration=d.calibration,
                                                     max_frame_coverage=d.max_frame_coverage, inplace=True)
@@ -296,3 +356,9 @@ def _stop_workers(loader_ref: weakref.ref) -> None:
     iterator = getattr(loader, "_iterator", None)
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
         iterator._shutdown_workers()
+    # A rank ending on an error may have dropped its loader already; its workers would hold the exit up by their
+    # preemption grace (they defer multiprocessing's SIGTERM). Nothing is left to save in them: stop them now.
+    for p in multiprocessing.active_children():
+        if p.daemon:
+            p.kill()
+            p.join(5)

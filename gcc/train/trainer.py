@@ -8,7 +8,8 @@ Order of a launch:
 3. build data, model (base/warm-start weights only when there is no checkpoint to resume), optimizer,
    callbacks, loggers and Composer's Trainer with autoresume; fit.
 Exit codes: 0 done or preempted (checkpoint written), 2 bad config, 3 refused, 4 non-finite loss, 5 stalled (a
-rank missed a deadline; every thread's stack is in <run_dir>/stacks/).
+rank missed a deadline; every thread's stack is in <run_dir>/stacks/), 6 damaged data (a shard or index that
+cannot be read back as convert_data wrote it; nothing is checkpointed after it was seen).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import time
 import warnings
 from pathlib import Path
 
-EXIT_CONFIG, EXIT_REFUSED, EXIT_NONFINITE = 2, 3, 4
+EXIT_CONFIG, EXIT_REFUSED, EXIT_NONFINITE, EXIT_DATA = 2, 3, 4, 6
 
 
 logger = logging.getLogger(__name__)
@@ -83,7 +84,27 @@ def agree_on_start(cfg, lock) -> tuple[str, object]:
     return verdict[0]
 
 
+def damaged_data_message(e: BaseException) -> str:
+    """The DamagedData message, also when a DataLoader worker raised it (torch re-raises it wrapped in the
+    worker's traceback text)."""
+    text = str(e).strip()
+    tail = text.rsplit("DamagedData: ", 1)
+    return tail[-1].splitlines()[0] if len(tail) == 2 else text
+
+
 def run(cfg) -> int:
+    from gcc.data.errors import DamagedData
+
+    try:
+        return _run(cfg)
+    except DamagedData as e:
+        from gcc.train.console import ALL_RANKS
+
+        logger.error(f"rank {_rank()}: damaged data: {damaged_data_message(e)}", extra=ALL_RANKS)
+        return EXIT_DATA
+
+
+def _run(cfg) -> int:
     import torch
     from composer.devices import DeviceCPU, DeviceGPU
     from composer.utils import dist
@@ -134,11 +155,12 @@ def run(cfg) -> int:
     t0 = time.time()
     try:
         trainer.fit()
-    except NonFiniteLoss as e:
+    except NonFiniteLoss as e:  # every rank stops at the same step: closing (a barrier) is safe
+        trainer.close()
         logger.error(str(e))
         return EXIT_NONFINITE
-    finally:
-        trainer.close()
+    # any other error skips close(): its barrier would wait for ranks that never get there
+    trainer.close()
     step = int(trainer.state.timestamp.batch)
     if parts["preemption"].preempted_at is not None:
         logger.info(f"preempted: stopped after step {step} with a checkpoint; relaunch the same command to continue")
@@ -151,10 +173,11 @@ def run(cfg) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     code = _main(argv)
-    if code and _rank() != 0:
+    if code in (EXIT_CONFIG, EXIT_REFUSED, EXIT_NONFINITE) and _rank() != 0:
         # Composer's launcher reports the first non-zero exit in rank order and kills the rest: let rank 0
         # exit first, so the launcher's code is ours (2/3/4), not rank 0's -15 from that cleanup. The launcher
         # kills us as soon as rank 0 is gone (a loaded machine can take several seconds to tear rank 0 down).
+        # Damaged data (6) is seen by one rank while the others wait in a collective: that rank exits at once.
         time.sleep(60)
     return code
 
