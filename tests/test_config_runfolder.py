@@ -13,15 +13,8 @@ import torch
 
 from gcc.train.config import ConfigError, load_config
 from gcc.train.csv_logger import CSVLogger
-from gcc.train.run_folder import (
-    Refusal,
-    RunLock,
-    check_identity,
-    latest_checkpoint,
-    list_checkpoints,
-    repair_checkpoints,
-    rotate_checkpoints,
-)
+from gcc.train.run_folder import (Refusal, RunLock, check_identity, latest_checkpoint, list_checkpoints,
+                                  repair_checkpoints, rotate_checkpoints)
 
 ROOT = Path(__file__).resolve().parents[1]
 YAMLS = sorted((ROOT / "yamls").glob("*.yaml"))

@@ -17,16 +17,8 @@ from safetensors.torch import save_file
 import gcc
 import gcc.model.export as export
 from gcc.model.dit import wan_keys
-from gcc.model.export import (
-    META_KEYS,
-    GcCkptError,
-    check_gc_ckpt,
-    gc_key_set,
-    gc_metadata,
-    load_gc_weights,
-    load_state_dict_gc,
-    save_gc,
-)
+from gcc.model.export import (META_KEYS, GcCkptError, check_gc_ckpt, gc_key_set, gc_metadata, load_gc_weights,
+                              load_state_dict_gc, save_gc)
 from gcc.model.objective import GcTrainModel
 from gcc.tools.inspect_ckpt import main as inspect_main
 

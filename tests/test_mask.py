@@ -6,16 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from gcc.data.mask import (
-    STATS,
-    MaskParams,
-    apply_unknown_mask,
-    cell_pixels,
-    mask_ground_z,
-    static_cell_counts,
-    unknown_cells,
-    weighted_quantile,
-)
+from gcc.data.mask import (STATS, MaskParams, apply_unknown_mask, cell_pixels, mask_ground_z, static_cell_counts,
+                           unknown_cells, weighted_quantile)
 from gcc.data.sample_rng import SampleDraw, draw_sample, sample_rng
 from gcc.geometry import Cameras, ground_points
 from gcc.vocab import STATIC_MAX, UNKNOWN

@@ -21,15 +21,8 @@ from safetensors import safe_open
 from torch.distributed.fsdp import FSDPModule
 
 from gcc.geometry import VAE_STRIDE_S, VAE_STRIDE_T, latent_frame_spans, pixel_frames
-from gcc.model.diffsynth_parts import (
-    CrossAttention,
-    DiTBlock,
-    Head,
-    RMSNorm,
-    WanModel,
-    precompute_freqs_cis_3d,
-    sinusoidal_embedding_1d,
-)
+from gcc.model.diffsynth_parts import (CrossAttention, DiTBlock, Head, RMSNorm, WanModel, precompute_freqs_cis_3d,
+                                       sinusoidal_embedding_1d)
 from gcc.model.fsdp import fill_local
 from gcc.model.seeds import stable_seed
 from gcc.vocab import CHANNEL_LUT, check_vocab, num_classes

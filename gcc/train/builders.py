@@ -12,16 +12,8 @@ from typing import Any
 from torch.utils.data import DataLoader, Dataset
 
 from gcc.data import storage
-from gcc.data.dataset import (
-    Dropouts,
-    GcStreamingDataset,
-    StallAt,
-    build_dataloader,
-    fetch_text_table,
-    gc_collate,
-    release_stale_shm,
-    round_robin_by_run,
-)
+from gcc.data.dataset import (Dropouts, GcStreamingDataset, StallAt, build_dataloader, fetch_text_table, gc_collate,
+                              release_stale_shm, round_robin_by_run)
 from gcc.data.shards import MANIFEST
 from gcc.data.text_table import TextTable
 from gcc.model.optim import BETAS
@@ -223,16 +215,8 @@ def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch
     Trainer exists (it must follow Composer's CheckpointSaver), its clock goes first (it times each save)."""
     from composer.utils import dist
 
-    from gcc.train.callbacks import (
-        CheckpointRotation,
-        Export,
-        GradClip,
-        NonFiniteGuard,
-        Preemption,
-        RunFiles,
-        TrainStats,
-        ValidationLog,
-    )
+    from gcc.train.callbacks import (CheckpointRotation, Export, GradClip, NonFiniteGuard, Preemption, RunFiles,
+                                     TrainStats, ValidationLog)
     from gcc.train.watchdog import StallWatchdog
 
     run_dir = Path(cfg.run_dir)
