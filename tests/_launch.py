@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -32,8 +33,18 @@ def env() -> dict:
 
 
 def launch(run_dir, shards, *overrides, n=2, timeout=900, launcher=()) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd(run_dir, shards, *overrides, n=n, launcher=launcher), env=env(), capture_output=True,
-                          text=True, timeout=timeout)
+    """One launch to its end. On a timeout the whole process group goes (the launcher and its ranks): ranks left
+    behind would burn the CPU that the other tests share."""
+    args = cmd(run_dir, shards, *overrides, n=n, launcher=launcher)
+    with subprocess.Popen(args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            raise
+    return subprocess.CompletedProcess(args, p.returncode, out, err)
 
 
 def start_bg(run_dir, shards, *overrides, n=2, launcher=()) -> subprocess.Popen:

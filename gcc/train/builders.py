@@ -216,19 +216,22 @@ def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch
     from composer.utils import dist
 
     from gcc.train.callbacks import (CheckpointRotation, Export, GradClip, NonFiniteGuard, Preemption, RunFiles,
+                                     StepDeadline,
                                      TrainStats, ValidationLog)
     from gcc.train.watchdog import StallWatchdog
 
     run_dir = Path(cfg.run_dir)
-    preemption = Preemption(StallWatchdog(run_dir, dist.get_global_rank()), cfg.preemption_grace_s)
+    watchdog = StallWatchdog(run_dir, dist.get_global_rank())
+    preemption = Preemption(watchdog, cfg.preemption_grace_s)
     grad_clip = GradClip(cfg.optim.grad_clip)
     stats = TrainStats(grad_clip)
     rotation = CheckpointRotation(run_dir, cfg.keep_checkpoints)
     export = Export(run_dir, model.dit, cfg.export_every, cfg.max_steps, lambda step: export_metadata(cfg, run, step),
                     lambda: preemption.preempted_at is not None)
     ordered = [rotation.clock, NonFiniteGuard(cfg.inject_nonfinite_step, cfg.inject_nonfinite_rank), grad_clip,
-               stats, preemption, ValidationLog("val"), export,
-               RunFiles(run_dir, resolved_config(cfg, run["manifest"], per_rank_batch), stats)]
+               stats, preemption, StepDeadline(watchdog, cfg.stall_timeout_s, cfg.stall_floor_s),
+               ValidationLog("val"), export, RunFiles(run_dir, resolved_config(cfg, run["manifest"], per_rank_batch),
+                                                      stats)]
     return {"callbacks": ordered, "preemption": preemption, "rotation": rotation}
 
 

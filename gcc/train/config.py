@@ -87,6 +87,10 @@ class TrainConfig:
     # after SIGTERM/SIGUSR1 a rank must checkpoint and exit within this; else it writes every thread's stack to
     # <run_dir>/stacks/ and exits 5. Keep it below the scheduler's kill timeout.
     preemption_grace_s: float = PREEMPTION_GRACE_S
+    # a rank that completes no step within this (model build, warm-up, validation; 0 = off), or, once 10 steps
+    # are timed, within max(stall_floor_s, 20 × the median step time), writes its stacks and exits 5
+    stall_timeout_s: float = 1800.0
+    stall_floor_s: float = 300.0
     inject_nonfinite_step: int = 0  # fault injection for tests: make the loss NaN at this step...
     inject_nonfinite_rank: int = 0  # ...on this rank (0 = off)
     inject_stall_step: int = 0  # fault injection for tests: the loader never delivers this step's batch...
@@ -195,9 +199,11 @@ def validate(cfg: TrainConfig) -> None:
     for key in ("data.text_dropout", "data.cond_dropout", "data.mask_p", "data.max_frame_coverage"):
         if not 0.0 <= _get(cfg, key) <= 1.0:
             raise ConfigError(f"{key}: must be in [0, 1], got {_get(cfg, key)}")
-    for key in ("dist_timeout", "preemption_grace_s"):
+    for key in ("dist_timeout", "preemption_grace_s", "stall_floor_s"):
         if _get(cfg, key) <= 0:
             raise ConfigError(f"{key}: must be > 0 seconds, got {_get(cfg, key)}")
+    if cfg.stall_timeout_s < 0:
+        raise ConfigError(f"stall_timeout_s: must be >= 0 seconds (0 = off), got {cfg.stall_timeout_s}")
     if cfg.data.num_workers < 0:
         raise ConfigError(f"data.num_workers: must be >= 0, got {cfg.data.num_workers}")
     if cfg.grad_accum < 0:
