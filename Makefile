@@ -25,7 +25,7 @@ demo: $(STAMP)
 	$(BIN)/python -m gcc.tools.demo --out $(DEMO)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(JOBS) -q tests
+	$(BIN)/python -m pytest -n $(JOBS) -q -rs tests
 
 bench: $(STAMP)
 	$(BIN)/python bench/convert.py

@@ -23,8 +23,10 @@ EXACT = ["step", "loss", "mse", "timestep", "lr", "cond_lr", "grad_norm", "sem_r
          "cond_drop", "mask_frac", "epoch", "clips"]
 
 
-def cmd(run_dir: Path, shards: Path, *overrides: str, n: int = 2, launcher: Sequence[str] = ()) -> list[str]:
-    return [COMPOSER, "-n", str(n), *launcher, str(ROOT / "gcc" / "train.py"), str(ROOT / "yamls" / "tiny_cpu.yaml"),
+def cmd(run_dir: Path, shards: Path, *overrides: str, n: int = 2, launcher: Sequence[str] = (),
+        prefix: Sequence[str] = ()) -> list[str]:
+    """`prefix` runs the launcher under another command (e.g. `unshare`); `launcher` are the launcher's flags."""
+    return [*prefix, COMPOSER, "-n", str(n), *launcher, str(ROOT / "gcc" / "train.py"), str(ROOT / "yamls" / "tiny_cpu.yaml"),
             f"run_dir={run_dir}", f"data.path={shards}", *BASE, *overrides]
 
 
@@ -47,9 +49,9 @@ def launch(run_dir, shards, *overrides, n=2, timeout=900, launcher=()) -> subpro
     return subprocess.CompletedProcess(args, p.returncode, out, err)
 
 
-def start_bg(run_dir, shards, *overrides, n=2, launcher=()) -> subprocess.Popen:
+def start_bg(run_dir, shards, *overrides, n=2, launcher=(), prefix=()) -> subprocess.Popen:
     """A launch in its own process group, so a signal reaches the launcher and every rank, as on a cluster."""
-    return subprocess.Popen(cmd(run_dir, shards, *overrides, n=n, launcher=launcher), env=env(),
+    return subprocess.Popen(cmd(run_dir, shards, *overrides, n=n, launcher=launcher, prefix=prefix), env=env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 

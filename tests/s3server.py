@@ -21,9 +21,13 @@ def _free_port() -> int:
 
 
 class S3Server:
-    def __init__(self) -> None:
-        self.port = _free_port()
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or _free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.start()
+
+    def start(self) -> None:
+        """Start serving (again, on the same port: a restarted moto server is empty)."""
         exe = Path(sys.executable).with_name("moto_server")
         self.proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(self.port)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -43,14 +47,24 @@ class S3Server:
         return {"S3_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing",
                 "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
-    def new_bucket(self) -> str:
-        """A fresh bucket per test keeps parallel tests apart."""
+    def client(self):
         import boto3
 
-        name = f"gcc-{uuid.uuid4().hex[:12]}"
-        boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="testing",
-                     aws_secret_access_key="testing", region_name="us-east-1").create_bucket(Bucket=name)
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="testing",
+                            aws_secret_access_key="testing", region_name="us-east-1")
+
+    def new_bucket(self, name: str | None = None) -> str:
+        """A fresh bucket per test keeps parallel tests apart."""
+        name = name or f"gcc-{uuid.uuid4().hex[:12]}"
+        self.client().create_bucket(Bucket=name)
         return name
+
+    def upload_tree(self, local: Path, bucket: str, prefix: str) -> str:
+        """Every file under `local`, byte for byte, to s3://bucket/prefix/...; returns that URL."""
+        client = self.client()
+        for f in sorted(p for p in Path(local).rglob("*") if p.is_file()):
+            client.upload_file(str(f), bucket, f"{prefix}/{f.relative_to(local).as_posix()}")
+        return f"s3://{bucket}/{prefix}"
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from _launch import exact, export_tensors, launch, ok, rows, start_bg, wait_for, wait_for_step
@@ -70,6 +72,47 @@ def test_preemption_checkpoints_and_resumes(reference, e2e_shards, tmp_path):
     assert checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt")) == stopped
     ok(launch(run_dir, e2e_shards))
     assert exact(rows(run_dir)) == exact(rows(reference))
+
+
+UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc"]
+
+
+@pytest.mark.parametrize("pid1", [False, True], ids=["launcher", "launcher_as_pid1"])
+def test_preemption_delivered_to_the_launcher_alone(pid1, reference, e2e_shards, tmp_path):
+    """Kubernetes sends SIGTERM to the container's PID 1 only: the composer launcher. The launcher passes it on
+    to the ranks, which checkpoint and exit 0; nothing is left running; the relaunch continues exactly. As PID 1
+    of its own PID namespace the launcher is the namespace's init (its exit kills whatever is left in it)."""
+    if pid1:
+        probe = subprocess.run([*UNSHARE, "true"], capture_output=True, text=True)
+        if probe.returncode != 0:
+            pytest.skip(f"a PID namespace needs the right to create one (root): unshare said "
+                        f"{probe.stderr.strip()!r}")
+    run_dir = tmp_path / "run"
+    p = start_bg(run_dir, e2e_shards, "max_steps=1000", prefix=UNSHARE if pid1 else ())
+    wait_for_step(run_dir, 4, p)
+    target = psutil.Process(p.pid).children()[0].pid if pid1 else p.pid  # the launcher (unshare forks it)
+    os.kill(target, signal.SIGTERM)
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0 and "preempted: stopped after step" in out, out[-4000:]
+    stopped = int(out.split("preempted: stopped after step ")[1].split()[0])
+    assert checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt")) == stopped
+    left = [q.pid for q in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(q.info["cmdline"] or [])]
+    assert not left, f"processes left running: {left}"
+    ok(launch(run_dir, e2e_shards))
+    assert exact(rows(run_dir)) == exact(rows(reference))
+
+
+@pytest.mark.slow
+def test_two_launches_on_one_machine_at_once_both_succeed(e2e_shards, tmp_path):
+    """Two jobs started together on one node (their launchers, ranks, Streaming shared memory and loader
+    workers side by side), three times in a row: both finish, each with the rows the other got."""
+    for attempt in range(3):
+        runs = [tmp_path / f"try{attempt}" / name for name in ("a", "b")]
+        procs = [start_bg(r, e2e_shards, "max_steps=6", "checkpoint_every=2") for r in runs]
+        outs = [p.communicate(timeout=600)[0] for p in procs]
+        for p, out in zip(procs, outs):
+            assert p.returncode == 0, f"attempt {attempt}: {out[-4000:]}"
+        assert exact(rows(runs[0])) == exact(rows(runs[1]))
 
 
 def test_loader_workers_start_once_per_rank_from_the_forkserver(e2e_shards, tmp_path):

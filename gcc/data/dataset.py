@@ -24,10 +24,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 from streaming import StreamingDataset
+from streaming.base.storage import download as streaming_download
 from torch.utils.data import get_worker_info
 
 from gcc.data import storage
-from gcc.data.errors import BadInput, DamagedData
+from gcc.data.errors import BadInput, DamagedData, StorageUnavailable, disk_full, is_unreachable
 from gcc.data.mask import apply_unknown_mask
 from gcc.data.sample_rng import draw_sample
 from gcc.data.shards import SHARD_HASH, TEXT_TABLE, ClipRecord, read_manifest
@@ -51,6 +52,23 @@ class Dropouts:
 
 
 NO_DROPOUTS = Dropouts(text=0.0, cond=0.0, mask=0.0)
+# how a damaged or missing index.json fails inside StreamingDataset's constructor
+INDEX_DAMAGE = (json.JSONDecodeError, OSError, KeyError, TypeError)
+
+
+class BoundedS3Downloader(streaming_download.S3Downloader):
+    """Streaming's S3 shard downloader with the project's retry policy (botocore's standard mode, a bounded
+    number of attempts: gcc.data.storage.s3_config) in place of Streaming's adaptive mode."""
+
+    def _create_s3_client(self, unsigned: bool = False, timeout: float = 60) -> None:
+        from boto3.session import Session
+
+        self._s3_client = Session().client("s3", config=storage.s3_config(timeout, unsigned),
+                                           endpoint_url=os.environ.get("S3_ENDPOINT_URL"))
+
+
+# Streaming looks its downloader up by URL scheme at each dataset's construction (workers import this module too)
+streaming_download.DOWNLOADER_MAPPINGS["s3"] = BoundedS3Downloader
 
 
 def release_stale_shm(local_dirs: Sequence[str | Path], scan: int = 256) -> int:
@@ -178,6 +196,7 @@ class GcStreamingDataset(StreamingDataset):
         self.dropouts = NO_DROPOUTS if split == "val" else dropouts
         cache_dir = Path(cache_dir)
         cache_dir.mkdir(parents=True, exist_ok=True)
+        self.cache_folder = cache_dir / split
         self.text = TextTable(fetch_text_table(data, cache_dir))
         self._epoch = 0
         with node_registration_lock():
@@ -188,19 +207,30 @@ class GcStreamingDataset(StreamingDataset):
                                  batch_size=batch_size, shuffle=shuffle, shuffle_seed=self.seed,
                                  num_canonical_nodes=num_canonical_nodes, cache_limit=cache_limit,
                                  predownload=predownload, validate_hash=SHARD_HASH)
-            except (json.JSONDecodeError, OSError, KeyError, TypeError) as e:  # index.json missing, cut or altered
+            except Exception as e:  # index.json missing, cut or altered; or the store away, the disk full
+                fault = self._fault(storage.join(data, split, "index.json"), e)
+                if isinstance(fault, DamagedData) and not isinstance(e, INDEX_DAMAGE):
+                    raise
                 Path(cache_dir, split, "index.json").unlink(missing_ok=True)  # the relaunch fetches it again
-                raise self._damaged(storage.join(data, split, "index.json"), e) from None
+                raise fault from None
         self._thread_error: BaseException | None = None
 
-    # ---- damaged data: an error naming the shard, never a silent early end of the epoch ----------------------
+    # ---- faults: an error naming the shard, never a silent early end of the epoch ------------------------------
     def _shard_name(self, shard_id: int) -> str:
         raw, zipped = self.shards[shard_id].file_pairs[0]
         return storage.join(self.data, self.split, (zipped or raw).basename)
 
-    def _damaged(self, where: str, e: BaseException) -> DamagedData:
-        if isinstance(e, DamagedData):
+    def _fault(self, where: str, e: BaseException) -> Exception:
+        """What went wrong reading `where`: the local cache's disk full, the store not answering, or else the
+        data damaged."""
+        if isinstance(e, (DamagedData, StorageUnavailable)):
             return e
+        full = disk_full(e, self.cache_folder, f"the shard cache {self.cache_folder} (reading {where})")
+        if full is not None:
+            return full
+        if is_unreachable(e):
+            return StorageUnavailable(f"{where}: object storage did not answer ({storage.s3_attempts()} attempts "
+                                      f"per try; {type(e).__name__}: {e}); split {self.split}")
         return DamagedData(f"{where}: cannot be read ({type(e).__name__}: {e}); the file is damaged or changed "
                            f"since convert_data wrote it (split {self.split}) — restore or reconvert it")
 
@@ -213,7 +243,7 @@ class GcStreamingDataset(StreamingDataset):
             for info in self.shards[shard_id].file_pairs[0]:
                 if info is not None:
                     Path(stream.local, stream.split or "", info.basename).unlink(missing_ok=True)
-            raise self._damaged(self._shard_name(shard_id), e) from None
+            raise self._fault(self._shard_name(shard_id), e) from None
 
     def on_exception(self, future) -> None:
         # Streaming's download threads report here (its own version re-raises into the executor, which only
@@ -227,7 +257,7 @@ class GcStreamingDataset(StreamingDataset):
         yield from super().__iter__()
         if self._event.is_set():  # a download thread failed: Streaming ends the epoch early without a word
             err = self._thread_error or RuntimeError("a Streaming download thread failed")
-            raise self._damaged(f"data {self.data}, split {self.split}", err)
+            raise self._fault(f"data {self.data}, split {self.split}", err)
 
     @contextmanager
     def _decoding(self, sample_id: int):
@@ -235,7 +265,7 @@ class GcStreamingDataset(StreamingDataset):
             yield
         except Exception as e:
             shard_id, _ = self.spanner[sample_id]
-            raise self._damaged(f"{self._shard_name(shard_id)} (sample {sample_id})", e) from None
+            raise self._fault(f"{self._shard_name(shard_id)} (sample {sample_id})", e) from None
 
     # Streaming computes the epoch inside each worker's __iter__; keep it for get_item.
     def _resume_incr_epoch(self) -> tuple[int, int]:

@@ -1,7 +1,9 @@
 """Local paths and s3:// URLs behind one small interface.
 
 S3 uses boto3 with the endpoint from `S3_ENDPOINT_URL`, the same variable Streaming's own up/downloaders
-read, so one setting points the converter, the loader and Streaming at the same store.
+read, so one setting points the converter, the loader and Streaming at the same store. Every S3 client here and
+Streaming's shard downloads (`BoundedS3Downloader`) retry with botocore's standard mode, a bounded number of
+times (`s3_config`); a store that still does not answer raises `StorageUnavailable` naming the object.
 Writes are atomic where the store allows: local files go through `atomic_path` (a temporary name, fsync,
 rename, fsync of the folder); an S3 PUT is atomic. Every file the project must never leave half-written goes
 through `atomic_path` / `atomic_write`.
@@ -15,6 +17,8 @@ import urllib.parse
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+from gcc.data.errors import StorageUnavailable, disk_full, is_unreachable
 
 
 def fsync_dir(d: str | os.PathLike) -> None:
@@ -30,7 +34,8 @@ def atomic_path(path: str | os.PathLike, mode: int | None = 0o644, suffix: str =
     """A temporary name beside `path` to write to (`<name>.tmp<pid><suffix>`: two processes never share one;
     `suffix` for writers that choose the format by the extension, e.g. ".mp4" for ffmpeg). When the
     block ends normally the file is fsynced, renamed over `path` and the folder fsynced, so a reader (or a
-    relaunch after a crash) sees the old file or the whole new one; if it raises, the temporary is removed."""
+    relaunch after a crash) sees the old file or the whole new one; if it raises, the temporary is removed (and a
+    write that found the disk full raises DiskFull naming `path`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}{suffix}")
@@ -41,8 +46,11 @@ def atomic_path(path: str | os.PathLike, mode: int | None = 0o644, suffix: str =
         if mode is not None:
             os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        full = disk_full(e, path.parent, str(path)) if isinstance(e, Exception) else None
+        if full is not None:
+            raise full from e
         raise
     fsync_dir(path.parent)
 
@@ -71,10 +79,40 @@ def join(root: str, *parts: str) -> str:
     return str(Path(root, *parts))
 
 
+# botocore's standard retry mode: exponential backoff with jitter (at most 20 s between attempts); 5 attempts take
+# about 15 s of backoff in all. AWS_MAX_ATTEMPTS overrides the count.
+S3_MAX_ATTEMPTS = 5
+S3_CONNECT_TIMEOUT_S = 10
+
+
+def s3_attempts() -> int:
+    return int(os.environ.get("AWS_MAX_ATTEMPTS") or S3_MAX_ATTEMPTS)
+
+
+def s3_config(read_timeout: float = 60, unsigned: bool = False):
+    from botocore import UNSIGNED
+    from botocore.config import Config
+
+    extra = {"signature_version": UNSIGNED} if unsigned else {}
+    return Config(retries={"mode": "standard", "total_max_attempts": s3_attempts()},
+                  connect_timeout=S3_CONNECT_TIMEOUT_S, read_timeout=read_timeout, **extra)
+
+
 def _s3():
     import boto3
 
-    return boto3.client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None)
+    return boto3.client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None, config=s3_config())
+
+
+@contextmanager
+def _unreachable_named(url: str) -> Iterator[None]:
+    try:
+        yield
+    except Exception as e:
+        if is_unreachable(e):
+            raise StorageUnavailable(f"{url}: object storage did not answer after {s3_attempts()} attempts "
+                                     f"({type(e).__name__}: {e})") from None
+        raise
 
 
 def _split_s3(url: str) -> tuple[str, str]:
@@ -89,8 +127,11 @@ def exists(url: str) -> bool:
         return os.path.exists(url)
     bucket, key = _split_s3(url)
     try:
-        _s3().head_object(Bucket=bucket, Key=key)
+        with _unreachable_named(url):
+            _s3().head_object(Bucket=bucket, Key=key)
         return True
+    except StorageUnavailable:
+        raise
     except Exception as e:  # botocore ClientError 404 -> absent; anything else is a real error
         code = getattr(e, "response", {}).get("Error", {}).get("Code")
         if code in ("404", "NoSuchKey", "NotFound"):
@@ -102,7 +143,8 @@ def read_bytes(url: str) -> bytes:
     if not is_remote(url):
         return Path(url).read_bytes()
     bucket, key = _split_s3(url)
-    return _s3().get_object(Bucket=bucket, Key=key)["Body"].read()
+    with _unreachable_named(url):
+        return _s3().get_object(Bucket=bucket, Key=key)["Body"].read()
 
 
 def write_bytes(url: str, data: bytes, mode: int = 0o644) -> None:
@@ -127,7 +169,8 @@ def download_file(url: str, local: str) -> None:
     Path(local).parent.mkdir(parents=True, exist_ok=True)
     if is_remote(url):
         bucket, key = _split_s3(url)
-        _s3().download_file(bucket, key, str(local))
+        with _unreachable_named(url):
+            _s3().download_file(bucket, key, str(local))
     else:
         shutil.copyfile(url, local)
 

@@ -216,12 +216,13 @@ def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch
     from composer.utils import dist
 
     from gcc.train.callbacks import (CheckpointRotation, Export, GradClip, NonFiniteGuard, Preemption, RunFiles,
-                                     StepDeadline,
-                                     TrainStats, ValidationLog)
+                                     StepDeadline, TrainStats, ValidationLog)
+    from gcc.train.peer_fault import peer_fault
     from gcc.train.watchdog import StallWatchdog
 
     run_dir = Path(cfg.run_dir)
-    watchdog = StallWatchdog(run_dir, dist.get_global_rank())
+    rank = dist.get_global_rank()
+    watchdog = StallWatchdog(run_dir, rank, explain=lambda: peer_fault(rank))
     preemption = Preemption(watchdog, cfg.preemption_grace_s)
     grad_clip = GradClip(cfg.optim.grad_clip)
     stats = TrainStats(grad_clip)

@@ -9,7 +9,8 @@ Order of a launch:
    callbacks, loggers and Composer's Trainer with autoresume; fit.
 Exit codes: 0 done or preempted (checkpoint written), 2 bad config, 3 refused, 4 non-finite loss, 5 stalled (a
 rank missed a deadline; every thread's stack is in <run_dir>/stacks/), 6 damaged data (a shard or index that
-cannot be read back as convert_data wrote it; nothing is checkpointed after it was seen).
+cannot be read back as convert_data wrote it), 7 object storage unavailable (after bounded retries), 8 disk full.
+On 6-8 the rank stops at once: nothing is checkpointed after the fault was seen, and nothing partial is kept.
 """
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ import argparse
 import json
 import logging
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
 
-EXIT_CONFIG, EXIT_REFUSED, EXIT_NONFINITE, EXIT_DATA = 2, 3, 4, 6
+EXIT_CONFIG, EXIT_REFUSED, EXIT_NONFINITE, EXIT_DATA, EXIT_STORAGE, EXIT_DISK = 2, 3, 4, 6, 7, 8
 
 
 logger = logging.getLogger(__name__)
@@ -49,10 +51,14 @@ def prepare_run(cfg, lock) -> dict:
     from gcc.train.builders import read_manifest_bytes, run_signature
     from gcc.train.run_folder import Refusal, check_identity, checkpoint_step, repair_checkpoints, stored_record
 
+    from gcc.data.errors import StorageUnavailable
+
     lock.acquire()
     try:
         manifest_bytes = read_manifest_bytes(cfg)
-    except Exception as e:  # missing file (local or S3) or unreadable store
+    except StorageUnavailable:
+        raise
+    except Exception as e:  # missing file (local or S3)
         raise Refusal(f"data {cfg.data.path}: no readable manifest.json — not a finished convert_data output "
                       f"({type(e).__name__}: {e})") from None
     manifest = json.loads(manifest_bytes)
@@ -68,7 +74,8 @@ def prepare_run(cfg, lock) -> dict:
 
 
 def agree_on_start(cfg, lock) -> tuple[str, object]:
-    """Global rank 0 runs `prepare_run`; every rank gets its verdict: ("ok", info) or ("refused", message)."""
+    """Global rank 0 runs `prepare_run`; every rank gets its verdict: ("ok", info) or ("refused", message). A fault
+    (storage away, disk full) leaves rank 0 at once with its exit code; the launcher then stops the others."""
     from composer.utils import dist
 
     from gcc.data.errors import BadInput
@@ -84,24 +91,52 @@ def agree_on_start(cfg, lock) -> tuple[str, object]:
     return verdict[0]
 
 
-def damaged_data_message(e: BaseException) -> str:
-    """The DamagedData message, also when a DataLoader worker raised it (torch re-raises it wrapped in the
+def fault_message(e: BaseException) -> str:
+    """The error's own message, also when a DataLoader worker raised it (torch re-raises it wrapped in the
     worker's traceback text)."""
     text = str(e).strip()
-    tail = text.rsplit("DamagedData: ", 1)
+    tail = text.rsplit(f"{type(e).__name__}: ", 1)
     return tail[-1].splitlines()[0] if len(tail) == 2 else text
 
 
+def as_fault(e: BaseException, run_dir: str) -> tuple[int, str] | None:
+    """(exit code, message) for a fault that stops the run cleanly: damaged data, storage away, disk full."""
+    from gcc.data.errors import DamagedData, StorageUnavailable, disk_full
+
+    if isinstance(e, DamagedData):
+        return EXIT_DATA, f"damaged data: {fault_message(e)}"
+    if isinstance(e, StorageUnavailable):
+        return EXIT_STORAGE, (f"storage unavailable: {fault_message(e)}. Relaunch the same command once the store "
+                              f"answers: it resumes from the last complete checkpoint")
+    full = disk_full(e, run_dir, f"under {run_dir}")
+    if full is not None:
+        return EXIT_DISK, (f"disk full: {fault_message(full)}. Free space there and relaunch the same command: "
+                           f"it resumes from the last complete checkpoint")
+    return None
+
+
 def run(cfg) -> int:
-    from gcc.data.errors import DamagedData
+    from gcc.train.peer_fault import announce, peer_fault
 
     try:
         return _run(cfg)
-    except DamagedData as e:
+    except Exception as e:
+        fault = as_fault(e, cfg.run_dir)
+        if fault is not None:
+            announce(_rank(), *fault)
+        else:  # a collective that failed because a peer stopped on a fault: that fault's code, not ours
+            fault = peer_fault(_rank())
+            if fault is None:
+                raise
         from gcc.train.console import ALL_RANKS
+        from gcc.train.run_folder import repair_checkpoints
 
-        logger.error(f"rank {_rank()}: damaged data: {damaged_data_message(e)}", extra=ALL_RANKS)
-        return EXIT_DATA
+        code, message = fault
+        logger.error(f"rank {_rank()}: {message}", extra=ALL_RANKS)
+        if code == EXIT_DISK and _rank() == 0:  # a save cut short by the full disk goes now, not at the relaunch
+            latest = repair_checkpoints(Path(cfg.run_dir))
+            logger.error(f"last complete checkpoint: {latest.name if latest else 'none'}")
+        return code
 
 
 def _run(cfg) -> int:
@@ -173,11 +208,19 @@ def _run(cfg) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     code = _main(argv)
+    if code in (EXIT_DATA, EXIT_STORAGE, EXIT_DISK):
+        # Exit now, not through interpreter shutdown: shutdown restores SIGTERM's default action, and the
+        # launcher's SIGTERM (sent to every rank once one has failed) would turn this code into -15. The loader
+        # workers stop by themselves when their rank is gone (gcc/data/workers.py).
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     if code in (EXIT_CONFIG, EXIT_REFUSED, EXIT_NONFINITE) and _rank() != 0:
         # Composer's launcher reports the first non-zero exit in rank order and kills the rest: let rank 0
         # exit first, so the launcher's code is ours (2/3/4), not rank 0's -15 from that cleanup. The launcher
         # kills us as soon as rank 0 is gone (a loaded machine can take several seconds to tear rank 0 down).
-        # Damaged data (6) is seen by one rank while the others wait in a collective: that rank exits at once.
+        # A fault (6-8) is seen by one rank while the others wait in a collective: that rank exits at once.
         time.sleep(60)
     return code
 

@@ -18,6 +18,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import Callable
 
 EXIT_STALLED = 5
 STACKS_DIR = "stacks"
@@ -51,11 +52,14 @@ class StallWatchdog:
 
     `on_signal(signum, seconds, reason)` (main thread, once per signal) arms deadline `reason` when `signum`
     arrives, the first time only; `arm(name, seconds, reason)` sets or moves one; `disarm(name)` clears it.
-    When any deadline passes: stacks to `<run_dir>/stacks/rank<R>.txt`, a line on stderr, `os._exit(EXIT_STALLED)`.
+    When any deadline passes: stacks to `<run_dir>/stacks/rank<R>.txt`, a line on stderr, `os._exit(EXIT_STALLED)`;
+    unless `explain()` returns (code, message) (a peer that stopped on a fault, gcc.train.peer_fault): then that
+    line and that code.
     """
 
-    def __init__(self, run_dir: str | Path, rank: int, poll_s: float = 0.5):
-        self.run_dir, self.rank, self.poll_s = Path(run_dir), rank, poll_s
+    def __init__(self, run_dir: str | Path, rank: int, poll_s: float = 0.5,
+                 explain: Callable[[], tuple[int, str] | None] | None = None):
+        self.run_dir, self.rank, self.poll_s, self.explain = Path(run_dir), rank, poll_s, explain
         self._due: dict[str, tuple[float, str]] = {}
         self._on_signal: dict[int, tuple[float, str]] = {}
         self._wake_r, self._wake_w = os.pipe()
@@ -101,6 +105,10 @@ class StallWatchdog:
                     self._fire(reason)
 
     def _fire(self, reason: str) -> None:
+        known = self.explain() if self.explain is not None else None
+        if known is not None:
+            print(f"gcc.train: rank {self.rank}: {known[1]}", file=sys.stderr, flush=True)
+            os._exit(known[0])
         try:
             path = dump_stacks(self.run_dir, self.rank, reason)
             where = f"every thread's stack is in {path}"
