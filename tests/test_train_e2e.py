@@ -42,6 +42,25 @@ def test_reference_run_outputs(reference):
     assert cfg["steps_per_epoch"] > 0 and cfg["data_geometry"]["latents"][0] == 48
 
 
+def test_every_step_has_the_full_global_batch_and_a_resume_at_an_epochs_end_is_exact(reference, e2e_shards,
+                                                                                      tmp_path):
+    """22 train clips on 2 ranks: 11 a rank an epoch, 2 a step, so 5 full steps and one sample a rank that would
+    make a half step: it is dropped, and which samples are dropped changes from epoch to epoch. A run stopped
+    exactly at an epoch's end (step 5) continues exactly."""
+    cfg = json.loads((reference / "config.json").read_text())
+    assert cfg["data_counts"]["train"] == 22 and (cfg["steps_per_epoch"], cfg["samples_per_epoch"]) == (5, 20)
+    got = rows(reference)
+    assert all(len(r["clips"].split(";")) == 4 for r in got)  # the global batch, at every step
+    assert [int(r["epoch"]) for r in got] == [0] * 5 + [1] * 5 + [2] * 2
+    seen = [set(";".join(r["clips"] for r in got if int(r["epoch"]) == e).split(";")) for e in (0, 1)]
+    assert seen[0] != seen[1]  # the dropped tail varies with the epoch's shuffle
+    run_dir = tmp_path / "run"
+    ok(launch(run_dir, e2e_shards, "max_steps=5", "checkpoint_every=5"))
+    r = ok(launch(run_dir, e2e_shards))
+    assert "resuming from" in r.stdout and "ep0-ba5-rank0.pt" in r.stdout
+    assert exact(rows(run_dir)) == exact(rows(reference))
+
+
 def test_exact_resume_after_sigkill(reference, e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
     p = start_bg(run_dir, e2e_shards)

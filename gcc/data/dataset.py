@@ -361,17 +361,19 @@ WORKER_EXTRA_GRACE_S = 30.0
 
 
 def build_dataloader(dataset, batch_size: int, num_workers: int = 0, *, collate_fn: Callable = gc_collate,
-                     preemption_grace_s: float = PREEMPTION_GRACE_S, prefetch_factor: int | None = None):
+                     preemption_grace_s: float = PREEMPTION_GRACE_S, prefetch_factor: int | None = None,
+                     drop_last: bool = False):
     """The DataLoader of every gcc loader: a plain torch DataLoader (Composer saves/restores Streaming's
     position through `.dataset`) whose workers start once, from the forkserver, and live for the whole run
     (see gcc/data/workers.py). Streaming re-reads its resume state at each epoch's `__iter__`, persistent workers
-    included."""
+    included. `drop_last`: an epoch's last, partial batch is not yielded (every rank has the same number of
+    samples per epoch, so every rank drops it at the same step)."""
     from torch.utils.data import DataLoader
 
     if num_workers == 0:
-        return DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn)
+        return DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, drop_last=drop_last)
     dl = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_fn,
-                    persistent_workers=True, prefetch_factor=prefetch_factor,
+                    persistent_workers=True, prefetch_factor=prefetch_factor, drop_last=drop_last,
                     multiprocessing_context=worker_context(),
                     worker_init_fn=LoaderWorkerInit(preemption_grace_s + WORKER_EXTRA_GRACE_S))
     atexit.register(_stop_workers, weakref.ref(dl))

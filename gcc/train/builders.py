@@ -103,8 +103,10 @@ def build_train_loader(cfg: TrainConfig, per_rank_batch: int) -> DataLoader:
     collate = gc_collate
     if cfg.inject_stall_step and env_int("RANK", 0) == cfg.inject_stall_rank:
         collate = StallAt(gc_collate, cfg.inject_stall_step)
+    # every optimizer step sees the whole global batch: an epoch's partial tail is dropped (which samples that
+    # are varies with the epoch's shuffle; docs/training.md, "Epochs")
     return build_dataloader(ds, batch_size=per_rank_batch, num_workers=cfg.data.num_workers, collate_fn=collate,
-                            preemption_grace_s=cfg.preemption_grace_s)
+                            preemption_grace_s=cfg.preemption_grace_s, drop_last=True)
 
 
 def select_val_ids(manifest: dict, n: int) -> list[int]:
@@ -186,12 +188,18 @@ def parallelism_config(cfg: TrainConfig) -> dict | None:
                                 state_dict_type="sharded")}
 
 
+def steps_per_epoch(n_train: int, world: int, per_rank_batch: int) -> int:
+    """Streaming gives every rank ceil(n / world) samples an epoch (it pads with repeats); the partial last batch
+    is dropped (build_train_loader)."""
+    return -(-n_train // world) // per_rank_batch
+
+
 def resolved_config(cfg: TrainConfig, manifest: dict, per_rank_batch: int) -> dict:
-    n_train = manifest["counts"]["train"]
+    steps = steps_per_epoch(manifest["counts"]["train"], world_size(), per_rank_batch)
     return {"config": asdict(cfg), "world_size": world_size(), "per_rank_batch": per_rank_batch,
             "grad_accum": cfg.accumulation(world_size()), "data_geometry": manifest["geometry"],
-            "data_counts": manifest["counts"], "steps_per_epoch": -(-n_train // cfg.global_batch),
-            "samples_per_epoch": n_train}
+            "data_counts": manifest["counts"], "steps_per_epoch": steps,
+            "samples_per_epoch": steps * cfg.global_batch}
 
 
 # ---- the run's wiring -----------------------------------------------------------------------------------
