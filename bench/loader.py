@@ -61,11 +61,8 @@ class _MemCollate:
 
 
 def loader_rate(shards: Path, cache: Path, epochs: int, workers: int = 1, seed: int = 0):
-    from streaming.base.util import clean_stale_shared_memory
-
     from gcc.data.dataset import Dropouts, GcStreamingDataset, build_dataloader
 
-    clean_stale_shared_memory()
     ds = GcStreamingDataset(str(shards), "train", cache / uuid.uuid4().hex, batch_size=1, seed=seed,
                             dropouts=Dropouts())
     # the training's DataLoader (persistent workers from the forkserver: only the first start is excluded),
@@ -129,14 +126,11 @@ def mask_timing(shards: Path, cache: Path, reps: int, ref_frames: int):
     """Fast mask CPU ms per masked sample on the converted clips (both calibrations) and the reference."""
     from mask import masked_draws, time_fast, time_reference  # bench/mask.py
     from streaming import StreamingDataset
-    from streaming.base.util import clean_stale_shared_memory
-
     from gcc.data.dataset import NO_DROPOUTS, GcStreamingDataset
     from gcc.data.mask import mask_ground_z
     from gcc.data.shards import ClipRecord
     from gcc.geometry import Cameras
 
-    clean_stale_shared_memory()
     ds = GcStreamingDataset(str(shards), "train", cache / uuid.uuid4().hex, batch_size=1, dropouts=NO_DROPOUTS,
                             shuffle=False)
     draws = masked_draws(reps)

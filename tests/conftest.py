@@ -77,9 +77,10 @@ def reference(e2e_shards, tmp_path_factory):
 
 
 def pytest_configure(config):
-    # Streaming segments leaked by an earlier, killed test session would collide with ours; clean them once,
-    # in the controller only (xdist workers start later), never while another test holds a live dataset.
+    # Streaming segments left by an earlier, killed test session whose folders are gone could only collide
+    # with a test that reuses such a folder name; release those (never Streaming's clean_stale_shared_memory(),
+    # which unlinks every job's segments on the machine: a training run or another test session beside us).
     if not hasattr(config, "workerinput"):
-        from streaming.base.util import clean_stale_shared_memory
+        from gcc.data.dataset import release_stale_shm
 
-        clean_stale_shared_memory()
+        release_stale_shm()

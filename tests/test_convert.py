@@ -88,9 +88,9 @@ def test_round_trip_every_field(src, tmp_path):
     assert manifest["geometry"]["latents"] == [c, t, h, w]
     assert manifest["geometry"]["sem"] == [4 * (t - 1) + 1, 16 * h, 16 * w]
     assert manifest["source_index_sha256"] == hashlib.sha256((src / "index" / "clips.jsonl").read_bytes()).hexdigest()
-    # shards are zstd-compressed and carry hashes
+    # shards are uncompressed by default (a local dataset is read in place) and carry hashes
     idx = json.loads((out / "train" / "index.json").read_text())
-    assert all(s["compression"] == "zstd" and s["hashes"] for s in idx["shards"])
+    assert all(s["compression"] is None and s["hashes"] for s in idx["shards"])
 
 
 def test_include_dropped(src, tmp_path):

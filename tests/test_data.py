@@ -225,6 +225,27 @@ def test_reads_from_s3(shards, tmp_path, s3_bucket):
     assert (tmp_path / "cache" / "text" / "table.safetensors").exists()
 
 
+def test_local_shards_are_read_in_place_and_compressed_ones_give_the_same_samples(shards, tmp_path):
+    """A local dataset enters the run's cache as links (no byte of it is copied); a zstd conversion of the same
+    clips is decompressed into the cache and gives the same samples."""
+    cache = tmp_path / "cache"
+    ds = GcStreamingDataset(str(shards), "train", cache, batch_size=2, dropouts=HEAVY)
+    plain = run_epochs(ds, workers=0)
+    files = [p for p in (cache / "train").rglob("*") if p.is_file() or p.is_symlink()]
+    shard_files = [p for p in files if ".mds" in p.name]
+    assert shard_files and all(p.is_symlink() for p in files), [p for p in files if not p.is_symlink()]
+    assert all(p.resolve().is_relative_to(shards.resolve()) for p in shard_files)
+    assert sum(p.lstat().st_size for p in files if not p.is_symlink()) == 0
+
+    zipped = tmp_path / "zstd"
+    C.convert(shards.parent / "prepared", str(zipped), chunk_clips=4, compression="zstd", progress=False)
+    assert all(s["compression"] == "zstd" for s in json.loads((zipped / "train" / "index.json").read_text())["shards"])
+    zcache = tmp_path / "zcache"
+    assert run_epochs(GcStreamingDataset(str(zipped), "train", zcache, batch_size=2, dropouts=HEAVY), 0) == plain
+    raw = [p for p in (zcache / "train").rglob("*.mds") if not p.is_symlink()]
+    assert raw, "the compressed shards are decompressed into the cache"
+
+
 def test_refuses_data_without_manifest(shards, tmp_path):
     import shutil
 
@@ -293,3 +314,18 @@ def test_round_robin_by_run_and_fixed_val_ids():
     assert round_robin_by_run(items, 10) == ["a0", "b0", "c0", "a1", "c1", "c2"]
     manifest = {"splits": {"val": {"clip_runs": ["r1", "r1", "r1", "r2", "r3", "r3"]}}}
     assert select_val_ids(manifest, 4) == [0, 1, 3, 4]
+
+
+def test_releasing_orphaned_shared_memory_spares_live_datasets(shards, tmp_path):
+    """`release_stale_shm()` (what a test session runs at its start, beside other jobs) frees only segments whose
+    cache folders are gone; a live dataset of another job keeps its shared memory and goes on reading."""
+    import shutil
+
+    from gcc.data.dataset import release_stale_shm
+
+    live = new_ds(shards)
+    gone_cache = tmp_path / "gone"
+    orphan = GcStreamingDataset(str(shards), "train", gone_cache, batch_size=2)  # noqa: F841 (holds its segments)
+    shutil.rmtree(gone_cache)
+    assert release_stale_shm() >= 1
+    assert run_epochs(live, workers=1)  # its shared memory is intact

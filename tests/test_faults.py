@@ -14,7 +14,7 @@ from _launch import exact, launch, ok, rows, start_bg, wait_for
 from gcc.data import convert as C
 from gcc.data.synth import make_prepared
 
-SHARD = "train/chunk_00001/shard.00000.mds.zstd"
+SHARD = "train/chunk_00001/shard.00000.mds"
 
 
 def _flip(path, start: int, n: int = 64) -> None:

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from PIL import Image
 from streaming import StreamingDataset
-from streaming.base.util import clean_stale_shared_memory
 
 from gcc.data import convert as C
 from gcc.data.dataset import Dropouts, GcStreamingDataset
@@ -105,7 +104,6 @@ def test_numbers_match_a_hand_computation(stats, sample_id):
 
 def test_mask_params_are_the_loaders(stats):
     """Forced on, the loader itself (mask p=1) masks the same pixel fraction with the same draw."""
-    clean_stale_shared_memory()
     res = stats["json"]
     for cal in ("frame0", "cap"):
         ds = GcStreamingDataset(str(stats["out"]), "train", stats["root"] / "cache" / uuid.uuid4().hex,

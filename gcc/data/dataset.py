@@ -67,18 +67,35 @@ class BoundedS3Downloader(streaming_download.S3Downloader):
                                            endpoint_url=os.environ.get("S3_ENDPOINT_URL"))
 
 
+class LinkingLocalDownloader(streaming_download.LocalDownloader):
+    """A local dataset's files enter the run's cache as symbolic links, not copies: uncompressed shards are then
+    read where they are (Streaming opens the cache's path), so no run writes a second copy of the dataset.
+    Compressed shards are decompressed into the cache (the link goes once they are)."""
+
+    def _download_file_impl(self, remote: str, local: str, timeout: float) -> None:
+        if not os.path.isfile(remote):
+            raise FileNotFoundError(f"{remote}: no such file")
+        tmp = f"{local}.tmp{os.getpid()}"
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        os.symlink(os.path.abspath(remote), tmp)
+        os.replace(tmp, local)
+
+
 # Streaming looks its downloader up by URL scheme at each dataset's construction (workers import this module too)
 streaming_download.DOWNLOADER_MAPPINGS["s3"] = BoundedS3Downloader
+streaming_download.DOWNLOADER_MAPPINGS[""] = LinkingLocalDownloader
 
 
-def release_stale_shm(local_dirs: Sequence[str | Path], scan: int = 256) -> int:
-    """Unlink Streaming shared memory left by a *dead* launch that used these cache folders.
+def release_stale_shm(local_dirs: Sequence[str | Path] | None = None, scan: int = 256) -> int:
+    """Unlink Streaming shared memory left by a *dead* launch that used these cache folders (with `local_dirs`
+    None: segments whose every cache folder is gone, which nothing can be using).
 
     After a SIGKILL, Streaming's shared memory outlives the process and a relaunch on the same cache folder
-    fails with "Reused local directory". `clean_stale_shared_memory()` would fix that by unlinking every
-    Streaming segment on the node, other live jobs' included; this removes only segments registered for our
-    own folders. Call it only while holding the run lock (no live run uses these folders). Returns the
-    number of prefixes released."""
+    fails with "Reused local directory". Streaming's `clean_stale_shared_memory()` would fix that by unlinking
+    every Streaming segment on the node, other live jobs' included (their loaders then fail): never call it.
+    This removes only segments registered for our own folders (call it only while holding the run lock: no
+    live run uses them) or for folders that no longer exist. Returns the number of prefixes released."""
     import _posixshmem
     from tempfile import gettempdir
 
@@ -86,7 +103,7 @@ def release_stale_shm(local_dirs: Sequence[str | Path], scan: int = 256) -> int:
     from streaming.base.shared.memory import SharedMemory  # attaches without resource-tracker ownership
     from streaming.base.shared.prefix import _get_path, _unpack_locals
 
-    ours = {os.path.abspath(str(d)) for d in local_dirs}
+    ours = {os.path.abspath(str(d)) for d in local_dirs or ()}
     released = 0
     # Streaming's prefix numbers only grow on a node (it skips numbers whose lock files remain in /tmp), so
     # look at the segments that exist rather than a fixed range
@@ -100,7 +117,10 @@ def release_stale_shm(local_dirs: Sequence[str | Path], scan: int = 256) -> int:
             continue
         theirs, _ = _unpack_locals(bytes(shm.buf))
         shm.shm.close()
-        if not ours.intersection(os.path.abspath(t) for t in theirs):
+        if local_dirs is None:
+            if not theirs or any(os.path.exists(t) for t in theirs):
+                continue
+        elif not ours.intersection(os.path.abspath(t) for t in theirs):
             continue
         for name in SHM_TO_CLEAN:
             with contextlib.suppress(FileNotFoundError, PermissionError):
@@ -181,8 +201,9 @@ def fetch_text_table(data: str, cache_dir: str | Path) -> Path:
 
 
 class GcStreamingDataset(StreamingDataset):
-    """Converted clips of one split. `data` is a conversion's root (local folder or s3:// URL); shards are
-    cached under `cache_dir` (per run: Streaming refuses two live datasets on one local folder)."""
+    """Converted clips of one split. `data` is a conversion's root (local folder or s3:// URL); shards enter
+    `cache_dir` (per run: Streaming refuses two live datasets on one local folder): downloaded from S3, linked
+    from a local folder (uncompressed shards are then read in place)."""
 
     def __init__(self, data: str, split: str, cache_dir: str | Path, *, batch_size: int, seed: int = 0,
                  vocab: str = "parts", dropouts: Dropouts = Dropouts(), shuffle: bool = True,

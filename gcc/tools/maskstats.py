@@ -119,11 +119,7 @@ class _Reader:
     clip). A private cache folder is removed on close."""
 
     def __init__(self, data: str, split: str, seed: int):
-        from streaming.base.util import clean_stale_shared_memory
-
         from gcc.data.dataset import NO_DROPOUTS, GcStreamingDataset
-
-        clean_stale_shared_memory()
         self._tmp = tempfile.mkdtemp(prefix="gcc_maskstats_")
         self.ds = GcStreamingDataset(data, split, Path(self._tmp) / "cache", batch_size=1, seed=seed,
                                      dropouts=NO_DROPOUTS, shuffle=False)
