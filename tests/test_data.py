@@ -325,7 +325,8 @@ def test_releasing_orphaned_shared_memory_spares_live_datasets(shards, tmp_path)
 
     live = new_ds(shards)
     gone_cache = tmp_path / "gone"
-    orphan = GcStreamingDataset(str(shards), "train", gone_cache, batch_size=2)  # noqa: F841 (holds its segments)
+    orphan = GcStreamingDataset(str(shards), "train", gone_cache, batch_size=2)  # holds its segments
+    assert len(orphan) == len(live)
     shutil.rmtree(gone_cache)
     assert release_stale_shm() >= 1
     assert run_epochs(live, workers=1)  # its shared memory is intact
