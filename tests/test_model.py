@@ -115,7 +115,18 @@ def test_text_embedding_once_per_unique_id_equals_per_cell():
         got = dit.embed_context(ctx, ids)
         h.remove()
         per_cell = dit.text_embedding(ctx.reshape(6, *ctx.shape[2:]))
-        torch.testing.assert_close(got, per_cell)
+        torch.testing.assert_close(got.emb[got.index], per_cell)
+        # the cross-attention projects each distinct prompt once and gives what per-frame rows give
+        blk = dit.blocks[0].cross_attn
+        tokens = torch.randn(2, 3 * 4, dit.dim)
+        k_rows = []
+        hk = blk.k.register_forward_hook(lambda m, a, o: k_rows.append(a[0].shape[0]))
+        framewise = blk(tokens, got)
+        hk.remove()
+        assert k_rows == [3]  # keys for the three distinct prompts, not the six frames
+        q = blk.norm_q(blk.q(tokens.reshape(6, 4, dit.dim)))
+        want = blk.o(blk.attn(q, blk.norm_k(blk.k(per_cell)), blk.v(per_cell))).reshape(2, 12, dit.dim)
+        torch.testing.assert_close(framewise, want)
         assert calls == [3]  # three unique ids
         x, ts, _, _, sem = _inputs(b)
         distinct = torch.arange(6).view(2, 3)  # every cell its own id: the per-cell path
