@@ -63,7 +63,7 @@ def test_a_rank_that_completes_no_step_leaves_every_stack_and_exits_5(e2e_shards
                "stall_timeout_s=300", "stall_floor_s=8", "val_every=0", timeout=400)
     took = time.time() - t0
     out = r.stdout + r.stderr
-    assert r.returncode != 0 and "exited with code 5" in out, out[-3000:]
+    assert r.returncode == 5, out[-3000:]  # whichever rank's deadline passed first, the other follows with 5
     assert took < 300, f"took {took:.0f} s"  # far below stall_timeout_s: the deadline scaled to the steps
     for rank in (0, 1):
         text = (run_dir / "stacks" / f"rank{rank}.txt").read_text()

@@ -225,12 +225,14 @@ def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch
 
     from gcc.train.callbacks import (CheckpointRotation, Export, GradClip, NonFiniteGuard, Preemption, RunFiles,
                                      StepDeadline, TrainStats, ValidationLog)
-    from gcc.train.peer_fault import peer_fault
+    from gcc.train.peer_fault import PEER_GRACE_S, announce, watch_peers
     from gcc.train.watchdog import StallWatchdog
 
     run_dir = Path(cfg.run_dir)
     rank = dist.get_global_rank()
-    watchdog = StallWatchdog(run_dir, rank, explain=lambda: peer_fault(rank))
+    watchdog = StallWatchdog(run_dir, rank, announce=lambda code, why: announce(rank, code, why),
+                             grace_s=PEER_GRACE_S if dist.get_world_size() > 1 else 0.0)
+    watch_peers(rank, watchdog.stop_for_peer)
     preemption = Preemption(watchdog, cfg.preemption_grace_s)
     grad_clip = GradClip(cfg.optim.grad_clip)
     stats = TrainStats(grad_clip)

@@ -1,18 +1,25 @@
-"""A fault one rank met (damaged data, storage away, disk full), told to the other ranks.
+"""A fault one rank met (damaged data, storage away, disk full, a missed deadline), told to the other ranks.
 
-The rank that meets it exits at once with its code (docs/training.md, exit codes), and its peers, waiting for
-it in a collective, fail there with a bare transport error ("Connection closed by peer") or hang in it (NCCL)
-until the launcher stops them. Composer's launcher reports the first non-zero exit *in rank order*, so rank 0's
-code from that collateral failure would hide the real one. So the rank writes its fault into the process group's
-store (a key-value server kept by rank 0, alive as long as rank 0 is) before it exits, and a peer whose collective
-fails, or whose deadline passes, exits with the same code and says which rank stopped the run and why.
+The rank that meets it exits with its code (docs/training.md, exit codes), and its peers, waiting for it in a
+collective, fail there with a bare transport error ("Connection closed by peer") or hang in it (NCCL) until the
+launcher stops them. Composer's launcher reports the first non-zero exit *in rank order*, so rank 0's code from
+that collateral failure would hide the real one. So the rank writes its fault into the process group's store (a
+key-value server kept by rank 0, alive as long as rank 0 is) before it exits, and a peer exits with the same
+code and says which rank stopped the run and why: when its collective fails (`peer_fault` in the trainer's
+error path) or sooner, from a thread that watches the store (`watch_peers`). After a missed deadline the peer
+first writes its own stacks (a stall's cause may be on any rank), so the rank that missed it waits
+`PEER_GRACE_S` before exiting.
 """
 from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
+from typing import Callable
 
 KEY = "gcc/fault"
+PEER_GRACE_S = 3.0  # how long a rank that announced a missed deadline lives on, so that its peers see it
 
 logger = logging.getLogger(__name__)
 
@@ -49,3 +56,19 @@ def peer_fault(rank: int) -> tuple[int, str] | None:
     if where == rank:
         return None
     return int(code), f"stopped with rank {where}, which met a fault: {message}"
+
+
+def watch_peers(rank: int, on_fault: Callable[[int, str], None], poll_s: float = 1.0) -> threading.Thread:
+    """A daemon thread that calls `on_fault(code, message)` once another rank has recorded a fault. It has a
+    thread of its own: a store that stops answering blocks only this thread, never the rank's deadlines."""
+    def loop() -> None:
+        while True:
+            time.sleep(poll_s)
+            fault = peer_fault(rank)
+            if fault is not None:
+                on_fault(*fault)
+                return
+
+    t = threading.Thread(target=loop, name="gcc-peer-watch", daemon=True)
+    t.start()
+    return t

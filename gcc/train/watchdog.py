@@ -52,14 +52,15 @@ class StallWatchdog:
 
     `on_signal(signum, seconds, reason)` (main thread, once per signal) arms deadline `reason` when `signum`
     arrives, the first time only; `arm(name, seconds, reason)` sets or moves one; `disarm(name)` clears it.
-    When any deadline passes: stacks to `<run_dir>/stacks/rank<R>.txt`, a line on stderr, `os._exit(EXIT_STALLED)`;
-    unless `explain()` returns (code, message) (a peer that stopped on a fault, gcc.train.peer_fault): then that
-    line and that code.
+    When any deadline passes: stacks to `<run_dir>/stacks/rank<R>.txt`, a line on stderr, the stall recorded for
+    the other ranks (`announce(code, reason)`, gcc.train.peer_fault), and after `grace_s` (for them to write
+    their own stacks) `os._exit(EXIT_STALLED)`. `stop_for_peer` ends the rank for a peer's fault.
     """
 
     def __init__(self, run_dir: str | Path, rank: int, poll_s: float = 0.5,
-                 explain: Callable[[], tuple[int, str] | None] | None = None):
-        self.run_dir, self.rank, self.poll_s, self.explain = Path(run_dir), rank, poll_s, explain
+                 announce: Callable[[int, str], None] | None = None, grace_s: float = 0.0):
+        self.run_dir, self.rank, self.poll_s = Path(run_dir), rank, poll_s
+        self.announce, self.grace_s = announce, grace_s
         self._due: dict[str, tuple[float, str]] = {}
         self._on_signal: dict[int, tuple[float, str]] = {}
         self._wake_r, self._wake_w = os.pipe()
@@ -105,15 +106,22 @@ class StallWatchdog:
                     self._fire(reason)
 
     def _fire(self, reason: str) -> None:
-        known = self.explain() if self.explain is not None else None
-        if known is not None:
-            print(f"gcc.train: rank {self.rank}: {known[1]}", file=sys.stderr, flush=True)
-            os._exit(known[0])
-        try:
-            path = dump_stacks(self.run_dir, self.rank, reason)
-            where = f"every thread's stack is in {path}"
-        except OSError as e:  # a full or gone run folder must not keep the rank alive
-            where = f"could not write the stacks ({e})"
+        where = self._stacks(reason)
         print(f"gcc.train: rank {self.rank}: {reason}; {where}; exiting with code {EXIT_STALLED}",
               file=sys.stderr, flush=True)
+        if self.announce is not None:
+            self.announce(EXIT_STALLED, reason)
+            time.sleep(self.grace_s)
         os._exit(EXIT_STALLED)
+
+    def stop_for_peer(self, code: int, message: str) -> None:
+        """Another rank stopped the run (gcc.train.peer_fault): its code; after a stall, this rank's stacks too."""
+        where = f"; {self._stacks(message)}" if code == EXIT_STALLED else ""
+        print(f"gcc.train: rank {self.rank}: {message}{where}; exiting with code {code}", file=sys.stderr, flush=True)
+        os._exit(code)
+
+    def _stacks(self, reason: str) -> str:
+        try:
+            return f"every thread's stack is in {dump_stacks(self.run_dir, self.rank, reason)}"
+        except OSError as e:  # a full or gone run folder must not keep the rank alive
+            return f"could not write the stacks ({e})"
