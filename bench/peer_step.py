@@ -177,7 +177,7 @@ def ds_inputs(latents, context, **extra) -> dict:
                 fuse_vae_embedding_in_latents=True, **extra)
 
 
-def equivalence(model, pipe, batch, ds_ctx, device) -> dict:
+def equivalence(model, pipe, batch, ds_ctx) -> dict:
     """Same t, same noise, zero condition, one prompt per clip: both losses and the Wan gradients."""
     import torch
 
@@ -201,7 +201,7 @@ def equivalence(model, pipe, batch, ds_ctx, device) -> dict:
         sid += 1
     one["sample_id"] = torch.tensor(sids)
     one["epoch"] = torch.zeros(B, dtype=torch.int64)
-    eps = torch.stack([train_draw(model.seed, s, 0, x0.shape[1:], 1000)[1] for s in sids])
+    eps = torch.stack([train_draw(model.seed, s, 0, x0.shape[1:], len(model.scheduler.timesteps))[1] for s in sids])
 
     model.zero_grad(set_to_none=True)
     pipe.dit.zero_grad(set_to_none=True)
@@ -348,7 +348,7 @@ def main() -> None:
 
     # -- equivalence
     t0 = time.perf_counter()
-    eq = equivalence(model, pipe, batch, ds_ctx, device)
+    eq = equivalence(model, pipe, batch, ds_ctx)
     ok = eq["loss_rel"] < 1e-5 and eq["grad_rel"] < 1e-4
     print(f"equivalence (zero condition, one prompt per clip, same t and noise; {time.perf_counter() - t0:.1f} s):")
     print(f"  t = {eq['t']:.3f} (index {eq['tid']}) for both samples (gcc sample ids {eq['sids']})")
