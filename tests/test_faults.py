@@ -4,6 +4,7 @@ naming the file, object or disk; nothing partial is kept, and the relaunch after
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -111,7 +112,7 @@ def test_a_full_disk_stops_the_run_keeping_nothing_partial_and_the_relaunch_resu
     if during == "export":  # the message names the file
         assert f"no space left on device writing {run_dir / 'step-4.safetensors'}" in out, out[-3000:]
     else:  # Composer's torch.save does not say which file; the cut one is removed at once, saying so
-        assert "removing incomplete/stale ep0-ba6-rank0.pt" in out, out[-3000:]
+        assert re.search(r"removing incomplete/stale ep\d+-ba6-rank0\.pt", out), out[-3000:]
     ckpts = run_dir / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["ep0-ba3-rank0.pt", "latest-rank0.pt"]
     assert os.readlink(ckpts / "latest-rank0.pt") == "ep0-ba3-rank0.pt"

@@ -59,6 +59,12 @@ def no_space_errno(e: BaseException) -> bool:
 NEARLY_FULL_BYTES = 16 << 20
 
 
+def _transport_error(e: BaseException) -> bool:
+    """A collective that failed because a peer is gone: not a write, whatever the disk holds."""
+    text = str(e)
+    return any(k in text for k in ("Connection closed by peer", "gloo", "NCCL", "Connection reset by peer"))
+
+
 def mount_point(path: str | os.PathLike) -> Path:
     p = Path(os.path.abspath(path))
     while not p.exists():
@@ -77,7 +83,7 @@ def disk_full(e: BaseException, folder: str | os.PathLike, what: str = "") -> Di
         usage = shutil.disk_usage(mount_point(folder))
     except OSError:
         usage = None
-    if not no_space_errno(e) and (usage is None or usage.free >= NEARLY_FULL_BYTES):
+    if not no_space_errno(e) and (usage is None or usage.free >= NEARLY_FULL_BYTES or _transport_error(e)):
         return None
     room = f"{usage.free / 2**20:.1f} MB free of {usage.total / 2**30:.2f} GB" if usage else "size unknown"
     return DiskFull(f"no space left on device writing {what or folder} ({type(e).__name__}: {str(e)[:300]}); "

@@ -44,8 +44,9 @@ def announce(rank: int, code: int, message: str) -> None:
         logger.debug(f"could not record the fault for the other ranks: {e}")
 
 
-def peer_fault(rank: int) -> tuple[int, str] | None:
-    """(exit code, message) of a fault another rank recorded, or None."""
+def peer_fault(rank: int, include_own: bool = False) -> tuple[int, str] | None:
+    """(exit code, message) of a fault another rank recorded (or this one, with `include_own`: this rank's
+    deadline passed and its collective failed while the watchdog waited for the peers), or None."""
     try:
         store = _store()
         if store is None or not store.check([KEY]):
@@ -54,7 +55,7 @@ def peer_fault(rank: int) -> tuple[int, str] | None:
     except Exception:
         return None
     if where == rank:
-        return None
+        return (int(code), message) if include_own else None
     return int(code), f"stopped with rank {where}, which met a fault: {message}"
 
 

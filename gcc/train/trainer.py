@@ -18,10 +18,13 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
 import warnings
 from pathlib import Path
+
+from gcc.train.watchdog import EXIT_STALLED  # 5
 
 EXIT_CONFIG, EXIT_REFUSED, EXIT_NONFINITE, EXIT_DATA, EXIT_STORAGE, EXIT_DISK = 2, 3, 4, 6, 7, 8
 
@@ -125,7 +128,7 @@ def run(cfg) -> int:
         if fault is not None:
             announce(_rank(), *fault)
         else:  # a collective that failed because a peer stopped on a fault: that fault's code, not ours
-            fault = peer_fault(_rank())
+            fault = peer_fault(_rank(), include_own=True)
             if fault is None:
                 raise
         from gcc.train.console import ALL_RANKS
@@ -208,10 +211,18 @@ def _run(cfg) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     code = _main(argv)
-    if code in (EXIT_DATA, EXIT_STORAGE, EXIT_DISK):
-        # Exit now, not through interpreter shutdown: shutdown restores SIGTERM's default action, and the
-        # launcher's SIGTERM (sent to every rank once one has failed) would turn this code into -15. The loader
-        # workers stop by themselves when their rank is gone (gcc/data/workers.py).
+    if code in (EXIT_STALLED, EXIT_DATA, EXIT_STORAGE, EXIT_DISK):
+        from gcc.train.peer_fault import PEER_GRACE_S
+
+        # The fault is in the store (rank 0 keeps it): stay a moment so that the other ranks read it and stop
+        # with this code rather than on their collective's bare error. Then exit now, not through interpreter
+        # shutdown: shutdown restores SIGTERM's default action, and the launcher's SIGTERM (sent to every rank
+        # once one has failed) would turn this code into -15. The loader workers stop by themselves when their
+        # rank is gone (gcc/data/workers.py).
+        if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+            for s in (signal.SIGTERM, signal.SIGUSR1):  # the launcher's SIGTERM then: nothing left to save
+                signal.signal(s, signal.SIG_IGN)
+            time.sleep(PEER_GRACE_S)
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
