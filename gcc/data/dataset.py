@@ -250,8 +250,7 @@ class GcStreamingDataset(StreamingDataset):
         if full is not None:
             return full
         if is_unreachable(e):
-            return StorageUnavailable(f"{where}: object storage did not answer ({storage.s3_attempts()} attempts "
-                                      f"per try; {type(e).__name__}: {e}); split {self.split}")
+            return storage.unavailable(f"{where} (split {self.split})", e)
         return DamagedData(f"{where}: cannot be read ({type(e).__name__}: {e}); the file is damaged or changed "
                            f"since convert_data wrote it (split {self.split}) — restore or reconvert it")
 

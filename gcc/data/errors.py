@@ -79,12 +79,13 @@ def disk_full(e: BaseException, folder: str | os.PathLike, what: str = "") -> Di
     else None."""
     if isinstance(e, DiskFull):
         return e
+    mount = mount_point(folder)
     try:
-        usage = shutil.disk_usage(mount_point(folder))
+        usage = shutil.disk_usage(mount)
     except OSError:
         usage = None
     if not no_space_errno(e) and (usage is None or usage.free >= NEARLY_FULL_BYTES or _transport_error(e)):
         return None
     room = f"{usage.free / 2**20:.1f} MB free of {usage.total / 2**30:.2f} GB" if usage else "size unknown"
     return DiskFull(f"no space left on device writing {what or folder} ({type(e).__name__}: {str(e)[:300]}); "
-                    f"filesystem {mount_point(folder)}: {room}")
+                    f"filesystem {mount}: {room}")

@@ -104,14 +104,19 @@ def _s3():
     return boto3.client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None, config=s3_config())
 
 
+def unavailable(where: str, e: BaseException) -> StorageUnavailable:
+    """The error for a store that did not answer while reading `where` (after botocore's retries)."""
+    return StorageUnavailable(f"{where}: object storage did not answer after {s3_attempts()} attempts "
+                              f"({type(e).__name__}: {e})")
+
+
 @contextmanager
 def _unreachable_named(url: str) -> Iterator[None]:
     try:
         yield
     except Exception as e:
         if is_unreachable(e):
-            raise StorageUnavailable(f"{url}: object storage did not answer after {s3_attempts()} attempts "
-                                     f"({type(e).__name__}: {e})") from None
+            raise unavailable(url, e) from None
         raise
 
 

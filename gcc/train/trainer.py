@@ -51,10 +51,9 @@ def check_data(manifest: dict, data: str) -> None:
 
 def prepare_run(cfg, lock) -> dict:
     """Rank 0's checks before any work (docs/design.md §9.3, §9.5). Returns what every rank needs to know."""
+    from gcc.data.errors import StorageUnavailable
     from gcc.train.builders import read_manifest_bytes, run_signature
     from gcc.train.run_folder import Refusal, check_identity, checkpoint_step, repair_checkpoints, stored_record
-
-    from gcc.data.errors import StorageUnavailable
 
     lock.acquire()
     try:

@@ -9,5 +9,5 @@ from gcc.train.callbacks.step_deadline import StepDeadline
 from gcc.train.callbacks.train_stats import TRAIN_COLUMNS, TrainStats
 from gcc.train.callbacks.validation import VAL_COLUMNS, ValidationLog
 
-__all__ = ["CheckpointRotation", "Export", "GradClip", "NonFiniteGuard", "NonFiniteLoss", "Preemption", "RunFiles", "StepDeadline",
-           "TRAIN_COLUMNS", "TrainStats", "VAL_COLUMNS", "ValidationLog"]
+__all__ = ["CheckpointRotation", "Export", "GradClip", "NonFiniteGuard", "NonFiniteLoss", "Preemption", "RunFiles",
+           "StepDeadline", "TRAIN_COLUMNS", "TrainStats", "VAL_COLUMNS", "ValidationLog"]
