@@ -9,11 +9,19 @@ the steps after the first 10: the period (wall time between the ends of consecut
 does between steps included; the ratio of these is the target) and the in-step time (from asking the loader for
 a batch to the end of the optimizer step), with its data-wait share. The two sides alternate `--rounds` times.
 Target: period gcc/train.py / bare <= 1.10.
+
+Where the difference goes: gcc/train.py runs in a child process whose callbacks, logger calls, Composer event
+dispatch and per-batch bookkeeping, model forward/loss, backward and optimizer step are wrapped with timers
+(exclusive time: a callback's logger calls count as the logger's), so the bench prints each component in ms per
+step beside the same compute measured in the bare loop. The timers add a few microseconds per call to gcc's side.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
+import functools
+import json
 import os
 import statistics
 import subprocess
@@ -25,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 WARM = 10
+COMPUTE = ("model forward + loss", "backward", "grad clip", "optimizer step")
 OVERRIDES = ["global_batch=8", "micro_batch=2", "val_every=0", "export_every=0", "checkpoint_every=100000",
              "progress_bar=false", "data.num_workers=1"]
 
@@ -44,6 +53,7 @@ def bare_loop(cfg, steps: int) -> tuple[list[float], list[float], list[float]]:
     sched = warmup_scheduler(opt, cfg.optim.warmup_steps)
     loader = build_train_loader(cfg, cfg.per_rank_batch(1))
     step_t, data_t, end_t = [], [], []
+    parts = collections.defaultdict(float)  # COMPUTE labels, summed over the steps after WARM
     while len(step_t) < steps:
         it = iter(loader)
         while len(step_t) < steps:
@@ -54,32 +64,99 @@ def bare_loop(cfg, steps: int) -> tuple[list[float], list[float], list[float]]:
                 break
             t_data = time.perf_counter() - t0
             n = len(batch["clip_id"])
+            t = {c: 0.0 for c in COMPUTE}
             for i in range(0, n, cfg.micro_batch):
                 mb = {k: v[i:i + cfg.micro_batch] for k, v in batch.items()}
-                out = model(mb)
-                (model.loss(out, mb) * (len(mb["clip_id"]) / n)).backward()
+                t1 = time.perf_counter()
+                loss = model.loss(model(mb), mb) * (len(mb["clip_id"]) / n)
+                t2 = time.perf_counter()
+                loss.backward()
+                t[COMPUTE[0]] += t2 - t1
+                t[COMPUTE[1]] += time.perf_counter() - t2
+            t1 = time.perf_counter()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+            t2 = time.perf_counter()
             opt.step()
+            t[COMPUTE[2]] += t2 - t1
+            t[COMPUTE[3]] += time.perf_counter() - t2
             sched.step()
             opt.zero_grad(set_to_none=True)
+            if len(step_t) >= WARM:
+                for c, v in t.items():
+                    parts[c] += v
             step_t.append(time.perf_counter() - t0)
             data_t.append(t_data)
             end_t.append(time.time())
-    return step_t, data_t, end_t
+    return step_t, data_t, end_t, dict(parts)
 
 
-def ours_run(run_dir: Path, common: list[str]) -> tuple[list[float], list[float], list[float]]:
-    r = subprocess.run([sys.executable, str(ROOT / "gcc" / "train.py"), str(ROOT / "yamls" / "tiny_cpu.yaml"),
+def profiled_train(out: str, argv: list[str]) -> int:
+    """gcc/train.py's main in this process, with exclusive wall time summed per component into `out` (JSON), over
+    the same steps as the periods (from step WARM's BATCH_END to the last step's)."""
+    import torch
+    from composer.core import Callback, Engine
+    from composer.loggers import Logger
+    from composer.trainer import Trainer
+
+    from gcc.model.objective import GcTrainModel
+    from gcc.train.callbacks.grad_clip import GradClip
+    from gcc.train.trainer import main
+
+    totals: dict[str, float] = collections.defaultdict(float)
+    marks: dict[str, dict[str, float]] = {}  # totals as BATCH_END begins: at step WARM, and at the latest step
+    stack: list[list] = []  # [label, start, time spent in nested timed calls]
+
+    def timed(fn, label):
+        @functools.wraps(fn)
+        def wrapper(*a, **k):
+            name = label(*a) if callable(label) else label
+            stack.append([name, time.perf_counter(), 0.0])
+            try:
+                return fn(*a, **k)
+            finally:
+                name, t0, inner = stack.pop()
+                dt = time.perf_counter() - t0
+                totals[name] += dt - inner
+                if stack:
+                    stack[-1][2] += dt
+        return wrapper
+
+    def callback_label(cb, event, state, logger):
+        if event.value == "batch_end" and cb is state.callbacks[0]:
+            marks["warm" if int(state.timestamp.batch) == WARM else "last"] = dict(totals)
+        return COMPUTE[2] if isinstance(cb, GradClip) else f"callback {type(cb).__name__}"
+
+    Callback.run_event = timed(Callback.run_event, callback_label)
+    Engine.run_event = timed(Engine.run_event, "Composer event dispatch")
+    Logger.log_table = timed(Logger.log_table, "log_table (CSV + TensorBoard)")
+    Logger.log_metrics = timed(Logger.log_metrics, "log_metrics (TensorBoard)")
+    Trainer._accumulate_time_across_ranks = timed(Trainer._accumulate_time_across_ranks,
+                                                  "Composer time accounting")
+    GcTrainModel.forward = timed(GcTrainModel.forward, COMPUTE[0])
+    GcTrainModel.loss = timed(GcTrainModel.loss, COMPUTE[0])
+    torch.Tensor.backward = timed(torch.Tensor.backward, COMPUTE[1])
+    torch.optim.AdamW.step = timed(torch.optim.AdamW.step, COMPUTE[3])
+    code = main(argv)
+    # steps WARM+1 .. last, as the periods: the final checkpoint and export come after the last step's row
+    Path(out).write_text(json.dumps({k: v - marks["warm"].get(k, 0.0) for k, v in marks["last"].items()}))
+    return code
+
+
+def ours_run(run_dir: Path, common: list[str]) -> tuple[list[float], list[float], list[float], dict]:
+    split = run_dir.with_suffix(".split.json")
+    r = subprocess.run([sys.executable, __file__, "--profile_into", str(split), str(ROOT / "yamls" / "tiny_cpu.yaml"),
                         f"run_dir={run_dir}", *common], capture_output=True, text=True)
     if r.returncode:
         sys.exit(f"gcc/train.py failed:\n{r.stderr[-3000:]}")
     with open(run_dir / "train_log.csv", newline="") as f:
         log = list(csv.DictReader(f))
     return ([float(x["step_time"]) for x in log], [float(x["data_time"]) for x in log],
-            [float(x["time"]) for x in log])
+            [float(x["time"]) for x in log], json.loads(split.read_text()))
 
 
 def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--profile_into":  # the gcc side's child process (ours_run)
+        sys.exit(profiled_train(sys.argv[2], sys.argv[3:]))
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=2,
@@ -89,7 +166,10 @@ def main() -> None:
 
     from gcc.train.config import load_config
 
-    times = {side: {"period": [], "step": [], "data": []} for side in ("bare PyTorch", "gcc/train.py")}
+    sides = ("bare PyTorch", "gcc/train.py")
+    times = {side: {"period": [], "step": [], "data": []} for side in sides}
+    split = {side: collections.defaultdict(float) for side in sides}  # seconds summed over rounds
+    ratios = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         shards = args.shards
@@ -103,14 +183,22 @@ def main() -> None:
         common = [f"data.path={shards}", f"max_steps={args.steps}", *OVERRIDES]
         for r in range(args.rounds):
             cfg = load_config(ROOT / "yamls" / "tiny_cpu.yaml", [f"run_dir={tmp / f'bare{r}'}", *common])
-            for side, (step_t, data_t, end_t) in (("bare PyTorch", bare_loop(cfg, args.steps)),
-                                                  ("gcc/train.py", ours_run(tmp / f"train{r}", common))):
+            periods = {}
+            for side, (step_t, data_t, end_t, parts) in (("bare PyTorch", bare_loop(cfg, args.steps)),
+                                                         ("gcc/train.py", ours_run(tmp / f"train{r}", common))):
                 period = [b - a for a, b in zip(end_t[WARM - 1:], end_t[WARM:])]
                 times[side]["period"] += period
                 times[side]["step"] += step_t[WARM:]
                 times[side]["data"] += data_t[WARM:]
-                print(f"round {r + 1}: {side:14} period {statistics.mean(period):.4f} s/step", flush=True)
+                split[side]["data wait"] += sum(data_t[WARM:])
+                split[side]["period"] += sum(period)
+                for k, v in parts.items():
+                    split[side][k] += v
+                periods[side] = statistics.mean(period)
+                print(f"round {r + 1}: {side:14} period {periods[side]:.4f} s/step", flush=True)
+            ratios.append(periods["gcc/train.py"] / periods["bare PyTorch"])
 
+    n_steps = args.rounds * (args.steps - WARM)
     print(f"tiny model, global batch 8 (micro 2 × accumulation 4), 1 process, steps {WARM + 1}..{args.steps}, "
           f"{args.rounds} round(s)")
     print(f"{'':16}{'period s/step':>15}{'steps/s':>10}{'in-step s':>12}{'data_time/step_time':>22}")
@@ -120,7 +208,22 @@ def main() -> None:
         step = statistics.mean(t["step"])
         print(f"{side:16}{mean[side]:>15.4f}{1 / mean[side]:>10.2f}{step:>12.4f}"
               f"{statistics.mean(t['data']) / step:>22.3f}")
-    print(f"ratio gcc/train.py / bare (period): {mean['gcc/train.py'] / mean['bare PyTorch']:.3f} (target <= 1.10)")
+
+    print(f"\nwhere the time goes, ms per step ({'gcc: exclusive time of each wrapped call'})")
+    print(f"{'component':40}{'bare':>9}{'gcc':>9}{'gcc - bare':>12}")
+    ms = {side: {k: 1e3 * v / n_steps for k, v in split[side].items()} for side in sides}
+    labels = ["data wait", *COMPUTE] + sorted(k for k in ms["gcc/train.py"] if k not in ("period", "data wait",
+                                                                                          *COMPUTE))
+    for k in labels:
+        b, g = ms["bare PyTorch"].get(k, 0.0), ms["gcc/train.py"].get(k, 0.0)
+        print(f"{k:40}{b:>9.2f}{g:>9.2f}{g - b:>+12.2f}")
+    rest = {side: ms[side]["period"] - sum(v for k, v in ms[side].items() if k != "period") for side in sides}
+    print(f"{'not in any of the above (loop, loader)':40}{rest[sides[0]]:>9.2f}{rest[sides[1]]:>9.2f}"
+          f"{rest[sides[1]] - rest[sides[0]]:>+12.2f}")
+    print(f"{'period':40}{ms[sides[0]]['period']:>9.2f}{ms[sides[1]]['period']:>9.2f}"
+          f"{ms[sides[1]]['period'] - ms[sides[0]]['period']:>+12.2f}")
+    print(f"ratio gcc/train.py / bare (period): {mean['gcc/train.py'] / mean['bare PyTorch']:.3f} "
+          f"(rounds {', '.join(f'{x:.3f}' for x in ratios)}; target <= 1.10)")
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ def test_sft_v10_is_the_spec_defaults():
     (["data.mask_p=1.5"], r"data.mask_p: must be in \[0, 1\]"),
     (["optim=3"], "optim: expected a mapping"),
     (["preemption_grace_s=0"], "preemption_grace_s: must be > 0 seconds"),
+    (["console_log_every=-1"], "console_log_every: must be >= 0"),
 ])
 def test_bad_config_names_the_key(overrides, match):
     with pytest.raises(ConfigError, match=match):
@@ -219,3 +220,13 @@ def test_data_check_refuses_an_empty_train_split_and_leaks():
         check_data(manifest(["a", "b"], ["b"]), "d")
     with pytest.raises(Refusal, match=r"shared runs \['r1'\]"):
         check_data(manifest(["a"], ["c"], val_runs=("r1",)), "d")
+
+
+def test_console_durations_and_when_lines_are_on(monkeypatch):
+    from gcc.train.callbacks.console_log import console_lines_wanted, duration
+
+    assert [duration(s) for s in (0.4, 12, 245, 3725)] == ["0s", "12s", "4m05s", "1h02m"]
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)
+    assert not console_lines_wanted(10, progress_bar=True) and console_lines_wanted(10, progress_bar=False)
+    monkeypatch.setattr("sys.stdout.isatty", lambda: False)  # a job log: lines even with the bar on
+    assert console_lines_wanted(10, progress_bar=True) and not console_lines_wanted(0, progress_bar=False)

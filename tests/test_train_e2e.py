@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -59,6 +60,15 @@ def test_every_step_has_the_full_global_batch_and_a_resume_at_an_epochs_end_is_e
     r = ok(launch(run_dir, e2e_shards))
     assert "resuming from" in r.stdout and "ep0-ba5-rank0.pt" in r.stdout
     assert exact(rows(run_dir)) == exact(rows(reference))
+    # a job log's progress: a line every console_log_every (10) steps and at the last; val lines per timestep
+    progress = [ln for ln in r.stdout.splitlines() if ln.startswith("gcc.train: step ")]
+    assert [ln.split()[2] for ln in progress] == ["10/12", "12/12"], r.stdout
+    got = rows(run_dir)
+    assert f"loss {statistics.fmean(float(x['loss']) for x in got[5:10]):.4f}" in progress[0]  # steps 6..10
+    assert all(k in progress[1] for k in ("lr ", "grad_norm ", "s/step", "data ", "sem_rms ", "elapsed ", "eta 0s"))
+    val = [ln for ln in r.stdout.splitlines() if ln.startswith("gcc.train: val step ")]
+    assert [ln.split()[3:5] for ln in val] == [["6", "t=201.3"], ["6", "t=500.6"], ["6", "t=799.7"],
+                                               ["12", "t=201.3"], ["12", "t=500.6"], ["12", "t=799.7"]], val
 
 
 def test_exact_resume_after_sigkill(reference, e2e_shards, tmp_path):

@@ -1,7 +1,7 @@
 """`make demo`: the whole chain on built-in synthetic data, on any machine.
 
     synth (prepared layout) -> convert_data (MDS shards) -> one batch through the loader
-    -> composer -n 2 gcc/train.py yamls/tiny_cpu.yaml (training, validation, exports)
+    -> composer -n 2 gcc/train.py yamls/tiny_cpu.yaml (training, validation, exports) -> gcc-plot (curves.png)
 
 Rerunning reuses what is there: the converter is idempotent and the training resumes (or, finished, stops).
 """
@@ -76,7 +76,11 @@ def main(argv=None) -> int:
     for v in last:
         print(f"  t={float(v['timestep']):6.1f}  mse {float(v['mse']):.4f}  gap_uncond {float(v['gap_uncond']):+.4f}  "
               f"gap_nulltext {float(v['gap_nulltext']):+.4f}")
+    from gcc.tools.plot import plot_run
+
+    curves = plot_run(run_dir, run_dir / "curves.png")
     print(f"\ndone in {time.time() - t0:.0f} s.")
+    print(f"  curves:      {curves}   (gcc-plot {run_dir})")
     print(f"  logs:        {run_dir / 'train_log.csv'}, {run_dir / 'val_log.csv'}")
     print(f"  tensorboard: {run_dir / 'tensorboard'}   (tensorboard --logdir {run_dir / 'tensorboard'})")
     print(f"  exports:     {', '.join(sorted(p.name for p in run_dir.glob('step-*.safetensors')))} in {run_dir}")

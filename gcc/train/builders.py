@@ -223,8 +223,9 @@ def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch
     Trainer exists (it must follow Composer's CheckpointSaver), its clock goes first (it times each save)."""
     from composer.utils import dist
 
-    from gcc.train.callbacks import (CheckpointRotation, Export, GradClip, NonFiniteGuard, Preemption, RunFiles,
-                                     StepDeadline, TrainStats, ValidationLog)
+    from gcc.train.callbacks import (CheckpointRotation, ConsoleLog, Export, GradClip, NonFiniteGuard, Preemption,
+                                     RunFiles, StepDeadline, StepSync, TrainStats, ValidationLog)
+    from gcc.train.callbacks.console_log import console_lines_wanted
     from gcc.train.peer_fault import PEER_GRACE_S, announce, watch_peers
     from gcc.train.watchdog import StallWatchdog
 
@@ -233,16 +234,20 @@ def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch
     watchdog = StallWatchdog(run_dir, rank, announce=lambda code, why: announce(rank, code, why),
                              grace_s=PEER_GRACE_S if dist.get_world_size() > 1 else 0.0)
     watch_peers(rank, watchdog.stop_for_peer)
-    preemption = Preemption(watchdog, cfg.preemption_grace_s)
+    sync = StepSync(per_rank_batch)  # first at AFTER_TRAIN_BATCH: the guard, stats and preemption read its totals
+    preemption = Preemption(watchdog, cfg.preemption_grace_s, sync)
     grad_clip = GradClip(cfg.optim.grad_clip)
-    stats = TrainStats(grad_clip)
+    stats = TrainStats(grad_clip, sync, run["manifest"]["splits"]["train"]["clip_ids"])
     rotation = CheckpointRotation(run_dir, cfg.keep_checkpoints)
     export = Export(run_dir, model.dit, cfg.export_every, cfg.max_steps, lambda step: export_metadata(cfg, run, step),
                     lambda: preemption.preempted_at is not None)
-    ordered = [rotation.clock, NonFiniteGuard(cfg.inject_nonfinite_step, cfg.inject_nonfinite_rank), grad_clip,
-               stats, preemption, StepDeadline(watchdog, cfg.stall_timeout_s, cfg.stall_floor_s),
-               ValidationLog("val"), export, RunFiles(run_dir, resolved_config(cfg, run["manifest"], per_rank_batch),
-                                                      stats)]
+    guard = NonFiniteGuard(sync, cfg.inject_nonfinite_step, cfg.inject_nonfinite_rank)
+    val = ValidationLog("val")
+    ordered = [rotation.clock, sync, guard, grad_clip, stats, preemption,
+               StepDeadline(watchdog, cfg.stall_timeout_s, cfg.stall_floor_s), val, export,
+               RunFiles(run_dir, resolved_config(cfg, run["manifest"], per_rank_batch), stats)]
+    if console_lines_wanted(cfg.console_log_every, cfg.progress_bar):  # after stats, preemption and val
+        ordered.append(ConsoleLog(cfg.console_log_every, cfg.max_steps, stats, val, preemption))
     return {"callbacks": ordered, "preemption": preemption, "rotation": rotation}
 
 

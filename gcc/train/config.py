@@ -81,6 +81,9 @@ class TrainConfig:
     val_batch: int = 1
     autoresume: bool = True
     progress_bar: bool = True
+    # a progress line every this many steps (and val lines after each validation), unless the progress bar is on
+    # and stdout is a terminal; 0 = never
+    console_log_every: int = 10
     tensorboard: bool = True
     log_level: str = "INFO"  # what rank 0 prints: DEBUG | INFO | WARNING | ERROR
     dist_timeout: float = 600.0
@@ -204,6 +207,8 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError(f"{key}: must be > 0 seconds, got {_get(cfg, key)}")
     if cfg.stall_timeout_s < 0:
         raise ConfigError(f"stall_timeout_s: must be >= 0 seconds (0 = off), got {cfg.stall_timeout_s}")
+    if cfg.console_log_every < 0:
+        raise ConfigError(f"console_log_every: must be >= 0 (0 = no progress lines), got {cfg.console_log_every}")
     if cfg.data.num_workers < 0:
         raise ConfigError(f"data.num_workers: must be >= 0, got {cfg.data.num_workers}")
     if cfg.grad_accum < 0:

@@ -1,7 +1,8 @@
 """Stop every rank on a NaN/inf loss before the optimizer applies it (docs/design.md §9.7).
 
 The check runs at AFTER_TRAIN_BATCH, inside Composer's optimizer closure, so raising there leaves the weights,
-the optimizer and every checkpoint as they were after the last good step.
+the optimizer and every checkpoint as they were after the last good step. The count of non-finite micro-batch
+losses travels in the step's one reduction (`StepSync`, which runs first), so every rank raises at the same step.
 """
 from __future__ import annotations
 
@@ -10,34 +11,36 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
+from gcc.train.callbacks.step_sync import StepSync
+
 
 class NonFiniteLoss(RuntimeError):
     pass
 
 
 class NonFiniteGuard(Callback):
-    def __init__(self, inject_step: int = 0, inject_rank: int = 0):
-        self.inject_step, self.inject_rank = inject_step, inject_rank
-        self._finite = True
+    def __init__(self, sync: StepSync, inject_step: int = 0, inject_rank: int = 0):
+        self.sync, self.inject_step, self.inject_rank = sync, inject_step, inject_rank
+        self._bad = None  # this rank's non-finite micro-batch losses, a device tensor (no sync per micro-batch)
         self._clips: list[str] = []
 
     def batch_start(self, state: State, logger: Logger) -> None:
-        self._finite, self._clips = True, []
+        self._bad, self._clips = None, []
 
     def after_loss(self, state: State, logger: Logger) -> None:
         step = int(state.timestamp.batch) + 1
         if self.inject_step and step == self.inject_step and dist.get_global_rank() == self.inject_rank:
             state.loss = state.loss * float("nan")  # fault injection (tests): poisons this rank's backward
         loss = state.loss["total"] if isinstance(state.loss, dict) else state.loss
-        if not bool(torch.isfinite(loss.detach()).all()):
-            self._finite = False
+        bad = (~torch.isfinite(loss.detach())).any()
+        self._bad = bad if self._bad is None else self._bad | bad
+        self.sync.add("nonfinite", bad)
         self._clips += list(state.batch["clip_id"])
 
     def after_train_batch(self, state: State, logger: Logger) -> None:
-        bad = state.device.tensor_to_device(torch.tensor([0.0 if self._finite else 1.0]))
-        dist.all_reduce(bad, reduce_operation="MAX")
-        if float(bad.item()) > 0:
-            per_rank = dist.all_gather_object((dist.get_global_rank(), self._finite, self._clips))
+        if self.sync.totals.get("nonfinite", 0.0) > 0:  # rare: the per-rank detail costs collectives of its own
+            finite = self._bad is None or not bool(self._bad)
+            per_rank = dist.all_gather_object((dist.get_global_rank(), finite, self._clips))
             bad_ranks = [f"rank {r}: clips {';'.join(c)}" for r, ok, c in per_rank if not ok]
             step = int(state.timestamp.batch) + 1
             raise NonFiniteLoss(f"non-finite loss at step {step} ({'; '.join(bad_ranks)}); training stopped "

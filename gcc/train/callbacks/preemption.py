@@ -1,8 +1,9 @@
 """SIGTERM / SIGUSR1 -> every rank finishes the current step, a checkpoint is written, the run exits 0 (docs/design.md §9.6).
 
-A signal only sets a flag. At each BATCH_END the ranks all-reduce it (MAX), so they agree on the same step
-even when the signal reached them at different moments, and call `state.stop_training()`; Composer's
-CheckpointSaver then saves at that step's BATCH_CHECKPOINT (end of training always saves).
+A signal only sets a flag. The flag travels in each step's one reduction (`StepSync`, before the update), so
+the ranks agree on the same step even when the signal reached them at different moments; at that step's
+BATCH_END every rank calls `state.stop_training()`, and Composer's CheckpointSaver saves at its
+BATCH_CHECKPOINT (end of training always saves). A signal that arrives after the reduction stops the next step.
 
 The flag is read only between steps, so a rank blocked waiting for data (or in a collective with such a rank)
 would never get there. The signal therefore also arms a deadline of `grace_s` on the rank's StallWatchdog,
@@ -13,18 +14,18 @@ from __future__ import annotations
 
 import signal
 
-import torch
 from composer.core import Callback, State
 from composer.loggers import Logger
-from composer.utils import dist
 
 from gcc.data.workers import PREEMPTION_SIGNALS
+from gcc.train.callbacks.step_sync import StepSync
 from gcc.train.watchdog import StallWatchdog
 
 
 class Preemption(Callback):
-    def __init__(self, watchdog: StallWatchdog, grace_s: float):
-        self.watchdog, self.grace_s = watchdog, grace_s
+    def __init__(self, watchdog: StallWatchdog, grace_s: float, sync: StepSync):
+        self.watchdog, self.grace_s, self.sync = watchdog, grace_s, sync
+        sync.flag("preempt", lambda: self.requested)
         self.requested = False  # this rank received a signal
         self.preempted_at: int | None = None  # the step all ranks stopped after
         self._old = {}
@@ -39,9 +40,7 @@ class Preemption(Callback):
                                     f"checkpoint and exit within preemption_grace_s={self.grace_s:g} s")
 
     def batch_end(self, state: State, logger: Logger) -> None:
-        flag = state.device.tensor_to_device(torch.tensor([1.0 if self.requested else 0.0]))
-        dist.all_reduce(flag, reduce_operation="MAX")
-        if float(flag.item()) > 0 and self.preempted_at is None:
+        if self.sync.totals.get("preempt", 0.0) > 0 and self.preempted_at is None:
             self.preempted_at = int(state.timestamp.batch)
             state.stop_training()
 

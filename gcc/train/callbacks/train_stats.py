@@ -1,14 +1,15 @@
 """One `train_log.csv` row and TensorBoard `train/*` scalars per optimizer step (docs/design.md §9.10).
 
-Per micro-batch (AFTER_LOSS) it accumulates the objective's stats and the batch's dropouts; at BATCH_END it
-reduces them over all ranks, so every number describes the whole global batch. `clips` lists every rank's
-clip ids in rank order. `step_time` is wall time from asking the loader for the batch to the end of the
+Per micro-batch (AFTER_LOSS) it adds the objective's stats and the batch's dropouts to the step's one
+reduction (`StepSync`, on the device), so every number describes the whole global batch. `clips` lists every
+rank's clip ids in rank order, named on rank 0 from the sample ids with the manifest's train clip_ids. `step_time` is wall time from asking the loader for the batch to the end of the
 step (data wait included, validation and checkpointing excluded); `data_time` is the loader-wait part; `time`
 is the Unix time at the end of the step (differences of consecutive rows: the true period, everything included).
 """
 from __future__ import annotations
 
 import time
+from functools import lru_cache
 
 import psutil
 import torch
@@ -16,11 +17,13 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
+from gcc.data.errors import DamagedData
 from gcc.train.callbacks.grad_clip import GradClip
+from gcc.train.callbacks.step_sync import StepSync
 
 TRAIN_COLUMNS = ["step", "loss", "mse", "timestep", "lr", "cond_lr", "grad_norm", "sem_rms", "x_rms", "text_drop",
                  "cond_drop", "mask_frac", "step_time", "data_time", "mem_gb", "epoch", "time", "clips"]
-_SUMMED = ["mse", "timestep", "sem_rms", "x_rms", "text_drop", "cond_drop", "mask_frac", "n"]
+_MEANS = ["mse", "timestep", "sem_rms", "x_rms", "text_drop", "cond_drop", "mask_frac"]
 
 
 def peak_rss_gb() -> float:
@@ -30,23 +33,28 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
 
 
+@lru_cache(maxsize=1)
+def _this_process() -> psutil.Process:
+    return psutil.Process()
+
+
 def memory_gb() -> float:
     if torch.cuda.is_available():
         return torch.cuda.max_memory_allocated() / 1e9
-    return psutil.Process().memory_info().rss / 1e9
+    return _this_process().memory_info().rss / 1e9
 
 
 class TrainStats(Callback):
-    def __init__(self, grad_clip: GradClip):
-        self.grad_clip = grad_clip
+    def __init__(self, grad_clip: GradClip, sync: StepSync, clip_ids: list[str]):
+        self.grad_clip, self.sync, self.clip_ids = grad_clip, sync, clip_ids
         self.step_times: list[float] = []
         self.data_times: list[float] = []
+        self.last_row: dict | None = None  # rank 0: the step's train_log row
         self._reset()
 
     def _reset(self) -> None:
-        self._sums = dict.fromkeys(_SUMMED, 0.0)
-        self._clips: list[str] = []
-        self._epochs: set[int] = set()
+        self._epochs: list[torch.Tensor] = []
+        self._own_clips: list[str] = []
         self._lrs = (float("nan"), float("nan"))
 
     def before_dataloader(self, state: State, logger: Logger) -> None:
@@ -59,14 +67,13 @@ class TrainStats(Callback):
         b = state.batch
         n = len(b["clip_id"])
         stats = state.outputs["stats"]
-        for k in ("mse", "timestep", "sem_rms", "x_rms"):
-            self._sums[k] += float(stats[k]) * n
-        self._sums["text_drop"] += float(b["drop_text"].float().sum())
-        self._sums["cond_drop"] += float(b["drop_cond"].float().sum())
-        self._sums["mask_frac"] += float(b["mask_frac"].float().sum())
-        self._sums["n"] += n
-        self._clips += list(b["clip_id"])
-        self._epochs.update(int(e) for e in b["epoch"])
+        dev = stats["mse"].device
+        parts = [torch.as_tensor(stats[k], device=dev).float().reshape(()) * n
+                 for k in ("mse", "timestep", "sem_rms", "x_rms")]
+        parts += [b[k].to(dev).float().sum() for k in ("drop_text", "drop_cond", "mask_frac")]
+        self.sync.add_many(_MEANS + ["n"], torch.stack(parts + [torch.tensor(float(n), device=dev)]))
+        self._epochs.append(b["epoch"])
+        self._own_clips += b["clip_id"]
 
     def after_train_batch(self, state: State, logger: Logger) -> None:
         # the lr the optimizer is about to apply for this step (the scheduler steps after BATCH_END's prelude)
@@ -75,23 +82,30 @@ class TrainStats(Callback):
 
     def batch_end(self, state: State, logger: Logger) -> None:
         step_time = time.perf_counter() - self._t0
-        sums = state.device.tensor_to_device(torch.tensor([self._sums[k] for k in _SUMMED], dtype=torch.float64))
-        dist.all_reduce(sums, reduce_operation="SUM")
-        tot = dict(zip(_SUMMED, sums.tolist()))
-        n = max(tot.pop("n"), 1.0)
-        mean = {k: v / n for k, v in tot.items()}
-        clips = [c for rank_clips in dist.all_gather_object(self._clips) for c in rank_clips]
         self.step_times.append(step_time)
         self.data_times.append(self._t_data)
+        if dist.get_global_rank() != 0:  # the loggers write on rank 0 only
+            self._reset()
+            return
+        tot = self.sync.totals
+        n = max(tot["n"], 1.0)
+        mean = {k: tot[k] / n for k in _MEANS}
+        clips = [self.clip_ids[i] for i in self.sync.sample_ids]
+        if clips[:len(self._own_clips)] != self._own_clips:  # rank 0's own slots come first
+            raise DamagedData(f"train split: sample ids name {clips[:len(self._own_clips)]} by the manifest's "
+                              f"train clip_ids, but the shards hold {self._own_clips}: manifest.json and the shards "
+                              f"disagree")
+        epochs = torch.cat(self._epochs) if self._epochs else None
         row = {
             "step": int(state.timestamp.batch),
             "loss": float(state.total_loss_dict.get("loss/train/total", float("nan"))),
             **mean,
             "lr": self._lrs[0], "cond_lr": self._lrs[1], "grad_norm": self.grad_clip.last_norm,
             "step_time": step_time, "data_time": self._t_data, "mem_gb": memory_gb(),
-            "epoch": min(self._epochs) if self._epochs else int(state.timestamp.epoch), "time": time.time(),
+            "epoch": int(epochs.min()) if epochs is not None else int(state.timestamp.epoch), "time": time.time(),
             "clips": ";".join(clips),
         }
+        self.last_row = row
         logger.log_table(TRAIN_COLUMNS, [[row[c] for c in TRAIN_COLUMNS]], name="train_log")
         scalars = {f"train/{k}": row[k] for k in TRAIN_COLUMNS if k not in ("step", "time", "clips")}
         scalars["train/sem_over_x"] = row["sem_rms"] / row["x_rms"] if row["x_rms"] else float("nan")

@@ -1,0 +1,126 @@
+"""Curves of a run as one PNG: `gcc-plot RUN_DIR` (or `python -m gcc.tools.plot RUN_DIR`) (docs/training.md).
+
+Reads `train_log.csv` and `val_log.csv` from the run folder. They hold one row per step (train) and per step and
+timestep (val) across every launch of the run (a relaunch trims the rows it trains again), so a resumed run
+plots as one continuous run. Panels: train loss (raw and smoothed), lr and cond_lr, grad_norm, sem_rms and
+x_rms, and the validation's mse, gap_uncond and gap_nulltext per timestep against step.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from gcc.data.storage import atomic_path
+
+EXIT_NO_LOG = 2
+
+
+def read_rows(path: Path) -> list[dict[str, float]]:
+    """The CSV's rows as floats (text columns such as `clips` dropped); [] when the file is missing."""
+    if not path.exists():
+        return []
+    out = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            row = {}
+            for k, v in r.items():
+                try:
+                    row[k] = float(v)
+                except (TypeError, ValueError):
+                    continue
+            out.append(row)
+    return out
+
+
+def smooth(values: list[float], weight: float) -> list[float]:
+    """TensorBoard's smoothing: an exponential moving average, debiased so the first points are not pulled to 0."""
+    out, avg = [], 0.0
+    for i, v in enumerate(values, 1):
+        avg = weight * avg + (1 - weight) * v
+        out.append(avg / (1 - weight ** i) if weight < 1 else v)
+    return out
+
+
+def plot_run(run_dir: Path, out: Path, smoothing: float = 0.9) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = read_rows(run_dir / "train_log.csv")
+    if not train:
+        raise FileNotFoundError(f"{run_dir / 'train_log.csv'}: no train rows to plot (is {run_dir} a run folder?)")
+    val = read_rows(run_dir / "val_log.csv")
+    step = [r["step"] for r in train]
+
+    def col(name: str) -> list[float]:
+        return [r.get(name, math.nan) for r in train]
+
+    fig, axes = plt.subplots(2, 4, figsize=(20, 8.5), constrained_layout=True)
+    ax = axes[0, 0]
+    ax.plot(step, col("loss"), color="tab:blue", alpha=0.3, lw=0.8, label="loss")
+    ax.plot(step, smooth(col("loss"), smoothing), color="tab:blue", lw=1.6, label=f"smoothed ({smoothing:g})")
+    ax.set_title("train loss")
+    ax = axes[0, 1]
+    ax.plot(step, col("lr"), label="lr")
+    ax.plot(step, col("cond_lr"), label="cond_lr")
+    ax.set_yscale("log")
+    ax.set_title("learning rate")
+    ax = axes[0, 2]
+    ax.plot(step, col("grad_norm"), color="tab:red", lw=0.9, label="grad_norm (before clipping)")
+    ax.set_title("grad_norm")
+    ax = axes[0, 3]
+    ax.plot(step, col("sem_rms"), label="sem_rms (condition)")
+    ax.plot(step, col("x_rms"), label="x_rms (latent stream)")
+    ax.set_title("sem_rms and x_rms")
+    by_t: dict[float, list[dict]] = defaultdict(list)
+    for r in val:
+        by_t[r["timestep"]].append(r)
+    for ax, key in zip(axes[1, :3], ("mse", "gap_uncond", "gap_nulltext")):
+        for t, rows in sorted(by_t.items()):
+            ax.plot([r["step"] for r in rows], [r[key] for r in rows], marker="o", ms=3, label=f"t={t:.1f}")
+        if key.startswith("gap"):
+            ax.axhline(0.0, color="gray", lw=0.8, ls=":")
+        ax.set_title(f"val {key}" + ("" if val else " (no validation yet)"))
+    axes[1, 3].axis("off")
+    axes[1, 3].text(0.0, 0.9, f"{run_dir}\nsteps {int(step[0])}..{int(step[-1])}, {len(val)} val rows\n\n"
+                    "gap_uncond = mse(cond UNKNOWN) - mse\ngap_nulltext = mse(null text) - mse\n"
+                    "above 0: the model uses the condition / the text", va="top", family="monospace")
+    for ax in axes.flat[:7]:
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=80, format="png")
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="gcc-plot", description="Write a run's curves (train_log.csv, val_log.csv) "
+                                "as one PNG.")
+    p.add_argument("run_dir", help="the run folder (the yaml's run_dir)")
+    p.add_argument("--out", default="", help="PNG to write (default: RUN_DIR/curves.png)")
+    p.add_argument("--smoothing", type=float, default=0.9,
+                   help="weight of the loss's exponential moving average, in [0, 1) (TensorBoard's slider)")
+    args = p.parse_args(argv)
+    run_dir = Path(args.run_dir)
+    if not 0.0 <= args.smoothing < 1.0:
+        p.error(f"--smoothing: must be in [0, 1), got {args.smoothing}")
+    try:
+        out = plot_run(run_dir, Path(args.out) if args.out else run_dir / "curves.png", args.smoothing)
+    except FileNotFoundError as e:
+        print(f"gcc-plot: {e}", file=sys.stderr)
+        return EXIT_NO_LOG
+    print(f"gcc-plot: wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
