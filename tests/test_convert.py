@@ -265,7 +265,7 @@ def test_killed_conversion_resumes_to_identical_output(src, tmp_path, caplog):
     clean = tmp_path / "clean"
     C.convert(src, str(clean), chunk_clips=2, progress=False)
     out = tmp_path / "out"
-    args = ["--src", str(src), "--out", str(out), "--chunk-clips", "2", "--no-progress"]
+    args = ["--src", str(src), "--out", str(out), "--chunk_clips", "2", "--no_progress"]
     env = dict(os.environ, KILL_AFTER="6", PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "-c", KILL_SCRIPT, *args], env=env, capture_output=True, text=True)
     assert r.returncode == 137, r.stderr

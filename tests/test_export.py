@@ -231,7 +231,7 @@ def test_inspect_cli(tmp_path, capsys):
     bad = tmp_path / "bad.safetensors"
     with safe_open(str(good), "pt") as fh:
         save_file({k: fh.get_tensor(k) for k in fh.keys()}, str(bad))  # metadata dropped
-    assert inspect_main([str(bad)]) == 1
+    assert inspect_main([str(bad)]) == 2
     assert "not a gc25d export" in capsys.readouterr().err
     assert inspect_main(["--model", "tiny"]) == 0
     out = capsys.readouterr().out

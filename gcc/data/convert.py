@@ -1,7 +1,7 @@
 """Prepared clips -> MDS shards (docs/design.md §4). Entry points: `python -m convert_data` and the `convert_data` script.
 
 How it stays correct when interrupted:
-* Clips of each split are cut, in sorted clip_id order, into fixed chunks of `--chunk-clips`. A chunk is the
+* Clips of each split are cut, in sorted clip_id order, into fixed chunks of `--chunk_clips`. A chunk is the
   unit of work and of resumption; the cut does not depend on `--workers`, so any worker count writes the
   same bytes.
 * A chunk is written to a staging folder and becomes visible only complete: locally by an atomic rename, on
@@ -253,22 +253,30 @@ def _quiet_logs():
         logging.disable(logging.NOTSET)
 
 
-def main(argv: Iterable[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="convert_data", description=__doc__.split("\n")[0])
     p.add_argument("--src", required=True, help="prepared data root (holds index/, latents/, sem/, meta/, text/, READY)")
     p.add_argument("--out", required=True, help="output: a local folder or s3://bucket/prefix (S3_ENDPOINT_URL honoured)")
     p.add_argument("--workers", type=int, default=1, help="parallel processes (output is identical for any count)")
-    p.add_argument("--include-dropped", action="store_true", help="also convert rows with drop=true")
-    p.add_argument("--chunk-clips", type=int, default=64, help="clips per chunk, the unit of resumption")
-    p.add_argument("--size-limit", type=int, default=1 << 26, help="MDS shard size limit in bytes")
+    # snake_case like every gcc tool; the kebab-case spellings this tool had first still work
+    p.add_argument("--include_dropped", "--include-dropped", action="store_true",
+                   help="also convert rows with drop=true")
+    p.add_argument("--chunk_clips", "--chunk-clips", type=int, default=64,
+                   help="clips per chunk, the unit of resumption")
+    p.add_argument("--size_limit", "--size-limit", type=int, default=1 << 26, help="MDS shard size limit in bytes")
     p.add_argument("--compression", choices=sorted(COMPRESSIONS), default="none",
                    help="shard compression: none (default; a local dataset is read in place by every run) or zstd "
                         "(~23%% smaller; each run decompresses the shards into its own cache)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no_progress", "--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     if args.workers < 1 or args.chunk_clips < 1:
-        p.error("--workers and --chunk-clips must be >= 1")
+        p.error("--workers and --chunk_clips must be >= 1")
     try:
         convert(args.src, args.out, workers=args.workers, chunk_clips=args.chunk_clips,
                 size_limit=args.size_limit, compression=COMPRESSIONS[args.compression],

@@ -554,20 +554,25 @@ def make_prepared(tmp_path: str | os.PathLike, clips: int = 24, seed: int = 0, g
     return write_prepared(Path(tmp_path) / "prepared", clips=clips, geometry=geometry, seed=seed)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gcc.data.synth", description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--clips", type=int, default=24)
-    ap.add_argument("--geometry", choices=sorted(GEOMETRIES), default="tiny")
-    ap.add_argument("--seed", type=int, default=0)
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="gcc-synth", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="folder for the prepared layout (index/, latents/, ..., READY)")
+    ap.add_argument("--clips", type=int, default=24, help="how many clips (train and val runs, round-robin)")
+    ap.add_argument("--geometry", choices=sorted(GEOMETRIES), default="tiny",
+                    help="clip shapes: tiny (CPU tests and demo) or the real run's")
+    ap.add_argument("--seed", type=int, default=0, help="the synthetic world's seed (same seed, same bytes)")
     ap.add_argument("--overwrite", action="store_true", help="replace an existing dataset in --out")
-    ap.add_argument("-v", "--verbose", action="store_true")
-    a = ap.parse_args(argv)
+    ap.add_argument("-v", "--verbose", action="store_true", help="print each clip as it is written")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     t0 = time.time()
     try:
         root = write_prepared(a.out, a.clips, a.geometry, a.seed, overwrite=a.overwrite, verbose=a.verbose)
     except (FileExistsError, ValueError) as e:
-        print(f"gcc.data.synth: {e}", file=sys.stderr)
+        print(f"gcc-synth: {e}", file=sys.stderr)
         return 2
     print(f"wrote {a.clips} {a.geometry} clips to {root} in {time.time() - t0:.1f}s")
     return 0

@@ -17,15 +17,19 @@ import time
 from pathlib import Path
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gcc.tools.demo", description=__doc__.split("\n")[0])
     p.add_argument("--out", default="runs/demo", help="folder for everything the demo writes")
-    p.add_argument("--clips", type=int, default=48)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--clips", type=int, default=48, help="synthetic clips to make")
+    p.add_argument("--seed", type=int, default=0, help="the synthetic world's seed")
+    p.add_argument("--workers", type=int, default=2, help="convert_data's processes")
     p.add_argument("--gpus", type=int, default=2, help="processes for the training (composer -n)")
-    p.add_argument("--no-train", action="store_true", help="stop after the data part")
-    args = p.parse_args(argv)
+    p.add_argument("--no_train", "--no-train", action="store_true", help="stop after the data part")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="  %(message)s", stream=sys.stdout)  # the converter's lines
     out = Path(args.out)
     prepared, shards = out / "prepared", out / "shards"

@@ -1,9 +1,10 @@
 """Inspect a gc25d export or a model preset.
 
-    python -m gcc.tools.inspect_ckpt FILE.safetensors   # key count, dtypes, parameter count, metadata; runs check_gc_ckpt
-    python -m gcc.tools.inspect_ckpt --model ti2v-5b    # builds the preset on the meta device: key count, parameter count
+    gcc-inspect FILE.safetensors   # key count, dtypes, parameter count, metadata; runs check_gc_ckpt
+    gcc-inspect --model ti2v-5b    # builds the preset on the meta device: key count, parameter count
 
-Exit status 1 when the check fails.
+(also `python -m gcc.tools.inspect_ckpt`). Exit status 2 when the file cannot be read or the check fails, as
+every gcc tool's for bad input.
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import math
 import sys
 
 from safetensors import safe_open
+
+EXIT_BAD_INPUT = 2
 
 
 def inspect_file(path: str, vocab: str | None = None) -> int:
@@ -26,7 +29,7 @@ def inspect_file(path: str, vocab: str | None = None) -> int:
             meta = fh.metadata() or {}
     except Exception as e:
         print(f"FAIL {path}: cannot be read as safetensors: {e}", file=sys.stderr)
-        return 1
+        return EXIT_BAD_INPUT
     print(f"file       {path}")
     print(f"keys       {len(keys)}")
     print(f"dtypes     {dict(dtypes)}")
@@ -38,7 +41,7 @@ def inspect_file(path: str, vocab: str | None = None) -> int:
         info = check_gc_ckpt(path, vocab=vocab)
     except GcCkptError as e:
         print(f"FAIL {e}", file=sys.stderr)
-        return 1
+        return EXIT_BAD_INPUT
     print(f"check_gc_ckpt OK: {info['n_keys']} keys, {info['num_layers']} blocks, vocab {info['vocab']}")
     return 0
 
@@ -55,12 +58,17 @@ def inspect_model(name: str, vocab: str) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gcc.tools.inspect_ckpt", description=__doc__,
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="gcc-inspect", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("file", nargs="?", help="a gc25d .safetensors export")
     ap.add_argument("--model", help="a model preset name, e.g. ti2v-5b or tiny")
     ap.add_argument("--vocab", default=None, help="expected vocab (file) / vocab to build (model; default parts)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if (args.file is None) == (args.model is None):
         ap.error("give exactly one of FILE or --model")

@@ -271,16 +271,21 @@ def _save_png(img, path: str | Path) -> None:
         img.save(tmp, format="PNG")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gcc.tools.maskstats", description=__doc__.split("\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="gcc-maskstats", description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True, help="a converted shards folder (manifest.json), local or s3://")
-    ap.add_argument("--split", default="train")
+    ap.add_argument("--split", default="train", help="train or val")
     ap.add_argument("--n", type=int, default=100, help="the first n clips of the split")
     ap.add_argument("--seed", type=int, default=0, help="the loader seed whose epoch-0 draws give (θ, q)")
     ap.add_argument("--max_frame_coverage", type=float, default=0.4, help="the cap calibration's bound")
     ap.add_argument("--json", help="write the table (and per-clip values) as JSON")
     ap.add_argument("--preview", help="write a PNG contact sheet of masked clips")
     ap.add_argument("-v", "--verbose", action="store_true", help="print each clip as it is measured")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO, format="%(message)s", stream=sys.stderr)
     if a.n < 1 or not 0.0 < a.max_frame_coverage < 1.0:
@@ -290,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         res = measure(a.data, a.split, a.n, a.seed, a.max_frame_coverage, a.preview)
     except BadInput as e:
-        print(f"gcc.tools.maskstats: error: {e}", file=sys.stderr)
+        print(f"gcc-maskstats: error: {e}", file=sys.stderr)
         return 2
     print(format_table(res))
     if a.json:

@@ -102,13 +102,18 @@ def plot_run(run_dir: Path, out: Path, smoothing: float = 0.9) -> Path:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gcc-plot", description="Write a run's curves (train_log.csv, val_log.csv) "
                                 "as one PNG.")
     p.add_argument("run_dir", help="the run folder (the yaml's run_dir)")
     p.add_argument("--out", default="", help="PNG to write (default: RUN_DIR/curves.png)")
     p.add_argument("--smoothing", type=float, default=0.9,
                    help="weight of the loss's exponential moving average, in [0, 1) (TensorBoard's slider)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     run_dir = Path(args.run_dir)
     if not 0.0 <= args.smoothing < 1.0:

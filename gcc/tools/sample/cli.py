@@ -40,7 +40,7 @@ EXIT_ERROR = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m gcc.tools.sample", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="gcc-sample", description=__doc__.split("\n")[0])
     w = ap.add_mutually_exclusive_group(required=True)
     w.add_argument("--ckpt", help="gc25d export (.safetensors); its metadata gives the vocab")
     w.add_argument("--base", action="store_true", help="base Wan weights from --model_dir with a zero cond")
@@ -53,21 +53,22 @@ def build_parser() -> argparse.ArgumentParser:
     sel = ap.add_mutually_exclusive_group(required=True)
     sel.add_argument("--clip_ids", help="a,b,c or @file")
     sel.add_argument("--val_n", type=int, help="N val clips (drop=false), round-robin over runs")
-    ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--shift", type=float, default=5.0)
+    ap.add_argument("--steps", type=int, default=50, help="denoising steps (FlowMatchScheduler, Wan's schedule)")
+    ap.add_argument("--shift", type=float, default=5.0, help="the schedule's sigma shift (Wan2.2 TI2V uses 5)")
     ap.add_argument("--cfg", type=float, default=1.0, help="text guidance scale (uncond = NULL_PROMPT cells)")
     ap.add_argument("--sem_cfg", type=float, default=1.0, help="semantic guidance scale (uncond = ids all 255)")
     ap.add_argument("--sem_mode", choices=("cond", "unknown"), default="cond",
                     help="unknown: the model gets ids all 255")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out_dir", required=True)
-    ap.add_argument("--no_ssim", action="store_true")
-    ap.add_argument("--no_recon_ceiling", action="store_true")
+    ap.add_argument("--seed", type=int, default=0, help="noise seed; a clip's noise depends on (seed, clip id) only")
+    ap.add_argument("--out_dir", required=True, help="folder for the mp4 panels, metrics.json and manifest.json")
+    ap.add_argument("--no_ssim", action="store_true", help="skip SSIM (the slowest metric)")
+    ap.add_argument("--no_recon_ceiling", action="store_true",
+                    help="skip the VAE round trip of the ground truth (the metrics' ceiling)")
     ap.add_argument("--device", default=None, help="default cuda if available, else cpu")
     ap.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto",
                     help="DiT and VAE dtype (auto: bf16 on cuda, fp32 on cpu)")
     ap.add_argument("--vae_tiled", action="store_true", help="DiffSynth's tiled VAE encode/decode")
-    ap.add_argument("--fps", type=int, default=FPS)
+    ap.add_argument("--fps", type=int, default=FPS, help="frame rate of the written mp4 files")
     return ap
 
 
