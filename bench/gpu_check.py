@@ -70,7 +70,7 @@ def main() -> None:
     overrides = [f"model.preset={preset}", f"model.model_dir={args.model_dir or chr(34) * 2}", "parallelism=fsdp",
                  f"fsdp.reshard_after_forward={str(args.reshard_after_forward).lower()}", "model.grad_ckpt=true",
                  f"global_batch={n * accum}", "micro_batch=1", f"checkpoint_every={args.steps}", "val_every=0",
-                 "export_every=0", "progress_bar=false", "tensorboard=false", "data.num_workers=2",
+                 "export_every=0", "progress_bar=false", "loggers={}", "data.num_workers=2",
                  "optim.warmup_steps=2"] + (["precision=fp32"] if args.cpu else [])
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         work = Path(tmp)

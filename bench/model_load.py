@@ -35,7 +35,7 @@ def peak_rss_when_ready(work: Path, shards: Path, model_dir: Path, parallelism: 
            str(ROOT / "gcc" / "train.py"), str(ROOT / "yamls" / "tiny_cpu.yaml"), f"run_dir={run_dir}",
            f"data.path={shards}", "model.preset=wide", f"model.model_dir={model_dir}", f"parallelism={parallelism}",
            "global_batch=2", "micro_batch=1", "max_steps=1", "val_every=0", "export_every=0", "progress_bar=false",
-           "tensorboard=false", "data.num_workers=0"]
+           "loggers={}", "data.num_workers=0"]
     log = work / f"{parallelism}_rank0.txt"
     with open(log, "w") as f:  # rank 0's stdout is the launcher's
         p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"),

@@ -17,7 +17,7 @@ COMPOSER = str(Path(sys.executable).with_name("composer"))
 # small and fast, but every mechanism on: checkpoints every 3 steps, validation and exports every 6
 BASE = ["global_batch=4", "micro_batch=1", "max_steps=12", "checkpoint_every=3", "keep_checkpoints=2",
         "export_every=6", "val_every=6", "val_n=4", "val_batch=2", "optim.warmup_steps=4", "progress_bar=false",
-        "tensorboard=false", "data.num_workers=1"]
+        "loggers={}", "data.num_workers=1"]
 # train_log.csv columns that a resumed run must reproduce to the last digit (everything but timings)
 EXACT = ["step", "loss", "mse", "timestep", "lr", "cond_lr", "grad_norm", "sem_rms", "x_rms", "text_drop",
          "cond_drop", "mask_frac", "epoch", "clips"]

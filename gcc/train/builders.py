@@ -252,16 +252,11 @@ def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch
 
 
 def build_loggers(cfg: TrainConfig) -> list:
-    """CSV tables always; TensorBoard (one event file per launch) unless `tensorboard: false`."""
+    """CSV tables always, then the yaml's `loggers:` (gcc/train/loggers.py)."""
+    from gcc.train import loggers
     from gcc.train.callbacks import TRAIN_COLUMNS, VAL_COLUMNS
-    from gcc.train.csv_logger import CSVLogger
-    from gcc.train.tensorboard_logger import LocalTensorboardLogger
 
-    run_dir = Path(cfg.run_dir)
-    loggers = [CSVLogger(run_dir, {"train_log": TRAIN_COLUMNS, "val_log": VAL_COLUMNS})]
-    if cfg.tensorboard:
-        loggers.append(LocalTensorboardLogger(log_dir=str(run_dir / "tensorboard"), flush_interval=10))
-    return loggers
+    return loggers.build_loggers(cfg.run_dir, cfg.loggers, {"train_log": TRAIN_COLUMNS, "val_log": VAL_COLUMNS})
 
 
 def samples_in(batch) -> int:

@@ -84,7 +84,8 @@ class TrainConfig:
     # a progress line every this many steps (and val lines after each validation), unless the progress bar is on
     # and stdout is a terminal; 0 = never
     console_log_every: int = 10
-    tensorboard: bool = True
+    # logger name -> options of Composer's class: tensorboard, wandb, mlflow (gcc/train/loggers.py); CSV always
+    loggers: dict = field(default_factory=lambda: {"tensorboard": {}})
     log_level: str = "INFO"  # what rank 0 prints: DEBUG | INFO | WARNING | ERROR
     dist_timeout: float = 600.0
     # after SIGTERM/SIGUSR1 a rank must checkpoint and exit within this; else it writes every thread's stack to
@@ -207,6 +208,11 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError(f"{key}: must be > 0 seconds, got {_get(cfg, key)}")
     if cfg.stall_timeout_s < 0:
         raise ConfigError(f"stall_timeout_s: must be >= 0 seconds (0 = off), got {cfg.stall_timeout_s}")
+    from gcc.train.loggers import check_logger_options
+
+    problems = check_logger_options(cfg.loggers)
+    if problems:
+        raise ConfigError("; ".join(problems))
     if cfg.console_log_every < 0:
         raise ConfigError(f"console_log_every: must be >= 0 (0 = no progress lines), got {cfg.console_log_every}")
     if cfg.data.num_workers < 0:
