@@ -81,9 +81,11 @@ def _frames(mp4: Path) -> np.ndarray:
         r.close()
 
 
-def test_outputs_shapes_frames_and_metrics(assets, prepared_tiny, tmp_path):
+def test_outputs_shapes_frames_and_metrics(assets, prepared_tiny, tmp_path, capsys):
     out = tmp_path / "out"
     assert cli.main(_args(assets, prepared_tiny, out, "--val_n", "2")) == 0
+    err = capsys.readouterr().err  # the per-step bar of each clip, with the time left for the whole set
+    assert f"[1/2] {VAL_RR[0]}" in err and f"[2/2] {VAL_RR[1]}" in err and "1 clip(s) after this one" in err
     m = json.loads((out / "metrics.json").read_text())
     assert m["clip_ids"] == VAL_RR[:2] and m["vocab"] == "parts" and m["weights"] == "gc25d"
     assert m["data_kind"] == "prepared" and m["raw_root"] == str(prepared_tiny / "raw")

@@ -19,7 +19,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -72,6 +72,39 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+class SetProgress:
+    """A per-step bar for each clip's denoising loop (tqdm: the clip's steps, rate and time left) whose postfix
+    estimates the time left for the whole set: the remaining steps at this clip's pace plus the remaining clips at
+    the mean time of a finished clip (its data, decode, recon and metrics included)."""
+
+    def __init__(self, n_clips: int, steps: int):
+        self.n_clips, self.steps = n_clips, steps
+        self.clip_times: list[float] = []
+        self._bar = None
+
+    def clip_bar(self, n: int, cid: str, device) -> Callable[[], None]:
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=self.steps, desc=f"[{n + 1}/{self.n_clips}] {cid}", unit="step", leave=False,
+                         mininterval=1.0, file=sys.stderr)
+        t0, left_clips = time.perf_counter(), self.n_clips - n - 1
+
+        def step() -> None:
+            _sync(device)
+            bar = self._bar
+            bar.update(1)
+            per_step = (time.perf_counter() - t0) / bar.n
+            per_clip = _mean(self.clip_times) or per_step * self.steps
+            left = (self.steps - bar.n) * per_step + left_clips * per_clip
+            bar.set_postfix_str(f"set: {left_clips} clip(s) after this one, ~{left / 60:.1f} min left", refresh=False)
+        return step
+
+    def clip_done(self, seconds: float) -> None:
+        self.clip_times.append(seconds)
+        if self._bar is not None:
+            self._bar.close()
+
+
 def _mean(vals) -> float | None:
     v = [x for x in vals if x is not None]
     return float(np.mean(v)) if v else None
@@ -118,6 +151,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     null_row = src.table.gather([null_id])[0]
 
     per_clip, tot = {}, {"data": 0.0, "sampling": 0.0, "decode": 0.0, "recon": 0.0, "metrics": 0.0}
+    progress = SetProgress(len(clip_ids), a.steps)
     for n, cid in enumerate(clip_ids):
         t_data = time.perf_counter()
         clip = src.load(cid)
@@ -136,7 +170,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             dit, lat[:, 0:1].float(), src.table.gather(clip.context_ids),
             torch.from_numpy(clip.context_ids), null_row.expand(geo.T, *null_row.shape),
             torch.full((geo.T,), null_id, dtype=torch.int64), torch.from_numpy(np.ascontiguousarray(sem)),
-            clip_noise(a.seed, cid, geo.latent_shape), steps=a.steps, shift=a.shift, cfg=a.cfg, sem_cfg=a.sem_cfg)
+            clip_noise(a.seed, cid, geo.latent_shape), steps=a.steps, shift=a.shift, cfg=a.cfg, sem_cfg=a.sem_cfg,
+            on_step=progress.clip_bar(n, cid, device))
         _sync(device)
         t1 = time.perf_counter()
         gen = vae_decode(vae, gen_lat, device, a.vae_tiled)
@@ -165,6 +200,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                "timings": {"data": t0 - t_data, "sampling": t1 - t0, "decode": t2 - t1, "recon": t3 - t2,
                            "metrics": t4 - t3}}
         per_clip[cid] = row
+        progress.clip_done(time.perf_counter() - t_data)
         for k in tot:
             tot[k] += row["timings"][k]
         logger.info("[%d/%d] %s: psnr %s ssim %s frame0 %s ceiling %s (%.1fs sampling)", n + 1, len(clip_ids), cid,

@@ -9,7 +9,7 @@
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -34,12 +34,14 @@ def clip_noise(seed: int, clip_id: str, shape: Sequence[int]) -> torch.Tensor:
 @torch.no_grad()
 def sample_latents(dit, first: torch.Tensor, context: torch.Tensor, context_ids: torch.Tensor,
                    null_context: torch.Tensor, null_ids: torch.Tensor, sem: torch.Tensor, noise: torch.Tensor,
-                   steps: int = 50, shift: float = 5.0, cfg: float = 1.0, sem_cfg: float = 1.0) -> torch.Tensor:
+                   steps: int = 50, shift: float = 5.0, cfg: float = 1.0, sem_cfg: float = 1.0,
+                   on_step: Callable[[], None] | None = None) -> torch.Tensor:
     """TI2V flow-matching sampling of one clip. first [C, 1, h, w] clean frame-0 latent; context [T, L, D],
     ids [T]; sem uint8 [F, H, W] (what the model sees); noise [C, T, h, w]. Returns the latents [C, T, h, w] (fp32).
 
     Guidance (see the module docstring): variants cond, nulltext (cfg != 1), unknown (sem_cfg != 1, and only when
-    the ids are not already all UNKNOWN), run as one batch per step."""
+    the ids are not already all UNKNOWN), run as one batch per step. `on_step()` is called after each step
+    (progress)."""
     p = next(dit.parameters())
     dev, dt = p.device, p.dtype
     sched = make_sampling_scheduler(steps, shift)
@@ -72,4 +74,6 @@ def sample_latents(dit, first: torch.Tensor, context: torch.Tensor, context_ids:
             e = e + (sem_cfg - 1.0) * (pred[0] - pred[k])
         x = sched.step(e, t, x)
         x[:, 0:1] = first
+        if on_step is not None:
+            on_step()
     return x
