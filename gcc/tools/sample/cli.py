@@ -96,7 +96,7 @@ class SetProgress:
             per_step = (time.perf_counter() - t0) / bar.n
             per_clip = _mean(self.clip_times) or per_step * self.steps
             left = (self.steps - bar.n) * per_step + left_clips * per_clip
-            bar.set_postfix_str(f"set: {left_clips} clip(s) after this one, ~{left / 60:.1f} min left", refresh=False)
+            bar.set_postfix_str(f"set: {left_clips} clip(s) after this one, ~{left / 60:.1f} min left")  # drawn now
         return step
 
     def clip_done(self, seconds: float) -> None:
