@@ -11,5 +11,5 @@ from gcc.train.callbacks.step_sync import StepSync
 from gcc.train.callbacks.train_stats import TRAIN_COLUMNS, TrainStats
 from gcc.train.callbacks.validation import VAL_COLUMNS, ValidationLog
 
-__all__ = ["CheckpointRotation", "ConsoleLog", "Export", "GradClip", "NonFiniteGuard", "NonFiniteLoss", "Preemption", "RunFiles",
-           "StepDeadline", "StepSync", "TRAIN_COLUMNS", "TrainStats", "VAL_COLUMNS", "ValidationLog"]
+__all__ = ["CheckpointRotation", "ConsoleLog", "Export", "GradClip", "NonFiniteGuard", "NonFiniteLoss", "Preemption",
+           "RunFiles", "StepDeadline", "StepSync", "TRAIN_COLUMNS", "TrainStats", "VAL_COLUMNS", "ValidationLog"]

@@ -2,8 +2,9 @@
 
 Per micro-batch (AFTER_LOSS) it adds the objective's stats and the batch's dropouts to the step's one
 reduction (`StepSync`, on the device), so every number describes the whole global batch. `clips` lists every
-rank's clip ids in rank order, named on rank 0 from the sample ids with the manifest's train clip_ids. `step_time` is wall time from asking the loader for the batch to the end of the
-step (data wait included, validation and checkpointing excluded); `data_time` is the loader-wait part; `time`
+rank's clip ids in rank order, named on rank 0 from the sample ids with the manifest's train clip_ids.
+`step_time` is wall time from asking the loader for the batch to the end of the step (data wait included,
+validation and checkpointing excluded); `data_time` is the loader-wait part; `time`
 is the Unix time at the end of the step (differences of consecutive rows: the true period, everything included).
 """
 from __future__ import annotations
