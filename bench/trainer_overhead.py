@@ -132,6 +132,8 @@ def profiled_train(out: str, argv: list[str]) -> int:
     Logger.log_metrics = timed(Logger.log_metrics, "log_metrics (TensorBoard)")
     Trainer._accumulate_time_across_ranks = timed(Trainer._accumulate_time_across_ranks,
                                                   "Composer time accounting")
+    # in fp32 Composer runs the micro-batches as the optimizer's closure: inside AdamW.step, so time it apart
+    Trainer._train_microbatches = timed(Trainer._train_microbatches, "Composer micro-batch loop")
     GcTrainModel.forward = timed(GcTrainModel.forward, COMPUTE[0])
     GcTrainModel.loss = timed(GcTrainModel.loss, COMPUTE[0])
     torch.Tensor.backward = timed(torch.Tensor.backward, COMPUTE[1])
