@@ -277,3 +277,88 @@ def test_tiny_vae_roundtrip_shapes(assets):
     torch.save({"foo": torch.zeros(1)}, bad)
     with pytest.raises(SampleError, match="not a Wan2.2 VAE"):
         V.load_vae(bad)
+
+
+# ---- no --model_dir: the synthetic world's own decoder (docs/sample.md) -----------------------------------
+def _synth_args(assets, data_root, out, *extra):
+    return ["--ckpt", str(assets["ckpt"]), "--model", "tiny", "--data_root", str(data_root), "--out_dir", str(out),
+            "--steps", "2", "--device", "cpu", *extra]
+
+
+def test_synthetic_data_without_model_dir(assets, prepared_tiny, tmp_path, capsys):
+    from PIL import Image
+
+    from gcc.data.convert import convert
+    from gcc.data.synth_decode import cells_to_pixels, gt_cell_classes
+
+    out = tmp_path / "out"
+    assert cli.main(_synth_args(assets, prepared_tiny, out, "--val_n", "2")) == 0
+    stdout = capsys.readouterr().out
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["decoder"] == "synth" and m["model_dir"] == "" and m["vae"] == "" and m["clip_ids"] == VAL_RR[:2]
+    mean = m["mean"]["class_agreement"]
+    assert 0.0 <= mean <= 1.0
+    assert f"class agreement, generated vs GT class per latent cell (latent frames 1..): mean {mean:.3f}" in stdout
+    for cid in VAL_RR[:2]:
+        row = m["clips"][cid]
+        assert 0.0 <= row["class_agreement"] <= 1.0 and row["cells"] == 2 * 4 * 6
+        assert row["class_agreement_frame0"] >= 0.75  # frame 0 is the clip's own clean latent: the decoder's accuracy
+        assert 0.0 <= row["class_agreement_copy_frame0"] <= 1.0
+        frames = json.loads((out / f"{cid}.frames.json").read_text())["latent_frames"]
+        assert [f["pixel_frames"] for f in frames] == [[0, 0], [1, 4], [5, 8]]
+        assert row["class_agreement"] == pytest.approx(np.mean([f["class_agreement"] for f in frames[1:]]))
+        video = _frames(out / f"{cid}.mp4")
+        assert video.shape == (9, 64, 3 * 96, 3)  # GT classes | generated classes | cond
+        sem = SRC.PreparedSource(prepared_tiny).load(cid).sem_ids()
+        gt = colorize(cells_to_pixels(gt_cell_classes(sem, 3, 4, 6)))
+        assert np.abs(video[:, :, :96].astype(int) - gt).mean() < 12
+        assert np.abs(video[:, :, 192:].astype(int) - colorize(sem)).mean() < 12
+        with Image.open(out / f"{cid}.png") as sheet:  # 3 rows (latent frames 0..2) of 3 panels at 2x
+            assert sheet.format == "PNG" and sheet.width >= 3 * 192 and sheet.height >= 3 * 128
+    assert not list(out.glob("*.tmp*"))
+    # the same clips from a conversion: the manifest's source is the marked prepared root
+    shards = tmp_path / "shards"
+    convert(str(prepared_tiny), str(shards), progress=False)
+    assert cli.main(_synth_args(assets, shards, tmp_path / "sh", "--clip_ids", VAL_RR[0], "--no_progress")) == 0
+    sh = json.loads((tmp_path / "sh" / "metrics.json").read_text())
+    assert sh["data_kind"] == "shards" and sh["clips"][VAL_RR[0]]["class_agreement"] == \
+        m["clips"][VAL_RR[0]]["class_agreement"]
+
+
+def test_no_model_dir_needs_synthetic_data(assets, tmp_path, capsys):
+    from gcc.data.synth import MARKER, make_prepared
+
+    root = make_prepared(tmp_path, clips=12)
+    (root / MARKER).unlink()  # data of unknown origin: no decoder without the VAE
+    out = tmp_path / "out"
+    assert cli.main(_synth_args(assets, root, out, "--val_n", "1")) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("gcc.tools.sample: error: --data_root") and "--model_dir" in err and MARKER in err
+    assert not (out / "metrics.json").exists()
+    # --base loads the Wan weights of --model_dir, synthetic data or not
+    assert cli.main(["--base", "--model", "tiny", "--data_root", str(root), "--out_dir", str(out), "--val_n", "1",
+                     "--device", "cpu"]) == cli.EXIT_ERROR
+    assert "--model_dir" in capsys.readouterr().err
+
+
+def test_demo_initial_weights_are_the_trainers_init(assets, tmp_path):
+    """make demo's step-0 line samples the weights the run started from: the preset built from run.json's seed,
+    as the trainer builds it (it writes no step-0 export)."""
+    from gcc.model.dit import build_gc_dit
+    from gcc.model.export import check_gc_ckpt
+    from gcc.tools.demo import initial_weights
+
+    sig = {"model.preset": "tiny", "model.overrides": "{}", "model.vocab": "parts", "model.base_weights": "",
+           "model.init_ckpt": "", "model.legacy_zero_ckpt": "", "seed": 7}
+    (tmp_path / "run.json").write_text(json.dumps({"signature": sig, "lineage": {}}))
+    out = tmp_path / "initial.safetensors"
+    assert "seed 7" in initial_weights(tmp_path, assets["ckpt"], out)
+    assert check_gc_ckpt(out)["vocab"] == "parts"
+    with safe_open(str(out), "pt") as f:
+        assert f.metadata()["step"] == "0"
+        want = build_gc_dit("tiny", vocab="parts", init_seed=7).state_dict()
+        for k in f.keys():
+            torch.testing.assert_close(f.get_tensor(k), want[k].to(torch.bfloat16), rtol=0, atol=0)
+        assert not f.get_tensor("gc_sem_cond.proj_out.weight").any()  # the condition starts at zero
+    (tmp_path / "run.json").write_text(json.dumps({"signature": {**sig, "model.init_ckpt": "x"}, "lineage": {}}))
+    assert initial_weights(tmp_path, assets["ckpt"], tmp_path / "none.safetensors") is None

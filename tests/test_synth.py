@@ -14,7 +14,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from gcc import vocab
-from gcc.data import synth
+from gcc.data import synth, synth_decode
 from gcc.geometry import Cameras, ground_points, pixel_grid
 
 TINY = synth.GEOMETRIES["tiny"]
@@ -58,7 +58,7 @@ def test_layout(prepared_tiny):
     assert len(rows) == 24
     ids = [r["clip_id"] for r in rows]
     assert len(set(ids)) == len(ids)
-    expected = {"index/clips.jsonl", "text/table.safetensors", "READY"}
+    expected = {"index/clips.jsonl", "text/table.safetensors", synth.MARKER, "READY"}
     for r in rows:
         expected |= {f"latents/{r['clip_id']}.safetensors", f"sem/{r['clip_id']}.npz", f"meta/{r['clip_id']}.json",
                      f"raw/{r['subset']}/{r['scene']}/{r['run']}.tar"}
@@ -309,6 +309,75 @@ def test_latent_cell_fractions_footprint():
     assert frac[0, 0, 0, ch[6]] == 1 and frac[0, 0, 1, ch[0]] == 1
     assert frac[1, 1, 1, ch[10]] == 1 and frac[1, 0, 0, ch[0]] == 1
     assert frac[2, 0, 2, ch[16]] == 0.25
+
+
+# ---- the synthetic decoder (gcc.data.synth_decode, docs/sample.md) ------------------------------------
+def _stored_clips(root: Path):
+    """(row, stored bf16 latents [48, T, h, w], sem ids) of every clip of a prepared root."""
+    for r in rows_of(root):
+        lat = load_file(root / "latents" / f"{r['clip_id']}.safetensors")["input_latents"]
+        yield r, lat, load_ids(root, r["clip_id"])
+
+
+def test_marker_names_the_generator(prepared_tiny, tmp_path):
+    marker = json.loads((prepared_tiny / synth.MARKER).read_text())
+    assert marker == {"generator": "gcc.data.synth", "seed": 0, "clips": 24, "geometry": TINY.as_dict()}
+    assert synth_decode.is_synthetic(prepared_tiny)
+    assert not synth_decode.is_synthetic(tmp_path) and not synth_decode.is_synthetic(None)
+    (tmp_path / synth.MARKER).write_text('{"generator": "someone else"}\n')
+    assert not synth_decode.is_synthetic(tmp_path)
+
+
+def test_decoder_recovers_the_majority_class_of_each_cell(prepared_tiny):
+    """Decoding the synth's own (stored, bf16) latents gives the GT majority class of nearly every latent cell;
+    the misses are near-ties. The text term of the right key and the cell order matter: wrong keys or shuffled
+    cells fall far below."""
+    rng = np.random.default_rng(0)
+    hits, misses_margin, wrong_keys, shuffled, no_text, hits_ids = [], [], [], [], [], []
+    for r, lat, ids in _stored_clips(prepared_tiny):
+        keys = r["context_keys"]
+        gt = synth_decode.gt_cell_classes(ids, TINY.T, TINY.h, TINY.w)
+        frac = synth.latent_cell_fractions(ids, TINY.T, TINY.h, TINY.w)
+        assert np.array_equal(gt, np.array(vocab.VOCAB_VALUES["parts"], np.uint8)[frac.argmax(-1)])
+        dec = synth_decode.decode_classes(lat, keys)
+        assert dec.shape == gt.shape == (TINY.T, TINY.h, TINY.w) and dec.dtype == np.uint8
+        hits.append(dec == gt)
+        top2 = np.sort(frac, -1)[..., -2:]
+        misses_margin.extend((top2[..., 1] - top2[..., 0])[dec != gt].tolist())
+        other = [synth.PROMPT_KEYS[(synth.PROMPT_KEYS.index(k) + 1) % len(synth.PROMPT_KEYS)] for k in keys]
+        wrong_keys.append(synth_decode.decode_classes(lat, other) == gt)
+        cells = lat.float().reshape(48, -1)[:, rng.permutation(TINY.T * TINY.h * TINY.w)].reshape(lat.shape)
+        shuffled.append(synth_decode.decode_classes(cells, keys) == gt)
+        text = np.stack([synth.text_vector(k) for k in keys]).T[:, :, None, None]
+        no_text.append(synth_decode.decode_classes(lat.float().numpy() + synth.TEXT_SCALE * text, keys) == gt)
+        hits_ids.append(synth_decode.decode_classes(lat, keys, "ids") ==
+                        synth_decode.gt_cell_classes(ids, TINY.T, TINY.h, TINY.w, "ids"))
+    agree = float(np.mean(hits))
+    assert agree >= 0.95, agree
+    assert float(np.mean(hits_ids)) >= 0.95, np.mean(hits_ids)  # an `ids` checkpoint: a character's parts summed
+    assert max(misses_margin, default=0.0) < 0.05, misses_margin  # misses are cells with two classes almost tied
+    assert float(np.mean(wrong_keys)) < agree - 0.15, (np.mean(wrong_keys), agree)
+    assert float(np.mean(no_text)) < agree - 0.15, (np.mean(no_text), agree)  # the key's text added twice
+    assert float(np.mean(shuffled)) < 0.5, np.mean(shuffled)
+    # fractions, not just classes: the least-squares inverse is close to the true fractions everywhere
+    r, lat, ids = next(_stored_clips(prepared_tiny))
+    est = synth_decode.decode_fractions(lat, r["context_keys"])
+    assert np.abs(est - synth.latent_cell_fractions(ids, TINY.T, TINY.h, TINY.w)).max() < 0.1
+
+
+def test_cells_to_pixels_and_agreement():
+    cells = np.arange(3 * 2 * 3, dtype=np.uint8).reshape(3, 2, 3)
+    px = synth_decode.cells_to_pixels(cells)
+    assert px.shape == (9, 32, 48)
+    frame_of = [0, 1, 1, 1, 1, 2, 2, 2, 2]  # latent frame 0 = pixel frame 0, k >= 1 = pixel frames 4k-3..4k
+    for f, k in enumerate(frame_of):
+        assert np.array_equal(px[f, ::16, ::16], cells[k]) and len(np.unique(px[f, 16:32, 32:48])) == 1
+    other = cells.copy()
+    other[0] = 99  # frame 0 is left out by default
+    other[1, 0, 0] = 99
+    assert synth_decode.agreement(other, cells) == pytest.approx(11 / 12)
+    assert synth_decode.agreement(other, cells, first=0) == pytest.approx(11 / 18)
+    assert synth_decode.agreement(cells[:1], cells[:1]) is None
 
 
 # ---- full geometry -------------------------------------------------------------------------------------

@@ -28,6 +28,9 @@ Deterministic per-clip features (tests rely on these; i = clip index, clip_id = 
 * orthographic when i % 3 == 1; shallow pitch (sky visible) when i % 5 == 0; roll when i % 4 == 0;
   no boss when i % 7 == 3; context keys change mid-clip when i % 4 == 2.
 Same seed => identical bytes of every file (fixed zip/tar timestamps, sorted members).
+
+Besides the prepared layout, the root holds `synth.json` (MARKER: generator, seed, clips, geometry): the explicit
+mark of this world's data, whose latents `gcc.data.synth_decode` turns back into classes without a VAE.
 """
 from __future__ import annotations
 
@@ -57,7 +60,9 @@ GLOBAL_SEED = 20250101  # CLASS_PROJ and text vectors: fixed whatever --seed is
 TEXT_SCALE = 0.5
 NOISE_SCALE = 0.05
 CELL_CM = 400.0  # static region size
-LAYOUT = ("index", "latents", "sem", "meta", "text", "raw", "READY")
+# the marker of data made here: gcc-sample decodes such data with gcc.data.synth_decode, no VAE (docs/sample.md)
+MARKER = "synth.json"
+LAYOUT = ("index", "latents", "sem", "meta", "text", "raw", MARKER, "READY")
 PROMPT_KEYS = ("boss_fight_desert", "boss_fight_forest", "explore_village", "cross_river", "chase_path",
                "idle_meadow")
 
@@ -545,6 +550,8 @@ def write_prepared(out: str | os.PathLike, clips: int = 24, geometry: str | Geom
         atomic_write(root / "raw" / subset / scene / f"{run}.tar", _tar_bytes(members))
     atomic_write(root / "text" / "table.safetensors", _safetensors_bytes(make_text_table(g, seed)))
     atomic_write(root / "index" / "clips.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+    marker = {"generator": "gcc.data.synth", "seed": int(seed), "clips": int(clips), "geometry": g.as_dict()}
+    atomic_write(root / MARKER, (json.dumps(marker) + "\n").encode())
     atomic_write(root / "READY", b"")
     return root
 

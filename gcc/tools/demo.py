@@ -2,8 +2,19 @@
 
     synth (prepared layout) -> convert_data (MDS shards) -> one batch through the loader
     -> composer -n 2 gcc/train.py yamls/tiny_cpu.yaml (training, validation, exports) -> gcc-plot (curves.png)
+    -> gcc-sample on a few val clips (a picture of what the model learned)
 
-Rerunning reuses what is there: the converter is idempotent and the training resumes (or, finished, stops).
+The last step samples `--sample_n` val clips with the last export, without a Wan VAE: the synthetic world's own
+decoder (gcc.data.synth_decode, docs/sample.md) turns the generated latents into a class per latent cell. It
+writes, per clip, an mp4 and a PNG contact sheet (GT classes | generated classes | condition) and prints the
+per-cell class agreement with the GT (latent frames 1..) for: the trained model, with the default guidance and
+with `--sem_cfg 3`; the same model with `--sem_mode unknown` (ids all 255: what the semantic condition adds); and
+the weights the run started from (the run writes no step-0 export, so they are rebuilt as the trainer builds
+them: the run's preset and vocab initialised from its seed, read from <run_dir>/run.json; the condition path
+starts at zero there). A reference line gives what repeating the given frame 0 would score.
+
+Rerunning reuses what is there: the converter is idempotent, the training resumes (or, finished, stops), and the
+sampling is redone (seconds).
 """
 from __future__ import annotations
 
@@ -25,7 +36,108 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2, help="convert_data's processes")
     p.add_argument("--gpus", type=int, default=2, help="processes for the training (composer -n)")
     p.add_argument("--no_train", "--no-train", action="store_true", help="stop after the data part")
+    p.add_argument("--sample_n", type=int, default=4, help="val clips sampled after the training (0: none)")
+    p.add_argument("--sample_steps", type=int, default=20, help="denoising steps of that sampling")
     return p
+
+
+SEM_CFG = 3.0  # the demo's tiny model uses the condition weakly after 300 steps; guidance shows what it learned
+
+
+def _step_of(path: Path) -> int:
+    return int(path.stem.split("-", 1)[1])
+
+
+def initial_weights(run_dir: Path, last_export: Path, path: Path) -> str | None:
+    """Write the weights the run started from as an export at `path` (the trainer writes no step-0 export): the
+    run's preset and vocab initialised from its seed (run.json's signature), as `build_model` builds them, with the
+    last export's metadata at step 0. Returns None when they cannot be rebuilt, else a description. A run that
+    started from base or warm-start weights is not rebuilt: those files are not the demo's."""
+    import json
+
+    from safetensors import safe_open
+
+    from gcc.model.dit import build_gc_dit
+    from gcc.model.export import save_gc
+
+    sig = json.loads((run_dir / "run.json").read_text())["signature"]
+    if sig.get("model.base_weights") or sig.get("model.init_ckpt") or sig.get("model.legacy_zero_ckpt"):
+        return None
+    with safe_open(str(last_export), "pt") as fh:
+        meta = dict(fh.metadata())
+    meta.update(step="0", resumed_from="", resumed_step="")
+    preset, seed = sig["model.preset"], int(sig["seed"])
+    dit = build_gc_dit(preset, vocab=sig["model.vocab"], init_seed=seed, **json.loads(sig["model.overrides"]))
+    save_gc(dit.state_dict(), path, meta)
+    return f"the {preset!r} preset initialised from the run's seed {seed}, as the trainer builds it"
+
+
+def _sample_one(sample_cli, ckpt: Path, preset: str, prepared: Path, out: Path, clips: int, steps: int, seed: int,
+                extra: list[str]) -> dict | None:
+    """One gcc-sample run (its command line printed first); None on an error (printed)."""
+    from gcc.tools.sample.errors import SampleError
+
+    argv = ["--ckpt", str(ckpt), "--model", preset, "--data_root", str(prepared), "--val_n", str(clips),
+            "--steps", str(steps), "--seed", str(seed), "--device", "cpu", "--out_dir", str(out), "--no_progress",
+            *extra]
+    print(f"  gcc-sample {' '.join(argv)}")
+    try:
+        return sample_cli.run(sample_cli.build_parser().parse_args(argv))
+    except SampleError as e:
+        print(f"gcc-sample: error: {e}", file=sys.stderr)
+        return None
+
+
+def sample_demo(run_dir: Path, prepared: Path, out: Path, clips: int, steps: int, seed: int) -> list[Path] | None:
+    """gcc-sample (in this process) on `clips` val clips: the last export (default guidance and --sem_cfg), the
+    same with --sem_mode unknown, and the initial weights; prints the command lines and the per-cell class
+    agreement of each, and the frame-0-repeated reference. Returns the first contact sheet of each variant (the
+    trained model's first), None on an error (printed)."""
+    t0 = time.time()  # the imports count: they are the demo's extra time too
+    import json
+
+    import torch
+
+    from gcc.tools.sample import cli as sample_cli
+
+    exports = sorted(run_dir.glob("step-*.safetensors"), key=_step_of)
+    if not exports:
+        print(f"no export in {run_dir}: nothing to sample", file=sys.stderr)
+        return None
+    last = exports[-1]
+    preset = json.loads((run_dir / "run.json").read_text())["signature"]["model.preset"]
+    out.mkdir(parents=True, exist_ok=True)
+    init = out / "initial.safetensors"
+    init_note = initial_weights(run_dir, last, init)
+    variants = [(f"trained ({last.stem})", "trained", last, [], "the last export, default guidance"),
+                (f"trained, --sem_cfg {SEM_CFG:g}", "trained_sem_cfg", last, ["--sem_cfg", f"{SEM_CFG:g}"],
+                 "the same, the semantic condition's effect amplified by guidance"),
+                ("trained, --sem_mode unknown", "sem_unknown", last, ["--sem_mode", "unknown"],
+                 "the same model given ids all 255: the gap to the lines above is what the condition adds")]
+    if init_note is not None:
+        variants.append(("step 0 (initial weights)", "step0", init, [],
+                         f"{init_note}; its condition path is zero, so --sem_cfg changes nothing"))
+    results, copy = [], None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the tiny model gains nothing from a second thread, and on a busy machine it spins
+    try:
+        for label, name, ckpt, extra, note in variants:
+            m = _sample_one(sample_cli, ckpt, preset, prepared, out / name, clips, steps, seed, extra)
+            if m is None:
+                return None
+            results.append((label, m["mean"]["class_agreement"], note))
+            copy = m["mean"]["class_agreement_copy_frame0"]  # the same clips every time
+    finally:
+        torch.set_num_threads(threads)
+    results.append(("reference: frame 0 repeated", copy, "the GT classes of the given frame 0 kept in every frame: "
+                                                          "what a model that only copies its first frame scores"))
+    print(f"\nclass agreement with the GT, per latent cell (latent frames 1..; {clips} val clips, {steps} steps, "
+          f"computed in {time.time() - t0:.0f} s):")
+    width = max(len(r[0]) for r in results)
+    for label, value, note in results:
+        shown = "n/a" if value is None else f"{value:.3f}"
+        print(f"  {label:<{width}}  {shown}   ({note})")
+    return [sorted((out / name).glob("*.png"))[0] for _, name, *_ in variants]
 
 
 def main(argv=None) -> int:
@@ -38,15 +150,18 @@ def main(argv=None) -> int:
     from gcc.data.convert import convert
 
     t0 = time.time()
-    if (prepared / "READY").exists():
-        print(f"[1/4] synthetic prepared data: reusing {prepared}")
+    n = 5 if args.sample_n > 0 else 4  # steps shown as [i/n]
+    # a prepared folder of an older demo lacks the synth marker that gcc-sample needs; the same seed rewrites the
+    # same bytes, so the shards made from it stay valid
+    if (prepared / "READY").exists() and (prepared / synth.MARKER).exists():
+        print(f"[1/{n}] synthetic prepared data: reusing {prepared}")
     else:
-        print(f"[1/4] synthetic prepared data: {args.clips} tiny clips -> {prepared}")
+        print(f"[1/{n}] synthetic prepared data: {args.clips} tiny clips -> {prepared}")
         synth.write_prepared(prepared, clips=args.clips, geometry="tiny", seed=args.seed, overwrite=True)
-    print(f"[2/4] convert_data --src {prepared} --out {shards} --workers {args.workers}")
+    print(f"[2/{n}] convert_data --src {prepared} --out {shards} --workers {args.workers}")
     manifest = convert(prepared, str(shards), workers=args.workers, chunk_clips=8)
 
-    print("[3/4] reading the shards back through the training loader (StreamingDataset)")
+    print(f"[3/{n}] reading the shards back through the training loader (StreamingDataset)")
     from gcc.data.dataset import GcStreamingDataset, build_dataloader, release_stale_shm
 
     release_stale_shm([out / "cache" / "train"])  # left by an earlier demo killed mid-read
@@ -67,7 +182,7 @@ def main(argv=None) -> int:
     root = Path(__file__).resolve().parents[2]  # the repository: gcc/tools/demo.py -> .
     cmd = [str(Path(sys.executable).with_name("composer")), "-n", str(args.gpus), str(root / "gcc" / "train.py"),
            str(root / "yamls" / "tiny_cpu.yaml"), f"run_dir={run_dir}", f"data.path={shards}", "progress_bar=false"]
-    print(f"[4/4] training: {' '.join(cmd[:1] + cmd[1:])}")
+    print(f"[4/{n}] training: {' '.join(cmd[:1] + cmd[1:])}")
     del ds, batch  # release the loader's shared memory before the training's ranks start
     r = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"))
     if r.returncode != 0:
@@ -76,19 +191,29 @@ def main(argv=None) -> int:
     with open(run_dir / "val_log.csv", newline="") as f:
         val = list(csv.DictReader(f))
     last = [v for v in val if v["step"] == val[-1]["step"]]
-    print(f"\nvalidation at step {last[0]['step']} (the condition helps when gap_uncond > 0; the text when gap_nulltext > 0):")
+    print(f"\nvalidation at step {last[0]['step']} (the condition helps when gap_uncond > 0; the text when "
+          f"gap_nulltext > 0):")
     for v in last:
         print(f"  t={float(v['timestep']):6.1f}  mse {float(v['mse']):.4f}  gap_uncond {float(v['gap_uncond']):+.4f}  "
               f"gap_nulltext {float(v['gap_nulltext']):+.4f}")
     from gcc.tools.plot import plot_run
 
     curves = plot_run(run_dir, run_dir / "curves.png")
+    sheets = []
+    if args.sample_n > 0:
+        print(f"\n[5/{n}] sampling {args.sample_n} val clips with gcc-sample (no --model_dir: the synthetic decoder)")
+        sheets = sample_demo(run_dir, prepared, out / "samples", args.sample_n, args.sample_steps, args.seed)
+        if sheets is None:
+            return 1
     print(f"\ndone in {time.time() - t0:.0f} s.")
     print(f"  curves:      {curves}   (gcc-plot {run_dir})")
+    if sheets:
+        print(f"  samples:     {sheets[0]}   (contact sheet: GT classes | generated classes | condition)")
+        print(f"               one PNG + mp4 per clip in {', '.join(f'{p.parent}/' for p in sheets)}")
     print(f"  logs:        {run_dir / 'train_log.csv'}, {run_dir / 'val_log.csv'}")
     print(f"  tensorboard: {run_dir / 'tensorboard'}   (tensorboard --logdir {run_dir / 'tensorboard'})")
     print(f"  exports:     {', '.join(sorted(p.name for p in run_dir.glob('step-*.safetensors')))} in {run_dir}")
-    print("  resume:      rerun `make demo` (or the [4/4] command) with a larger max_steps=..., it continues")
+    print(f"  resume:      rerun `make demo` (or the [4/{n}] command) with a larger max_steps=..., it continues")
     return 0
 
 

@@ -1,10 +1,13 @@
 """Offline TI2V evaluation (docs/design.md §10): sample val clips with a gc25d teacher, decode, compare with the ground truth.
 
-    python -m gcc.tools.sample (--ckpt X.safetensors | --base [--vocab parts|ids]) --model_dir WAN_DIR \
+    python -m gcc.tools.sample (--ckpt X.safetensors | --base [--vocab parts|ids]) [--model_dir WAN_DIR] \
         --data_root ROOT [--raw_root RAW] (--clip_ids a,b | --clip_ids @file | --val_n N) --out_dir OUT \
         [--steps 50 --shift 5 --cfg 1 --sem_cfg 1 --sem_mode cond|unknown --seed 0 --no_ssim --no_recon_ceiling]
 
 Choices (docs/sample.md has the full description):
+* With --model_dir the Wan2.2 VAE decodes and PSNR/SSIM compare with the GT frames. Without it the data must be
+  `gcc.data.synth`'s (its prepared root holds `synth.json`): the synthetic world's own decoder turns the latents
+  into classes, compared cell by cell with the clip's sem ids (`gcc.tools.sample.judges`).
 * The clean first frame is latent frame 0 of the clip's `input_latents` (what the model was trained with; the
   prep writes the VAE encoding of the same frames), not a re-encoding of the GT jpg.
 * Noise is a pure function of (seed, clip_id); guidance as in `gcc.tools.sample.sampler`.
@@ -24,15 +27,17 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from gcc.data.synth import MARKER
+from gcc.data.synth_decode import is_synthetic
 from gcc.geometry import Geometry
 from gcc.tools.sample.dit import ckpt_vocab, load_dit
 from gcc.tools.sample.errors import SampleError
-from gcc.tools.sample.metrics import video_metrics
-from gcc.tools.sample.outputs import FPS, write_json, write_panels_mp4
-from gcc.tools.sample.sampler import clip_noise, sample_latents
-from gcc.tools.sample.sources import open_source, parse_clip_ids, read_gt, resample_rgb, select_clips
-from gcc.tools.sample.vae import find_vae_file, load_vae, vae_decode, vae_encode
-from gcc.vocab import UNKNOWN, VOCABS, collapse_parts, colorize
+from gcc.tools.sample.judges import SynthJudge, VaeJudge
+from gcc.tools.sample.outputs import FPS, write_json
+from gcc.tools.sample.sampler import clip_noise, sample_latents, sync
+from gcc.tools.sample.sources import open_source, parse_clip_ids, select_clips
+from gcc.tools.sample.vae import find_vae_file
+from gcc.vocab import UNKNOWN, VOCABS, collapse_parts
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--base", action="store_true", help="base Wan weights from --model_dir with a zero cond")
     ap.add_argument("--vocab", choices=VOCABS, default=None,
                     help="with --base: the cond's vocab (default parts); with --ckpt: must equal the checkpoint's")
-    ap.add_argument("--model_dir", required=True, help="Wan2.2-TI2V-5B folder (sharded DiT + Wan2.2_VAE.pth)")
+    ap.add_argument("--model_dir", default=None,
+                    help="Wan2.2-TI2V-5B folder (sharded DiT + Wan2.2_VAE.pth); may be left out for data made by "
+                         "gcc.data.synth, which is then decoded by the synthetic world's own decoder")
     ap.add_argument("--model", default="ti2v-5b", help="model preset (ti2v-5b, tiny)")
     ap.add_argument("--data_root", required=True, help="prepared root or converted shards folder (local)")
     ap.add_argument("--raw_root", default=None, help="ground-truth tars (default <prepared root>/raw)")
@@ -60,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sem_mode", choices=("cond", "unknown"), default="cond",
                     help="unknown: the model gets ids all 255")
     ap.add_argument("--seed", type=int, default=0, help="noise seed; a clip's noise depends on (seed, clip id) only")
-    ap.add_argument("--out_dir", required=True, help="folder for the mp4 panels, metrics.json and manifest.json")
+    ap.add_argument("--out_dir", required=True,
+                    help="folder for the mp4 panels (and PNG contact sheets without --model_dir) and the json files")
     ap.add_argument("--no_ssim", action="store_true", help="skip SSIM (the slowest metric)")
     ap.add_argument("--no_recon_ceiling", action="store_true",
                     help="skip the VAE round trip of the ground truth (the metrics' ceiling)")
@@ -69,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="DiT and VAE dtype (auto: bf16 on cuda, fp32 on cpu)")
     ap.add_argument("--vae_tiled", action="store_true", help="DiffSynth's tiled VAE encode/decode")
     ap.add_argument("--fps", type=int, default=FPS, help="frame rate of the written mp4 files")
+    ap.add_argument("--no_progress", action="store_true", help="no per-step progress bar (the per-clip lines stay)")
     return ap
 
 
@@ -90,7 +99,7 @@ class SetProgress:
         t0, left_clips = time.perf_counter(), self.n_clips - n - 1
 
         def step() -> None:
-            _sync(device)
+            sync(device)
             bar = self._bar
             bar.update(1)
             per_step = (time.perf_counter() - t0) / bar.n
@@ -110,11 +119,6 @@ def _mean(vals) -> float | None:
     return float(np.mean(v)) if v else None
 
 
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def run(a: argparse.Namespace) -> dict[str, Any]:
     t_start = time.perf_counter()
     if a.steps < 1:
@@ -132,25 +136,35 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         vocab, ckpt_kind = ckpt_vocab(a.ckpt, a.vocab)
     else:
         vocab, ckpt_kind = a.vocab or "parts", "base"
-    vae_path = find_vae_file(a.model_dir)
+        if not a.model_dir:
+            raise SampleError("--base loads the Wan weights of --model_dir: pass --model_dir (the Wan2.2-TI2V-5B "
+                              "folder)")
+    vae_path = find_vae_file(a.model_dir) if a.model_dir else None
     src = open_source(a.data_root)
+    if vae_path is None and not is_synthetic(src.prepared_root):
+        raise SampleError(f"--data_root {a.data_root}: no --model_dir, and the data is not gcc.data.synth's (its "
+                          f"prepared root {src.prepared_root} holds no {MARKER}), so there is no decoder: pass "
+                          f"--model_dir (the Wan2.2-TI2V-5B folder, whose VAE decodes)")
     wanted = parse_clip_ids(a.clip_ids) if a.clip_ids else None
     rows = src.rows_for(wanted)
     clip_ids = select_clips(rows, wanted, a.val_n)
-    raw_root = Path(a.raw_root) if a.raw_root else src.default_raw
-    if raw_root is None or not raw_root.is_dir():
-        raise SampleError(f"ground-truth root {raw_root} not found: pass --raw_root (the prepared root's raw/)")
+    if vae_path is not None:
+        raw_root = Path(a.raw_root) if a.raw_root else src.default_raw
+        judge = VaeJudge(a, vae_path, raw_root, vocab, device)
+    else:
+        raw_root = None  # the synthetic decoder compares with the sem ids, not the GT frames
+        judge = SynthJudge(a, src.table, vocab)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
     dit = load_dit(a.model, vocab, device, dtype, ckpt=a.ckpt, model_dir=a.model_dir)
-    vae = load_vae(vae_path, device, dtype)
-    _sync(device)
+    judge.load(dtype)
+    sync(device)
     t_load = time.perf_counter() - t_start  # option checks, data index, DiT + VAE
     null_id = src.table.null_id
     null_row = src.table.gather([null_id])[0]
 
-    per_clip, tot = {}, {"data": 0.0, "sampling": 0.0, "decode": 0.0, "recon": 0.0, "metrics": 0.0}
+    per_clip, tot = {}, {k: 0.0 for k in judge.timing_keys}
     progress = SetProgress(len(clip_ids), a.steps)
     for n, cid in enumerate(clip_ids):
         t_data = time.perf_counter()
@@ -163,7 +177,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         sem = sem_ids if vocab == "parts" else collapse_parts(sem_ids)
         if a.sem_mode == "unknown":
             sem = np.full_like(sem, UNKNOWN)
-        gt = resample_rgb(read_gt(raw_root, clip, geo.F), clip.meta().get("dst_hw", geo.dst_hw))
+        ref = judge.reference(clip, geo, sem_ids)
 
         t0 = time.perf_counter()
         gen_lat = sample_latents(
@@ -171,55 +185,34 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             torch.from_numpy(clip.context_ids), null_row.expand(geo.T, *null_row.shape),
             torch.full((geo.T,), null_id, dtype=torch.int64), torch.from_numpy(np.ascontiguousarray(sem)),
             clip_noise(a.seed, cid, geo.latent_shape), steps=a.steps, shift=a.shift, cfg=a.cfg, sem_cfg=a.sem_cfg,
-            on_step=progress.clip_bar(n, cid, device))
-        _sync(device)
+            on_step=None if a.no_progress else progress.clip_bar(n, cid, device))
+        sync(device)
         t1 = time.perf_counter()
-        gen = vae_decode(vae, gen_lat, device, a.vae_tiled)
-        _sync(device)
-        t2 = time.perf_counter()
-        recon = None
-        if not a.no_recon_ceiling:
-            recon = vae_decode(vae, vae_encode(vae, gt, device, a.vae_tiled), device, a.vae_tiled)
-            _sync(device)
-        t3 = time.perf_counter()
-        if gen.shape != gt.shape:
-            raise SampleError(f"clip {cid}: decoded video {gen.shape} differs from the ground truth {gt.shape}")
-        m = video_metrics(gen, gt, ssim=not a.no_ssim, device=device)
-        rm = video_metrics(recon, gt, ssim=not a.no_ssim, device=device) if recon is not None else None
-        write_panels_mp4(out / f"{cid}.mp4", gt, gen, colorize(sem, vocab), fps=a.fps)
-        t4 = time.perf_counter()
-        frames = m.pop("frames")
-        if rm is not None:
-            for fr, rf in zip(frames, rm.pop("frames")):
-                fr["recon_psnr"], fr["recon_ssim"] = rf["psnr"], rf["ssim"]
-        write_json(out / f"{cid}.frames.json", {"clip_id": cid, "frames": frames})
-        row = {**m, "recon_psnr": rm["psnr"] if rm else None, "recon_ssim": rm["ssim"] if rm else None,
-               "recon_psnr_frame0": rm["psnr_frame0"] if rm else None,
-               "num_frames": int(geo.F), "hw": [int(gt.shape[1]), int(gt.shape[2])], "run": clip.run,
-               "split": rows[cid]["split"],
-               "timings": {"data": t0 - t_data, "sampling": t1 - t0, "decode": t2 - t1, "recon": t3 - t2,
-                           "metrics": t4 - t3}}
+        m, hw, times = judge.compare(out, clip, geo, gen_lat, ref, sem)
+        row = {**m, "num_frames": int(geo.F), "hw": hw, "run": clip.run, "split": rows[cid]["split"],
+               "timings": {"data": t0 - t_data, "sampling": t1 - t0, **times}}
         per_clip[cid] = row
         progress.clip_done(time.perf_counter() - t_data)
         for k in tot:
             tot[k] += row["timings"][k]
-        logger.info("[%d/%d] %s: psnr %s ssim %s frame0 %s ceiling %s (%.1fs sampling)", n + 1, len(clip_ids), cid,
-                    row["psnr"], row["ssim"], row["psnr_frame0"], row["recon_psnr"], t1 - t0)
+        logger.info("[%d/%d] %s: %s (%.1fs sampling)", n + 1, len(clip_ids), cid, judge.describe(row), t1 - t0)
 
-    keys = ("psnr", "ssim", "psnr_frame0", "recon_psnr", "recon_ssim", "recon_psnr_frame0")
     metrics = {
         "ckpt": str(a.ckpt) if a.ckpt else "", "weights": ckpt_kind, "vocab": vocab, "model": a.model,
-        "model_dir": str(a.model_dir), "vae": str(vae_path), "data_root": str(a.data_root),
-        "data_kind": src.kind, "raw_root": str(raw_root),
+        **judge.header(), "decoder": judge.name, "data_root": str(a.data_root),
+        "data_kind": src.kind, "raw_root": str(raw_root) if raw_root is not None else "",
         "settings": {"steps": a.steps, "shift": a.shift, "cfg": a.cfg, "sem_cfg": a.sem_cfg, "sem_mode": a.sem_mode,
                      "seed": a.seed, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
                      "ssim": not a.no_ssim, "recon_ceiling": not a.no_recon_ceiling, "vae_tiled": a.vae_tiled},
         "clip_ids": clip_ids,
-        "mean": {k: _mean(r[k] for r in per_clip.values()) for k in keys},
+        "mean": {k: _mean(r[k] for r in per_clip.values()) for k in judge.mean_keys},
         "clips": per_clip,
         "timings": {"load": t_load, **tot, "total": time.perf_counter() - t_start},
     }
     write_json(out / "metrics.json", metrics)
+    summary = judge.summary(metrics)
+    if summary:
+        metrics["summary"] = summary
     return metrics
 
 
@@ -231,5 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SampleError as e:
         print(f"gcc.tools.sample: error: {e}", file=sys.stderr)
         return EXIT_ERROR
+    if m.get("summary"):
+        print(m["summary"])
     print(json.dumps({"out_dir": a.out_dir, "mean": m["mean"], "timings": m["timings"]}))
     return 0

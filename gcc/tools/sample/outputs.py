@@ -1,4 +1,4 @@
-"""What the tool writes: the GT | generated | cond mp4 and the json files, each atomically."""
+"""What the tool writes: the GT | generated | cond mp4, the contact sheet PNG and the json files, each atomically."""
 from __future__ import annotations
 
 import json
@@ -30,3 +30,50 @@ def write_panels_mp4(path: Path, gt: np.ndarray, gen: np.ndarray, cond_rgb: np.n
 def write_json(path: Path, obj: Any) -> None:
     """`obj` as indented json; NaN/inf are an error (PSNR infinite is written as null by the caller)."""
     atomic_write(path, json.dumps(obj, indent=1, allow_nan=False) + "\n")
+
+
+def _font(size: int):
+    from PIL import ImageFont
+
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:  # Pillow < 10.1: the fixed bitmap font
+        return ImageFont.load_default()
+
+
+def write_contact_sheet(path: Path, rows: list[list[np.ndarray]], titles: list[str], row_labels: list[str],
+                        caption: str, classes: np.ndarray, vocab: str, min_width: int = 192) -> None:
+    """A PNG grid: one row per shown frame (`rows[r]` = its panels, uint8 [H, W, 3] each, upscaled by an integer
+    factor so a tiny clip stays readable), column `titles` on top, `row_labels` on the left, a legend of the
+    `classes` present (palette colour + name) below."""
+    from PIL import Image, ImageDraw
+
+    from gcc.vocab import VALUE_NAMES, colorize
+
+    H, W = rows[0][0].shape[:2]
+    s = max(1, -(-min_width // W))
+    font, gap, left, top, line = _font(13), 6, 130, 44, 16
+    cols = len(titles)
+    swatch_w = 150
+    per_line = max(1, (left + cols * (W * s + gap)) // swatch_w)
+    legend_h = line * -(-len(classes) // per_line) + gap
+    img = Image.new("RGB", (left + cols * (W * s + gap), top + len(rows) * (H * s + gap) + legend_h + gap),
+                    (32, 32, 32))
+    d = ImageDraw.Draw(img)
+    d.text((gap, 4), caption, fill=(235, 235, 235), font=font)
+    for c, t in enumerate(titles):
+        d.text((left + c * (W * s + gap), top - line - 4), t, fill=(235, 235, 235), font=font)
+    for r, (panels, label) in enumerate(zip(rows, row_labels)):
+        y = top + r * (H * s + gap)
+        d.multiline_text((gap, y + 2), label, fill=(235, 235, 235), font=font, spacing=3)
+        for c, p in enumerate(panels):
+            img.paste(Image.fromarray(p).resize((W * s, H * s), Image.NEAREST), (left + c * (W * s + gap), y))
+    y0 = top + len(rows) * (H * s + gap) + gap
+    names = VALUE_NAMES[vocab]
+    for n, v in enumerate(classes):
+        x, y = gap + (n % per_line) * swatch_w, y0 + (n // per_line) * line
+        swatch = colorize(np.full((12, 12), v, dtype=np.uint8), vocab, hatch_period=4)  # UNKNOWN hatched too
+        img.paste(Image.fromarray(swatch), (x, y + 2))
+        d.text((x + 16, y), f"{int(v)} {names.get(int(v), '?')}", fill=(235, 235, 235), font=font)
+    with atomic_path(path, suffix=".png") as tmp:
+        img.save(str(tmp), format="PNG")

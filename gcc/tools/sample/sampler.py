@@ -16,6 +16,12 @@ import torch
 from gcc.vocab import UNKNOWN
 
 
+def sync(device) -> None:
+    """Wait for the device's queued work (cuda), so a timing covers it."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def make_sampling_scheduler(steps: int, shift: float):
     from gcc.model.diffsynth_parts import FlowMatchScheduler
 

@@ -39,6 +39,7 @@ class PreparedSource:
             raise SampleError(str(e)) from None
         self.table = TextTable(root / "text" / "table.safetensors")
         self.default_raw = root / "raw"
+        self.prepared_root = root
 
     def load(self, clip_id: str) -> ClipRecord:
         from gcc.data.layout import geometry_of, load_clip
@@ -81,6 +82,7 @@ class ShardSource:
         self.table = TextTable(root / TEXT_TABLE)
         src = self.manifest.get("source")
         self.default_raw = Path(src) / "raw" if src else None
+        self.prepared_root = Path(src) if src else None  # the converted prepared root (it may be gone)
         self.split_ids = {s: set(v.get("clip_ids", [])) for s, v in self.manifest["splits"].items()}
         self._tmp = tempfile.mkdtemp(prefix="gcc_sample_shards_")
         weakref.finalize(self, shutil.rmtree, self._tmp, True)

@@ -1,0 +1,171 @@
+"""How a sampled clip is turned into pictures and numbers: the Wan2.2 VAE against the ground-truth frames, or, for
+data made by `gcc.data.synth` (no VAE), the synthetic world's own decoder against the clip's sem ids.
+
+Both serve the one per-clip loop of `gcc.tools.sample.cli.run`: `reference` reads what the sample is compared with
+(counted as the clip's data time), `compare` decodes the sampled latents, measures and writes the clip's files.
+docs/sample.md describes both.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gcc.geometry import Geometry, latent_frame_spans
+from gcc.tools.sample.errors import SampleError
+from gcc.tools.sample.metrics import video_metrics
+from gcc.tools.sample.outputs import write_contact_sheet, write_json, write_panels_mp4
+from gcc.tools.sample.sampler import sync
+from gcc.tools.sample.sources import read_gt, resample_rgb
+from gcc.vocab import NULL_PROMPT, colorize
+
+
+class VaeJudge:
+    """Decode with the Wan2.2 VAE; PSNR/SSIM against the GT jpg frames, and the VAE's own ceiling (encode -> decode of
+    the GT)."""
+
+    name = "wan2.2-vae"
+    timing_keys = ("data", "sampling", "decode", "recon", "metrics")
+    mean_keys = ("psnr", "ssim", "psnr_frame0", "recon_psnr", "recon_ssim", "recon_psnr_frame0")
+
+    def __init__(self, a, vae_path: Path, raw_root: Path | None, vocab: str, device):
+        if raw_root is None or not raw_root.is_dir():
+            raise SampleError(f"ground-truth root {raw_root} not found: pass --raw_root (the prepared root's raw/)")
+        self.a, self.vae_path, self.raw_root, self.vocab, self.device = a, vae_path, raw_root, vocab, device
+        self.vae = None
+
+    def header(self) -> dict[str, Any]:
+        return {"model_dir": str(self.a.model_dir), "vae": str(self.vae_path)}
+
+    def load(self, dtype) -> None:
+        from gcc.tools.sample.vae import load_vae
+
+        self.vae = load_vae(self.vae_path, self.device, dtype)
+
+    def reference(self, clip, geo: Geometry, sem_ids: np.ndarray) -> np.ndarray:
+        return resample_rgb(read_gt(self.raw_root, clip, geo.F), clip.meta().get("dst_hw", geo.dst_hw))
+
+    def compare(self, out: Path, clip, geo: Geometry, gen_lat: torch.Tensor, gt: np.ndarray, sem: np.ndarray):
+        """-> (metrics row, [h, w], timings {decode, recon, metrics})."""
+        from gcc.tools.sample.vae import vae_decode, vae_encode
+
+        a, device, cid = self.a, self.device, clip.clip_id
+        t1 = time.perf_counter()
+        gen = vae_decode(self.vae, gen_lat, device, a.vae_tiled)
+        sync(device)
+        t2 = time.perf_counter()
+        recon = None
+        if not a.no_recon_ceiling:
+            recon = vae_decode(self.vae, vae_encode(self.vae, gt, device, a.vae_tiled), device, a.vae_tiled)
+            sync(device)
+        t3 = time.perf_counter()
+        if gen.shape != gt.shape:
+            raise SampleError(f"clip {cid}: decoded video {gen.shape} differs from the ground truth {gt.shape}")
+        m = video_metrics(gen, gt, ssim=not a.no_ssim, device=device)
+        rm = video_metrics(recon, gt, ssim=not a.no_ssim, device=device) if recon is not None else None
+        write_panels_mp4(out / f"{cid}.mp4", gt, gen, colorize(sem, self.vocab), fps=a.fps)
+        t4 = time.perf_counter()
+        frames = m.pop("frames")
+        if rm is not None:
+            for fr, rf in zip(frames, rm.pop("frames")):
+                fr["recon_psnr"], fr["recon_ssim"] = rf["psnr"], rf["ssim"]
+        write_json(out / f"{cid}.frames.json", {"clip_id": cid, "frames": frames})
+        row = {**m, "recon_psnr": rm["psnr"] if rm else None, "recon_ssim": rm["ssim"] if rm else None,
+               "recon_psnr_frame0": rm["psnr_frame0"] if rm else None}
+        return row, [int(gt.shape[1]), int(gt.shape[2])], {"decode": t2 - t1, "recon": t3 - t2, "metrics": t4 - t3}
+
+    @staticmethod
+    def describe(row: dict[str, Any]) -> str:
+        return f"psnr {row['psnr']} ssim {row['ssim']} frame0 {row['psnr_frame0']} ceiling {row['recon_psnr']}"
+
+    @staticmethod
+    def summary(metrics: dict[str, Any]) -> str | None:
+        return None  # the json line says it all
+
+
+class SynthJudge:
+    """The synthetic world's decoder (`gcc.data.synth_decode`): sampled latents -> class per latent cell, compared
+    with the majority class of the clip's sem ids in each cell; writes the GT | generated | condition mp4 and PNG
+    contact sheet."""
+
+    name = "synth"
+    timing_keys = ("data", "sampling", "decode", "metrics")
+    mean_keys = ("class_agreement", "class_agreement_frame0", "class_agreement_copy_frame0")
+
+    def __init__(self, a, table, vocab: str):
+        from gcc.data import synth
+
+        keys = set(table.keys) - {NULL_PROMPT}
+        if not keys <= set(synth.PROMPT_KEYS):
+            raise SampleError(f"--data_root {a.data_root}: marked as gcc.data.synth's ({synth.MARKER}), but its text "
+                              f"table has keys that world does not write: {sorted(keys - set(synth.PROMPT_KEYS))}")
+        self.a, self.keys, self.vocab = a, table.keys, vocab
+
+    def header(self) -> dict[str, Any]:
+        return {"model_dir": "", "vae": ""}
+
+    def load(self, dtype) -> None:
+        pass  # the decoder is a fixed matrix
+
+    def reference(self, clip, geo: Geometry, sem_ids: np.ndarray) -> np.ndarray:
+        from gcc.data.synth_decode import gt_cell_classes
+
+        return gt_cell_classes(sem_ids, geo.T, geo.h, geo.w, self.vocab)
+
+    def compare(self, out: Path, clip, geo: Geometry, gen_lat: torch.Tensor, gt: np.ndarray, sem: np.ndarray):
+        """gt: the majority class per latent cell [T, h, w] -> (metrics row, [H, W], timings {decode, metrics})."""
+        from gcc.data.synth_decode import agreement, cells_to_pixels, decode_classes
+
+        cid = clip.clip_id
+        t1 = time.perf_counter()
+        gen = decode_classes(gen_lat, [self.keys[int(i)] for i in clip.context_ids], self.vocab)
+        t2 = time.perf_counter()
+        frames = [{"latent_frame": k, "pixel_frames": [lo, hi - 1],
+                   "class_agreement": agreement(gen[k:k + 1], gt[k:k + 1], first=0)}
+                  for k, (lo, hi) in enumerate(latent_frame_spans(geo.T))]
+        # a reference, not the model: the agreement of a video that only repeats the given frame 0
+        copy = agreement(np.broadcast_to(gt[:1], gt.shape), gt)
+        row = {"class_agreement": agreement(gen, gt), "class_agreement_frame0": agreement(gen[:1], gt[:1], first=0),
+               "class_agreement_copy_frame0": copy, "cells": int(gt[1:].size)}
+        panels = [colorize(cells_to_pixels(gt), self.vocab), colorize(cells_to_pixels(gen), self.vocab),
+                  colorize(sem, self.vocab)]
+        write_panels_mp4(out / f"{cid}.mp4", *panels, fps=self.a.fps)
+        spans, labels, sheet = latent_frame_spans(geo.T), [], []
+        for k in _sheet_rows(geo.T):
+            lo, hi = spans[k]
+            shown = hi - 1  # the last pixel frame of the latent frame: the condition as the model saw it there
+            sheet.append([p[shown] for p in panels])
+            what = "given" if k == 0 else f"agreement {_fmt(frames[k]['class_agreement'], 2)}"
+            labels.append(f"latent frame {k}\npixel frame {shown}\n{what}")
+        present = np.unique(np.concatenate([gt.ravel(), gen.ravel(), np.unique(sem)]))
+        write_contact_sheet(out / f"{cid}.png", sheet, ["GT classes", "generated classes", "condition (model input)"],
+                            labels, f"{cid}: class agreement {_fmt(row['class_agreement'], 3)} (latent frames 1..)",
+                            present, self.vocab)
+        write_json(out / f"{cid}.frames.json", {"clip_id": cid, "latent_frames": frames})
+        t3 = time.perf_counter()
+        return row, [int(sem.shape[1]), int(sem.shape[2])], {"decode": t2 - t1, "metrics": t3 - t2}
+
+    @staticmethod
+    def describe(row: dict[str, Any]) -> str:
+        return (f"class agreement {_fmt(row['class_agreement'], 3)} (latent frame 0: "
+                f"{_fmt(row['class_agreement_frame0'], 3)})")
+
+    @staticmethod
+    def summary(metrics: dict[str, Any]) -> str:
+        per = ", ".join(f"{c} {_fmt(r['class_agreement'], 2)}" for c, r in metrics["clips"].items())
+        mean = metrics["mean"]
+        return (f"class agreement, generated vs GT class per latent cell (latent frames 1..): mean "
+                f"{_fmt(mean['class_agreement'], 3)} over {len(metrics['clips'])} clip(s) ({per}); repeating the "
+                f"given frame 0 would score {_fmt(mean['class_agreement_copy_frame0'], 3)}")
+
+
+def _sheet_rows(T: int, most: int = 4) -> list[int]:
+    """Up to `most` latent frames for the contact sheet, evenly spread from 0 to the last."""
+    return sorted({int(round(x)) for x in np.linspace(0, T - 1, min(T, most))})
+
+
+def _fmt(v: float | None, digits: int) -> str:
+    return "n/a" if v is None else f"{v:.{digits}f}"
