@@ -59,6 +59,8 @@ def test_sft_v10_is_the_spec_defaults():
     (["optim=3"], "optim: expected a mapping"),
     (["preemption_grace_s=0"], "preemption_grace_s: must be > 0 seconds"),
     (["console_log_every=-1"], "console_log_every: must be >= 0"),
+    (["checkpoint_dir=/shared/ckpts"], "checkpoint_dir: must be empty .* or s3://bucket/prefix"),
+    (["checkpoint_dir=s3://bucket"], "checkpoint_dir: must be empty .* or s3://bucket/prefix"),
 ])
 def test_bad_config_names_the_key(overrides, match):
     with pytest.raises(ConfigError, match=match):

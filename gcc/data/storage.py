@@ -156,7 +156,8 @@ def write_bytes(url: str, data: bytes, mode: int = 0o644) -> None:
     """Atomic write: a reader sees the old file, or the complete new one, never part of it."""
     if is_remote(url):
         bucket, key = _split_s3(url)
-        _s3().put_object(Bucket=bucket, Key=key, Body=data)
+        with _unreachable_named(url):
+            _s3().put_object(Bucket=bucket, Key=key, Body=data)
         return
     atomic_write(url, data, mode)
 
@@ -164,7 +165,8 @@ def write_bytes(url: str, data: bytes, mode: int = 0o644) -> None:
 def upload_file(local: str, url: str) -> None:
     if is_remote(url):
         bucket, key = _split_s3(url)
-        _s3().upload_file(str(local), bucket, key)
+        with _unreachable_named(url):
+            _s3().upload_file(str(local), bucket, key)
     else:
         Path(url).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(local, url)
@@ -185,9 +187,23 @@ def remove_tree(url: str) -> None:
     if not is_remote(url):
         shutil.rmtree(url, ignore_errors=True)
         return
+    delete_keys(url, list_prefix(url))
+
+
+def list_prefix(url: str) -> list[str]:
+    """The keys of every object under the S3 prefix `url`, relative to it, sorted."""
     bucket, prefix = _split_s3(url)
+    prefix = prefix.rstrip("/") + "/"
+    with _unreachable_named(url):
+        pages = _s3().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return sorted(o["Key"][len(prefix):] for page in pages for o in page.get("Contents", []))
+
+
+def delete_keys(url: str, keys: list[str]) -> None:
+    """Delete the objects `url`/key for each key (S3), 1000 a request (the API's limit)."""
+    bucket, prefix = _split_s3(url)
+    prefix = prefix.rstrip("/") + "/"
     client = _s3()
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix.rstrip("/") + "/"):
-        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-        if keys:
-            client.delete_objects(Bucket=bucket, Delete={"Objects": keys})
+    for i in range(0, len(keys), 1000):
+        with _unreachable_named(url):
+            client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": prefix + k} for k in keys[i:i + 1000]]})

@@ -219,12 +219,15 @@ def export_metadata(cfg: TrainConfig, run: dict[str, Any], step: int) -> dict[st
 
 
 def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch: int) -> dict[str, Any]:
-    """The run's callbacks by name, in Composer's order (`callbacks` list); `rotation` is appended after the
-    Trainer exists (it must follow Composer's CheckpointSaver), its clock goes first (it times each save)."""
+    """The run's callbacks by name, in Composer's order (`callbacks` list); `after_saver` are appended after the
+    Trainer exists (they must follow Composer's CheckpointSaver): the rotation, whose clock goes first (it times
+    each save), and with `checkpoint_dir: s3://...` the upload."""
     from composer.utils import dist
 
-    from gcc.train.callbacks import (CheckpointRotation, ConsoleLog, Export, GradClip, NonFiniteGuard, Preemption,
-                                     RunFiles, StepDeadline, StepSync, TrainStats, ValidationLog)
+    from gcc.train.callbacks import (CheckpointRotation, CheckpointUpload, ConsoleLog, Export, GradClip,
+                                     NonFiniteGuard, Preemption, RunFiles, StepDeadline, StepSync, TrainStats,
+                                     ValidationLog)
+    from gcc.train.checkpoint_store import CheckpointStore
     from gcc.train.callbacks.console_log import console_lines_wanted
     from gcc.train.peer_fault import PEER_GRACE_S, announce, watch_peers
     from gcc.train.watchdog import StallWatchdog
@@ -239,8 +242,12 @@ def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch
     grad_clip = GradClip(cfg.optim.grad_clip)
     stats = TrainStats(grad_clip, sync, run["manifest"]["splits"]["train"]["clip_ids"])
     rotation = CheckpointRotation(run_dir, cfg.keep_checkpoints)
+    store = CheckpointStore(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+    after_saver = [rotation]
+    if store is not None:
+        after_saver.append(CheckpointUpload(store, run["launch"], run_dir, cfg.keep_checkpoints))
     export = Export(run_dir, model.dit, cfg.export_every, cfg.max_steps, lambda step: export_metadata(cfg, run, step),
-                    lambda: preemption.preempted_at is not None)
+                    lambda: preemption.preempted_at is not None, store)
     guard = NonFiniteGuard(sync, cfg.inject_nonfinite_step, cfg.inject_nonfinite_rank)
     val = ValidationLog("val")
     ordered = [rotation.clock, sync, guard, grad_clip, stats, preemption,
@@ -248,7 +255,7 @@ def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch
                RunFiles(run_dir, resolved_config(cfg, run["manifest"], per_rank_batch), stats)]
     if console_lines_wanted(cfg.console_log_every, cfg.progress_bar):  # after stats, preemption and val
         ordered.append(ConsoleLog(cfg.console_log_every, cfg.max_steps, stats, val, preemption))
-    return {"callbacks": ordered, "preemption": preemption, "rotation": rotation}
+    return {"callbacks": ordered, "preemption": preemption, "after_saver": after_saver}
 
 
 def build_loggers(cfg: TrainConfig) -> list:

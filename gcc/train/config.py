@@ -6,6 +6,7 @@ Defaults are the v10 run (docs/design.md §8). Unknown keys, wrong types and inc
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,7 +74,10 @@ class TrainConfig:
     precision: str = "amp_bf16"  # amp_bf16 (GPU) | fp32 (CPU)
     parallelism: str = "fsdp"  # fsdp (Composer's FSDP2, sharded checkpoints) | ddp
     checkpoint_every: int = 500
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # locally and, with checkpoint_dir, remotely; across restarts
+    # "" = checkpoints only in <run_dir>/checkpoints; s3://bucket/prefix = also there, committed after each save,
+    # and a start with an empty run folder resumes from it (docs/training.md, "Checkpoints on object storage")
+    checkpoint_dir: str = ""
     export_every: int = 1000
     val_every: int = 500
     val_n: int = 16
@@ -217,6 +221,9 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"console_log_every: must be >= 0 (0 = no progress lines), got {cfg.console_log_every}")
     if cfg.data.num_workers < 0:
         raise ConfigError(f"data.num_workers: must be >= 0, got {cfg.data.num_workers}")
+    if cfg.checkpoint_dir and not re.fullmatch(r"s3://[^/]+/.*[^/].*", cfg.checkpoint_dir):
+        raise ConfigError(f"checkpoint_dir: must be empty (checkpoints in <run_dir>/checkpoints) or "
+                          f"s3://bucket/prefix, got {cfg.checkpoint_dir!r}")
     if cfg.grad_accum < 0:
         raise ConfigError(f"grad_accum: must be >= 0 (0 = derived), got {cfg.grad_accum}")
     if cfg.global_batch % cfg.micro_batch:

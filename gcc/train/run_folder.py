@@ -169,11 +169,11 @@ def repair_checkpoints(run_dir: Path) -> Path | None:
     if latest is None or not is_complete(latest):
         complete = [p for _, p in ckpts if is_complete(p)]
         latest = complete[-1] if complete else None
-        if link.is_symlink() or link.exists():
-            link.unlink()
         if latest is not None:
-            os.symlink(latest.name, link)
+            point_latest(run_dir, latest.name)
             logger.info(f"checkpoints: 'latest' repaired -> {latest.name}")
+        elif link.is_symlink() or link.exists():
+            link.unlink()
     latest_batch = checkpoint_step(latest) if latest is not None else -1
     for batch, p in ckpts:
         if batch > latest_batch or (p != latest and not is_complete(p)):
@@ -182,14 +182,28 @@ def repair_checkpoints(run_dir: Path) -> Path | None:
     return latest
 
 
+def to_rotate(ckpts: list, latest, keep: int) -> list:
+    """Of checkpoints in step order (local paths or remote names), those rotation deletes: all but the `keep`
+    newest up to `latest` (a newer one is a leftover that `repair` handles)."""
+    upto = ckpts[:ckpts.index(latest) + 1] if latest in ckpts else ckpts
+    return upto[:-keep] if keep > 0 else []
+
+
 def rotate_checkpoints(run_dir: Path, keep: int) -> list[Path]:
     """Keep the `keep` newest checkpoints up to `latest` (across restarts); returns what was deleted."""
     latest = latest_checkpoint(run_dir)
     if latest is None:
         return []
-    ckpts = [p for _, p in list_checkpoints(run_dir)]
-    upto = ckpts[:ckpts.index(latest) + 1] if latest in ckpts else ckpts
-    doomed = upto[:-keep] if keep > 0 else []
+    doomed = to_rotate([p for _, p in list_checkpoints(run_dir)], latest, keep)
     for p in doomed:
         remove_checkpoint(p)
     return doomed
+
+
+def point_latest(run_dir: Path, name: str) -> None:
+    """`latest` -> checkpoints/<name> (replaced atomically: a symlink under a temporary name, renamed)."""
+    link = ckpt_dir(run_dir) / LATEST
+    tmp = link.with_name(f"{LATEST}.tmp{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.symlink(name, tmp)
+    os.replace(tmp, link)

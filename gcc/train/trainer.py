@@ -24,6 +24,7 @@ import time
 import warnings
 from pathlib import Path
 
+from gcc.train.run_folder import Refusal, check_identity
 from gcc.train.watchdog import EXIT_STALLED  # 5
 
 EXIT_CONFIG, EXIT_REFUSED, EXIT_NONFINITE, EXIT_DATA, EXIT_STORAGE, EXIT_DISK = 2, 3, 4, 6, 7, 8
@@ -38,8 +39,6 @@ def _rank() -> int:
 
 def check_data(manifest: dict, data: str) -> None:
     """Refuse data the run cannot train on: no train clips, or train and val sharing clips or runs."""
-    from gcc.train.run_folder import Refusal
-
     tr, va = manifest["splits"]["train"], manifest["splits"]["val"]
     if not tr["clip_ids"]:
         raise Refusal(f"data {data}: the train split has no clips")
@@ -53,7 +52,7 @@ def prepare_run(cfg, lock) -> dict:
     """Rank 0's checks before any work (docs/design.md §9.3, §9.5). Returns what every rank needs to know."""
     from gcc.data.errors import StorageUnavailable
     from gcc.train.builders import read_manifest_bytes, run_signature
-    from gcc.train.run_folder import Refusal, check_identity, checkpoint_step, repair_checkpoints, stored_record
+    from gcc.train.run_folder import checkpoint_step, repair_checkpoints, stored_record
 
     lock.acquire()
     try:
@@ -65,14 +64,72 @@ def prepare_run(cfg, lock) -> dict:
                       f"({type(e).__name__}: {e})") from None
     manifest = json.loads(manifest_bytes)
     check_data(manifest, cfg.data.path)
-    old = stored_record(Path(cfg.run_dir))
+    run_dir = Path(cfg.run_dir)
+    store, launch = remote_store(cfg), ""
+    remote_record = None
+    if store is not None:
+        launch = store.claim()
+        remote_record = adopt_remote_record(store, run_dir)
+    old = stored_record(run_dir)
     signature = run_signature(cfg, manifest_bytes, known=(old or {}).get("signature"))
     lineage = {"init_ckpt": os.path.realpath(cfg.model.init_ckpt) if cfg.model.init_ckpt else ""}
-    record = check_identity(Path(cfg.run_dir), signature, lineage)
-    latest = repair_checkpoints(Path(cfg.run_dir)) if cfg.autoresume else None
+    record = check_identity(run_dir, signature, lineage)
+    latest = repair_checkpoints(run_dir) if cfg.autoresume else None
+    if store is not None:
+        if remote_record is None:
+            store.write_record(record)
+        remote = store.repair() if cfg.autoresume else None
+        if remote is not None and (latest is None or checkpoint_step(remote) >= checkpoint_step(latest)) \
+                and not store.whole_here(remote, run_dir):
+            latest = store.fetch(remote, run_dir)
     resumed_step = checkpoint_step(latest) if latest else None
-    return {"manifest": manifest, "lineage": record["lineage"],
+    return {"manifest": manifest, "lineage": record["lineage"], "launch": launch,
             "resumed_from": str(latest.resolve()) if latest else "", "resumed_step": resumed_step}
+
+
+def remote_store(cfg):
+    from gcc.train.checkpoint_store import CheckpointStore
+
+    return CheckpointStore(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+
+
+def adopt_remote_record(store, run_dir: Path) -> dict | None:
+    """The prefix's run record is the run's: copied into a run folder that has none (a fresh machine), and a run
+    folder that holds another run is refused. A prefix with checkpoints but no record is refused, as a run folder
+    is (its run signature is unknown)."""
+    from gcc.data.storage import atomic_write
+    from gcc.train.run_folder import comparable, stored_record
+
+    remote, local = store.read_record(), stored_record(run_dir)
+    if remote is None:
+        if store.checkpoints():
+            raise Refusal(f"{store.url}: holds checkpoints but no run.json, so its run signature is unknown; use "
+                          f"another checkpoint_dir")
+        return None
+    if local is None:
+        atomic_write(run_dir / "run.json", json.dumps(remote, indent=1, sort_keys=True))
+    elif comparable(local["signature"]) != comparable(remote["signature"]):
+        raise Refusal(f"{run_dir} and checkpoint_dir {store.url} hold different runs (their run.json signatures "
+                      f"differ); point run_dir and checkpoint_dir at the same run")
+    return remote
+
+
+def fetch_on_this_node(cfg, info: dict) -> None:
+    """With remote checkpoints every node needs the checkpoint in its own run folder (which may be node-local):
+    local rank 0 of each node other than rank 0's downloads what rank 0 resumes from, if its folder lacks it."""
+    from composer.utils import dist
+
+    from gcc.train.run_folder import repair_checkpoints
+
+    if not (cfg.checkpoint_dir and info["resumed_from"]):
+        return
+    name = Path(info["resumed_from"]).name
+    if dist.get_local_rank() == 0 and dist.get_global_rank() != 0:
+        store = remote_store(cfg)
+        if not store.whole_here(name, Path(cfg.run_dir)):
+            store.fetch(name, Path(cfg.run_dir))
+            repair_checkpoints(Path(cfg.run_dir))  # what this node wrote after `name` was never committed
+    dist.barrier()
 
 
 def agree_on_start(cfg, lock) -> tuple[str, object]:
@@ -81,8 +138,6 @@ def agree_on_start(cfg, lock) -> tuple[str, object]:
     from composer.utils import dist
 
     from gcc.data.errors import BadInput
-    from gcc.train.run_folder import Refusal
-
     verdict: list = [None]
     if dist.get_global_rank() == 0:
         try:
@@ -150,6 +205,7 @@ def _run(cfg) -> int:
     from gcc.train import builders as B
     from gcc.train.callbacks import NonFiniteLoss
     from gcc.train.callbacks.train_stats import peak_rss_gb
+    from gcc.train.checkpoint_store import TakenOver
     from gcc.train.console import ALL_RANKS
     from gcc.train.run_folder import RunLock
 
@@ -163,6 +219,7 @@ def _run(cfg) -> int:
     if status == "refused":
         logger.error(f"refused: {info}")
         return EXIT_REFUSED
+    fetch_on_this_node(cfg, info)
     resumed = info["resumed_step"] is not None
     if resumed and info["resumed_step"] >= cfg.max_steps:
         logger.info(f"nothing to do: {cfg.run_dir} is at step {info['resumed_step']} >= max_steps={cfg.max_steps} "
@@ -188,14 +245,14 @@ def _run(cfg) -> int:
     logger.info(f"rank {dist.get_global_rank()}: model ready, {count_params(model.dit) / 1e6:.1f} M parameters, "
                 f"{'FSDP2 over ' + str(world) + ' rank(s)' if fsdp is not None else 'not sharded'}; peak host RSS "
                 f"so far {peak_rss_gb():.2f} GB", extra=ALL_RANKS)
-    trainer.state.callbacks.append(parts["rotation"])  # after Composer's CheckpointSaver
+    trainer.state.callbacks.extend(parts["after_saver"])  # after Composer's CheckpointSaver
     t0 = time.time()
     try:
         trainer.fit()
-    except NonFiniteLoss as e:  # every rank stops at the same step: closing (a barrier) is safe
+    except (NonFiniteLoss, TakenOver) as e:  # every rank stops at the same step: closing (a barrier) is safe
         trainer.close()
         logger.error(str(e))
-        return EXIT_NONFINITE
+        return EXIT_NONFINITE if isinstance(e, NonFiniteLoss) else EXIT_REFUSED
     # any other error skips close(): its barrier would wait for ranks that never get there
     trainer.close()
     step = int(trainer.state.timestamp.batch)

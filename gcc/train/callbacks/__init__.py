@@ -1,5 +1,6 @@
 """Composer callbacks of the gc25d run, one concept per module."""
 from gcc.train.callbacks.checkpoint_rotation import CheckpointRotation
+from gcc.train.callbacks.checkpoint_upload import CheckpointUpload
 from gcc.train.callbacks.console_log import ConsoleLog
 from gcc.train.callbacks.export import Export
 from gcc.train.callbacks.grad_clip import GradClip
@@ -11,5 +12,6 @@ from gcc.train.callbacks.step_sync import StepSync
 from gcc.train.callbacks.train_stats import TRAIN_COLUMNS, TrainStats
 from gcc.train.callbacks.validation import VAL_COLUMNS, ValidationLog
 
-__all__ = ["CheckpointRotation", "ConsoleLog", "Export", "GradClip", "NonFiniteGuard", "NonFiniteLoss", "Preemption",
-           "RunFiles", "StepDeadline", "StepSync", "TRAIN_COLUMNS", "TrainStats", "VAL_COLUMNS", "ValidationLog"]
+__all__ = ["CheckpointRotation", "CheckpointUpload", "ConsoleLog", "Export", "GradClip", "NonFiniteGuard",
+           "NonFiniteLoss", "Preemption", "RunFiles", "StepDeadline", "StepSync", "TRAIN_COLUMNS", "TrainStats",
+           "VAL_COLUMNS", "ValidationLog"]

@@ -1,4 +1,5 @@
-"""`step-N.safetensors` every `export_every` steps and at the end of training (docs/design.md §9.9)."""
+"""`step-N.safetensors` every `export_every` steps and at the end of training (docs/design.md §9.9), also uploaded
+beside the checkpoints when they are on object storage."""
 from __future__ import annotations
 
 import logging
@@ -12,15 +13,17 @@ from composer.utils import dist
 
 from gcc.model.export import EXPORT_DTYPE, save_gc
 from gcc.model.fsdp import full_state_dict
+from gcc.train.checkpoint_store import CheckpointStore
 
 log = logging.getLogger(__name__)  # not `logger`: Composer passes its Logger under that name
 
 
 class Export(Callback):
     def __init__(self, run_dir: str | Path, dit: torch.nn.Module, every: int, max_steps: int,
-                 metadata: Callable[[int], dict], is_preempted: Callable[[], bool] = lambda: False):
+                 metadata: Callable[[int], dict], is_preempted: Callable[[], bool] = lambda: False,
+                 store: CheckpointStore | None = None):
         self.run_dir, self.dit, self.every, self.max_steps = Path(run_dir), dit, every, max_steps
-        self.metadata, self.is_preempted = metadata, is_preempted
+        self.metadata, self.is_preempted, self.store = metadata, is_preempted, store
         self.last_step = -1
 
     def export(self, state: State) -> None:
@@ -30,6 +33,9 @@ class Export(Callback):
         if dist.get_global_rank() == 0:
             path = save_gc(sd, self.run_dir / f"step-{step}.safetensors", self.metadata(step))
             log.info(f"export: {path}")
+            if self.store is not None:
+                self.store.upload_export(path)
+                log.info(f"export: uploaded to {self.store.url}/{path.name}")
         self.last_step = step
         dist.barrier()
 
