@@ -227,7 +227,7 @@ def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch
     from gcc.train.callbacks import (CheckpointRotation, CheckpointUpload, ConsoleLog, Export, GradClip,
                                      NonFiniteGuard, Preemption, RunFiles, StepDeadline, StepSync, TrainStats,
                                      ValidationLog)
-    from gcc.train.checkpoint_store import CheckpointStore
+    from gcc.train.checkpoint_store import store_for
     from gcc.train.callbacks.console_log import console_lines_wanted
     from gcc.train.peer_fault import PEER_GRACE_S, announce, watch_peers
     from gcc.train.watchdog import StallWatchdog
@@ -242,7 +242,7 @@ def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch
     grad_clip = GradClip(cfg.optim.grad_clip)
     stats = TrainStats(grad_clip, sync, run["manifest"]["splits"]["train"]["clip_ids"])
     rotation = CheckpointRotation(run_dir, cfg.keep_checkpoints)
-    store = CheckpointStore(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+    store = store_for(cfg.checkpoint_dir)
     after_saver = [rotation]
     if store is not None:
         after_saver.append(CheckpointUpload(store, run["launch"], run_dir, cfg.keep_checkpoints))

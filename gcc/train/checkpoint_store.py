@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from gcc.data import storage
-from gcc.train.run_folder import (CKPT_RE, Refusal, checkpoint_step, ckpt_dir, is_complete, point_latest,
-                                  remove_checkpoint, to_rotate)
+from gcc.train.run_folder import (CKPT_RE, Refusal, checkpoint_step, ckpt_dir, disk_gb, is_complete,
+                                  point_latest, remove_checkpoint, to_rotate)
 
 logger = logging.getLogger(__name__)
 
@@ -146,10 +146,14 @@ class CheckpointStore:
             remove_checkpoint(dest)
         os.replace(tmp, dest)
         point_latest(run_dir, name)
-        size = sum(p.stat().st_size for p in ([dest] if dest.is_file() else dest.rglob("*")) if p.is_file())
-        logger.info(f"checkpoints: fetched {name} from {self.ckpts} ({size / 1e9:.3g} GB in "
+        logger.info(f"checkpoints: fetched {name} from {self.ckpts} ({disk_gb(dest):.3g} GB in "
                     f"{time.perf_counter() - t0:.1f} s)")
         return dest
+
+
+def store_for(checkpoint_dir: str) -> CheckpointStore | None:
+    """The store of a `checkpoint_dir` setting: None when it is empty (checkpoints only in the run folder)."""
+    return CheckpointStore(checkpoint_dir) if checkpoint_dir else None
 
 
 def clear_fetch_leftovers(run_dir: Path) -> None:

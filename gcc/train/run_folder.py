@@ -153,6 +153,12 @@ def remove_checkpoint(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def disk_gb(path: Path) -> float:
+    """Size of a checkpoint (a file, or a folder of shards), GB."""
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    return sum(p.stat().st_size for p in files) / 1e9
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     link = ckpt_dir(run_dir) / LATEST
     if link.is_symlink() or link.exists():

@@ -52,6 +52,7 @@ def prepare_run(cfg, lock) -> dict:
     """Rank 0's checks before any work (docs/design.md §9.3, §9.5). Returns what every rank needs to know."""
     from gcc.data.errors import StorageUnavailable
     from gcc.train.builders import read_manifest_bytes, run_signature
+    from gcc.train.checkpoint_store import store_for
     from gcc.train.run_folder import checkpoint_step, repair_checkpoints, stored_record
 
     lock.acquire()
@@ -65,7 +66,7 @@ def prepare_run(cfg, lock) -> dict:
     manifest = json.loads(manifest_bytes)
     check_data(manifest, cfg.data.path)
     run_dir = Path(cfg.run_dir)
-    store, launch = remote_store(cfg), ""
+    store, launch = store_for(cfg.checkpoint_dir), ""
     remote_record = None
     if store is not None:
         launch = store.claim()
@@ -87,18 +88,12 @@ def prepare_run(cfg, lock) -> dict:
             "resumed_from": str(latest.resolve()) if latest else "", "resumed_step": resumed_step}
 
 
-def remote_store(cfg):
-    from gcc.train.checkpoint_store import CheckpointStore
-
-    return CheckpointStore(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
-
-
 def adopt_remote_record(store, run_dir: Path) -> dict | None:
     """The prefix's run record is the run's: copied into a run folder that has none (a fresh machine), and a run
     folder that holds another run is refused. A prefix with checkpoints but no record is refused, as a run folder
     is (its run signature is unknown)."""
     from gcc.data.storage import atomic_write
-    from gcc.train.run_folder import comparable, stored_record
+    from gcc.train.run_folder import diff_signatures, stored_record
 
     remote, local = store.read_record(), stored_record(run_dir)
     if remote is None:
@@ -108,9 +103,10 @@ def adopt_remote_record(store, run_dir: Path) -> dict | None:
         return None
     if local is None:
         atomic_write(run_dir / "run.json", json.dumps(remote, indent=1, sort_keys=True))
-    elif comparable(local["signature"]) != comparable(remote["signature"]):
-        raise Refusal(f"{run_dir} and checkpoint_dir {store.url} hold different runs (their run.json signatures "
-                      f"differ); point run_dir and checkpoint_dir at the same run")
+    elif diffs := diff_signatures(remote["signature"], local["signature"]):
+        raise Refusal(f"{run_dir} and checkpoint_dir {store.url} hold different runs; their run.json signatures "
+                      f"differ (prefix -> run folder):\n  " + "\n  ".join(diffs) +
+                      "\nPoint run_dir and checkpoint_dir at the same run")
     return remote
 
 
@@ -119,13 +115,14 @@ def fetch_on_this_node(cfg, info: dict) -> None:
     local rank 0 of each node other than rank 0's downloads what rank 0 resumes from, if its folder lacks it."""
     from composer.utils import dist
 
+    from gcc.train.checkpoint_store import store_for
     from gcc.train.run_folder import repair_checkpoints
 
     if not (cfg.checkpoint_dir and info["resumed_from"]):
         return
     name = Path(info["resumed_from"]).name
     if dist.get_local_rank() == 0 and dist.get_global_rank() != 0:
-        store = remote_store(cfg)
+        store = store_for(cfg.checkpoint_dir)
         if not store.whole_here(name, Path(cfg.run_dir)):
             store.fetch(name, Path(cfg.run_dir))
             repair_checkpoints(Path(cfg.run_dir))  # what this node wrote after `name` was never committed

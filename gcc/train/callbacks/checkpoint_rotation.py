@@ -10,14 +10,9 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
-from gcc.train.run_folder import latest_checkpoint, rotate_checkpoints
+from gcc.train.run_folder import disk_gb, latest_checkpoint, rotate_checkpoints
 
 log = logging.getLogger(__name__)  # not `logger`: Composer passes its Logger under that name
-
-
-def disk_gb(path: Path) -> float:
-    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-    return sum(p.stat().st_size for p in files) / 1e9
 
 
 class _SaveClock(Callback):
