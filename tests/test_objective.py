@@ -186,6 +186,102 @@ def test_tensorboard_one_event_file_per_launch(tmp_path, monkeypatch):
     assert [e.step for e in acc.Scalars("loss/train/total")] == [0, 1, 2, 3]  # Composer logs the 0-based batch
 
 
+def test_tensorboard_writes_one_event_per_log_call_with_every_number(tmp_path):
+    """One event holds all of a call's scalars (Composer writes one per scalar); non-numbers are skipped."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    from gcc.train.tensorboard_logger import LocalTensorboardLogger
+
+    tb = LocalTensorboardLogger(log_dir=str(tmp_path))
+    tb.run_name = "run"
+    tb._initialize_summary_writer()
+    tb.log_metrics({"a": 1.5, "b": torch.tensor(2.25), "c": "text", "d": torch.ones(2)}, step=3)
+    tb.log_metrics({"a": 0.5}, step=4)
+    tb.close(None, None)
+    events = [Event.FromString(r) for f in (tmp_path / "run").glob("events.out.tfevents.*")
+              for r in RawEventFileLoader(str(f)).Load()]
+    events = [e for e in events if e.HasField("summary")]
+    assert [(e.step, {v.tag: v.simple_value for v in e.summary.value}) for e in events] == [
+        (3, {"a": 1.5, "b": 2.25}), (4, {"a": 0.5})]
+
+
+def _engine_calls(tmp_path, lean: bool) -> tuple[list, dict]:
+    """What a real Trainer's events call on three kinds of callback and a logger, with Composer's engine or
+    LeanEngine; and which of them LeanEngine would visit for BEFORE_FORWARD."""
+    from composer import Trainer
+    from composer.core import Callback, Event
+    from composer.loggers import LoggerDestination
+
+    from gcc.train.engine import use_lean_engine
+
+    calls = []
+
+    class Methods(Callback):  # overrides two event methods
+        def after_loss(self, state, logger):
+            calls.append(("after_loss", "Methods"))
+
+        def batch_end(self, state, logger):
+            calls.append(("batch_end", "Methods"))
+
+    class Everything(Callback):  # overrides run_event: sees every event
+        def run_event(self, event, state, logger):
+            calls.append((event.value, "Everything"))
+
+    class Log(LoggerDestination):  # loggers run after the other callbacks
+        def batch_end(self, state, logger):
+            calls.append(("batch_end", "Log"))
+
+    instance = Callback()  # an instance attribute, not a method of its class
+    instance.fit_end = lambda state, logger: calls.append(("fit_end", "instance"))
+    model = _model()
+    trainer = Trainer(model=model, train_dataloader=DataLoader(_Batches(4), batch_size=4),
+                      device_train_microbatch_size=2, max_duration="2ba", device="cpu",
+                      optimizers=build_optimizer(model, lr=1e-3, cond_lr=1e-3), progress_bar=False,
+                      log_to_console=False, loggers=[Log()], callbacks=[Methods(), Everything(), instance],
+                      save_folder=None, run_name="engine_test")
+    if lean:
+        use_lean_engine(trainer)
+    trainer.fit()
+    visited = {}
+    if lean:
+        visited = {e: [type(c).__name__ for c in trainer.engine._handlers(e)]
+                   for e in (Event.BEFORE_FORWARD, Event.BATCH_END)}
+    trainer.close()
+    return calls, visited
+
+
+def test_lean_engine_calls_what_composers_engine_calls_and_visits_only_handlers(tmp_path, monkeypatch):
+    from composer.core import Event
+
+    monkeypatch.chdir(tmp_path)
+    composer_calls, _ = _engine_calls(tmp_path, lean=False)
+    lean_calls, visited = _engine_calls(tmp_path, lean=True)
+    assert lean_calls == composer_calls
+    assert composer_calls.count(("after_loss", "Methods")) == 4  # 2 steps x 2 micro-batches
+    assert ("fit_end", "instance") in composer_calls
+    step_end = [c for c in composer_calls if c[0] == "batch_end"]
+    assert step_end[:3] == [("batch_end", "Methods"), ("batch_end", "Everything"), ("batch_end", "Log")]
+    assert visited[Event.BEFORE_FORWARD] == ["Everything"]
+    assert visited[Event.BATCH_END] == ["Methods", "Everything", "Log"]
+
+
+def test_the_nvml_check_deepspeed_sets_is_undone_unless_the_user_set_it():
+    """DeepSpeed (imported by DiffSynth when installed) sets PYTORCH_NVML_BASED_CUDA_CHECK=1 for the process,
+    which makes every torch.cuda.is_available() load NVML again; a user's own setting is kept."""
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import os, sys; import gcc.model.diffsynth_parts; "
+             "print('deepspeed' in sys.modules, os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK'))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
+    for user, want in ((None, "True None"), ("1", "True 1")):
+        e = env if user is None else dict(env, PYTORCH_NVML_BASED_CUDA_CHECK=user)
+        out = subprocess.run([sys.executable, "-c", probe], env=e, capture_output=True, text=True, check=True)
+        assert out.stdout.split("\n")[-2] == want, out
+
+
 def test_val_timesteps_resolve_to_scheduler_timesteps():
     got = resolve_timesteps(make_scheduler(1000, 5.0), [200, 500, 800])
     assert [round(t, 1) for _, t in got] == [201.3, 500.6, 799.7]

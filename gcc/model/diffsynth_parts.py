@@ -8,6 +8,11 @@ reader thread, in every process that imports the model. gcc never compiles, so t
 One compile thread keeps inductor in-process. Inductor reads `TORCHINDUCTOR_COMPILE_THREADS` once, when its
 config is first imported (Composer may have done that already), so the config is set too; a value the user
 set (to compile something themselves) is kept.
+
+DiffSynth also imports DeepSpeed when it is installed (the `legacy` extra), and DeepSpeed's import sets
+`PYTORCH_NVML_BASED_CUDA_CHECK=1` for the whole process. From then on, until CUDA is initialised (never, on a CPU
+run), every `torch.cuda.is_available()` loads NVML again: ~55 us a call here, and Composer asks ~11 times a step.
+So the variable is removed again after the import unless the user had set it: torch's default check.
 """
 import os
 
@@ -16,6 +21,8 @@ import torch._inductor.config as inductor_config
 if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # for the processes this one starts
     inductor_config.compile_threads = 1
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+_nvml_check_set_by_user = NVML_CHECK in os.environ
 
 from diffsynth.core.loader.file import load_state_dict  # noqa: E402
 from diffsynth.core.vram.initialization import skip_model_initialization  # noqa: E402
@@ -31,6 +38,9 @@ from diffsynth.models.wan_video_dit import (  # noqa: E402
 )
 from diffsynth.models.wan_video_vae import VideoVAE38_, WanVideoVAE38  # noqa: E402
 from diffsynth.utils.state_dict_converters.wan_video_vae import WanVideoVAEStateDictConverter  # noqa: E402
+
+if not _nvml_check_set_by_user:
+    os.environ.pop(NVML_CHECK, None)
 
 __all__ = ["CrossAttention", "DiTBlock", "FlowMatchScheduler", "Head", "RMSNorm", "VideoVAE38_", "WanModel",
            "WanVideoVAE38", "WanVideoVAEStateDictConverter", "load_state_dict", "precompute_freqs_cis_3d",

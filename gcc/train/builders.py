@@ -311,6 +311,7 @@ def build_trainer(cfg: TrainConfig, device, model, train_loader: DataLoader, eva
 
     from gcc.model.fsdp import mean_gradients_on_gloo, meta_init_on
     from gcc.model.optim import build_optimizer, trainer_schedule_kwargs
+    from gcc.train.engine import use_lean_engine
     from gcc.train.run_folder import ckpt_dir
 
     opt = build_optimizer(model, cfg.optim.lr, cfg.optim.cond_lr, cfg.optim.weight_decay)
@@ -328,6 +329,7 @@ def build_trainer(cfg: TrainConfig, device, model, train_loader: DataLoader, eva
             autoresume=cfg.autoresume, loggers=loggers, callbacks=callbacks, progress_bar=cfg.progress_bar,
             log_to_console=False, seed=cfg.seed, dist_timeout=cfg.dist_timeout,
         )
+    use_lean_engine(trainer)
     if fsdp is not None:
         mean_gradients_on_gloo(model)
     return trainer

@@ -5,8 +5,15 @@ every validation) so that a finished file can be uploaded to object storage; loc
 file each time (hundreds per run, which TensorBoard then loads one by one). It also opens an (empty) event
 file on every rank, and writes one more hparams file per validation. The run folder is local: here only
 rank 0 writes, a flush only flushes, and there are no hparams files (`config.json` holds the config).
+
+Composer writes each scalar as its own event (a protobuf, a queue put and a lock each: ~60 us, 22 scalars a
+step, over 1 ms); here one `log_metrics` call is one event holding all its scalars, which TensorBoard reads the
+same way.
 """
 from __future__ import annotations
+
+import time
+from typing import Optional
 
 from composer.core import State
 from composer.loggers import Logger, TensorboardLogger
@@ -22,6 +29,23 @@ class LocalTensorboardLogger(TensorboardLogger):
             self.run_name = state.run_name
         else:
             super().init(state, logger)
+
+    def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
+        if self._silent():
+            return
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        self.current_metrics.update(metrics)
+        values = []
+        for tag, metric in metrics.items():
+            if isinstance(metric, str):
+                continue
+            try:  # a number or a one-element tensor/array; anything else is skipped, as Composer does
+                values.append(Summary.Value(tag=tag, simple_value=float(metric)))
+            except (TypeError, ValueError, RuntimeError):
+                continue
+        if values and self.writer is not None:
+            self.writer._get_file_writer().add_summary(Summary(value=values), step, time.time())
 
     def eval_end(self, state: State, logger: Logger) -> None:
         self._flush(logger)

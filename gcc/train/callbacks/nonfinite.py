@@ -21,25 +21,30 @@ class NonFiniteLoss(RuntimeError):
 class NonFiniteGuard(Callback):
     def __init__(self, sync: StepSync, inject_step: int = 0, inject_rank: int = 0):
         self.sync, self.inject_step, self.inject_rank = sync, inject_step, inject_rank
-        self._bad = None  # this rank's non-finite micro-batch losses, a device tensor (no sync per micro-batch)
+        self._losses: list[torch.Tensor] = []  # this rank's micro-batch losses of the step (no sync per micro-batch)
         self._clips: list[str] = []
+        sync.source(["nonfinite"], lambda: self._nonfinite().sum().reshape(1))
+
+    def _nonfinite(self) -> torch.Tensor:
+        """One entry per micro-batch loss element: 1 where it is NaN or inf."""
+        if not self._losses:
+            return torch.zeros(1)
+        return (~torch.isfinite(torch.cat(self._losses))).double()
 
     def batch_start(self, state: State, logger: Logger) -> None:
-        self._bad, self._clips = None, []
+        self._losses, self._clips = [], []
 
     def after_loss(self, state: State, logger: Logger) -> None:
-        step = int(state.timestamp.batch) + 1
-        if self.inject_step and step == self.inject_step and dist.get_global_rank() == self.inject_rank:
+        if self.inject_step and int(state.timestamp.batch) + 1 == self.inject_step \
+                and dist.get_global_rank() == self.inject_rank:
             state.loss = state.loss * float("nan")  # fault injection (tests): poisons this rank's backward
         loss = state.loss["total"] if isinstance(state.loss, dict) else state.loss
-        bad = (~torch.isfinite(loss.detach())).any()
-        self._bad = bad if self._bad is None else self._bad | bad
-        self.sync.add("nonfinite", bad)
-        self._clips += list(state.batch["clip_id"])
+        self._losses.append(loss.detach().reshape(-1))
+        self._clips += state.batch["clip_id"]
 
     def after_train_batch(self, state: State, logger: Logger) -> None:
         if self.sync.totals.get("nonfinite", 0.0) > 0:  # rare: the per-rank detail costs collectives of its own
-            finite = self._bad is None or not bool(self._bad)
+            finite = not bool(self._nonfinite().any())
             per_rank = dist.all_gather_object((dist.get_global_rank(), finite, self._clips))
             bad_ranks = [f"rank {r}: clips {';'.join(c)}" for r, ok, c in per_rank if not ok]
             step = int(state.timestamp.batch) + 1

@@ -24,7 +24,9 @@ from gcc.train.callbacks.step_sync import StepSync
 
 TRAIN_COLUMNS = ["step", "loss", "mse", "timestep", "lr", "cond_lr", "grad_norm", "sem_rms", "x_rms", "text_drop",
                  "cond_drop", "mask_frac", "step_time", "data_time", "mem_gb", "epoch", "time", "clips"]
-_MEANS = ["mse", "timestep", "sem_rms", "x_rms", "text_drop", "cond_drop", "mask_frac"]
+_STATS = ["mse", "timestep", "sem_rms", "x_rms"]  # the objective's micro-batch means
+_PER_CLIP = ["drop_text", "drop_cond", "mask_frac"]  # the batch's per-clip values, logged as their means
+_MEANS = _STATS + ["text_drop", "cond_drop", "mask_frac"]
 
 
 def peak_rss_gb() -> float:
@@ -51,12 +53,29 @@ class TrainStats(Callback):
         self.step_times: list[float] = []
         self.data_times: list[float] = []
         self.last_row: dict | None = None  # rank 0: the step's train_log row
+        sync.source(_MEANS + ["n"], self._sums)
         self._reset()
 
     def _reset(self) -> None:
-        self._epochs: list[torch.Tensor] = []
+        # per micro-batch of the step: (the objective's stats, the batch's per-clip values and epochs); small
+        # tensors only, not the batch, which would keep every micro-batch's inputs alive until the step's end
+        self._micro: list[tuple[dict, dict]] = []
         self._own_clips: list[str] = []
         self._lrs = (float("nan"), float("nan"))
+
+    def _sums(self) -> torch.Tensor:
+        """This rank's sums for the step's reduce, in the order of _MEANS + n: the objective's per-micro-batch means
+        weighted by the micro-batch's clip count, the per-clip dropouts summed. A few kernels per step."""
+        if not self._micro:
+            return torch.zeros(len(_MEANS) + 1)
+        counts = [len(b["epoch"]) for _, b in self._micro]
+        dev = self._micro[0][0]["mse"].device
+        means = torch.stack([torch.stack([torch.as_tensor(st[k], device=dev).float().reshape(()) for k in _STATS])
+                             for st, _ in self._micro]).double()  # [micro-batches, stats]
+        weighted = (means * torch.tensor(counts, device=dev, dtype=torch.float64)[:, None]).sum(0)
+        drops = [torch.cat([b[k].reshape(-1) for _, b in self._micro]).to(dev).double().sum() for k in _PER_CLIP]
+        return torch.cat([weighted, torch.stack(drops), torch.tensor([float(sum(counts))], device=dev,
+                                                                     dtype=torch.float64)])
 
     def before_dataloader(self, state: State, logger: Logger) -> None:
         self._t0 = time.perf_counter()
@@ -66,15 +85,8 @@ class TrainStats(Callback):
 
     def after_loss(self, state: State, logger: Logger) -> None:
         b = state.batch
-        n = len(b["clip_id"])
-        stats = state.outputs["stats"]
-        dev = stats["mse"].device
-        parts = [torch.as_tensor(stats[k], device=dev).float().reshape(()) * n
-                 for k in ("mse", "timestep", "sem_rms", "x_rms")]
-        parts += [b[k].to(dev).float().sum() for k in ("drop_text", "drop_cond", "mask_frac")]
-        self.sync.add_many(_MEANS + ["n"], torch.stack(parts + [torch.tensor(float(n), device=dev)]))
-        self._epochs.append(b["epoch"])
-        self._own_clips += b["clip_id"]
+        self._micro.append((state.outputs["stats"], {k: b[k] for k in (*_PER_CLIP, "epoch")}))
+        self._own_clips += state.batch["clip_id"]
 
     def after_train_batch(self, state: State, logger: Logger) -> None:
         # the lr the optimizer is about to apply for this step (the scheduler steps after BATCH_END's prelude)
@@ -96,7 +108,7 @@ class TrainStats(Callback):
             raise DamagedData(f"train split: sample ids name {clips[:len(self._own_clips)]} by the manifest's "
                               f"train clip_ids, but the shards hold {self._own_clips}: manifest.json and the shards "
                               f"disagree")
-        epochs = torch.cat(self._epochs) if self._epochs else None
+        epochs = torch.cat([b["epoch"] for _, b in self._micro]) if self._micro else None
         row = {
             "step": int(state.timestamp.batch),
             "loss": float(state.total_loss_dict.get("loss/train/total", float("nan"))),
