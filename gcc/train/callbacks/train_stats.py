@@ -86,7 +86,7 @@ class TrainStats(Callback):
     def after_loss(self, state: State, logger: Logger) -> None:
         b = state.batch
         self._micro.append((state.outputs["stats"], {k: b[k] for k in (*_PER_CLIP, "epoch")}))
-        self._own_clips += state.batch["clip_id"]
+        self._own_clips += b["clip_id"]
 
     def after_train_batch(self, state: State, logger: Logger) -> None:
         # the lr the optimizer is about to apply for this step (the scheduler steps after BATCH_END's prelude)
