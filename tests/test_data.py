@@ -226,16 +226,19 @@ def test_reads_from_s3(shards, tmp_path, s3_bucket):
 
 
 def test_local_shards_are_read_in_place_and_compressed_ones_give_the_same_samples(shards, tmp_path):
-    """A local dataset enters the run's cache as links (no byte of it is copied); a zstd conversion of the same
-    clips is decompressed into the cache and gives the same samples."""
+    """A local dataset's shards enter the run's cache as links (no byte of a shard is copied; the cache holds only
+    the checked copy of index.json); a zstd conversion of the same clips is decompressed into the cache and gives
+    the same samples."""
     cache = tmp_path / "cache"
     ds = GcStreamingDataset(str(shards), "train", cache, batch_size=2, dropouts=HEAVY)
     plain = run_epochs(ds, workers=0)
     files = [p for p in (cache / "train").rglob("*") if p.is_file() or p.is_symlink()]
     shard_files = [p for p in files if ".mds" in p.name]
-    assert shard_files and all(p.is_symlink() for p in files), [p for p in files if not p.is_symlink()]
+    copies = [p for p in files if not p.is_symlink()]
+    assert shard_files and all(p.is_symlink() for p in shard_files), copies
+    assert [p.name for p in copies] == ["index.json"]
+    assert copies[0].read_bytes() == (shards / "train" / "index.json").read_bytes()
     assert all(p.resolve().is_relative_to(shards.resolve()) for p in shard_files)
-    assert sum(p.lstat().st_size for p in files if not p.is_symlink()) == 0
 
     zipped = tmp_path / "zstd"
     C.convert(shards.parent / "prepared", str(zipped), chunk_clips=4, compression="zstd", progress=False)

@@ -362,3 +362,31 @@ def test_demo_initial_weights_are_the_trainers_init(assets, tmp_path):
         assert not f.get_tensor("gc_sem_cond.proj_out.weight").any()  # the condition starts at zero
     (tmp_path / "run.json").write_text(json.dumps({"signature": {**sig, "model.init_ckpt": "x"}, "lineage": {}}))
     assert initial_weights(tmp_path, assets["ckpt"], tmp_path / "none.safetensors") is None
+
+
+def test_clip_ids_that_leave_out_dir_are_refused(assets, tmp_path, capsys, monkeypatch):
+    """Shards whose clips are named `../../escape/x` (converted with the name check switched off, as a hostile or
+    older converter would): gcc-sample refuses them and writes nothing, inside --out_dir or beside it."""
+    from gcc.data import layout, shards as S
+    from gcc.data.convert import convert
+    from gcc.data.synth import make_prepared
+
+    src = make_prepared(tmp_path / "p", clips=24, seed=0)
+    rows = [json.loads(line) for line in (src / "index" / "clips.jsonl").read_text().splitlines()]
+    val = next(r for r in rows if r["split"] == "val" and not r["drop"])
+    bad = "../../escape/x"
+    for sub, ext in (("latents", ".safetensors"), ("sem", ".npz"), ("meta", ".json")):
+        dest = Path(os.path.normpath(src / sub / f"{bad}{ext}"))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        (src / sub / f"{val['clip_id']}{ext}").rename(dest)
+        if sub == "meta":
+            dest.write_text(json.dumps({**json.loads(dest.read_text()), "clip_id": bad}))
+    val["clip_id"] = bad
+    (src / "index" / "clips.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with monkeypatch.context() as m:
+        m.setattr(layout, "check_component", lambda v, what: v, raising=False)
+        convert(str(src), str(tmp_path / "shards"), progress=False)
+    out = tmp_path / "a" / "b" / "out"
+    assert cli.main(_synth_args(assets, tmp_path / "shards", out, "--clip_ids", bad, "--no_progress")) == cli.EXIT_ERROR
+    assert "splits.val.clip_ids" in capsys.readouterr().err
+    assert not (tmp_path / "a" / "escape").exists() and not out.exists()

@@ -31,10 +31,11 @@ from gcc.data import storage
 from gcc.data.errors import BadInput, DamagedData, StorageUnavailable, disk_full, is_unreachable
 from gcc.data.mask import apply_unknown_mask
 from gcc.data.sample_rng import draw_sample
-from gcc.data.shards import SHARD_HASH, TEXT_TABLE, ClipRecord, read_manifest
+from gcc.data.shards import SHARD_HASH, TEXT_TABLE, ClipRecord, SplitFormat, check_index, read_manifest
 from gcc.data.text_table import TextTable
 from gcc.data.workers import PREEMPTION_GRACE_S, LoaderWorkerInit, worker_context
 from gcc.geometry import Cameras
+from gcc.names import inside
 from gcc.vocab import UNKNOWN, check_vocab, collapse_parts
 
 
@@ -213,26 +214,39 @@ class GcStreamingDataset(StreamingDataset):
         if split not in self.manifest["splits"]:
             raise BadInput(f"{data}: split {split!r} not in the manifest ({sorted(self.manifest['splits'])})")
         self.data, self.split, self.seed, self.vocab = data, split, int(seed), check_vocab(vocab)
+        self.format = SplitFormat.of(self.manifest, split)
         # the val split never drops anything (docs/design.md §5)
         self.dropouts = NO_DROPOUTS if split == "val" else dropouts
         cache_dir = Path(cache_dir)
         cache_dir.mkdir(parents=True, exist_ok=True)
         self.cache_folder = cache_dir / split
         self.text = TextTable(fetch_text_table(data, cache_dir))
+        if len(self.text) != self.format.text_keys:
+            raise DamagedData(f"{self.text.path}: {len(self.text)} keys, the manifest says {self.format.text_keys}; "
+                              f"not the text table of this conversion — restore or reconvert it")
         self._epoch = 0
+        index_url = storage.join(data, split, "index.json")
+        try:
+            # Streaming reads the index from the cache when it is there: it reads this checked copy, never the
+            # data's own file, so a shard name or a column it would act on has passed check_index
+            index = storage.read_bytes(index_url)
+            check_index(index, self.manifest, split, index_url)
+            storage.atomic_write(self.cache_folder / "index.json", index)
+        except Exception as e:  # missing, cut or altered; or the store away, the disk full
+            raise self._fault(index_url, e) from None
         with node_registration_lock():
             # validate_hash: every shard is checked against the xxh64 that convert_data recorded when it enters
             # the cache (a damaged shard otherwise decompresses to garbage or kills the loader's thread)
             try:
-                super().__init__(remote=storage.join(data, split), local=str(cache_dir / split),
+                super().__init__(remote=storage.join(data, split), local=str(self.cache_folder),
                                  batch_size=batch_size, shuffle=shuffle, shuffle_seed=self.seed,
                                  num_canonical_nodes=num_canonical_nodes, cache_limit=cache_limit,
                                  predownload=predownload, validate_hash=SHARD_HASH)
-            except Exception as e:  # index.json missing, cut or altered; or the store away, the disk full
-                fault = self._fault(storage.join(data, split, "index.json"), e)
+            except Exception as e:  # the cache's disk full, or Streaming refusing the (checked) index
+                fault = self._fault(index_url, e)
                 if isinstance(fault, DamagedData) and not isinstance(e, INDEX_DAMAGE):
                     raise
-                Path(cache_dir, split, "index.json").unlink(missing_ok=True)  # the relaunch fetches it again
+                Path(self.cache_folder, "index.json").unlink(missing_ok=True)
                 raise fault from None
         self._thread_error: BaseException | None = None
 
@@ -261,8 +275,8 @@ class GcStreamingDataset(StreamingDataset):
             # drop the bad copy from the cache: a relaunch after the data is repaired fetches it again
             stream = self.streams[self.stream_per_shard[shard_id]]
             for info in self.shards[shard_id].file_pairs[0]:
-                if info is not None:
-                    Path(stream.local, stream.split or "", info.basename).unlink(missing_ok=True)
+                if info is not None:  # only ever an entry of the cache (a checked name, resolved inside it)
+                    inside(Path(stream.local, stream.split or ""), info.basename, "shard").unlink(missing_ok=True)
             raise self._fault(self._shard_name(shard_id), e) from None
 
     def on_exception(self, future) -> None:
@@ -293,9 +307,16 @@ class GcStreamingDataset(StreamingDataset):
         self._epoch = epoch
         return epoch, sample_in_epoch
 
-    def get_item(self, sample_id: int, retry: int = 7) -> dict[str, Any]:
+    def record(self, sample_id: int, empty: Callable | None = None, retry: int = 7) -> ClipRecord:
+        """The stored clip of `sample_id`, checked against the manifest (shards.SplitFormat) before anything is
+        allocated from it."""
         with self._decoding(sample_id):
-            rec = ClipRecord.from_sample(super().get_item(sample_id, retry), empty=_empty)
+            return self.format.decode(super().get_item(sample_id, retry), int(sample_id),
+                                      f"{self.data}, split {self.split}", empty)
+
+    def get_item(self, sample_id: int, retry: int = 7) -> dict[str, Any]:
+        rec = self.record(sample_id, _empty, retry)
+        with self._decoding(sample_id):
             meta = rec.meta()
         return self.make_sample(rec, int(sample_id), self._epoch, meta,
                                 decoding=lambda: self._decoding(sample_id))

@@ -17,10 +17,12 @@ from gcc.data import storage
 from gcc.data.errors import BadInput
 from gcc.data.shards import SPLITS, encode_clip
 from gcc.geometry import ORTHOGRAPHIC, PROJECTIONS, Geometry
+from gcc.names import UnsafeName, check_component, check_text_key
 from gcc.vocab import NULL_PROMPT, invalid_values
 
 INDEX_FIELDS = {"clip_id": str, "run": str, "subset": str, "scene": str, "split": str, "drop": bool,
                 "context_keys": list}
+NAME_FIELDS = ("clip_id", "run", "subset", "scene")  # each names files (latents/<clip_id>..., raw/<subset>/...)
 
 
 # ---- reading and validating the prepared layout -------------------------------------------------------
@@ -52,6 +54,12 @@ def read_index(src: Path) -> list[dict[str, Any]]:
                           f"got {row['split']!r}")
         if isinstance(row.get("context_keys"), list) and not all(isinstance(k, str) for k in row["context_keys"]):
             errors.append(f"{where} (clip {row.get('clip_id')}): field 'context_keys' must be a list of str")
+        for name in NAME_FIELDS:
+            if isinstance(row.get(name), str):
+                try:
+                    check_component(row[name], f"field '{name}'")
+                except UnsafeName as e:
+                    errors.append(f"{where}: {e}")
         rows.append(row)
     if errors:
         raise BadInput("\n".join(errors))
@@ -90,6 +98,11 @@ def read_text_table(src: Path) -> tuple[list[str], tuple[int, int], str]:
             shapes[k] = tuple(sl.get_shape())
     if NULL_PROMPT not in keys:
         raise BadInput(f"{path}: key {NULL_PROMPT!r} missing (the empty-prompt embedding is required)")
+    for k in keys:
+        try:
+            check_text_key(k)
+        except UnsafeName as e:
+            raise BadInput(f"{path}: {e}") from None
     ref = shapes[NULL_PROMPT]
     if len(ref) != 2:
         raise BadInput(f"{path}: key {NULL_PROMPT!r} has shape {list(ref)}, expected [L, D]")

@@ -4,11 +4,17 @@ Output of a conversion:
     <out>/manifest.json             written last; its presence means the conversion is complete
     <out>/text/table.safetensors    the text table, copied verbatim
     <out>/<split>/index.json        one MDS dataset per split (train, val), merged from chunk folders
-    <out>/<split>/chunk_NNNNN/      zstd shards of a fixed group of clips (independent of --workers)
+    <out>/<split>/chunk_NNNNN/      the shards of a fixed group of clips (independent of --workers)
 
 One sample (one clip) has the columns below. bf16 has no MDS dtype, so latents travel as their uint16 bit
 pattern. The sem ids are zstd-compressed per clip so that a sample whose condition is dropped never
 decompresses them, and so that the decompressed shard cache stays small.
+
+Shards are data, never code: every reader (the loader, gcc-sample, gcc-maskstats) takes a split's `index.json`
+through `check_index` before Streaming sees it (the columns and encodings must be exactly `COLUMNS`, so no
+pickled column is ever decoded; shard names must be the converter's; the sample counts must be the manifest's)
+and decodes each sample through `SplitFormat.decode` (shapes and ids checked against the manifest before
+anything is allocated from them). The manifest itself is checked by `check_manifest` when it is read.
 """
 from __future__ import annotations
 
@@ -23,7 +29,8 @@ import torch
 import zstd
 
 from gcc.data import storage
-from gcc.data.errors import BadInput
+from gcc.data.errors import BadInput, DamagedData
+from gcc.names import UnsafeName, check_component, check_shard_basename
 
 FORMAT_VERSION = 2  # 2: manifest lists each clip's run
 SPLITS = ("train", "val")
@@ -153,10 +160,171 @@ class ClipRecord:
         return json.loads(self.meta_text)
 
 
+# Bounds on what a manifest may declare (elements of one clip's arrays). v10: latents 1.6 M, sem ids 32 M, a text
+# cell 2 M; far above any real geometry, far below what would exhaust a machine's memory.
+MAX_ELEMENTS = {"latents": 1 << 28, "sem": 1 << 31, "text": 1 << 26}
+
+
+def _positive_ints(v: Any, n: int) -> bool:
+    return isinstance(v, list) and len(v) == n and all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+                                                       for x in v)
+
+
+def check_manifest(m: Any, where: str) -> dict[str, Any]:
+    """A manifest as convert_data writes it: the fields every reader relies on, with sane types, sizes and names
+    (clip ids and runs are names from outside: gcc.names). Raises BadInput naming `where` and the field."""
+    def bad(field: str, expected: str) -> BadInput:
+        return BadInput(f"{where}: field {field!r} must be {expected}; not a manifest that convert_data wrote "
+                        f"(reconvert the data)")
+
+    if not isinstance(m, dict):
+        raise bad("(root)", "a JSON object")
+    if m.get("format_version") != FORMAT_VERSION:
+        raise bad("format_version", f"{FORMAT_VERSION} (got {str(m.get('format_version'))[:40]!r})")
+    geo = m.get("geometry")
+    if not isinstance(geo, dict):
+        raise bad("geometry", "an object")
+    for key, dims in (("latents", 4), ("sem", 3), ("text", 2)):
+        if not _positive_ints(geo.get(key), dims) or int(np.prod(geo[key], dtype=np.float64)) > MAX_ELEMENTS[key]:
+            raise bad(f"geometry.{key}", f"{dims} positive integers, at most {MAX_ELEMENTS[key]} elements")
+    if not isinstance(m.get("text_keys"), int) or m["text_keys"] < 1:
+        raise bad("text_keys", "a positive integer")
+    splits, counts = m.get("splits"), m.get("counts")
+    if not isinstance(splits, dict) or set(splits) != set(SPLITS):
+        raise bad("splits", f"an object with exactly {list(SPLITS)}")
+    if not isinstance(counts, dict):
+        raise bad("counts", "an object")
+    for split, v in splits.items():
+        if not isinstance(v, dict):
+            raise bad(f"splits.{split}", "an object")
+        ids, runs = v.get("clip_ids"), v.get("clip_runs")
+        if not isinstance(ids, list) or not isinstance(runs, list) or len(ids) != len(runs):
+            raise bad(f"splits.{split}.clip_ids", "a list as long as clip_runs")
+        if counts.get(split) != len(ids) or v.get("clips") != len(ids):
+            raise bad(f"counts.{split}", f"the number of clip_ids ({len(ids)})")
+        if not isinstance(v.get("runs"), list) or set(v["runs"]) != set(runs):
+            raise bad(f"splits.{split}.runs", "the set of clip_runs")
+        try:
+            for i, (c, r) in enumerate(zip(ids, runs)):
+                check_component(c, f"splits.{split}.clip_ids[{i}]")
+                check_component(r, f"splits.{split}.clip_runs[{i}]")
+        except UnsafeName as e:
+            raise BadInput(f"{where}: {e}") from None
+    return m
+
+
 def read_manifest(out: str) -> dict[str, Any]:
-    """The manifest of a finished conversion, or a clear error when the conversion is missing or incomplete."""
+    """The manifest of a finished conversion, checked (`check_manifest`), or a clear error when the conversion is
+    missing, incomplete or not one of convert_data's."""
     url = storage.join(out, MANIFEST)
     if not storage.exists(url):
         raise BadInput(f"{out}: no {MANIFEST} — not a finished conversion (run convert_data, or let a "
                        f"killed conversion finish by rerunning it)")
-    return json.loads(storage.read_bytes(url))
+    return parse_manifest(storage.read_bytes(url), url)
+
+
+def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
+    try:
+        m = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadInput(f"{where}: not valid JSON ({e}); not a manifest that convert_data wrote") from None
+    return check_manifest(m, where)
+
+
+SHARD_FIELDS = {"format": "mds", "version": 2}
+COMPRESSIONS = (None, "zstd")
+
+
+def check_index(data: bytes, manifest: dict[str, Any], split: str, where: str) -> dict[str, Any]:
+    """A split's index.json, checked before any reader acts on it: the format is the converter's (MDS version 2,
+    exactly `COLUMNS`: nothing pickled is ever decoded), every shard name is the converter's (gcc.names), every
+    shard carries the hash the loader verifies, and the sample counts add up to the manifest's. Raises
+    DamagedData naming `where`."""
+    def bad(what: str) -> DamagedData:
+        return DamagedData(f"{where}: {what}; not the index convert_data wrote (split {split}) — restore or "
+                           f"reconvert it")
+
+    try:
+        index = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise bad(f"not valid JSON ({e})") from None
+    if not isinstance(index, dict) or index.get("version") != 2 or not isinstance(index.get("shards"), list):
+        raise bad("expected {'version': 2, 'shards': [...]}")
+    total = 0
+    for n, sh in enumerate(index["shards"]):
+        if not isinstance(sh, dict):
+            raise bad(f"shard {n} is not an object")
+        for k, v in SHARD_FIELDS.items():
+            if sh.get(k) != v:
+                raise bad(f"shard {n}: {k!r} must be {v!r}, got {str(sh.get(k))[:40]!r}")
+        names, encodings = sh.get("column_names"), sh.get("column_encodings")
+        if not isinstance(names, list) or not isinstance(encodings, list) or len(names) != len(encodings) \
+                or dict(zip(names, encodings)) != COLUMNS or len(names) != len(COLUMNS):
+            raise bad(f"shard {n}: columns must be exactly {COLUMNS} (got {str(dict(zip(names or [], encodings or [])))[:300]})")
+        if sh.get("compression") not in COMPRESSIONS:
+            raise bad(f"shard {n}: compression must be one of {COMPRESSIONS}, got {str(sh.get('compression'))[:40]!r}")
+        raw, zipped = sh.get("raw_data"), sh.get("zip_data")
+        if not isinstance(raw, dict) or (zipped is not None and not isinstance(zipped, dict)) \
+                or (zipped is None) != (sh["compression"] is None):
+            raise bad(f"shard {n}: raw_data/zip_data do not match its compression")
+        for info, suffix in ((raw, ".mds"), (zipped, ".mds.zstd")):
+            if info is None:
+                continue
+            try:
+                name = check_shard_basename(info.get("basename"), f"shard {n} basename")
+            except UnsafeName as e:
+                raise bad(str(e)) from None
+            if not name.endswith(suffix):
+                raise bad(f"shard {n} basename {name!r}: expected a name ending in {suffix}")
+            if not isinstance(info.get("hashes"), dict) or not isinstance(info["hashes"].get(SHARD_HASH), str):
+                raise bad(f"shard {n} ({name}): no {SHARD_HASH} hash")
+            if not isinstance(info.get("bytes"), int) or info["bytes"] < 0:
+                raise bad(f"shard {n} ({name}): 'bytes' must be a non-negative integer")
+        samples = sh.get("samples")
+        if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
+            raise bad(f"shard {n}: 'samples' must be a positive integer")
+        total += samples
+        if total > manifest["counts"][split]:
+            break
+    if total != manifest["counts"][split]:
+        raise bad(f"its shards hold {total if total <= manifest['counts'][split] else 'more than ' + str(total)} "
+                  f"samples, the manifest {manifest['counts'][split]}")
+    return index
+
+
+@dataclass(frozen=True)
+class SplitFormat:
+    """What every sample of a split must be, from its manifest: its clip id (sample id i is the split's clip i),
+    latents and sem shapes, and text ids below the table's size. `decode` checks a sample against it before it
+    allocates anything from the sample's declared sizes."""
+
+    split: str
+    clip_ids: tuple[str, ...]
+    latents: tuple[int, ...]
+    sem: tuple[int, ...]
+    text_keys: int
+
+    @classmethod
+    def of(cls, manifest: dict[str, Any], split: str) -> "SplitFormat":
+        g = manifest["geometry"]
+        return cls(split, tuple(manifest["splits"][split]["clip_ids"]), tuple(g["latents"]), tuple(g["sem"]),
+                   int(manifest["text_keys"]))
+
+    def decode(self, s: dict[str, Any], sample_id: int, where: str, empty=None) -> ClipRecord:
+        """The sample as a ClipRecord, or ValueError naming the field and what the manifest expects."""
+        want = self.clip_ids[sample_id] if 0 <= sample_id < len(self.clip_ids) else None
+        if s.get("clip_id") != want:
+            raise ValueError(f"{where}: sample {sample_id} holds clip {str(s.get('clip_id'))[:80]!r}, the manifest "
+                             f"says {want!r}")
+        checks = (("input_latents", np.shape(s["input_latents"]), self.latents),
+                  ("sem_shape", tuple(int(v) for v in np.ravel(s["sem_shape"])), self.sem),
+                  ("context_ids", np.shape(s["context_ids"]), self.latents[1:2]))
+        for field, got, expected in checks:
+            if tuple(got) != tuple(expected):
+                raise ValueError(f"{where}: clip {want}: {field} is {list(got)}, the manifest's geometry says "
+                                 f"{list(expected)}")
+        ids = np.asarray(s["context_ids"])
+        if ids.size and (ids.min() < 0 or ids.max() >= self.text_keys):
+            raise ValueError(f"{where}: clip {want}: context_ids must be in [0, {self.text_keys}), got "
+                             f"{int(ids.min())}..{int(ids.max())}")
+        return ClipRecord.from_sample(s, empty)

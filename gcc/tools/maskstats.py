@@ -128,11 +128,7 @@ class _Reader:
         return len(self.ds)
 
     def record(self, i: int):
-        from streaming import StreamingDataset
-
-        from gcc.data.shards import ClipRecord
-
-        return ClipRecord.from_sample(StreamingDataset.get_item(self.ds, i))
+        return self.ds.record(i)
 
     def close(self):
         shutil.rmtree(self._tmp, ignore_errors=True)

@@ -58,10 +58,11 @@ class PreparedSource:
 class ShardSource:
     """A local conversion (manifest.json + one MDS dataset per split), read with Streaming's LocalDataset.
 
-    The converter writes zstd-compressed shards and LocalDataset reads raw ones, so the shards of a split are
-    decompressed (Streaming's `decompress`) into a temporary folder, removed with this object. Only the splits
-    that hold the wanted clips are opened (the manifest lists each split's clip ids). Object-store shards are not
-    read: an offline eval of a few clips runs on the prepared root or a local copy.
+    Only the splits that hold the wanted clips are opened (the manifest lists each split's clip ids). A split's
+    index is checked first (`gcc.data.shards.check_index`: the converter's columns, so nothing pickled is ever
+    decoded, and its shard names), and its shards are copied, or decompressed, into a temporary folder removed
+    with this object; every sample is checked against the manifest (`SplitFormat`) as it is decoded.
+    Object-store shards are not read: an offline eval of a few clips runs on the prepared root or a local copy.
     """
 
     kind = "shards"
@@ -81,12 +82,12 @@ class ShardSource:
         self.root = root
         self.table = TextTable(root / TEXT_TABLE)
         src = self.manifest.get("source")
-        self.default_raw = Path(src) / "raw" if src else None
-        self.prepared_root = Path(src) if src else None  # the converted prepared root (it may be gone)
-        self.split_ids = {s: set(v.get("clip_ids", [])) for s, v in self.manifest["splits"].items()}
+        self.default_raw = Path(src) / "raw" if isinstance(src, str) and src else None
+        self.prepared_root = Path(src) if isinstance(src, str) and src else None  # the converted root (may be gone)
+        self.split_ids = {s: set(v["clip_ids"]) for s, v in self.manifest["splits"].items()}
         self._tmp = tempfile.mkdtemp(prefix="gcc_sample_shards_")
         weakref.finalize(self, shutil.rmtree, self._tmp, True)
-        self._ds, self._pos, self._rows = {}, {}, {}
+        self._ds, self._pos, self._rows, self._fmt = {}, {}, {}, {}
 
     def _open(self, split: str) -> None:
         import shutil
@@ -94,25 +95,51 @@ class ShardSource:
         from streaming import LocalDataset
         from streaming.base.compression import decompress
 
+        from gcc.data.shards import SplitFormat, check_index
+        from gcc.data.storage import atomic_write
+        from gcc.names import inside
+
         if split in self._ds:
             return
-        local = Path(self._tmp, split)
-        index = json.loads((self.root / split / "index.json").read_text())
-        for sh in index["shards"]:
-            raw = local / sh["raw_data"]["basename"]
-            raw.parent.mkdir(parents=True, exist_ok=True)
-            if sh.get("compression") and sh.get("zip_data"):
-                blob = (self.root / split / sh["zip_data"]["basename"]).read_bytes()
-                raw.write_bytes(decompress(sh["compression"], blob))
-            else:
-                shutil.copyfile(self.root / split / sh["raw_data"]["basename"], raw)
-        shutil.copyfile(self.root / split / "index.json", local / "index.json")
-        ds = self._ds[split] = LocalDataset(local=str(local))
-        for i in range(len(ds)):
-            rec = ClipRecord.from_sample(ds[i])
-            self._rows[rec.clip_id] = {"clip_id": rec.clip_id, "run": rec.run, "subset": rec.subset,
-                                       "scene": rec.scene, "split": split, "drop": rec.drop}
-            self._pos[rec.clip_id] = (split, i)
+        src, local = self.root / split, Path(self._tmp, split)
+        try:
+            index_bytes = (src / "index.json").read_bytes()
+            index = check_index(index_bytes, self.manifest, split, str(src / "index.json"))
+            for sh in index["shards"]:
+                raw = inside(local, sh["raw_data"]["basename"], "shard")
+                raw.parent.mkdir(parents=True, exist_ok=True)
+                if sh["compression"]:
+                    blob = inside(src, sh["zip_data"]["basename"], "shard").read_bytes()
+                    raw.write_bytes(decompress(sh["compression"], blob))
+                else:
+                    shutil.copyfile(inside(src, sh["raw_data"]["basename"], "shard"), raw)
+            atomic_write(local / "index.json", index_bytes)  # the checked bytes, not the file read again
+            ds = self._ds[split] = LocalDataset(local=str(local))
+            self._fmt[split] = SplitFormat.of(self.manifest, split)
+            for i in range(len(ds)):
+                rec = self._decode(split, i)
+                self._rows[rec.clip_id] = {"clip_id": rec.clip_id, "run": rec.run, "subset": rec.subset,
+                                           "scene": rec.scene, "split": split, "drop": rec.drop}
+                self._pos[rec.clip_id] = (split, i)
+        except SampleError:
+            raise
+        except (OSError, ValueError, BadInput) as e:  # DamagedData and UnsafeName included
+            raise SampleError(str(e)) from None
+
+    def _decode(self, split: str, i: int) -> ClipRecord:
+        from gcc.names import check_component
+
+        where = f"{self.root / split} sample {i}"
+        try:
+            rec = self._fmt[split].decode(self._ds[split][i], i, where)
+            for field in ("run", "subset", "scene"):  # they name the ground-truth tar (read_gt)
+                check_component(getattr(rec, field), f"{where}: {field}")
+        except SampleError:
+            raise
+        except Exception as e:  # a damaged shard: Streaming's decoders raise anything
+            raise SampleError(f"{where}: cannot be decoded ({type(e).__name__}: {e}); the shard is damaged or "
+                              f"not convert_data's — reconvert it") from None
+        return rec
 
     def rows_for(self, clip_ids: Sequence[str] | None = None) -> dict[str, dict]:
         """Index rows of the splits holding `clip_ids` (None: the val split)."""
@@ -123,8 +150,7 @@ class ShardSource:
         return self._rows
 
     def load(self, clip_id: str) -> ClipRecord:
-        split, i = self._pos[clip_id]
-        return ClipRecord.from_sample(self._ds[split][i])
+        return self._decode(*self._pos[clip_id])
 
 
 def open_source(data_root: str | os.PathLike):
