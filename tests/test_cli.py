@@ -1,5 +1,6 @@
 """One command-line convention for every tool: console scripts, snake_case flags (old spellings as aliases),
-help text on every flag, and the `python -m` forms still working (docs/training.md, Tools)."""
+help text on every flag, the `python -m` forms still working, and errors as `<prog>: error: ...` with exit 2
+(docs/training.md, Tools; the cases of bad input: tests/test_bad_input.py)."""
 from __future__ import annotations
 
 import argparse
@@ -57,3 +58,12 @@ def test_console_script_and_python_m_forms_answer_help(name):
     for cmd in ([str(exe), "--help"], [sys.executable, "-m", MODULES[name], "--help"]):
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
         assert r.returncode == 0 and "usage:" in r.stdout, (cmd, r.stdout[-500:], r.stderr[-2000:])
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_a_usage_error_is_prog_error_and_exit_2(name):
+    """argparse's convention, which every tool's own input errors follow too (gcc/cli.py)."""
+    r = subprocess.run([str(Path(sys.executable).with_name(name)), "--no_such_flag"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.splitlines()[-1].startswith(f"{name}: error: "), r.stderr[-2000:]

@@ -12,11 +12,11 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
+from contextlib import contextmanager, suppress
 
 import pytest
 import torch
-from _launch import exact, export_tensors, launch, ok, rows, start_bg, wait_for, wait_for_step
+from _launch import exact, export_tensors, launch, ok, rows, start_bg, wait_for
 
 from gcc.data import storage
 from gcc.train.checkpoint_store import CheckpointStore
@@ -25,18 +25,38 @@ from gcc.train.run_folder import checkpoint_step
 pytestmark = pytest.mark.slow
 
 
+def stopped(p: subprocess.Popen) -> bool:
+    """Whether the launcher is stopped (SIGSTOP: `inject_stop_after_commit_step` stops its whole process group)."""
+    with open(f"/proc/{p.pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+@contextmanager
+def frozen_after_commit(run_dir, shards, step: int, *overrides):
+    """A launch in the background that stops itself right after committing `step`'s checkpoint: what is committed
+    is then known exactly. Yields it stopped; killed with its whole process group if the block fails."""
+    p = start_bg(run_dir, shards, f"inject_stop_after_commit_step={step}", *overrides)
+    try:
+        wait_for(lambda: stopped(p), p, f"the stop after step {step}'s commit")
+        yield p
+    except BaseException:
+        with suppress(ProcessLookupError):  # the group is gone when the launch ended by itself
+            os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise
+
+
 def test_sigkill_then_a_fresh_machine_resumes_exactly_from_remote_checkpoints(reference, e2e_shards, tmp_path,
                                                                                s3_bucket):
     remote = f"{s3_bucket}/runs/a"
     store = CheckpointStore(remote)
     run_dir = tmp_path / "run"
-    p = start_bg(run_dir, e2e_shards, f"checkpoint_dir={remote}")
-    wait_for_step(run_dir, 8, p)  # past the step-6 commit, before step 9's
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
+    with frozen_after_commit(run_dir, e2e_shards, 6, f"checkpoint_dir={remote}") as p:
+        os.killpg(p.pid, signal.SIGKILL)  # step 6 committed, step 9 not begun
+        p.wait()
     committed = store.latest()
-    assert committed is not None and checkpoint_step(committed) in (6, 9)
-    assert list(store.checkpoints())[-1] == committed and len(store.checkpoints()) == 2  # rotated: keep 2
+    assert committed == "ep1-ba6-rank0.pt"
+    assert list(store.checkpoints()) == ["ep0-ba3-rank0.pt", committed]  # rotated: keep 2
     shutil.rmtree(run_dir)  # a fresh machine: nothing local is left
 
     r = ok(launch(run_dir, e2e_shards, f"checkpoint_dir={remote}"))
@@ -55,11 +75,14 @@ def test_sigkill_then_a_fresh_machine_resumes_exactly_from_remote_checkpoints(re
     uploaded = {k for k in storage.list_prefix(remote) if k.endswith(".safetensors")}
     assert uploaded == {"step-6.safetensors", "step-12.safetensors"}
 
-    # a run folder that holds another run is refused against the prefix, before any work
+    # a run folder that holds another run is refused against the prefix, before any work: the prefix stays its
+    # owner's (the refused launch claims nothing)
     other = tmp_path / "other"
     ok(launch(other, e2e_shards, "max_steps=1", "checkpoint_every=1", "val_every=0", "export_every=0", "seed=5"))
+    owner = store.head()
     r = launch(other, e2e_shards, f"checkpoint_dir={remote}", "seed=5")
     assert r.returncode == 3 and "hold different runs" in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
+    assert store.head() == owner
 
 
 def test_fsdp_sharded_checkpoints_resume_from_the_prefix_on_a_fresh_machine(reference, e2e_shards, tmp_path,
@@ -81,23 +104,28 @@ def test_fsdp_sharded_checkpoints_resume_from_the_prefix_on_a_fresh_machine(refe
         assert float(g["loss"]) == pytest.approx(float(w["loss"]), rel=1e-4)
 
 
-def test_a_launch_that_lost_its_prefix_to_another_stops_with_3_committing_nothing(e2e_shards, tmp_path, s3_bucket):
+@pytest.mark.parametrize("next_upload", ["checkpoint", "export"])
+def test_a_launch_that_lost_its_prefix_uploads_nothing_more_and_stops_with_3(next_upload, e2e_shards, tmp_path,
+                                                                              s3_bucket):
+    """The launch stops right after committing step 2; a second launch claims the prefix; the first continues. Its
+    next upload (the checkpoint of step 4, or the export of step 4, which comes first) finds the prefix taken: it
+    uploads nothing and stops on every rank with exit 3."""
     remote = f"{s3_bucket}/runs/guard"
     store = CheckpointStore(remote)
     run_dir = tmp_path / "run"
-    p = start_bg(run_dir, e2e_shards, f"checkpoint_dir={remote}", "checkpoint_every=2", "max_steps=40",
-                 "val_every=0", "export_every=0")
-    wait_for(lambda: store.latest() is not None, p, "the first commit")
-    CheckpointStore(remote).claim()  # what a second launch on the same prefix does first
-    taken_at = checkpoint_step(store.latest())
-    t0 = time.time()
-    out, _ = p.communicate(timeout=300)
+    with frozen_after_commit(run_dir, e2e_shards, 2, f"checkpoint_dir={remote}", "checkpoint_every=2",
+                             "max_steps=40", "val_every=0", f"export_every={4 if next_upload == 'export' else 0}") as p:
+        before = storage.list_prefix(remote)
+        second = CheckpointStore(remote).claim()  # what a second launch on the same prefix does first
+        os.killpg(p.pid, signal.SIGCONT)
+        out, _ = p.communicate(timeout=300)
     assert p.returncode == 3, out[-3000:]
     assert f"{remote}: another launch claimed this checkpoint prefix" in out, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
-    # at most a commit already past its ownership check when the claim landed
-    assert checkpoint_step(store.latest()) <= taken_at + 2
-    assert max(int(x["step"]) for x in rows(run_dir)) < 40 and time.time() - t0 < 200
+    assert max(int(x["step"]) for x in rows(run_dir)) <= 4  # it stopped at its next upload
+    head = store.head()
+    assert head.launch == second and head.checkpoint == "ep0-ba2-rank0.pt"
+    assert storage.list_prefix(remote) == before  # nothing uploaded after the claim
 
 
 def two_nodes(run_dir, shards, *overrides) -> tuple[str, str]:

@@ -262,7 +262,7 @@ def test_clear_errors(assets, prepared_tiny, tmp_path, capsys):
     p = subprocess.run([sys.executable, "-m", "gcc.tools.sample", *argv], capture_output=True, text=True, env=env,
                        cwd=REPO, timeout=120)
     assert p.returncode == cli.EXIT_ERROR
-    assert p.stderr.startswith("gcc.tools.sample: error: --model_dir") and str(empty) in p.stderr
+    assert p.stderr.startswith("gcc-sample: error: --model_dir") and str(empty) in p.stderr
     assert "Wan2.2_VAE.pth" in p.stderr and "Traceback" not in p.stderr
 
 
@@ -333,7 +333,7 @@ def test_no_model_dir_needs_synthetic_data(assets, tmp_path, capsys):
     out = tmp_path / "out"
     assert cli.main(_synth_args(assets, root, out, "--val_n", "1")) == cli.EXIT_ERROR
     err = capsys.readouterr().err
-    assert err.startswith("gcc.tools.sample: error: --data_root") and "--model_dir" in err and MARKER in err
+    assert err.startswith("gcc-sample: error: --data_root") and "--model_dir" in err and MARKER in err
     assert not (out / "metrics.json").exists()
     # --base loads the Wan weights of --model_dir, synthetic data or not
     assert cli.main(["--base", "--model", "tiny", "--data_root", str(root), "--out_dir", str(out), "--val_n", "1",

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from gcc import __version__
+from gcc.cli import EXIT_BAD_INPUT, folder_problem, run_tool  # noqa: F401  (EXIT_BAD_INPUT: the tests' name)
 from gcc.data import storage
 from gcc.data.errors import BadInput
 from gcc.data.layout import check_splits, clip_files, geometry_of, load_clip, read_index, read_text_table
@@ -40,7 +41,6 @@ CONVERTER_VERSION = f"gcc-convert/{__version__}/format{FORMAT_VERSION}"
 DONE = "DONE.json"
 INDEX_FIELDS = {"clip_id": str, "run": str, "subset": str, "scene": str, "split": str, "drop": bool,
                 "context_keys": list}
-EXIT_BAD_INPUT = 2
 
 
 # ---- plan, chunks, output ------------------------------------------------------------------------------
@@ -157,7 +157,15 @@ def make_plan(src: Path, out: str, chunk_clips: int = 64, size_limit: int = 1 <<
 
 def _existing_manifest(out: str) -> dict[str, Any] | None:
     url = storage.join(out, MANIFEST)
-    return json.loads(storage.read_bytes(url)) if storage.exists(url) else None
+    if not storage.exists(url):
+        return None
+    try:
+        old = json.loads(storage.read_bytes(url))
+    except ValueError as e:  # not UTF-8, not JSON
+        old = e
+    if not isinstance(old, dict):
+        raise BadInput(f"{url}: not a manifest that convert_data wrote ({old}); choose another --out or delete it")
+    return old
 
 
 def convert(src: str | Path, out: str, workers: int = 1, chunk_clips: int = 64, size_limit: int = 1 << 26,
@@ -271,20 +279,36 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """The flags' values and the output location, before anything is read or written (BadInput naming the flag)."""
+    if args.workers < 1 or args.chunk_clips < 1:
+        raise BadInput(f"--workers and --chunk_clips must be >= 1, got {args.workers} and {args.chunk_clips}")
+    if not 0 < args.size_limit < 1 << 32:  # Streaming's MDSWriter stores sample offsets as uint32
+        raise BadInput(f"--size_limit must be in [1, 2**32) bytes, got {args.size_limit}")
+    if storage.is_remote(args.out):
+        problem = storage.bucket_problem(args.out)
+        if problem:
+            raise BadInput(f"--out {args.out}: {problem}")
+        return
+    problem = folder_problem(args.out)
+    if problem:
+        raise BadInput(f"--out {args.out}: {problem}")
+    if Path(args.out).resolve() == Path(args.src).resolve():
+        raise BadInput(f"--out {args.out} is --src: the shards need a folder of their own")
+
+
 def main(argv: Iterable[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    if args.workers < 1 or args.chunk_clips < 1:
-        p.error("--workers and --chunk_clips must be >= 1")
-    try:
+
+    def body() -> int:
+        check_args(args)
         convert(args.src, args.out, workers=args.workers, chunk_clips=args.chunk_clips,
                 size_limit=args.size_limit, compression=COMPRESSIONS[args.compression],
                 include_dropped=args.include_dropped, progress=not args.no_progress)
-    except BadInput as e:
-        print(f"convert_data: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    return 0
+        return 0
+    return run_tool(p.prog, body)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from streaming.base.storage import download as streaming_download
 from torch.utils.data import get_worker_info
 
 from gcc.data import storage
-from gcc.data.errors import BadInput, DamagedData, StorageUnavailable, disk_full, is_unreachable
+from gcc.data.errors import BadInput, DamagedData, LockTimeout, StorageUnavailable, disk_full, is_unreachable
 from gcc.data.mask import apply_unknown_mask
 from gcc.data.sample_rng import draw_sample
 from gcc.data.shards import SHARD_HASH, TEXT_TABLE, ClipRecord, SplitFormat, check_index, read_manifest
@@ -144,9 +144,53 @@ def _empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
 
 
+# Registering a dataset takes well under a second; a lock held this long belongs to a stuck process.
+REGISTRATION_LOCK_TIMEOUT_S = 120.0
+
+
+def user_lock_dir() -> Path:
+    """This user's folder for node-wide locks, `<tmp>/gcc-<uid>/`: created 0700, and refused unless it is a real
+    folder owned by this user that no one else can write (another user cannot plant a link or hold our lock)."""
+    import stat
+    from tempfile import gettempdir
+
+    d = Path(gettempdir(), f"gcc-{os.getuid()}")
+    with contextlib.suppress(FileExistsError):
+        d.mkdir(mode=0o700)
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise LockTimeout(f"{d}: expected a folder of this user (uid {os.getuid()}) that only it can write, found "
+                          f"owner uid {st.st_uid}, mode {stat.filemode(st.st_mode)}; remove it and relaunch")
+    return d
+
+
+def hold_flock(path: Path, timeout_s: float, what: str) -> int:
+    """An exclusive flock on `path` (created 0600, never through a link), waited for at most `timeout_s`; returns
+    the open descriptor (closing it releases the lock). The holder writes its pid into the file, so that a
+    timeout can say who holds it."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                holder = os.pread(fd, 100, 0).decode(errors="replace").strip() or "an unknown process"
+                os.close(fd)
+                raise LockTimeout(f"{what}: {path} has been held by {holder} for more than {timeout_s:.0f} s; if "
+                                  f"that process is stuck, stop it, then relaunch") from None
+            time.sleep(0.05)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
+    return fd
+
+
 @contextlib.contextmanager
-def node_registration_lock():
-    """Serialise Streaming's shared-memory registration between independent jobs on one node. Every
+def node_registration_lock(timeout_s: float = REGISTRATION_LOCK_TIMEOUT_S):
+    """Serialise Streaming's shared-memory registration between independent jobs of this user on one node. Every
     StreamingDataset this project builds (tests included) is built inside it.
 
     Streaming's registration is optimistic: every local rank scans for the first free prefix number, then the
@@ -154,9 +198,9 @@ def node_registration_lock():
     pick the same number (the leader dies with FileExistsError '/000123_locals'), and a rank that scanned while
     another job was registering finds another number than its leader (it dies: "Internal error: shared memory
     prefix ... not registered by local leader"). So the node's local leader takes a file lock, and only then do
-    the other ranks start their scan (a barrier): no other job registers between the scans and the creation."""
+    the other ranks start their scan (a barrier): no other job registers between the scans and the creation.
+    The lock is per user (`user_lock_dir`) and waited for at most `timeout_s`, then LockTimeout names its holder."""
     import fcntl
-    from tempfile import gettempdir
 
     import torch.distributed as tdist
 
@@ -166,14 +210,14 @@ def node_registration_lock():
             tdist.barrier()  # the leader holds the lock now
         yield
         return
-    with open(os.path.join(gettempdir(), "gcc_streaming_registration.lock"), "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            if sync:
-                tdist.barrier()
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    fd = hold_flock(user_lock_dir() / "streaming_registration.lock", timeout_s, "Streaming's registration lock")
+    try:
+        if sync:
+            tdist.barrier()
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def round_robin_by_run(items: Sequence[tuple[str, Any]], n: int) -> list:
@@ -417,21 +461,29 @@ def build_dataloader(dataset, batch_size: int, num_workers: int = 0, *, collate_
                     persistent_workers=True, prefetch_factor=prefetch_factor, drop_last=drop_last,
                     multiprocessing_context=worker_context(),
                     worker_init_fn=LoaderWorkerInit(preemption_grace_s + WORKER_EXTRA_GRACE_S))
-    atexit.register(_stop_workers, weakref.ref(dl))
+    _LOADERS.add(dl)
+    atexit.unregister(stop_loader_workers)  # once, and after multiprocessing's exit handler: it runs before it
+    atexit.register(stop_loader_workers)
     return dl
 
 
-def _stop_workers(loader_ref: weakref.ref) -> None:
-    """At interpreter exit, stop a loader's persistent workers the DataLoader's own way (a `None` on each index
-    queue, then join). Otherwise multiprocessing's exit handler, which runs before the loader is collected,
-    stops them with SIGTERM, which a loader worker defers by its preemption grace (LoaderWorkerInit)."""
-    loader = loader_ref()
-    iterator = getattr(loader, "_iterator", None)
-    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-        iterator._shutdown_workers()
+# the loaders with persistent workers that this process built (weakly: a dropped loader stops its own workers)
+_LOADERS: weakref.WeakSet = weakref.WeakSet()
+
+
+def stop_loader_workers() -> None:
+    """Stop the persistent workers of every loader of this process the DataLoader's own way (a `None` on each
+    index queue, then join). Called by a launch's end (gcc.train.trainer) and at interpreter exit: otherwise
+    multiprocessing's exit handler, which runs before the loader is collected, stops them with SIGTERM, which a
+    loader worker defers by its preemption grace (LoaderWorkerInit)."""
+    for loader in list(_LOADERS):
+        iterator = getattr(loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
     # A rank ending on an error may have dropped its loader already; its workers would hold the exit up by their
     # preemption grace (they defer multiprocessing's SIGTERM). Nothing is left to save in them: stop them now.
     for p in multiprocessing.active_children():
         if p.daemon:
             p.kill()
             p.join(5)
+

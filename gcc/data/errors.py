@@ -28,6 +28,11 @@ class DiskFull(Exception):
     """A local write failed for want of space. The message names what was written and the filesystem."""
 
 
+class LockTimeout(Exception):
+    """A node-wide lock that another process has held for too long (or a lock folder another user planted). The
+    message names the lock file and its holder."""
+
+
 def _chain(e: BaseException):
     seen = set()
     while e is not None and id(e) not in seen:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from gcc.data import storage
 from gcc.data.errors import BadInput
@@ -26,12 +26,24 @@ NAME_FIELDS = ("clip_id", "run", "subset", "scene")  # each names files (latents
 
 
 # ---- reading and validating the prepared layout -------------------------------------------------------
+def read_text(path: Path, what: str = "") -> str:
+    """A file's UTF-8 text; BadInput naming the file (after `what`, e.g. "clip X: ") when it cannot be read."""
+    from gcc.cli import os_error_message
+
+    try:
+        return path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise BadInput(f"{what}{os_error_message(e)}") from None
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{what}{path}: not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x})") from None
+
+
 def read_index(src: Path) -> list[dict[str, Any]]:
     path = src / "index" / "clips.jsonl"
     if not path.exists():
         raise BadInput(f"{path}: missing (expected one JSON row per clip)")
     rows, errors = [], []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         where = f"{path}:{n}"
@@ -86,9 +98,13 @@ def check_splits(rows: list[dict[str, Any]]) -> None:
 
 def read_text_table(src: Path) -> tuple[list[str], tuple[int, int], str]:
     path = src / "text" / "table.safetensors"
-    if not path.exists():
-        raise BadInput(f"{path}: text table missing")
-    with safe_open(str(path), "pt") as f:
+    if not path.is_file():
+        raise BadInput(f"{path}: text table missing (expected a safetensors file)")
+    try:
+        table = safe_open(str(path), "pt")
+    except (SafetensorError, OSError) as e:
+        raise BadInput(f"{path}: not a text table (cannot be read as safetensors: {e})") from None
+    with table as f:
         keys = list(f.keys())
         shapes = {}
         for k in keys:
@@ -225,7 +241,7 @@ def load_clip(src: Path, row: dict[str, Any], geo: Geometry, ids_of: dict[str, i
         raise BadInput(f"clip {cid}: {paths['sem']}: 'ids' holds values {bad_vals[:10]} outside the "
                        f"vocabulary (0..6, 10..21, 255)")
     # meta
-    meta_text = paths["meta"].read_text()
+    meta_text = read_text(paths["meta"], f"clip {cid}: ")
     try:
         meta = json.loads(meta_text)
     except json.JSONDecodeError as e:

@@ -29,13 +29,27 @@ def fsync_dir(d: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def umask() -> int:
+    """This process's umask, read without changing it (os.umask can only be read by setting it, which would race
+    with other threads creating files)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
 @contextmanager
-def atomic_path(path: str | os.PathLike, mode: int | None = 0o644, suffix: str = "") -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, mode: int | None = None, suffix: str = "") -> Iterator[Path]:
     """A temporary name beside `path` to write to (`<name>.tmp<pid><suffix>`: two processes never share one;
     `suffix` for writers that choose the format by the extension, e.g. ".mp4" for ffmpeg). When the
     block ends normally the file is fsynced, renamed over `path` and the folder fsynced, so a reader (or a
     relaunch after a crash) sees the old file or the whole new one; if it raises, the temporary is removed (and a
-    write that found the disk full raises DiskFull naming `path`)."""
+    write that found the disk full raises DiskFull naming `path`). The file gets `mode`, by default what the
+    user's umask gives a new file (0o644 under the usual 022), whatever mode its writer created it with."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}{suffix}")
@@ -43,8 +57,7 @@ def atomic_path(path: str | os.PathLike, mode: int | None = 0o644, suffix: str =
         yield tmp
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
+        os.chmod(tmp, mode if mode is not None else 0o666 & ~umask())
         os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
@@ -55,7 +68,7 @@ def atomic_path(path: str | os.PathLike, mode: int | None = 0o644, suffix: str =
     fsync_dir(path.parent)
 
 
-def atomic_write(path: str | os.PathLike, data: bytes | str, mode: int | None = 0o644) -> None:
+def atomic_write(path: str | os.PathLike, data: bytes | str, mode: int | None = None) -> None:
     with atomic_path(path, mode) as tmp:
         tmp.write_bytes(data.encode() if isinstance(data, str) else data)
 
@@ -144,6 +157,37 @@ def exists(url: str) -> bool:
         raise
 
 
+def bucket_problem(url: str) -> str | None:
+    """What keeps the store from serving the s3:// URL `url` (a URL of another scheme, no credentials, a bucket
+    that does not exist or refuses them), checked with one HEAD of its bucket; None when it is usable. A store
+    that does not answer raises StorageUnavailable."""
+    try:
+        bucket, _ = _split_s3(url)
+    except ValueError:
+        return "only local paths and s3://bucket/prefix URLs are supported"
+    if not bucket:
+        return "no bucket name (expected s3://bucket/prefix)"
+    from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
+
+    try:
+        client = _s3()
+    except ValueError as e:  # botocore: "Invalid endpoint: ..."
+        return f"S3_ENDPOINT_URL={os.environ.get('S3_ENDPOINT_URL')!r} is not a usable endpoint ({e})"
+    try:
+        with _unreachable_named(url):
+            client.head_bucket(Bucket=bucket)
+    except (NoCredentialsError, PartialCredentialsError) as e:
+        return f"no S3 credentials ({e}; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or an AWS profile)"
+    except ClientError as e:
+        code = str(e.response.get("Error", {}).get("Code"))
+        if code in ("404", "NoSuchBucket", "NotFound"):
+            return f"bucket {bucket!r} does not exist"
+        if code in ("403", "AccessDenied", "Forbidden"):
+            return f"bucket {bucket!r} refuses these credentials (access denied)"
+        return f"bucket {bucket!r}: {e}"
+    return None
+
+
 def read_bytes(url: str) -> bytes:
     if not is_remote(url):
         return Path(url).read_bytes()
@@ -152,7 +196,7 @@ def read_bytes(url: str) -> bytes:
         return _s3().get_object(Bucket=bucket, Key=key)["Body"].read()
 
 
-def write_bytes(url: str, data: bytes, mode: int = 0o644) -> None:
+def write_bytes(url: str, data: bytes, mode: int | None = None) -> None:
     """Atomic write: a reader sees the old file, or the complete new one, never part of it."""
     if is_remote(url):
         bucket, key = _split_s3(url)
@@ -207,3 +251,61 @@ def delete_keys(url: str, keys: list[str]) -> None:
     for i in range(0, len(keys), 1000):
         with _unreachable_named(url):
             client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": prefix + k} for k in keys[i:i + 1000]]})
+
+
+
+# ---- conditional writes (S3 If-Match / If-None-Match): the checkpoint commit log (gcc/train/checkpoint_store.py)
+def error_code(e: BaseException) -> str | None:
+    return getattr(e, "response", {}).get("Error", {}).get("Code")
+
+
+# 412; 409 when a concurrent conditional write won; 404 for If-Match on an object deleted since it was read
+_LOST_RACE = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409", "NoSuchKey", "404")
+
+
+def read_with_etag(url: str) -> tuple[bytes, str] | None:
+    """An S3 object's bytes and its ETag (what a conditional write names), or None when it does not exist."""
+    bucket, key = _split_s3(url)
+    try:
+        with _unreachable_named(url):
+            got = _s3().get_object(Bucket=bucket, Key=key)
+            return got["Body"].read(), got["ETag"]
+    except StorageUnavailable:
+        raise
+    except Exception as e:
+        if error_code(e) in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise
+
+
+def _put_conditional(url: str, data: bytes, etag: str | None) -> str | None:
+    bucket, key = _split_s3(url)
+    condition = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
+    try:
+        return _s3().put_object(Bucket=bucket, Key=key, Body=data, **condition)["ETag"]
+    except Exception as e:
+        if error_code(e) in _LOST_RACE:
+            return None
+        raise
+
+
+def put_if(url: str, data: bytes, etag: str | None) -> str | None:
+    """PUT `data` only if the object is still the one read with `etag` (If-Match), or, with etag None, only if it
+    does not exist (If-None-Match: *). Returns the new object's ETag, or None when another writer got there first.
+    A store that ignores these headers writes unconditionally: `honours_conditions` tells."""
+    with _unreachable_named(url):
+        return _put_conditional(url, data, etag)
+
+
+def honours_conditions(url: str) -> bool:
+    """Whether the store behind `url` refuses a PUT whose If-Match names another ETag (AWS S3 does; some
+    S3-compatible stores ignore the header and write, or answer 501). Writes the scratch object `url`."""
+    write_bytes(url, b"a conditional PUT naming another ETag must fail here\n")
+    try:
+        return _put_conditional(url, b"written: this store ignores If-Match\n", '"' + "0" * 32 + '"') is None
+    except Exception as e:
+        if error_code(e) in ("NotImplemented", "501"):
+            return False
+        if is_unreachable(e):
+            raise unavailable(url, e) from None
+        raise

@@ -574,15 +574,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
-    t0 = time.time()
-    try:
-        root = write_prepared(a.out, a.clips, a.geometry, a.seed, overwrite=a.overwrite, verbose=a.verbose)
-    except (FileExistsError, ValueError) as e:
-        print(f"gcc-synth: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {a.clips} {a.geometry} clips to {root} in {time.time() - t0:.1f}s")
-    return 0
+    from gcc.cli import folder_problem, run_tool
+    from gcc.data.errors import BadInput
+
+    p = build_parser()
+    a = p.parse_args(argv)
+
+    def body() -> int:
+        if a.clips < 1:
+            raise BadInput(f"--clips must be >= 1, got {a.clips}")
+        if a.seed < 0:
+            raise BadInput(f"--seed must be >= 0, got {a.seed}")
+        if "://" in a.out:
+            raise BadInput(f"--out {a.out}: a local folder is needed (gcc-synth writes no object storage)")
+        problem = folder_problem(a.out)
+        if problem:
+            raise BadInput(f"--out {a.out}: {problem}")
+        t0 = time.time()
+        try:
+            root = write_prepared(a.out, a.clips, a.geometry, a.seed, overwrite=a.overwrite, verbose=a.verbose)
+        except FileExistsError:
+            raise BadInput(f"--out {a.out}: not empty (pass --overwrite to replace the dataset there)") from None
+        print(f"wrote {a.clips} {a.geometry} clips to {root} in {time.time() - t0:.1f}s")
+        return 0
+    return run_tool(p.prog, body)
 
 
 if __name__ == "__main__":

@@ -13,29 +13,59 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gcc.data.errors import DamagedData
 from gcc.vocab import NULL_PROMPT, key_to_id
 
 
 class TextTable:
     def __init__(self, path: str | Path):
+        """Reads the safetensors header only; a file that is not a text table as written (docs/design.md §2) is
+        `DamagedData` naming it."""
         self.path = Path(path)
-        with open(self.path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-        header.pop("__metadata__", None)
-        if NULL_PROMPT not in header:
-            raise ValueError(f"{self.path}: key {NULL_PROMPT!r} missing")
+        header, n = self._read_header()
         self.keys = sorted(header)
         self.ids = key_to_id(self.keys)
         shapes = {tuple(h["shape"]) for h in header.values()}
-        dtypes = {h["dtype"] for h in header.values()}
-        if len(shapes) != 1 or dtypes != {"BF16"}:
-            raise ValueError(f"{self.path}: every key must be BF16 of one shape [L, D]; got {shapes} {dtypes}")
         self.shape = shapes.pop()
         self._data_offset = 8 + n
         # element offsets (uint16 units) of each id's row block, in id order
         self._starts = np.array([header[k]["data_offsets"][0] // 2 for k in self.keys], dtype=np.int64)
         self._mm: np.memmap | None = None
+
+    def _read_header(self) -> tuple[dict, int]:
+        def damaged(what: str) -> DamagedData:
+            return DamagedData(f"{self.path}: not a text table (a safetensors file of BF16 [L, D] prompt "
+                               f"embeddings): {what}")
+
+        try:
+            size = self.path.stat().st_size
+            with open(self.path, "rb") as f:
+                head = f.read(8)
+                (n,) = struct.unpack("<Q", head) if len(head) == 8 else (-1,)
+                if not 0 < n <= size - 8:  # a garbage length must not become a huge read
+                    raise damaged(f"header length {n} does not fit the file's {size} bytes")
+                header = json.loads(f.read(n))
+        except OSError as e:
+            raise DamagedData(f"{self.path}: cannot read the text table ({e.strerror or e})") from None
+        except ValueError as e:  # not UTF-8, not JSON
+            raise damaged(f"header is not JSON ({e})") from None
+        if not isinstance(header, dict):
+            raise damaged("header is not a JSON object")
+        header.pop("__metadata__", None)
+        if NULL_PROMPT not in header:
+            raise damaged(f"key {NULL_PROMPT!r} missing (the empty-prompt embedding is required)")
+        if not all(isinstance(h, dict) and isinstance(h.get("shape"), list) and len(h["shape"]) == 2
+                   and all(isinstance(x, int) and x > 0 for x in h["shape"])
+                   and isinstance(h.get("data_offsets"), list) and len(h["data_offsets"]) == 2
+                   and all(isinstance(x, int) and 0 <= x <= size - 8 - n for x in h["data_offsets"])
+                   and h["data_offsets"][1] - h["data_offsets"][0] == 2 * h["shape"][0] * h["shape"][1]
+                   for h in header.values()):
+            raise damaged("an entry without a [L, D] shape and the data offsets of its bytes inside the file")
+        shapes = {tuple(h["shape"]) for h in header.values()}
+        dtypes = {h.get("dtype") for h in header.values()}
+        if len(shapes) != 1 or dtypes != {"BF16"}:
+            raise damaged(f"every key must be BF16 of one shape [L, D]; got {shapes} {dtypes}")
+        return header, n
 
     def __len__(self) -> int:
         return len(self.keys)

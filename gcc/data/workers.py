@@ -14,7 +14,16 @@ blocked (the mask survives exec), so it never dies under the workers mid-step. E
 handling (`LoaderWorkerInit`, `pool_worker_init`) and exits as soon as the process that asked for it exits,
 however that ends (`exit_with`): a forkserver's child is not its requester's child, so neither the kernel's
 parent-death signal nor torch's worker watchdog notice a SIGKILLed rank, and the forkserver itself exits only
-once every process it forked has (they hold its "alive" pipe).
+once every process it forked has (they hold its "alive" pipe). At a launch's end the rank stops its loader
+workers and then its forkserver (`stop_forkserver`) before it closes the process group (docs/training.md, "How a
+launch ends").
+
+Shared memory: a loader worker receives its dataset pickled, and unpickling re-attaches the dataset's Streaming
+segments, which CPython 3.11 registers with the resource tracker of the worker's rank (Streaming avoids that for
+the segments it attaches itself, not for these). On a rank that did not create them (all but a node's local
+rank 0) nothing ever unregisters them: when that rank ended, its tracker unlinked the run's segments under its
+peers ("resource_tracker: There appear to be N leaked shared_memory objects"), and the creator's own cleanup
+then found them gone. `LoaderWorkerInit` takes these registrations back (`forget_attached_shm`).
 """
 from __future__ import annotations
 
@@ -83,6 +92,48 @@ def pool_worker_init(requester: int, environ: dict[str, str]) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, PREEMPTION_SIGNALS)
 
 
+def stop_forkserver() -> None:
+    """Stop this process's forkserver, if it started one, and wait for it (call once its workers are gone). It
+    only forks and holds nothing to save or release, so it is killed rather than asked to exit: its interpreter
+    shutdown alone, a last collection over all of torch, takes seconds."""
+    server = forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        server._stop()  # closes its "alive" pipe and reaps it
+
+
+def forget_attached_shm(obj, depth: int = 5) -> int:
+    """In a loader worker: unregister from the resource tracker the Streaming segments that unpickling `obj`
+    (the worker's dataset) attached and that the worker's rank did not create (see the module's docstring).
+    Returns how many it unregistered."""
+    from streaming.base.shared.memory import SharedMemory
+
+    seen: set[int] = set()
+    forgotten = 0
+
+    def visit(o, d: int) -> None:
+        nonlocal forgotten
+        if d < 0 or id(o) in seen:
+            return
+        seen.add(id(o))
+        if isinstance(o, SharedMemory):
+            if not o.created_shms and getattr(o.shm, "_name", None):  # the rank attached it: not its to track
+                resource_tracker.unregister(o.shm._name, "shared_memory")
+                forgotten += 1
+            return
+        attrs = getattr(o, "__dict__", None)
+        if isinstance(attrs, dict):
+            for v in list(attrs.values()):
+                visit(v, d - 1)
+
+    visit(obj, depth)
+    return forgotten
+
+
 def _parent_name() -> str:
     try:
         with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
@@ -121,6 +172,8 @@ class LoaderWorkerInit:
             signal.signal(s, self._deferred_exit)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, PREEMPTION_SIGNALS)
         info = get_worker_info()
+        if info is not None:
+            forget_attached_shm(info.dataset)
         n = info.num_workers if info is not None else "?"
         print(f"gcc.data: rank {self.rank} loader worker {worker_id}/{n} started: pid {os.getpid()}, "
               f"parent {os.getppid()} ({_parent_name()})", file=sys.stderr, flush=True)

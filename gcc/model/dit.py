@@ -379,7 +379,8 @@ def _wan_weight_map(model_dir: Path) -> dict[str, str]:
     index = model_dir / WAN_INDEX
     if index.is_file():
         with open(index) as fh:
-            weight_map = json.load(fh).get("weight_map")
+            data = json.load(fh)
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
             raise ValueError(f"{index}: no weight_map")
         return weight_map
@@ -412,10 +413,11 @@ def read_slice(fh, key: str, slices: tuple[slice, ...]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def load_wan_base(model: GcDiT, model_dir: str | os.PathLike) -> GcDiT:
+def load_wan_base(model: GcDiT, model_dir: str | os.PathLike, check_only: bool = False) -> GcDiT:
     """Load Wan weights from a local Wan2.2 directory as published (sharded diffusion_pytorch_model*.safetensors
     + index). Every Wan key of the model must come from the files with the same shape; the cond is left as is.
-    An FSDP-sharded model reads only the rows each rank holds."""
+    An FSDP-sharded model reads only the rows each rank holds. With `check_only` only the index and the files'
+    headers are read and checked against `model` (which may be on the meta device); nothing is copied."""
     model_dir = Path(model_dir)
     weight_map = _wan_weight_map(model_dir)
     params = model.state_dict()
@@ -441,5 +443,6 @@ def load_wan_base(model: GcDiT, model_dir: str | os.PathLike) -> GcDiT:
                 shape = tuple(fh.get_slice(k).get_shape())
                 if shape != tuple(params[k].shape):
                     raise ValueError(f"{path}: {k} has shape {shape}, model expects {tuple(params[k].shape)}")
-                fill_local(params[k], lambda sl: read_slice(fh, k, sl))
+                if not check_only:
+                    fill_local(params[k], lambda sl: read_slice(fh, k, sl))
     return model

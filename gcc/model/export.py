@@ -138,25 +138,29 @@ def save_gc(state_dict: Mapping[str, torch.Tensor], path: str | os.PathLike, met
 
 @torch.no_grad()
 def _load_checked(model: GcDiT, shapes: Mapping[str, tuple], read: Callable[[str, tuple], torch.Tensor],
-                  where: str, has_cond: bool) -> None:
+                  where: str, has_cond: bool, check_only: bool = False) -> None:
     """Verify the key set and every shape first, then copy (`read(key, slices)`: that part of the full tensor;
     an FSDP-sharded model asks each rank for its rows only); without cond keys (plain Wan) the cond restarts at
-    its initial, zero-output values. Nothing is modified if any check fails."""
+    its initial, zero-output values. Nothing is modified if any check fails, nor with `check_only`."""
     params = model.state_dict()
     want = set(params) if has_cond else set(wan_keys(model))
     _key_diff(set(shapes), want, where)
     for k in sorted(want):
         if tuple(shapes[k]) != tuple(params[k].shape):
             raise GcCkptError(f"{where}: {k} has shape {tuple(shapes[k])}, model expects {tuple(params[k].shape)}")
+    if check_only:
+        return
     for k in sorted(want):
         fill_local(params[k], lambda sl: read(k, sl))
     if not has_cond:
         model.reset_cond()
 
 
-def load_gc_weights(model: GcDiT, path: str | os.PathLike) -> dict:
+def load_gc_weights(model: GcDiT, path: str | os.PathLike, check_only: bool = False) -> dict:
     """Warm start from a gc25d export of the model's vocab, or from a plain Wan export (no gc_sem_cond.* keys:
-    the cond starts at zero). Returns {"kind": "gc25d"|"wan", "path", "vocab"}."""
+    the cond starts at zero). Returns {"kind": "gc25d"|"wan", "path", "vocab"}. With `check_only` nothing is read
+    but the file's header (keys, shapes, metadata), checked against `model`, which may be on the meta device: a
+    file that does not fit is refused before the model is built."""
     path = str(path)
     try:
         fh = safe_open(path, "pt")
@@ -174,7 +178,7 @@ def load_gc_weights(model: GcDiT, path: str | os.PathLike) -> dict:
                 raise GcCkptError(f"{path}: vocab {meta.get('vocab')!r} differs from the model's {model.vocab!r}")
             has_cond = True  # a gc25d file must carry the cond; missing ones are reported by the key check
         shapes = {k: tuple(fh.get_slice(k).get_shape()) for k in keys}
-        _load_checked(model, shapes, lambda k, sl: read_slice(fh, k, sl), path, has_cond)
+        _load_checked(model, shapes, lambda k, sl: read_slice(fh, k, sl), path, has_cond, check_only)
     return {"kind": "gc25d" if has_cond else "wan", "path": path, "vocab": meta.get("vocab", model.vocab)}
 
 

@@ -4,7 +4,7 @@
     gcc-inspect --model ti2v-5b    # builds the preset on the meta device: key count, parameter count
 
 (also `python -m gcc.tools.inspect_ckpt`). Exit status 2 when the file cannot be read or the check fails, as
-every gcc tool's for bad input.
+every gcc tool's for bad input (gcc/cli.py).
 """
 from __future__ import annotations
 
@@ -15,10 +15,16 @@ import sys
 
 from safetensors import safe_open
 
-EXIT_BAD_INPUT = 2
+from gcc.cli import fail, input_file_problem
+from gcc.vocab import VOCABS
+
+PROG = "gcc-inspect"
 
 
 def inspect_file(path: str, vocab: str | None = None) -> int:
+    problem = input_file_problem(path)
+    if problem:
+        return fail(PROG, f"{path}: {problem} (expected a .safetensors export)")
     from gcc.model.export import GcCkptError, check_gc_ckpt
 
     try:
@@ -28,8 +34,7 @@ def inspect_file(path: str, vocab: str | None = None) -> int:
             n_params = sum(math.prod(fh.get_slice(k).get_shape()) for k in keys)
             meta = fh.metadata() or {}
     except Exception as e:
-        print(f"FAIL {path}: cannot be read as safetensors: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return fail(PROG, f"{path}: cannot be read as safetensors: {e}")
     print(f"file       {path}")
     print(f"keys       {len(keys)}")
     print(f"dtypes     {dict(dtypes)}")
@@ -40,8 +45,7 @@ def inspect_file(path: str, vocab: str | None = None) -> int:
     try:
         info = check_gc_ckpt(path, vocab=vocab)
     except GcCkptError as e:
-        print(f"FAIL {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return fail(PROG, f"check failed: {e}")
     print(f"check_gc_ckpt OK: {info['n_keys']} keys, {info['num_layers']} blocks, vocab {info['vocab']}")
     return 0
 
@@ -59,11 +63,12 @@ def inspect_model(name: str, vocab: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="gcc-inspect", description=__doc__,
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("file", nargs="?", help="a gc25d .safetensors export")
     ap.add_argument("--model", help="a model preset name, e.g. ti2v-5b or tiny")
-    ap.add_argument("--vocab", default=None, help="expected vocab (file) / vocab to build (model; default parts)")
+    ap.add_argument("--vocab", choices=VOCABS, default=None,
+                    help="expected vocab (file) / vocab to build (model; default parts)")
     return ap
 
 
@@ -72,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if (args.file is None) == (args.model is None):
         ap.error("give exactly one of FILE or --model")
-    if args.model:
+    if args.model is not None:
+        from gcc.model.dit import PRESETS
+
+        if args.model not in PRESETS:
+            ap.error(f"--model {args.model!r}: unknown preset; known: {', '.join(sorted(PRESETS))}")
         return inspect_model(args.model, args.vocab or "parts")
     return inspect_file(args.file, args.vocab)
 

@@ -286,20 +286,29 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO, format="%(message)s", stream=sys.stderr)
     if a.n < 1 or not 0.0 < a.max_frame_coverage < 1.0:
         ap.error("--n must be >= 1 and --max_frame_coverage in (0, 1)")
+    if not 0 <= a.seed < 2**32:  # the loader's (Streaming's) range
+        ap.error(f"--seed must be in [0, 2**32), got {a.seed}")
+    from gcc.cli import file_problem, run_tool
     from gcc.data.errors import BadInput
+    from gcc.data.storage import bucket_problem, is_remote
 
-    try:
+    def body() -> int:
+        for flag, path in (("--json", a.json), ("--preview", a.preview)):  # before the clips are read
+            problem = path and file_problem(path)
+            if problem:
+                raise BadInput(f"{flag} {path}: {problem}")
+        problem = is_remote(a.data) and bucket_problem(a.data)
+        if problem:
+            raise BadInput(f"--data {a.data}: {problem}")
         res = measure(a.data, a.split, a.n, a.seed, a.max_frame_coverage, a.preview)
-    except BadInput as e:
-        print(f"gcc-maskstats: error: {e}", file=sys.stderr)
-        return 2
-    print(format_table(res))
-    if a.json:
-        atomic_write(a.json, json.dumps(res, indent=1) + "\n")
-        print(f"wrote {a.json}")
-    if a.preview:
-        print(f"wrote {a.preview}")
-    return 0
+        print(format_table(res))
+        if a.json:
+            atomic_write(a.json, json.dumps(res, indent=1) + "\n")
+            print(f"wrote {a.json}")
+        if a.preview:
+            print(f"wrote {a.preview}")
+        return 0
+    return run_tool(ap.prog, body)
 
 
 if __name__ == "__main__":

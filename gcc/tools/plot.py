@@ -14,25 +14,40 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from gcc.cli import EXIT_BAD_INPUT, file_problem, os_error_message, run_tool
+from gcc.data.errors import BadInput
 from gcc.data.storage import atomic_path
 
-EXIT_NO_LOG = 2
+EXIT_NO_LOG = EXIT_BAD_INPUT
 
 
-def read_rows(path: Path) -> list[dict[str, float]]:
-    """The CSV's rows as floats (text columns such as `clips` dropped); [] when the file is missing."""
+def read_rows(path: Path, needs: tuple[str, ...] = ("step",)) -> list[dict[str, float]]:
+    """The CSV's rows as floats (text columns such as `clips` dropped); [] when the file is missing. A row without
+    a number in each of `needs` (the last one, while a run is writing it) is left out; a file that is not such a
+    CSV (no `needs` columns in its header, not UTF-8 text) is BadInput naming it."""
     if not path.exists():
         return []
     out = []
-    with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            row = {}
-            for k, v in r.items():
-                try:
-                    row[k] = float(v)
-                except (TypeError, ValueError):
-                    continue
-            out.append(row)
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in needs if c not in (reader.fieldnames or [])]
+            if missing:
+                raise BadInput(f"{path}: no {', '.join(repr(c) for c in missing)} column(s) (header: "
+                               f"{','.join(reader.fieldnames or [])[:200]!r}); not a log that gcc/train.py wrote")
+            for r in reader:
+                row = {}
+                for k, v in r.items():
+                    try:
+                        row[k] = float(v)
+                    except (TypeError, ValueError):
+                        continue
+                if all(c in row for c in needs):
+                    out.append(row)
+    except OSError as e:
+        raise BadInput(os_error_message(e)) from None
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise BadInput(f"{path}: not a CSV log that gcc/train.py wrote ({e})") from None
     return out
 
 
@@ -53,8 +68,8 @@ def plot_run(run_dir: Path, out: Path, smoothing: float = 0.9) -> Path:
 
     train = read_rows(run_dir / "train_log.csv")
     if not train:
-        raise FileNotFoundError(f"{run_dir / 'train_log.csv'}: no train rows to plot (is {run_dir} a run folder?)")
-    val = read_rows(run_dir / "val_log.csv")
+        raise BadInput(f"{run_dir / 'train_log.csv'}: no train rows to plot (is {run_dir} a run folder?)")
+    val = read_rows(run_dir / "val_log.csv", ("step", "timestep"))
     step = [r["step"] for r in train]
 
     def col(name: str) -> list[float]:
@@ -82,7 +97,8 @@ def plot_run(run_dir: Path, out: Path, smoothing: float = 0.9) -> Path:
         by_t[r["timestep"]].append(r)
     for ax, key in zip(axes[1, :3], ("mse", "gap_uncond", "gap_nulltext")):
         for t, rows in sorted(by_t.items()):
-            ax.plot([r["step"] for r in rows], [r[key] for r in rows], marker="o", ms=3, label=f"t={t:.1f}")
+            ax.plot([r["step"] for r in rows], [r.get(key, math.nan) for r in rows], marker="o", ms=3,
+                    label=f"t={t:.1f}")
         if key.startswith("gap"):
             ax.axhline(0.0, color="gray", lw=0.8, ls=":")
         ax.set_title(f"val {key}" + ("" if val else " (no validation yet)"))
@@ -118,13 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(args.run_dir)
     if not 0.0 <= args.smoothing < 1.0:
         p.error(f"--smoothing: must be in [0, 1), got {args.smoothing}")
-    try:
-        out = plot_run(run_dir, Path(args.out) if args.out else run_dir / "curves.png", args.smoothing)
-    except FileNotFoundError as e:
-        print(f"gcc-plot: {e}", file=sys.stderr)
-        return EXIT_NO_LOG
-    print(f"gcc-plot: wrote {out}")
-    return 0
+
+    def body() -> int:
+        out = Path(args.out) if args.out else run_dir / "curves.png"
+        problem = file_problem(out) if args.out else None
+        if problem:
+            raise BadInput(f"--out {args.out}: {problem}")
+        print(f"gcc-plot: wrote {plot_run(run_dir, out, args.smoothing)}")
+        return 0
+    return run_tool(p.prog, body)
 
 
 if __name__ == "__main__":

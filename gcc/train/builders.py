@@ -17,6 +17,7 @@ from gcc.data.dataset import (Dropouts, GcStreamingDataset, StallAt, build_datal
 from gcc.data.shards import MANIFEST
 from gcc.data.text_table import TextTable
 from gcc.model.optim import BETAS
+from gcc.redact import redact, redact_text
 from gcc.train.config import TrainConfig
 from gcc.train.run_folder import file_digest
 
@@ -54,7 +55,7 @@ def run_signature(cfg: TrainConfig, manifest_bytes: bytes, known: dict[str, Any]
         index = Path(m.model_dir) / "diffusion_pytorch_model.safetensors.index.json"
         base = storage.sha256_file(index) if index.exists() else os.path.realpath(m.model_dir)
     init = file_digest(m.init_ckpt, known.get("model.init_ckpt")) if m.init_ckpt else ""
-    return {
+    return redact({  # a credential in a path or URL never reaches run.json
         "model.preset": m.preset, "model.overrides": json.dumps(m.overrides, sort_keys=True),
         "model.vocab": m.vocab, "model.first_frame_cond": m.first_frame_cond,
         "model.base_weights": base, "model.init_ckpt": init,
@@ -67,7 +68,7 @@ def run_signature(cfg: TrainConfig, manifest_bytes: bytes, known: dict[str, Any]
         "parallelism": cfg.parallelism,  # DDP and FSDP checkpoints differ in format
         "optim.lr": o.lr, "optim.cond_lr": o.cond_lr, "optim.weight_decay": o.weight_decay,
         "optim.warmup_steps": o.warmup_steps, "optim.grad_clip": o.grad_clip, "optim.betas": list(BETAS),
-    }
+    })
 
 
 def read_manifest_bytes(cfg: TrainConfig) -> bytes:
@@ -196,7 +197,7 @@ def steps_per_epoch(n_train: int, world: int, per_rank_batch: int) -> int:
 
 def resolved_config(cfg: TrainConfig, manifest: dict, per_rank_batch: int) -> dict:
     steps = steps_per_epoch(manifest["counts"]["train"], world_size(), per_rank_batch)
-    return {"config": asdict(cfg), "world_size": world_size(), "per_rank_batch": per_rank_batch,
+    return {"config": redact(asdict(cfg)), "world_size": world_size(), "per_rank_batch": per_rank_batch,
             "grad_accum": cfg.accumulation(world_size()), "data_geometry": manifest["geometry"],
             "data_counts": manifest["counts"], "steps_per_epoch": steps,
             "samples_per_epoch": steps * cfg.global_batch}
@@ -209,11 +210,11 @@ def export_metadata(cfg: TrainConfig, run: dict[str, Any], step: int) -> dict[st
     from gcc.model.export import gc_metadata
 
     d, o = cfg.data, cfg.optim
-    return gc_metadata(vocab=cfg.model.vocab, data=data_kind(cfg), data_root=d.path, step=step,
+    return gc_metadata(vocab=cfg.model.vocab, data=data_kind(cfg), data_root=redact_text(d.path), step=step,
                        text_dropout=d.text_dropout, cond_dropout=d.cond_dropout, mask_p=d.mask_p, lr=o.lr,
                        cond_lr=o.cond_lr, weight_decay=o.weight_decay, warmup_steps=o.warmup_steps,
                        first_frame_cond=cfg.model.first_frame_cond, seed=cfg.seed,
-                       init_ckpt=run["lineage"]["init_ckpt"], model_dir=cfg.model.model_dir,
+                       init_ckpt=run["lineage"]["init_ckpt"], model_dir=redact_text(cfg.model.model_dir),
                        resumed_from=run["resumed_from"],
                        resumed_step="" if run["resumed_step"] is None else run["resumed_step"])
 
@@ -245,9 +246,10 @@ def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch
     store = store_for(cfg.checkpoint_dir)
     after_saver = [rotation]
     if store is not None:
-        after_saver.append(CheckpointUpload(store, run["launch"], run_dir, cfg.keep_checkpoints))
+        after_saver.append(CheckpointUpload(store, run["launch"], run_dir, cfg.keep_checkpoints,
+                                            cfg.inject_stop_after_commit_step))
     export = Export(run_dir, model.dit, cfg.export_every, cfg.max_steps, lambda step: export_metadata(cfg, run, step),
-                    lambda: preemption.preempted_at is not None, store)
+                    lambda: preemption.preempted_at is not None, store, run["launch"])
     guard = NonFiniteGuard(sync, cfg.inject_nonfinite_step, cfg.inject_nonfinite_rank)
     val = ValidationLog("val")
     ordered = [rotation.clock, sync, guard, grad_clip, stats, preemption,

@@ -6,6 +6,8 @@ Defaults are the v10 run (docs/design.md §8). Unknown keys, wrong types and inc
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -84,6 +86,9 @@ class TrainConfig:
     val_timesteps: list = field(default_factory=lambda: [200, 500, 800])
     val_batch: int = 1
     autoresume: bool = True
+    # a launch with nothing to resume in a run folder that holds exports, log rows or checkpoints is refused (exit 3);
+    # true starts over there on purpose, moving what the run wrote to <run_dir>/replaced/<time>/
+    allow_existing: bool = False
     progress_bar: bool = True
     # a progress line every this many steps (and val lines after each validation), unless the progress bar is on
     # and stdout is a terminal; 0 = never
@@ -103,6 +108,10 @@ class TrainConfig:
     inject_nonfinite_rank: int = 0  # ...on this rank (0 = off)
     inject_stall_step: int = 0  # fault injection for tests: the loader never delivers this step's batch...
     inject_stall_rank: int = 0  # ...on this rank (0 = off)
+    # fault injection for tests: right after committing this step's checkpoint to checkpoint_dir, rank 0 sends SIGSTOP
+    # to the launch's process group, freezing it at a known point (the test kills it, or claims the prefix and sends
+    # SIGCONT); 0 = off
+    inject_stop_after_commit_step: int = 0
     fsdp: FsdpConfig = field(default_factory=FsdpConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -128,19 +137,32 @@ CHOICES = {"model.vocab": ("parts", "ids"), "model.preset": ("ti2v-5b", "wide", 
 
 
 def _check_type(key: str, value: Any, typ: Any) -> Any:
-    if typ is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if typ is float and isinstance(value, str):  # yaml reads "1e-5" as a string
-        try:
-            return float(value)
-        except ValueError:
-            pass
+    if typ is float:
+        number = _as_float(value)
+        if number is not None:
+            if not math.isfinite(number):  # nan and inf pass every range check below: refused here
+                raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+            return number
     base = typing.get_origin(typ) or typ
     if base is dict and isinstance(value, dict) or base is list and isinstance(value, list):
         return value
     if isinstance(base, type) and isinstance(value, base) and not (base is int and isinstance(value, bool)):
         return value
     raise ConfigError(f"{key}: expected {getattr(typ, '__name__', typ)}, got {type(value).__name__} {value!r}")
+
+
+def _as_float(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:  # an int too large for a float
+            return math.inf
+    if isinstance(value, str):  # yaml reads "1e-5" as a string
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
 
 
 def _build(cls, data: dict, prefix: str = ""):
@@ -171,18 +193,65 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """A yaml error's own words, with the line and column where the file has them."""
+    mark = getattr(e, "problem_mark", None)
+    what = " ".join(str(x) for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x) or str(e)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {what}" if mark is not None else what
+
+
+MAX_YAML_BYTES = 16 << 20
+
+
+def read_yaml(path: str | Path) -> dict:
+    """The yaml file's mapping of keys ({} for an empty file); a ConfigError naming the file when it cannot be."""
+    from gcc.cli import os_error_message
+
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"{p}: config file not found")
+    if p.is_dir():
+        raise ConfigError(f"{p}: is a folder, expected a yaml config file")
+    try:
+        with open(p, "rb") as f:  # bounded: a path such as /dev/zero must not fill the memory
+            data = f.read(MAX_YAML_BYTES + 1)
+        if len(data) > MAX_YAML_BYTES:
+            raise ConfigError(f"{p}: larger than {MAX_YAML_BYTES >> 20} MB, not a yaml config file")
+        text = data.decode("utf-8")
+    except OSError as e:
+        raise ConfigError(f"config file {os_error_message(e)}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not a yaml config file (not UTF-8 text: byte {e.start} is {e.object[e.start]:#04x})"
+                          ) from None
+    try:
+        tree = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid yaml ({_yaml_problem(e)})") from None
+    if tree is None:
+        return {}
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{p}: expected a mapping of keys (key: value lines), got a yaml {type(tree).__name__}")
+    return tree
+
+
+def parse_override(ov: str) -> tuple[str, Any]:
+    """`dotted.key=value` -> (key, the value read as yaml, as in the file)."""
+    if "=" not in ov:
+        raise ConfigError(f"override {ov!r}: expected dotted.key=value")
+    key, raw = ov.split("=", 1)
+    key = key.strip()
+    if not all(key.split(".")):
+        raise ConfigError(f"override {ov!r}: empty key name (expected dotted.key=value)")
+    try:
+        return key, yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {ov!r}: the value {raw!r} is not valid yaml ({_yaml_problem(e)})") from None
+
+
 def load_config(yaml_path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
-    tree: dict = {}
-    if yaml_path is not None:
-        p = Path(yaml_path)
-        if not p.exists():
-            raise ConfigError(f"{p}: config file not found")
-        tree = yaml.safe_load(p.read_text()) or {}
+    tree: dict = read_yaml(yaml_path) if yaml_path is not None else {}
     for ov in overrides:
-        if "=" not in ov:
-            raise ConfigError(f"override {ov!r}: expected dotted.key=value")
-        key, raw = ov.split("=", 1)
-        _set_dotted(tree, key.strip(), yaml.safe_load(raw))
+        _set_dotted(tree, *parse_override(ov))
     cfg = _build(TrainConfig, tree)
     validate(cfg)
     return cfg
@@ -212,11 +281,6 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError(f"{key}: must be > 0 seconds, got {_get(cfg, key)}")
     if cfg.stall_timeout_s < 0:
         raise ConfigError(f"stall_timeout_s: must be >= 0 seconds (0 = off), got {cfg.stall_timeout_s}")
-    from gcc.train.loggers import check_logger_options
-
-    problems = check_logger_options(cfg.loggers)
-    if problems:
-        raise ConfigError("; ".join(problems))
     if cfg.console_log_every < 0:
         raise ConfigError(f"console_log_every: must be >= 0 (0 = no progress lines), got {cfg.console_log_every}")
     if cfg.data.num_workers < 0:
@@ -228,6 +292,136 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"grad_accum: must be >= 0 (0 = derived), got {cfg.grad_accum}")
     if cfg.global_batch % cfg.micro_batch:
         raise ConfigError(f"global_batch={cfg.global_batch} is not a multiple of micro_batch={cfg.micro_batch}")
+    if not 0 <= cfg.seed < 2**32:  # Composer's and Streaming's range
+        raise ConfigError(f"seed: must be in [0, 2**32), got {cfg.seed}")
+    for key in ("optim.lr", "optim.cond_lr", "optim.weight_decay", "optim.grad_clip", "optim.warmup_steps",
+                "inject_nonfinite_step", "inject_nonfinite_rank", "inject_stall_step", "inject_stall_rank"):
+        if _get(cfg, key) < 0:
+            raise ConfigError(f"{key}: must be >= 0, got {_get(cfg, key)}")
+    if cfg.dist_timeout > MAX_TIMEOUT_S:
+        raise ConfigError(f"dist_timeout: must be at most {MAX_TIMEOUT_S:.3g} seconds (Python's timedelta), got "
+                          f"{cfg.dist_timeout}")
+    if cfg.data.num_canonical_nodes < 1:
+        raise ConfigError(f"data.num_canonical_nodes: must be >= 1, got {cfg.data.num_canonical_nodes}")
+    if cfg.data.cache_limit:
+        from streaming.base.util import bytes_to_int
+
+        try:
+            limit = bytes_to_int(cfg.data.cache_limit)
+        except ValueError:
+            limit = 0
+        if limit <= 0:
+            raise ConfigError(f"data.cache_limit: must be empty (no limit) or a size such as 200gb, got "
+                              f"{cfg.data.cache_limit!r}")
+    bad_t = [t for t in cfg.val_timesteps if _as_float(t) is None or not 0 <= _as_float(t) <= 1000]
+    if bad_t or (not cfg.val_timesteps and cfg.val_every and cfg.val_n):
+        raise ConfigError(f"val_timesteps: must be a non-empty list of numbers in [0, 1000] (scheduler timesteps), "
+                          f"got {cfg.val_timesteps!r}")
+    _check_model_overrides(cfg.model.overrides)
+    if cfg.loggers:  # last: it imports Composer (seconds)
+        from gcc.train.loggers import check_logger_options
+
+        problems = check_logger_options(cfg.loggers)
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+
+# Python's timedelta holds at most 999,999,999 days
+MAX_TIMEOUT_S = 999_999_999 * 86400.0
+
+
+def _check_model_overrides(overrides: dict) -> None:
+    """model.overrides: fields of the preset's DiTConfig (docs/model.md), each of its type; the vocab is model.vocab."""
+    if not overrides:
+        return
+    from gcc.model.dit import DiTConfig
+
+    hints = typing.get_type_hints(DiTConfig)
+    for k, v in overrides.items():
+        if k not in hints or k == "vocab":
+            hint = " (set model.vocab instead)" if k == "vocab" else ""
+            raise ConfigError(f"model.overrides.{k}: not a field of the model config{hint}; known: "
+                              f"{sorted(set(hints) - {'vocab'})}")
+        typ = hints[k]
+        if typing.get_origin(typ) is tuple:
+            ok = isinstance(v, list) and len(v) == len(typing.get_args(typ)) and all(
+                isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v)
+            want = f"a list of {len(typing.get_args(typ))} positive integers"
+        elif typ is float:
+            ok = _as_float(v) is not None and math.isfinite(_as_float(v)) and _as_float(v) > 0
+            want = "a positive number"
+        else:
+            ok = isinstance(v, int) and not isinstance(v, bool) and v > 0
+            want = "a positive integer"
+        if not ok:
+            raise ConfigError(f"model.overrides.{k}: expected {want}, got {v!r}")
+
+
+def check_inputs(cfg: TrainConfig) -> None:
+    """What the config names outside itself, checked before any work (every rank does it, before the process
+    group): the folders it writes (run_dir, data.cache_dir) must be folders; an s3:// data.path or checkpoint_dir
+    needs a bucket the store serves; the weights it names (model.model_dir, model.init_ckpt,
+    model.legacy_zero_ckpt), where they exist, must be of the right kind and fit the model, read from their
+    headers against the model built on the meta device (nothing allocated). Missing weights and a local
+    data.path without a finished conversion are left to rank 0 (a resume loads no weights; data not ready is a
+    refusal, exit 3: docs/training.md). Raises ConfigError naming the key; StorageUnavailable when the store
+    does not answer."""
+    from gcc.cli import folder_problem
+    from gcc.data import storage
+
+    for key in ("run_dir", "data.cache_dir"):
+        problem = _get(cfg, key) and folder_problem(_get(cfg, key))
+        if problem:
+            raise ConfigError(f"{key}: {_get(cfg, key)}: {problem}")
+    for key in ("data.path", "checkpoint_dir"):
+        url = _get(cfg, key)
+        if url and storage.is_remote(url):
+            problem = storage.bucket_problem(url)
+            if problem:
+                raise ConfigError(f"{key}: {url}: {problem}")
+    if not storage.is_remote(cfg.data.path) and Path(cfg.data.path).is_file():
+        raise ConfigError(f"data.path: {cfg.data.path} is a file, expected a convert_data output folder")
+    model = cfg.model
+    if model.init_ckpt and Path(model.init_ckpt).is_dir():
+        raise ConfigError(f"model.init_ckpt: {model.init_ckpt}: is a folder, expected a .safetensors export")
+    for key, wanted in (("model_dir", "the Wan2.2-TI2V-5B folder as published"),
+                        ("legacy_zero_ckpt", "a DeepSpeed ZeRO checkpoint folder")):
+        path = getattr(model, key)
+        if path and Path(path).exists() and not Path(path).is_dir():
+            raise ConfigError(f"model.{key}: {path}: is a file, expected {wanted}")
+    legacy = Path(model.legacy_zero_ckpt) if model.legacy_zero_ckpt else None
+    if legacy is not None and legacy.is_dir() and not (legacy / "latest").is_file():
+        raise ConfigError(f"model.legacy_zero_ckpt: {legacy}: no 'latest' file (expected a DeepSpeed ZeRO "
+                          f"checkpoint folder as accelerate's save_state writes it)")
+    _check_weights_fit(cfg)
+
+
+def _check_weights_fit(cfg: TrainConfig) -> None:
+    if not (cfg.model.overrides or cfg.model.model_dir or cfg.model.init_ckpt):
+        return
+    from safetensors import SafetensorError
+
+    from gcc.model.dit import build_gc_dit, load_wan_base
+    from gcc.model.export import load_gc_weights
+
+    try:
+        dit = build_gc_dit(cfg.model.preset, device="meta", vocab=cfg.model.vocab, **cfg.model.overrides)
+        head_dim, rem = divmod(dit.config.dim, dit.config.num_heads)
+        if rem or head_dim % 2 or head_dim // 3 % 2:  # Wan's 3D RoPE splits a head in three even parts
+            raise ValueError(f"dim={dit.config.dim} / num_heads={dit.config.num_heads} must give a head width d "
+                             f"with d and d // 3 even (Wan's 3D RoPE)")
+    except (ValueError, TypeError, AssertionError, RuntimeError) as e:
+        raise ConfigError(f"model.overrides: the {cfg.model.preset!r} preset with {cfg.model.overrides} cannot be "
+                          f"built ({type(e).__name__}: {e})") from None
+    for key, check in (("model_dir", load_wan_base), ("init_ckpt", load_gc_weights)):
+        path = getattr(cfg.model, key)
+        if not (path and os.path.exists(path)):  # missing: rank 0 decides (a resume does not load it)
+            continue
+        try:
+            check(dit, path, check_only=True)
+        except (ValueError, OSError, SafetensorError) as e:  # GcCkptError is a ValueError; each names the file
+            raise ConfigError(f"model.{key}: {e} (the model: model.preset {cfg.model.preset!r}, model.vocab "
+                              f"{cfg.model.vocab!r})") from None
 
 
 def to_dict(cfg: TrainConfig) -> dict:

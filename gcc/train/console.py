@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from gcc.redact import RedactingFilter
+
 PREFIX = "gcc.train: "
 ALL_RANKS = {"all_ranks": True}
 
@@ -44,6 +46,7 @@ def configure_logging(level: str = "INFO", rank: int = 0) -> None:
     for h in (out, err):
         h.setFormatter(fmt)
         h.addFilter(_RankFilter(rank))
+        h.addFilter(RedactingFilter())  # a credential in a URL or path never reaches the job log
         root.addHandler(h)
     root.setLevel(level.upper())
     root.propagate = False

@@ -9,13 +9,17 @@ code and says which rank stopped the run and why: when its collective fails (`pe
 error path) or sooner, from a thread that watches the store (`watch_peers`). After a missed deadline the peer
 first writes its own stacks (a stall's cause may be on any rank), so the rank that missed it waits
 `PEER_GRACE_S` before exiting.
+
+The watching thread is stopped and joined before the launch ends (`stop_watching`, from gcc.train.trainer's end
+of a launch): a daemon thread still inside a store call when the interpreter shuts down is ended by CPython with
+`pthread_exit`, whose unwinding through that call's C++ frames aborts the process ("terminate called without an
+active exception", exit -6, docs/training.md "How a launch ends").
 """
 from __future__ import annotations
 
 import json
 import logging
 import threading
-import time
 from typing import Callable
 
 KEY = "gcc/fault"
@@ -59,17 +63,41 @@ def peer_fault(rank: int, include_own: bool = False) -> tuple[int, str] | None:
     return int(code), f"stopped with rank {where}, which met a fault: {message}"
 
 
-def watch_peers(rank: int, on_fault: Callable[[int, str], None], poll_s: float = 1.0) -> threading.Thread:
+class PeerWatch:
     """A daemon thread that calls `on_fault(code, message)` once another rank has recorded a fault. It has a
     thread of its own: a store that stops answering blocks only this thread, never the rank's deadlines."""
-    def loop() -> None:
-        while True:
-            time.sleep(poll_s)
-            fault = peer_fault(rank)
-            if fault is not None:
-                on_fault(*fault)
+
+    def __init__(self, rank: int, on_fault: Callable[[int, str], None], poll_s: float = 1.0):
+        self.rank, self.on_fault, self.poll_s = rank, on_fault, poll_s
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="gcc-peer-watch", daemon=True)
+        self.thread.start()
+        _WATCHES.append(self)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            fault = peer_fault(self.rank)
+            if fault is not None and not self._stop.is_set():
+                self.on_fault(*fault)
                 return
 
-    t = threading.Thread(target=loop, name="gcc-peer-watch", daemon=True)
-    t.start()
-    return t
+    def stop(self, timeout_s: float) -> bool:
+        """Stop the thread and wait for it (it may be inside a store call); False if it is still running."""
+        self._stop.set()
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout_s)
+        if self in _WATCHES and not self.thread.is_alive():
+            _WATCHES.remove(self)
+        return not self.thread.is_alive()
+
+
+_WATCHES: list[PeerWatch] = []
+
+
+def watch_peers(rank: int, on_fault: Callable[[int, str], None], poll_s: float = 1.0) -> PeerWatch:
+    return PeerWatch(rank, on_fault, poll_s)
+
+
+def stop_watching(timeout_s: float = 10.0) -> bool:
+    """Stop every PeerWatch of this process; False if one is still inside a store call after `timeout_s`."""
+    return all([w.stop(timeout_s) for w in list(_WATCHES)])  # a list: each one is stopped, even after a failure

@@ -50,7 +50,11 @@ class RunLock:
 
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # never through a link: a planted one would make us truncate its target
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        except OSError as e:
+            raise Refusal(f"{self.path}: cannot be opened as the run's lock file ({e.strerror}; a symbolic link or "
+                          f"not a file?); remove it and relaunch") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -73,7 +77,12 @@ def file_digest(path: str, known: dict[str, Any] | None = None) -> dict[str, Any
     """sha256 of a (possibly 10 GB) file, reusing a stored digest when path, size and mtime are unchanged."""
     if not path:
         return {"path": "", "sha256": ""}
-    st = os.stat(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if known and known.get("sha256") and known.get("path") == os.path.realpath(path):
+            return known  # moved since the launch that recorded it: that digest stands (a resume does not read it)
+        raise
     stamp = {"path": os.path.realpath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
     if known and all(known.get(k) == v for k, v in stamp.items()):
         return known
@@ -98,7 +107,18 @@ def diff_signatures(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 def stored_record(run_dir: Path) -> dict[str, Any] | None:
     path = Path(run_dir) / "run.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_bytes())
+    except (OSError, ValueError) as e:  # ValueError: not UTF-8 or not JSON
+        raise Refusal(f"{path}: not a run record gcc wrote ({type(e).__name__}: {e}); restore it, or use another "
+                      f"run_dir") from None
+    if not (isinstance(record, dict) and isinstance(record.get("signature"), dict)
+            and isinstance(record.get("lineage"), dict)):
+        raise Refusal(f"{path}: not a run record gcc wrote (expected an object with 'signature' and 'lineage'); "
+                      f"restore it, or use another run_dir")
+    return record
 
 
 def check_identity(run_dir: Path, signature: dict[str, Any], lineage: dict[str, Any]) -> dict[str, Any]:
@@ -213,3 +233,41 @@ def point_latest(run_dir: Path, name: str) -> None:
     tmp.unlink(missing_ok=True)
     os.symlink(name, tmp)
     os.replace(tmp, link)
+
+
+# ---- starting over ------------------------------------------------------------------------------------
+OUTPUTS = ("step-*.safetensors", "train_log*.csv", "val_log*.csv", "config.json", "done.json", "curves.png",
+           "tensorboard", "stacks", "checkpoints")
+REPLACED = "replaced"
+
+
+def _data_rows(path: Path) -> int:
+    try:
+        with open(path, "rb") as f:
+            return max(0, sum(1 for line in f if line.strip()) - 1)  # the header
+    except OSError:
+        return 0
+
+
+def what_a_restart_loses(run_dir: Path) -> list[str]:
+    """What a start from step 0 in `run_dir` would overwrite or drop: exports, logged rows, checkpoints."""
+    run_dir = Path(run_dir)
+    exports = sorted(run_dir.glob("step-*.safetensors"), key=lambda p: p.stat().st_mtime)
+    found = [f"{len(exports)} export(s) (newest {exports[-1].name})"] if exports else []
+    found += [f"{name} with {n} row(s)" for name in ("train_log.csv", "val_log.csv")
+              if (n := _data_rows(run_dir / name))]
+    ckpts = list_checkpoints(run_dir)
+    found += [f"{len(ckpts)} checkpoint(s) (newest {ckpts[-1][1].name})"] if ckpts else []
+    return found
+
+
+def set_aside(run_dir: Path, stamp: str) -> Path:
+    """Start over on purpose (`allow_existing: true`): move everything a run wrote into
+    `<run_dir>/replaced/<stamp>/`, so that nothing is lost; run.json (the same signature) and the cache stay."""
+    run_dir = Path(run_dir)
+    dest = run_dir / REPLACED / stamp
+    dest.mkdir(parents=True, exist_ok=False)
+    for pattern in OUTPUTS:
+        for p in sorted(run_dir.glob(pattern)):
+            os.replace(p, dest / p.name)
+    return dest

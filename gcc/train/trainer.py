@@ -6,7 +6,9 @@ Order of a launch:
    the run signature (run.json) and repairs the checkpoint folder; every rank gets its verdict (exit 3 on a
    refusal, the same on all ranks);
 3. build data, model (base/warm-start weights only when there is no checkpoint to resume), optimizer,
-   callbacks, loggers and Composer's Trainer with autoresume; fit.
+   callbacks, loggers and Composer's Trainer with autoresume; fit;
+4. end: loader workers, forkserver and this rank's threads stop, then the process group closes on all ranks
+   together (`end_launch`); a fault leaves at once instead, on every rank (docs/training.md "How a launch ends").
 Exit codes: 0 done or preempted (checkpoint written), 2 bad config, 3 refused, 4 non-finite loss, 5 stalled (a
 rank missed a deadline; every thread's stack is in <run_dir>/stacks/), 6 damaged data (a shard or index that
 cannot be read back as convert_data wrote it), 7 object storage unavailable (after bounded retries), 8 disk full.
@@ -15,6 +17,7 @@ On 6-8 the rank stops at once: nothing is checkpointed after the fault was seen,
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -24,6 +27,7 @@ import time
 import warnings
 from pathlib import Path
 
+from gcc.train.config import ConfigError
 from gcc.train.run_folder import Refusal, check_identity
 from gcc.train.watchdog import EXIT_STALLED  # 5
 
@@ -37,11 +41,17 @@ def _rank() -> int:
     return int(os.environ.get("RANK", 0))
 
 
-def check_data(manifest: dict, data: str) -> None:
-    """Refuse data the run cannot train on: no train clips, or train and val sharing clips or runs."""
+def check_data(manifest: dict, data: str, per_rank_batch: int = 1, world: int = 1) -> None:
+    """Refuse data the run cannot train on: no train clips, fewer clips a rank than its batch (no step per epoch:
+    the run would loop over empty epochs for ever), or train and val sharing clips or runs."""
     tr, va = manifest["splits"]["train"], manifest["splits"]["val"]
     if not tr["clip_ids"]:
         raise Refusal(f"data {data}: the train split has no clips")
+    per_rank = -(-len(tr["clip_ids"]) // world)  # Streaming pads every rank to ceil(N / ranks) (docs/training.md)
+    if per_rank < per_rank_batch:
+        raise Refusal(f"data {data}: the train split's {len(tr['clip_ids'])} clips give each of the {world} rank(s) "
+                      f"{per_rank} samples an epoch, fewer than its batch of {per_rank_batch} (global_batch / world_size): "
+                      f"no step could be taken; lower global_batch")
     clips = sorted(set(tr["clip_ids"]) & set(va["clip_ids"]))
     runs = sorted(set(tr["runs"]) & set(va["runs"]))
     if clips or runs:
@@ -53,7 +63,8 @@ def prepare_run(cfg, lock) -> dict:
     from gcc.data.errors import StorageUnavailable
     from gcc.train.builders import read_manifest_bytes, run_signature
     from gcc.train.checkpoint_store import store_for
-    from gcc.train.run_folder import checkpoint_step, repair_checkpoints, stored_record
+    from gcc.train.run_folder import (checkpoint_step, repair_checkpoints, set_aside, stored_record,
+                                      what_a_restart_loses)
 
     lock.acquire()
     try:
@@ -63,29 +74,68 @@ def prepare_run(cfg, lock) -> dict:
     except Exception as e:  # missing file (local or S3)
         raise Refusal(f"data {cfg.data.path}: no readable manifest.json — not a finished convert_data output "
                       f"({type(e).__name__}: {e})") from None
-    manifest = json.loads(manifest_bytes)
-    check_data(manifest, cfg.data.path)
+    from gcc.data.shards import MANIFEST, parse_manifest
+    from gcc.data.storage import join
+
+    manifest = parse_manifest(manifest_bytes, join(cfg.data.path, MANIFEST))  # BadInput: a refusal (exit 3)
+    check_data(manifest, cfg.data.path, cfg.per_rank_batch(int(os.environ.get("WORLD_SIZE", 1))),
+               int(os.environ.get("WORLD_SIZE", 1)))
     run_dir = Path(cfg.run_dir)
-    store, launch = store_for(cfg.checkpoint_dir), ""
-    remote_record = None
-    if store is not None:
-        launch = store.claim()
-        remote_record = adopt_remote_record(store, run_dir)
+    store, launch, committed_files = store_for(cfg.checkpoint_dir), "", None
+    remote_record = adopt_remote_record(store, run_dir) if store is not None else None
     old = stored_record(run_dir)
-    signature = run_signature(cfg, manifest_bytes, known=(old or {}).get("signature"))
+    try:  # a moved init_ckpt keeps the digest recorded at the first launch (a resume loads the checkpoint)
+        signature = run_signature(cfg, manifest_bytes, known=(old or {}).get("signature"))
+    except FileNotFoundError as e:
+        raise ConfigError(f"model.init_ckpt: {e.filename}: not found (the warm start's weights)") from None
     lineage = {"init_ckpt": os.path.realpath(cfg.model.init_ckpt) if cfg.model.init_ckpt else ""}
     record = check_identity(run_dir, signature, lineage)
     latest = repair_checkpoints(run_dir) if cfg.autoresume else None
+    committed = store.head() if store is not None else None  # read only: the claim comes after every check
+    if latest is None and not (cfg.autoresume and committed is not None and committed.checkpoint):
+        check_fresh_start(cfg, run_dir, committed)  # nothing to resume: a start from step 0
     if store is not None:
+        # only now, every identity check passed: a refused launch leaves the prefix (and its live owner) alone
+        launch = store.claim()
         if remote_record is None:
             store.write_record(record)
-        remote = store.repair() if cfg.autoresume else None
-        if remote is not None and (latest is None or checkpoint_step(remote) >= checkpoint_step(latest)) \
-                and not store.whole_here(remote, run_dir):
-            latest = store.fetch(remote, run_dir)
+        head = store.repair(launch) if cfg.autoresume else None
+        remote = head.checkpoint if head is not None else None
+        if remote is not None and (latest is None or checkpoint_step(remote) >= checkpoint_step(latest)):
+            committed_files = head.files  # what every node verifies its copy against (fetch_on_this_node)
+            if not store.whole_here(remote, run_dir, head.files):
+                latest = store.fetch(remote, run_dir, head.files)
+    if latest is None and cfg.allow_existing and what_a_restart_loses(run_dir):
+        moved = set_aside(run_dir, time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
+        logger.info(f"allow_existing: starting over in {run_dir}; what the run had written is now in {moved}")
     resumed_step = checkpoint_step(latest) if latest else None
-    return {"manifest": manifest, "lineage": record["lineage"], "launch": launch,
+    return {"manifest": manifest, "lineage": record["lineage"], "launch": launch, "committed_files": committed_files,
             "resumed_from": str(latest.resolve()) if latest else "", "resumed_step": resumed_step}
+
+
+def check_fresh_start(cfg, run_dir: Path, committed) -> None:
+    """A launch with nothing to resume starts from step 0. It must not destroy what the run wrote: a run folder
+    holding exports, log rows or checkpoints is refused unless `allow_existing` (they are then moved aside, not
+    deleted), and a prefix holding a committed checkpoint always (its rotation would delete them). The weights
+    such a start loads must exist (ConfigError: exit 2)."""
+    from gcc.train.run_folder import REPLACED, what_a_restart_loses
+
+    m = cfg.model
+    for key, path, kind in (("model.init_ckpt", m.init_ckpt, "file"), ("model.model_dir", m.model_dir, "folder"),
+                            ("model.legacy_zero_ckpt", m.legacy_zero_ckpt, "folder")):
+        if path and not (os.path.isfile(path) if kind == "file" else os.path.isdir(path)):
+            raise ConfigError(f"{key}: {path}: no such {kind}; a start from step 0 loads its weights (a resume "
+                              f"would not: {run_dir} has no checkpoint)")
+    if committed is not None and committed.checkpoint:
+        raise Refusal(f"{cfg.checkpoint_dir}: commits {committed.checkpoint} of this run, but autoresume is off, so "
+                      f"this launch would start from step 0 and its rotation would delete the committed checkpoints. "
+                      f"Set autoresume=true to continue the run, or use another checkpoint_dir")
+    lost = what_a_restart_loses(run_dir)
+    if lost and not cfg.allow_existing:
+        why = "autoresume is off" if not cfg.autoresume else "it holds no checkpoint to resume from"
+        raise Refusal(f"{run_dir}: holds {', '.join(lost)}, and {why}: a start from step 0 would overwrite them. "
+                      f"Use another run_dir, or start over here on purpose with allow_existing=true (what the run "
+                      f"wrote is then moved to {run_dir}/{REPLACED}/<time>/)")
 
 
 def adopt_remote_record(store, run_dir: Path) -> dict | None:
@@ -112,35 +162,51 @@ def adopt_remote_record(store, run_dir: Path) -> dict | None:
 
 def fetch_on_this_node(cfg, info: dict) -> None:
     """With remote checkpoints every node needs the checkpoint in its own run folder (which may be node-local):
-    local rank 0 of each node other than rank 0's downloads what rank 0 resumes from, if its folder lacks it."""
+    local rank 0 of each node other than rank 0's downloads what rank 0 resumes from, unless its folder holds it
+    file for file as committed (the manifest rank 0 read). A node that cannot is a Refusal on every rank."""
     from composer.utils import dist
 
     from gcc.train.checkpoint_store import store_for
-    from gcc.train.run_folder import repair_checkpoints
+    from gcc.train.run_folder import ckpt_dir, is_complete, repair_checkpoints
 
     if not (cfg.checkpoint_dir and info["resumed_from"]):
         return
-    name = Path(info["resumed_from"]).name
+    name, run_dir, files = Path(info["resumed_from"]).name, Path(cfg.run_dir), info["committed_files"]
+    refused = ""
     if dist.get_local_rank() == 0 and dist.get_global_rank() != 0:
         store = store_for(cfg.checkpoint_dir)
-        if not store.whole_here(name, Path(cfg.run_dir)):
-            store.fetch(name, Path(cfg.run_dir))
-            repair_checkpoints(Path(cfg.run_dir))  # what this node wrote after `name` was never committed
-    dist.barrier()
+        try:
+            if files is None:  # rank 0 resumes from its own folder's checkpoint, newer than the committed one
+                if not is_complete(ckpt_dir(run_dir) / name):
+                    raise Refusal(f"rank 0 resumes from {name}, a checkpoint of its run folder never committed to "
+                                  f"{store.url}; this node's run folder {run_dir} lacks it")
+            elif not store.whole_here(name, run_dir, files):
+                store.fetch(name, run_dir, files)
+                repair_checkpoints(run_dir)  # what this node wrote after `name` was never committed
+        except Refusal as e:
+            refused = f"node of rank {dist.get_global_rank()}: {e}"
+    refusals = [r for r in dist.all_gather_object(refused) if r]  # also the barrier
+    if refusals:
+        raise Refusal(refusals[0])
 
 
 def agree_on_start(cfg, lock) -> tuple[str, object]:
-    """Global rank 0 runs `prepare_run`; every rank gets its verdict: ("ok", info) or ("refused", message). A fault
+    """Global rank 0 runs `prepare_run`; every rank gets its verdict: ("ok", info), ("refused", message) or
+    ("config", message) (a file the config names is missing). A fault
     (storage away, disk full) leaves rank 0 at once with its exit code; the launcher then stops the others."""
     from composer.utils import dist
 
     from gcc.data.errors import BadInput
+    from gcc.train.config import ConfigError
+
     verdict: list = [None]
     if dist.get_global_rank() == 0:
         try:
             verdict[0] = ("ok", prepare_run(cfg, lock))
         except (Refusal, BadInput) as e:
             verdict[0] = ("refused", str(e))
+        except ConfigError as e:
+            verdict[0] = ("config", str(e))
     dist.broadcast_object_list(verdict, src=0)
     return verdict[0]
 
@@ -154,11 +220,14 @@ def fault_message(e: BaseException) -> str:
 
 
 def as_fault(e: BaseException, run_dir: str) -> tuple[int, str] | None:
-    """(exit code, message) for a fault that stops the run cleanly: damaged data, storage away, disk full."""
-    from gcc.data.errors import DamagedData, StorageUnavailable, disk_full
+    """(exit code, message) for a fault that stops the run cleanly: damaged data, storage away, disk full, a
+    node-wide lock held too long."""
+    from gcc.data.errors import DamagedData, LockTimeout, StorageUnavailable, disk_full
 
     if isinstance(e, DamagedData):
         return EXIT_DATA, f"damaged data: {fault_message(e)}"
+    if isinstance(e, LockTimeout):
+        return EXIT_STALLED, fault_message(e)
     if isinstance(e, StorageUnavailable):
         return EXIT_STORAGE, (f"storage unavailable: {fault_message(e)}. Relaunch the same command once the store "
                               f"answers: it resumes from the last complete checkpoint")
@@ -213,10 +282,14 @@ def _run(cfg) -> int:
     dist.initialize_dist(device, timeout=cfg.dist_timeout)
     lock = RunLock(Path(cfg.run_dir))
     status, info = agree_on_start(cfg, lock)
-    if status == "refused":
-        logger.error(f"refused: {info}")
+    if status != "ok":
+        logger.error(f"{'refused' if status == 'refused' else 'config error'}: {info}")
+        return EXIT_REFUSED if status == "refused" else EXIT_CONFIG
+    try:
+        fetch_on_this_node(cfg, info)  # every rank gets the same verdict
+    except Refusal as e:
+        logger.error(f"refused: {e}")
         return EXIT_REFUSED
-    fetch_on_this_node(cfg, info)
     resumed = info["resumed_step"] is not None
     if resumed and info["resumed_step"] >= cfg.max_steps:
         logger.info(f"nothing to do: {cfg.run_dir} is at step {info['resumed_step']} >= max_steps={cfg.max_steps} "
@@ -262,24 +335,131 @@ def _run(cfg) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    code = _main(argv)
-    if code in (EXIT_STALLED, EXIT_DATA, EXIT_STORAGE, EXIT_DISK):
-        from gcc.train.peer_fault import PEER_GRACE_S
+# The end of a launch (docs/training.md, "How a launch ends"): how long a rank's own threads get to stop, and
+# how long a rank waits for the others before it closes the process group without them. The ranks come from the
+# same step and from Composer's closing barrier, so they arrive within moments of each other.
+THREAD_STOP_S = 10.0
+END_BARRIER_S = 60.0
+END_ARRIVED, END_LEFT = "gcc/end/arrived", "gcc/end/left"
 
-        # The fault is in the store (rank 0 keeps it): stay a moment so that the other ranks read it and stop
-        # with this code rather than on their collective's bare error. Then exit now, not through interpreter
-        # shutdown: shutdown restores SIGTERM's default action, and the launcher's SIGTERM (sent to every rank
-        # once one has failed) would turn this code into -15. The loader workers stop by themselves when their
-        # rank is gone (gcc/data/workers.py).
-        if int(os.environ.get("WORLD_SIZE", 1)) > 1:
-            for s in (signal.SIGTERM, signal.SIGUSR1):  # the launcher's SIGTERM then: nothing left to save
-                signal.signal(s, signal.SIG_IGN)
-            time.sleep(PEER_GRACE_S)
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+
+def stop_threads() -> bool:
+    """Stop and join this rank's own threads: the peer-fault watch and the stall watchdog. Both are daemon threads,
+    and the peer watch spends its time in store calls: one still inside such a call when the interpreter shuts
+    down is ended by CPython with pthread_exit, whose unwinding through the call's C++ frames aborts the process
+    ("terminate called without an active exception", exit -6). False if one did not stop in time."""
+    from gcc.train.peer_fault import stop_watching
+    from gcc.train.watchdog import stop_watchdogs
+
+    watch, dog = stop_watching(THREAD_STOP_S), stop_watchdogs(THREAD_STOP_S)
+    return watch and dog
+
+
+def leave_now(code: int) -> None:
+    """Exit at once with `code`, past interpreter shutdown (the fault paths, docs/training.md "How a launch
+    ends"): the log and the streams flushed, nothing else run."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _end_barrier(store, rank: int, world: int, timeout_s: float) -> None:
+    """Wait until every rank has arrived here (at most `timeout_s`, then say so and go on). Rank 0, whose process
+    keeps the store, leaves last: it waits for the others to have seen the count, so no rank queries a store that
+    is gone. A fault that a peer records meanwhile ends this rank with that fault's code, as during the run."""
+    from gcc.train.console import ALL_RANKS
+    from gcc.train.peer_fault import peer_fault
+
+    deadline = time.monotonic() + timeout_s
+    arrived = store.add(END_ARRIVED, 1)
+    while True:
+        left = store.add(END_LEFT, 0) if rank == 0 else 0
+        if arrived >= world and (rank != 0 or left >= world - 1):
+            if rank != 0:
+                store.add(END_LEFT, 1)
+            return
+        fault = peer_fault(rank)
+        if fault is not None:
+            logger.error(f"rank {rank}: {fault[1]}", extra=ALL_RANKS)
+            leave_now(fault[0])
+        if time.monotonic() > deadline:
+            logger.warning(f"rank {rank}: {min(arrived, world)} of {world} ranks reached the end of the launch within "
+                           f"{timeout_s:g} s; closing the process group without the others", extra=ALL_RANKS)
+            return
+        time.sleep(0.05)
+        arrived = store.add(END_ARRIVED, 0)
+
+
+def close_process_group(timeout_s: float = END_BARRIER_S) -> None:
+    """All ranks together (`_end_barrier`), then `destroy_process_group`: its threads (gloo's, the store's server
+    on rank 0) stop here rather than somewhere in interpreter shutdown."""
+    if "torch.distributed" not in sys.modules:
+        return
+    import torch.distributed as tdist
+
+    if not (tdist.is_available() and tdist.is_initialized()):
+        return
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    from gcc.train.console import ALL_RANKS
+
+    rank, world = tdist.get_rank(), tdist.get_world_size()
+    try:
+        if world > 1:
+            _end_barrier(_get_default_store(), rank, world, timeout_s)
+    except Exception as e:  # the store's host, rank 0, is gone: it left on its own (its deadline passed)
+        logger.warning(f"rank {rank}: the other ranks are gone ({type(e).__name__}: {e}); closing the process group "
+                       f"without them", extra=ALL_RANKS)
+    try:
+        tdist.destroy_process_group()
+    except Exception as e:
+        logger.warning(f"rank {rank}: closing the process group failed ({type(e).__name__}: {e})", extra=ALL_RANKS)
+
+
+def end_launch(code: int) -> int:
+    """The orderly end of a launch, for a code that every rank reaches together (0 finished, preempted or nothing
+    to do; 2 bad config; 3 refused; 4 non-finite loss): the loader workers, then the forkserver, then this rank's
+    threads stop; then the process group closes on all ranks together. Loggers (TensorBoard's writer thread) and
+    the checkpoint uploads were closed by the trainer's close()."""
+    took: dict[str, float] = {}
+    t0 = time.monotonic()
+    if "gcc.data.dataset" in sys.modules:  # a launch that built no loader has neither workers nor forkserver
+        from gcc.data.dataset import stop_loader_workers
+        from gcc.data.workers import stop_forkserver
+
+        stop_loader_workers()
+        stop_forkserver()
+        took["workers and forkserver"] = time.monotonic() - t0
+    t0 = time.monotonic()
+    if not stop_threads():
+        # still inside a store call after THREAD_STOP_S (a store that does not answer): interpreter shutdown could
+        # abort the process, so leave as a fault does
+        logger.warning(f"rank {_rank()}: a watch thread did not stop within {THREAD_STOP_S:g} s; exiting at once")
+        leave_now(code)
+    took["threads"] = time.monotonic() - t0
+    t0 = time.monotonic()
+    close_process_group()
+    took["process group"] = time.monotonic() - t0
+    logger.debug(f"rank {_rank()}: end of the launch (exit {code}): "
+                 + ", ".join(f"{k} {v:.2f} s" for k, v in took.items()))
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        if code in (EXIT_STALLED, EXIT_DATA, EXIT_STORAGE, EXIT_DISK):
+            leave_on_fault(code)
+        code = end_launch(code)
+    except BaseException:
+        # an error, or the SystemExit of Composer's SIGTERM handler: the rank ends through interpreter shutdown, so
+        # its threads stop first (stop_threads); the other ranks may never get to an end barrier: none is waited for
+        stop_threads()
+        raise
+    # Everything that needs closing is closed: the interpreter's last collection would only walk every object of
+    # torch, Composer and the model (seconds on a loaded machine), so they are left out of it.
+    gc.freeze()
     if code in (EXIT_CONFIG, EXIT_REFUSED, EXIT_NONFINITE) and _rank() != 0:
         # Composer's launcher reports the first non-zero exit in rank order and kills the rest: let rank 0
         # exit first, so the launcher's code is ours (2/3/4), not rank 0's -15 from that cleanup. The launcher
@@ -289,8 +469,27 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def leave_on_fault(code: int) -> None:
+    """The end of a launch on a fault (5-8), the same on every rank (docs/training.md "How a launch ends")."""
+    from gcc.train.peer_fault import PEER_GRACE_S
+
+    # The fault is in the store (rank 0 keeps it): stay a moment so that the other ranks read it and stop with
+    # this code rather than on their collective's bare error. Then exit now, not through interpreter shutdown:
+    # shutdown restores SIGTERM's default action, and the launcher's SIGTERM (sent to every rank once one has
+    # failed) would turn this code into -15. Every rank ends a fault this way, the ones that learn of it from
+    # their watch thread too (StallWatchdog.stop_for_peer), and so does a missed deadline: a peer may be stuck in
+    # a collective, so there is no end barrier to wait for. The loader workers and the forkserver stop by
+    # themselves when their rank is gone (gcc/data/workers.py).
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        for s in (signal.SIGTERM, signal.SIGUSR1):  # the launcher's SIGTERM then: nothing left to save
+            signal.signal(s, signal.SIG_IGN)
+        time.sleep(PEER_GRACE_S)
+    leave_now(code)
+
+
 def _main(argv: list[str] | None) -> int:
-    from gcc.train.config import ConfigError, load_config
+    from gcc.data.errors import StorageUnavailable
+    from gcc.train.config import ConfigError, check_inputs, load_config
     from gcc.train.console import configure_logging
 
     configure_logging("INFO", _rank())
@@ -298,9 +497,10 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("yaml", help="run config, e.g. yamls/sft_v10.yaml")
     p.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. optim.lr=2e-5")
     args = p.parse_args(argv)
-    try:
+    try:  # every rank checks the config and what it names before any work: the same verdict everywhere
         cfg = load_config(args.yaml, args.overrides)
         cfg.per_rank_batch(int(os.environ.get("WORLD_SIZE", 1)))
+        check_inputs(cfg)
         import torch
 
         if cfg.precision != "fp32" and not torch.cuda.is_available():
@@ -308,5 +508,15 @@ def _main(argv: list[str] | None) -> int:
     except ConfigError as e:
         logger.error(f"config error: {e}")
         return EXIT_CONFIG
+    except StorageUnavailable as e:
+        logger.error(f"storage unavailable: {e}. Relaunch the same command once the store answers")
+        return EXIT_STORAGE
     configure_logging(cfg.log_level, _rank())
+    from gcc.redact import secret_keys
+    from gcc.train.config import to_dict
+
+    for key in secret_keys(to_dict(cfg)):
+        logger.warning(f"{key}: holds a credential; gcc masks it in its own files and logs, but the yaml or the "
+                       f"command line, and the library it is passed to, may keep it: set it through the "
+                       f"environment instead (docs/training.md, \"Trust and safety\")")
     return run(cfg)

@@ -7,6 +7,9 @@ never run there. Signals still reach the thread: CPython's C-level handler write
 to the wakeup fd (`signal.set_wakeup_fd`) at the moment it arrives, whatever the main thread is doing, and
 the thread arms the deadline tied to that signal (preemption: the rank must have checkpointed within the
 grace). `arm`/`disarm` set deadlines by name from Python code (a progress deadline moved at every step).
+
+At the end of a launch the thread is stopped and joined (`stop_watchdogs`, from gcc.train.trainer) before the
+process group is closed: the end has its own bounded wait (docs/training.md "How a launch ends").
 """
 from __future__ import annotations
 
@@ -54,7 +57,8 @@ class StallWatchdog:
     arrives, the first time only; `arm(name, seconds, reason)` sets or moves one; `disarm(name)` clears it.
     When any deadline passes: stacks to `<run_dir>/stacks/rank<R>.txt`, a line on stderr, the stall recorded for
     the other ranks (`announce(code, reason)`, gcc.train.peer_fault), and after `grace_s` (for them to write
-    their own stacks) `os._exit(EXIT_STALLED)`. `stop_for_peer` ends the rank for a peer's fault.
+    their own stacks) `os._exit(EXIT_STALLED)`. `stop_for_peer` ends the rank for a peer's fault. `stop` ends the
+    thread (no deadline holds after it).
     """
 
     def __init__(self, run_dir: str | Path, rank: int, poll_s: float = 0.5,
@@ -66,8 +70,10 @@ class StallWatchdog:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+        self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="gcc-stall-watchdog", daemon=True)
         self._thread.start()
+        _RUNNING.append(self)
 
     def on_signal(self, signum: int, seconds: float, reason: str) -> None:
         """Call from the main thread after installing a Python handler for `signum` (without one, CPython does
@@ -87,9 +93,33 @@ class StallWatchdog:
             signal.set_wakeup_fd(-1)
             self._on_signal.clear()
 
+    def stop(self, timeout_s: float) -> bool:
+        """End the thread and wait for it (call from the main thread); False if it is still running."""
+        if self._stopping and not self._thread.is_alive():  # stopped already (its pipe may be closed)
+            return True
+        if threading.current_thread() is threading.main_thread():
+            self.close()
+        self._stopping = True
+        try:
+            os.write(self._wake_w, b"\0")  # wakes the select at once; 0 is no signal's number
+        except OSError:  # the pipe is full: the select wakes anyway
+            pass
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            return False
+        if self in _RUNNING:
+            _RUNNING.remove(self)
+            if not self._on_signal:  # the wakeup fd no longer points at the pipe
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+        return True
+
     def _loop(self) -> None:
-        while True:
+        while not self._stopping:
             ready, _, _ = select.select([self._wake_r], [], [], self.poll_s)
+            if self._stopping:
+                return
             if ready:
                 try:
                     caught = os.read(self._wake_r, 512)
@@ -125,3 +155,11 @@ class StallWatchdog:
             return f"every thread's stack is in {dump_stacks(self.run_dir, self.rank, reason)}"
         except OSError as e:  # a full or gone run folder must not keep the rank alive
             return f"could not write the stacks ({e})"
+
+
+_RUNNING: list[StallWatchdog] = []
+
+
+def stop_watchdogs(timeout_s: float = 10.0) -> bool:
+    """Stop every StallWatchdog of this process; False if one did not stop within `timeout_s`."""
+    return all([w.stop(timeout_s) for w in list(_RUNNING)])  # a list: each one is stopped, even after a failure

@@ -30,7 +30,7 @@ import torch
 from gcc.data.synth import MARKER
 from gcc.data.synth_decode import is_synthetic
 from gcc.geometry import Geometry
-from gcc.tools.sample.dit import ckpt_vocab, load_dit
+from gcc.tools.sample.dit import check_fits, ckpt_vocab, load_dit
 from gcc.tools.sample.errors import SampleError
 from gcc.tools.sample.judges import SynthJudge, VaeJudge
 from gcc.tools.sample.outputs import FPS, write_json
@@ -119,11 +119,37 @@ def _mean(vals) -> float | None:
     return float(np.mean(v)) if v else None
 
 
+def check_args(a: argparse.Namespace) -> torch.device:
+    """The flags' values and the output folder, before anything is read; returns the device."""
+    import math
+
+    from gcc.cli import folder_problem
+
+    if a.steps < 1:
+        raise SampleError(f"--steps must be >= 1, got {a.steps}")
+    if a.fps < 1:
+        raise SampleError(f"--fps must be >= 1, got {a.fps}")
+    for flag, v in (("--shift", a.shift), ("--cfg", a.cfg), ("--sem_cfg", a.sem_cfg)):
+        if not math.isfinite(v) or (flag == "--shift" and v <= 0):
+            raise SampleError(f"{flag} must be a finite number{' > 0' if flag == '--shift' else ''}, got {v}")
+    problem = folder_problem(a.out_dir)
+    if problem:
+        raise SampleError(f"--out_dir {a.out_dir}: {problem}")
+    try:
+        device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError:
+        raise SampleError(f"--device {a.device!r}: not a device (expected cpu, cuda or cuda:N)") from None
+    if device.type == "cuda" and not (torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()):
+        raise SampleError(f"--device {a.device}: no such CUDA device here ({torch.cuda.device_count()} visible); "
+                          f"use --device cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise SampleError(f"--device {a.device!r}: only cpu and cuda are supported")
+    return device
+
+
 def run(a: argparse.Namespace) -> dict[str, Any]:
     t_start = time.perf_counter()
-    if a.steps < 1:
-        raise SampleError("--steps must be >= 1")
-    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = check_args(a)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(
         a.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32)
 
@@ -140,12 +166,16 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             raise SampleError("--base loads the Wan weights of --model_dir: pass --model_dir (the Wan2.2-TI2V-5B "
                               "folder)")
     vae_path = find_vae_file(a.model_dir) if a.model_dir else None
+    check_fits(a.model, vocab, ckpt=a.ckpt, model_dir=a.model_dir)
     src = open_source(a.data_root)
     if vae_path is None and not is_synthetic(src.prepared_root):
         raise SampleError(f"--data_root {a.data_root}: no --model_dir, and the data is not gcc.data.synth's (its "
                           f"prepared root {src.prepared_root} holds no {MARKER}), so there is no decoder: pass "
                           f"--model_dir (the Wan2.2-TI2V-5B folder, whose VAE decodes)")
-    wanted = parse_clip_ids(a.clip_ids) if a.clip_ids else None
+    try:
+        wanted = parse_clip_ids(a.clip_ids) if a.clip_ids else None
+    except UnicodeDecodeError as e:  # an @file that is not text
+        raise SampleError(f"--clip_ids {a.clip_ids}: not UTF-8 text (byte {e.start})") from None
     rows = src.rows_for(wanted)
     clip_ids = select_clips(rows, wanted, a.val_n)
     if vae_path is not None:
@@ -217,14 +247,16 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from gcc.cli import run_tool
+
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    a = build_parser().parse_args(list(argv) if argv is not None else None)
-    try:
+    p = build_parser()
+    a = p.parse_args(list(argv) if argv is not None else None)
+
+    def body() -> int:
         m = run(a)
-    except SampleError as e:
-        print(f"gcc.tools.sample: error: {e}", file=sys.stderr)
-        return EXIT_ERROR
-    if m.get("summary"):
-        print(m["summary"])
-    print(json.dumps({"out_dir": a.out_dir, "mean": m["mean"], "timings": m["timings"]}))
-    return 0
+        if m.get("summary"):
+            print(m["summary"])
+        print(json.dumps({"out_dir": a.out_dir, "mean": m["mean"], "timings": m["timings"]}))
+        return 0
+    return run_tool(p.prog, body, bad=(SampleError,))

@@ -11,11 +11,13 @@ def ckpt_vocab(path: str | os.PathLike, requested: str | None) -> tuple[str, str
     `requested` vocab that differs is an error), or `requested` (default parts) for a plain Wan export."""
     from safetensors import safe_open
 
+    from gcc.cli import input_file_problem
     from gcc.model.export import GcCkptError, check_gc_ckpt
 
     path = str(path)
-    if not os.path.isfile(path):
-        raise SampleError(f"--ckpt {path}: file not found")
+    problem = input_file_problem(path)
+    if problem:
+        raise SampleError(f"--ckpt {path}: {problem} (expected a .safetensors export)")
     try:
         with safe_open(path, "pt") as fh:
             meta = fh.metadata() or {}
@@ -31,6 +33,26 @@ def ckpt_vocab(path: str | os.PathLike, requested: str | None) -> tuple[str, str
         raise SampleError(f"--ckpt {path} has vocab {info['vocab']!r} (metadata), but --vocab {requested!r} was "
                           f"requested")
     return info["vocab"], "gc25d"
+
+
+def check_fits(model: str, vocab: str, ckpt: str | None = None, model_dir: str | None = None) -> None:
+    """The weights `load_dit` would load, checked against the `model` preset from their headers alone (keys,
+    shapes, vocab), with the model on the meta device: a checkpoint of another size is refused at once, not
+    after the preset is built in full (the 5B preset takes minutes and tens of GB on a CPU)."""
+    from safetensors import SafetensorError
+
+    from gcc.model.dit import build_gc_dit, load_wan_base
+    from gcc.model.export import load_gc_weights
+
+    dit = build_gc_dit(model, device="meta", vocab=vocab)
+    flag = "--ckpt" if ckpt else "--model_dir"
+    try:
+        if ckpt:
+            load_gc_weights(dit, ckpt, check_only=True)
+        else:
+            load_wan_base(dit, model_dir, check_only=True)
+    except (ValueError, OSError, SafetensorError) as e:  # GcCkptError is a ValueError
+        raise SampleError(f"{flag}: {e} (the model: --model {model!r}, vocab {vocab!r})") from None
 
 
 def load_dit(model: str, vocab: str, device, dtype, ckpt: str | None = None, model_dir: str | None = None):

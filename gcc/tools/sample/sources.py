@@ -166,12 +166,18 @@ def open_source(data_root: str | os.PathLike):
                       f"folder (manifest.json)")
 
 
+CLIP_IDS_FILE_MAX = 16 << 20
+
+
 def parse_clip_ids(spec: str) -> list[str]:
     """'a,b' or '@file' (one id per line or comma-separated; blank lines and '#' comments ignored)."""
     if spec.startswith("@"):
         path = Path(spec[1:])
         if not path.is_file():
             raise SampleError(f"--clip_ids {spec}: file {path} not found")
+        if path.stat().st_size > CLIP_IDS_FILE_MAX:
+            raise SampleError(f"--clip_ids {spec}: {path} is larger than {CLIP_IDS_FILE_MAX >> 20} MB; expected a "
+                              f"list of clip ids")
         text = "\n".join(line.split("#", 1)[0] for line in path.read_text().splitlines())
         items = [s for line in text.splitlines() for s in line.split(",")]
     else:
