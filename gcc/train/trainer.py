@@ -364,8 +364,8 @@ def leave_now(code: int) -> None:
     os._exit(code)
 
 
-def _end_barrier(store, rank: int, world: int, timeout_s: float) -> None:
-    """Wait until every rank has arrived here (at most `timeout_s`, then say so and go on). Rank 0, whose process
+def _end_barrier(store, rank: int, world: int, timeout_s: float) -> bool:
+    """Wait until every rank has arrived here (at most `timeout_s`, then say so and go on: False). Rank 0, whose process
     keeps the store, leaves last: it waits for the others to have seen the count, so no rank queries a store that
     is gone. A fault that a peer records meanwhile ends this rank with that fault's code, as during the run."""
     from gcc.train.console import ALL_RANKS
@@ -378,7 +378,7 @@ def _end_barrier(store, rank: int, world: int, timeout_s: float) -> None:
         if arrived >= world and (rank != 0 or left >= world - 1):
             if rank != 0:
                 store.add(END_LEFT, 1)
-            return
+            return True
         fault = peer_fault(rank)
         if fault is not None:
             logger.error(f"rank {rank}: {fault[1]}", extra=ALL_RANKS)
@@ -386,9 +386,26 @@ def _end_barrier(store, rank: int, world: int, timeout_s: float) -> None:
         if time.monotonic() > deadline:
             logger.warning(f"rank {rank}: {min(arrived, world)} of {world} ranks reached the end of the launch within "
                            f"{timeout_s:g} s; closing the process group without the others", extra=ALL_RANKS)
-            return
+            return False
         time.sleep(0.05)
         arrived = store.add(END_ARRIVED, 0)
+
+
+def _drain_gloo_workers(tdist):
+    """Let gloo's worker threads finish with the collectives that came before, so that closing the process group
+    cannot deadlock. A collective whose Python tensors were freed while a worker still held them (the temporaries
+    of `broadcast_object_list`, for one) leaves that worker needing the GIL to drop them, which it does after the
+    caller's wait() has returned, holding the queue's lock. `destroy_process_group` joins the workers while
+    holding the GIL: a worker still at that point never finishes (seen as a launch that hangs at its end). A
+    collective call waits for the queue's lock with the GIL released, so each of two collectives on a tensor held
+    here lets every such worker finish first. The caller keeps the returned tensor until the group is closed: a
+    worker still holding it when it is freed would need the GIL in turn."""
+    import torch
+
+    held = torch.zeros(1)
+    for _ in range(2):
+        tdist.all_reduce(held)
+    return held
 
 
 def close_process_group(timeout_s: float = END_BARRIER_S) -> None:
@@ -405,14 +422,18 @@ def close_process_group(timeout_s: float = END_BARRIER_S) -> None:
     from gcc.train.console import ALL_RANKS
 
     rank, world = tdist.get_rank(), tdist.get_world_size()
+    together = True
     try:
         if world > 1:
-            _end_barrier(_get_default_store(), rank, world, timeout_s)
+            together = _end_barrier(_get_default_store(), rank, world, timeout_s)
     except Exception as e:  # the store's host, rank 0, is gone: it left on its own (its deadline passed)
+        together = False
         logger.warning(f"rank {rank}: the other ranks are gone ({type(e).__name__}: {e}); closing the process group "
                        f"without them", extra=ALL_RANKS)
     try:
+        held = _drain_gloo_workers(tdist) if together else None
         tdist.destroy_process_group()
+        del held
     except Exception as e:
         logger.warning(f"rank {rank}: closing the process group failed ({type(e).__name__}: {e})", extra=ALL_RANKS)
 
