@@ -24,7 +24,7 @@ from gcc.train.run_folder import checkpoint_step
 pytestmark = pytest.mark.slow
 
 
-def test_reference_run_outputs(reference):
+def test_reference_run_outputs(reference, e2e_shards):
     r = rows(reference)
     assert [int(x["step"]) for x in r] == list(range(1, 13))
     assert float(r[0]["sem_rms"]) == 0.0 < float(r[-1]["sem_rms"])  # zero-init cond, then it trains
@@ -35,6 +35,9 @@ def test_reference_run_outputs(reference):
     assert [(int(x["step"]), int(x["n"])) for x in v] == [(6, 4)] * 3 + [(12, 4)] * 3
     assert sorted(round(float(x["timestep"]), 1) for x in v[:3]) == [201.3, 500.6, 799.7]
     assert sorted(p.name for p in reference.glob("step-*.safetensors")) == ["step-12.safetensors", "step-6.safetensors"]
+    # `data` is the dataset's name from its manifest (convert_data's default for gcc-synth data), not the folder's
+    meta = export_tensors(reference / "step-12.safetensors")[1]
+    assert (meta["data"], meta["data_root"], e2e_shards.name) == ("synth", str(e2e_shards), "shards")
     ckpts = sorted(p.name for p in (reference / "checkpoints").glob("ep*-ba*-rank0.pt"))
     assert len(ckpts) == 2 and any("ba12" in c for c in ckpts)  # rotation kept 2
     done = json.loads((reference / "done.json").read_text())
