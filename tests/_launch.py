@@ -69,6 +69,15 @@ def exact(rs: list[dict]) -> list[dict]:
     return [{k: r[k] for k in EXACT} for r in rs]
 
 
+CLIP = 0.5  # an `optim.grad_clip` under most steps' gradient norm in these runs (0.2-1.0)
+
+
+def assert_grad_norm_logged_before_clipping(got: list[dict]) -> None:
+    """For a run with `optim.grad_clip=CLIP`: train_log.csv's grad_norm is the norm before clipping (after it, no
+    norm is above CLIP). That the gradient is then at CLIP: tests/test_model_fsdp.py, under DDP and FSDP."""
+    assert sum(float(x["grad_norm"]) > CLIP for x in got) >= 2, [x["grad_norm"] for x in got]
+
+
 def wait_for(done, proc: subprocess.Popen, what: str, timeout: float = 600) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:

@@ -16,7 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from _launch import exact, export_tensors, launch, ok, rows, start_bg, wait_for, wait_for_step
+from _launch import (CLIP, assert_grad_norm_logged_before_clipping, exact, export_tensors, launch, ok, rows, start_bg,
+                     wait_for, wait_for_step)
 
 from gcc.data import convert as C
 from gcc.train.run_folder import checkpoint_step
@@ -248,12 +249,14 @@ def test_second_launch_refused_stale_lock_ignored(e2e_shards, tmp_path):
 
 def test_nonfinite_loss_on_one_rank_stops_all(e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
-    r = launch(run_dir, e2e_shards, "inject_nonfinite_step=5", "inject_nonfinite_rank=1", "val_every=0")
+    r = launch(run_dir, e2e_shards, "inject_nonfinite_step=5", "inject_nonfinite_rank=1", "val_every=0",
+               f"optim.grad_clip={CLIP}")
     assert r.returncode == 4, (r.stdout[-2000:], r.stderr[-3000:])
     assert "non-finite loss at step 5 (rank 1: clips clip" in r.stderr
     ckpts = sorted(p.name for p in (run_dir / "checkpoints").glob("ep*-ba*-rank0.pt"))
     assert [checkpoint_step(c) for c in ckpts] == [3]  # nothing of the poisoned state
     assert [int(x["step"]) for x in rows(run_dir)] == [1, 2, 3, 4]
+    assert_grad_norm_logged_before_clipping(rows(run_dir))
 
 
 def _plain_wan_export(path: Path) -> None:
