@@ -20,6 +20,7 @@ from _launch import (CLIP, assert_grad_norm_logged_before_clipping, exact, expor
                      wait_for, wait_for_step)
 
 from gcc.data import convert as C
+from gcc.tools.compare import main as compare_main
 from gcc.train.run_folder import checkpoint_step
 
 pytestmark = pytest.mark.slow
@@ -84,6 +85,7 @@ def test_exact_resume_after_sigkill(reference, e2e_shards, tmp_path):
     r = ok(launch(run_dir, e2e_shards))
     assert "resuming from" in r.stdout
     assert exact(rows(run_dir)) == exact(rows(reference))  # clips, drops, mask, timestep, loss: exactly
+    assert compare_main([str(reference), str(run_dir)]) == 0  # what a user runs to check it: logs and exports
     a, meta_a = export_tensors(reference / "step-12.safetensors")
     b, meta_b = export_tensors(run_dir / "step-12.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
