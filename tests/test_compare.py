@@ -27,8 +27,9 @@ def train_row(step: int, launch: int) -> dict:
     """A train_log row: its draws and numbers a function of the step; the timings of the launch (they differ)."""
     return {"step": step, "loss": 1.0 / step, "mse": 0.5 / step, "timestep": 100.0 + step, "lr": 1e-4 * min(step, 4),
             "cond_lr": 1e-3 * min(step, 4), "grad_norm": 0.1 * step, "sem_rms": 0.0 if step == 1 else 0.01 * step,
-            "x_rms": 0.7, "text_drop": 0.25 * (step % 2), "cond_drop": 0.0, "mask_frac": 0.125, "step_time": 0.3 + launch,
-            "data_time": 0.01 * launch, "mem_gb": 1.5 + launch, "epoch": (step - 1) // 5, "time": 1.7e9 + 10 * step + launch,
+            "x_rms": 0.7, "text_drop": 0.25 * (step % 2), "cond_drop": 0.0, "mask_frac": 0.125,
+            "step_time": 0.3 + launch, "data_time": 0.01 * launch, "mem_gb": 1.5 + launch, "epoch": (step - 1) // 5,
+            "time": 1.7e9 + 10 * step + launch,
             "clips": ";".join(f"clip{(4 * step + i) % 22:05d}" for i in range(4))}
 
 

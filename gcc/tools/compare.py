@@ -196,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_b", help="another run folder (e.g. the same run, interrupted and relaunched)")
     p.add_argument("--from", dest="from_step", type=int, default=0, metavar="STEP",
                    help="compare only steps >= this (e.g. the step a relaunch on a fresh machine resumed at)")
-    p.add_argument("--to", dest="to_step", type=int, default=sys.maxsize, metavar="STEP", help="compare only steps <= this")
+    p.add_argument("--to", dest="to_step", type=int, default=sys.maxsize, metavar="STEP",
+                   help="compare only steps <= this")
     p.add_argument("--rtol", type=float, default=0.0, metavar="R",
                    help="relative tolerance of the numbers (default 0: to the last digit; e.g. 1e-4 across world "
                         "sizes); the draws (clips, timestep, drops) always compare exactly")
