@@ -12,15 +12,14 @@ from typing import Sequence
 
 from safetensors import safe_open
 
+from gcc.train.columns import EXACT_TRAIN
+
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSER = str(Path(sys.executable).with_name("composer"))
 # small and fast, but every mechanism on: checkpoints every 3 steps, validation and exports every 6
 BASE = ["global_batch=4", "micro_batch=1", "max_steps=12", "checkpoint_every=3", "keep_checkpoints=2",
         "export_every=6", "val_every=6", "val_n=4", "val_batch=2", "optim.warmup_steps=4", "progress_bar=false",
         "loggers={}", "data.num_workers=1"]
-# train_log.csv columns that a resumed run must reproduce to the last digit (everything but timings)
-EXACT = ["step", "loss", "mse", "timestep", "lr", "cond_lr", "grad_norm", "sem_rms", "x_rms", "text_drop",
-         "cond_drop", "mask_frac", "epoch", "clips"]
 
 
 def cmd(run_dir: Path, shards: Path, *overrides: str, n: int = 2, launcher: Sequence[str] = (),
@@ -66,7 +65,17 @@ def rows(run_dir: Path, name: str = "train_log") -> list[dict]:
 
 
 def exact(rs: list[dict]) -> list[dict]:
-    return [{k: r[k] for k in EXACT} for r in rs]
+    """train_log.csv rows on the columns a resumed run must reproduce to the last digit (gcc-compare's too)."""
+    return [{k: r[k] for k in EXACT_TRAIN} for r in rs]
+
+
+CLIP = 0.5  # an `optim.grad_clip` under most steps' gradient norm in these runs (0.2-1.0)
+
+
+def assert_grad_norm_logged_before_clipping(got: list[dict]) -> None:
+    """For a run with `optim.grad_clip=CLIP`: train_log.csv's grad_norm is the norm before clipping (after it, no
+    norm is above CLIP). That the gradient is then at CLIP: tests/test_model_fsdp.py, under DDP and FSDP."""
+    assert sum(float(x["grad_norm"]) > CLIP for x in got) >= 2, [x["grad_norm"] for x in got]
 
 
 def wait_for(done, proc: subprocess.Popen, what: str, timeout: float = 600) -> None:

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 MODULES = {"convert_data": "convert_data", "gcc-synth": "gcc.data.synth", "gcc-sample": "gcc.tools.sample",
            "gcc-maskstats": "gcc.tools.maskstats", "gcc-inspect": "gcc.tools.inspect_ckpt",
-           "gcc-plot": "gcc.tools.plot"}
+           "gcc-plot": "gcc.tools.plot", "gcc-compare": "gcc.tools.compare"}
 
 
 def _parser(entry: str) -> argparse.ArgumentParser:

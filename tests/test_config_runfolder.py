@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import zipfile
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -43,8 +44,13 @@ def test_sft_v10_is_the_spec_defaults():
         (1e-5, 1e-4, 0.01, 500, 1.0)
     assert (c.global_batch, c.micro_batch, c.accumulation(8), c.max_steps) == (16, 1, 2, 20000)
     assert (c.export_every, c.keep_checkpoints, c.val_every, c.val_n, c.val_timesteps) == (1000, 2, 500, 16, [200, 500, 800])
+    assert c.checkpoint_every == 1000  # the old trainer's cadence (why: docs/design.md §8)
     assert (c.data.text_dropout, c.data.cond_dropout, c.data.mask_p, c.data.num_workers) == (0.1, 0.05, 0.5, 4)
     assert (c.model.grad_ckpt, c.model.vocab, c.parallelism, c.precision) == (True, "parts", "fsdp", "amp_bf16")
+    # the typed config's defaults are these values (docs/design.md §8), all but where the base weights lie
+    defaults = asdict(load_config(None))
+    defaults["model"]["model_dir"] = c.model.model_dir
+    assert defaults == asdict(c)
 
 
 @pytest.mark.parametrize("overrides, match", [

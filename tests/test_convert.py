@@ -83,6 +83,7 @@ def test_round_trip_every_field(src, tmp_path):
     rows = [r for r in rows_of(src) if not r["drop"]]
     assert manifest["counts"] == {s: sum(r["split"] == s for r in rows) for s in ("train", "val")}
     assert manifest == json.loads((out / MANIFEST).read_text())
+    assert manifest["name"] == "synth"  # no --name: gcc-synth's data (its root holds the synth marker)
     with safe_open(str(src / "latents" / f"{rows[0]['clip_id']}.safetensors"), "pt") as f:
         c, t, h, w = f.get_slice("input_latents").get_shape()
     assert manifest["geometry"]["latents"] == [c, t, h, w]
@@ -302,6 +303,41 @@ def test_rerun_on_finished_output_does_nothing(src, tmp_path, caplog):
     # the same folder with other settings is refused, naming what differs
     with pytest.raises(BadInput, match="chunk_clips"):
         C.convert(src, str(out), chunk_clips=5, progress=False)
+
+
+def test_the_default_name_comes_from_the_source_folder(src, tmp_path):
+    assert C.default_name(src) == "synth"
+    for folder, name in (("gc25d_v10", "v10"), ("gc25d_v10_mds", "v10"), ("clips_2025", "clips_2025"),
+                         ("gc25d_", "gc25d_")):
+        (tmp_path / folder).mkdir()
+        assert C.default_name(tmp_path / folder) == name
+    (tmp_path / "gc25d_v10" / "synth.json").write_text('{"generator": "another tool"}')  # only gcc-synth's marker
+    assert C.default_name(tmp_path / "gc25d_v10") == "v10"
+
+
+def test_the_name_is_recorded_once_and_checked(src, tmp_path, caplog):
+    out = tmp_path / "out"
+    assert C.convert(src, str(out), chunk_clips=4, progress=False, name="v10")["name"] == "v10"
+    assert read_manifest(str(out))["name"] == "v10"
+    caplog.set_level(logging.INFO, logger="gcc.data.convert")
+    C.convert(src, str(out), chunk_clips=4, progress=False, name="v10")
+    assert "nothing to do" in caplog.messages[-1]
+    # a finished output keeps its name: runs on it depend on the manifest's bytes
+    for other in ("v11", None):
+        with pytest.raises(BadInput, match="already converted from this source as 'v10'.*--name v10"):
+            C.convert(src, str(out), chunk_clips=4, progress=False, name=other)
+    # a manifest of an earlier convert_data has no name: kept as it is
+    m = json.loads((out / MANIFEST).read_text())
+    del m["name"]
+    (out / MANIFEST).write_text(json.dumps(m))
+    assert "name" not in read_manifest(str(out))
+    assert "name" not in C.convert(src, str(out), chunk_clips=4, progress=False, name="v10")
+    assert "without a name" in caplog.messages[-1]
+    # the one rule for names (gcc/names.py), before anything is written
+    r = subprocess.run([sys.executable, "-m", "convert_data", "--src", str(src), "--out", str(tmp_path / "o2"),
+                        "--name", "v10/../x"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "--name 'v10/../x': must be" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "o2").exists()
 
 
 def test_console_entry_points(src, tmp_path):

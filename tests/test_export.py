@@ -7,6 +7,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +22,8 @@ from gcc.model.export import (META_KEYS, GcCkptError, check_gc_ckpt, gc_key_set,
                               load_state_dict_gc, save_gc)
 from gcc.model.objective import GcTrainModel
 from gcc.tools.inspect_ckpt import main as inspect_main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _meta(vocab="parts", step=1000, **kw):
@@ -61,6 +64,21 @@ def test_export_keys_dtypes_metadata(tmp_path):
         "resumed_step": ""}
     info = check_gc_ckpt(path, vocab="parts")
     assert info["n_keys"] == len(keys) and info["num_layers"] == 2
+
+
+def test_the_trainers_data_field_is_the_manifests_name():
+    """`data` in the trainer's export metadata: the dataset's name from its manifest (convert_data --name); a manifest
+    of an earlier convert_data has none, and the conversion folder's name stands in. (An export the trainer wrote
+    in a real launch: tests/test_train_e2e.py, test_reference_run_outputs.)"""
+    from gcc.train.builders import export_metadata
+    from gcc.train.config import load_config
+
+    cfg = load_config(ROOT / "yamls" / "tiny_cpu.yaml", ["data.path=s3://b/gc25d_v10_mds/"])
+    run = {"manifest": {"name": "v10"}, "lineage": {"init_ckpt": ""}, "resumed_from": "", "resumed_step": None}
+    assert (export_metadata(cfg, run, 7)["data"], export_metadata(cfg, run, 7)["data_root"]) == \
+        ("v10", "s3://b/gc25d_v10_mds/")
+    del run["manifest"]["name"]
+    assert export_metadata(cfg, run, 7)["data"] == "gc25d_v10_mds"
 
 
 def test_5b_export_key_set_has_831_keys():

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 from _gc_helpers import save_wan_layout
-from _launch import exact, export_tensors, launch, ok, rows, start_bg, wait_for_step
+from _launch import (CLIP, assert_grad_norm_logged_before_clipping, exact, export_tensors, launch, ok, rows, start_bg,
+                     wait_for_step)
 
 from gcc.train.run_folder import checkpoint_step
 
@@ -122,14 +123,16 @@ def test_fsdp_world_size_change_continues_the_run(fsdp_reference, e2e_shards, tm
 
 def test_fsdp_refusals_and_the_nonfinite_stop(e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
-    r = launch(run_dir, e2e_shards, FSDP, "inject_nonfinite_step=5", "inject_nonfinite_rank=1", "val_every=0")
+    clip = f"optim.grad_clip={CLIP}"
+    r = launch(run_dir, e2e_shards, FSDP, "inject_nonfinite_step=5", "inject_nonfinite_rank=1", "val_every=0", clip)
     assert r.returncode == 4, (r.stdout[-2000:], r.stderr[-3000:])
     assert "non-finite loss at step 5 (rank 1: clips clip" in r.stderr
     assert [checkpoint_step(p) for p in ckpt_folders(run_dir)] == [3]  # nothing of the poisoned state
     assert [int(x["step"]) for x in rows(run_dir)] == [1, 2, 3, 4]
-    r = launch(run_dir, e2e_shards, "parallelism=ddp", "val_every=0")  # DDP cannot read these checkpoints
+    assert_grad_norm_logged_before_clipping(rows(run_dir))
+    r = launch(run_dir, e2e_shards, "parallelism=ddp", "val_every=0", clip)  # DDP cannot read these checkpoints
     assert r.returncode == 3 and "parallelism: 'fsdp' -> 'ddp'" in r.stderr
-    r = ok(launch(run_dir, e2e_shards, FSDP, "max_steps=4", "val_every=0"))  # the same run resumes
+    r = ok(launch(run_dir, e2e_shards, FSDP, "max_steps=4", "val_every=0", clip))  # the same run resumes
     assert "resuming from" in r.stdout and [int(x["step"]) for x in rows(run_dir)] == [1, 2, 3, 4]
 
 

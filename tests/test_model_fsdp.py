@@ -4,6 +4,9 @@
 * initial values, base weights (read by slices) and the bf16 export equal the unsharded model's, to the bit;
 * the gradient is the mean over the global batch, as on one process (and, without gcc's hook, gloo's sum:
   when a torch release fixes gloo that check fails, and the hook must go);
+* clipping (`clip_grad_norm`, what the GradClip callback calls) under FSDP2 and under Composer's DDP wrapper: a
+  global norm over `max_norm` leaves the gradient at `max_norm`, in the same direction, and the value returned
+  (logged as `grad_norm`) is the norm before clipping; a norm under `max_norm` leaves every gradient untouched;
 * the time embedding receives the sinusoid of the exact float32 timestep under a bf16 param dtype.
 """
 from __future__ import annotations
@@ -23,6 +26,7 @@ HERE = Path(__file__).resolve().parent
 RANK_SCRIPT = r'''
 import json, sys, torch, torch.distributed as dist
 from composer.core.precision import Precision
+from composer.distributed import prepare_ddp_module
 from composer.distributed.fsdp2 import prepare_fully_shard
 from composer.distributed.fsdp2_utils import generate_composer_model_policy
 from composer.distributed.prepare_distributed import parallelize_composer_model
@@ -98,6 +102,32 @@ def grads_of(m):
 got = grads_of(model)
 res["grad_mean"] = all(torch.allclose(got[n], ref[n], rtol=1e-4, atol=1e-7) for n in ref)
 res["norm"] = [clip_grad_norm(model.parameters(), float("inf")), ref_norm]
+
+
+def clipping(m, full):
+    """Clip `m`'s gradients (`full`: a gradient as the full tensor) twice: to twice their global norm (nothing
+    may change), then to half of it."""
+    grads = lambda: {n: full(p.grad).clone() for n, p in m.named_parameters() if p.grad is not None}
+    before, norm = grads(), clip_grad_norm(m.parameters(), float("inf"))
+    out = {"norm": norm, "returned_over": clip_grad_norm(m.parameters(), 2 * norm)}
+    out["untouched"] = all(torch.equal(g, before[n]) for n, g in grads().items())
+    out["returned"] = clip_grad_norm(m.parameters(), norm / 2)  # the norm before clipping
+    after = grads()
+    out["after"] = clip_grad_norm(m.parameters(), float("inf"))
+    scale = out["after"] / norm  # one factor for every tensor
+    out["same_direction"] = all(torch.allclose(after[n], before[n] * scale, rtol=1e-5, atol=1e-12) for n in before)
+    return out
+
+
+res["clip_fsdp"] = clipping(model, lambda g: g.full_tensor())
+# DDP as Composer's Trainer wraps the model (parallelism: ddp): each rank holds the full, averaged gradient
+ddp_plain = composer_model("cpu")
+load_wan_base(ddp_plain.dit, wan_dir)
+ddp = prepare_ddp_module(ddp_plain, find_unused_parameters=False)
+ddp_plain.loss(ddp(half), half).backward()
+res["ddp_grad_mean"] = all(torch.allclose(p.grad, ref[n], rtol=1e-4, atol=1e-7)
+                           for n, p in ddp_plain.dit.named_parameters())
+res["clip_ddp"] = clipping(ddp, lambda g: g)
 unhooked, _ = sharded(hook=False)
 load_wan_base(unhooked.dit, wan_dir)
 raw = grads_of(unhooked)
@@ -148,6 +178,15 @@ def test_fsdp2_two_ranks_match_one_process(tmp_path):
         assert res["groups"][1] == 6  # the gc_sem_cond group survives Composer's re-mapping onto DTensors
         assert res["grad_mean"], "FSDP2 gradient differs from the one-process mean"
         assert res["norm"][0] == pytest.approx(res["norm"][1], rel=1e-5)
+        assert res["ddp_grad_mean"], "DDP gradient differs from the one-process mean"
+        for kind in ("clip_fsdp", "clip_ddp"):
+            c, ref_norm = res[kind], res["norm"][1]
+            assert c["norm"] == pytest.approx(ref_norm, rel=1e-5), kind
+            assert c["returned_over"] == c["norm"] and c["untouched"], kind  # under max_norm: nothing changes
+            # over max_norm: the returned (logged) norm is the one before; the gradient is at max_norm (up to
+            # float rounding and torch's 1e-6 in max_norm / (norm + 1e-6)), in the same direction
+            assert c["returned"] == c["norm"], kind
+            assert c["after"] == pytest.approx(c["norm"] / 2, rel=1e-5) and c["same_direction"], kind
         assert res["gloo_sums"], "gloo's reduce-scatter no longer sums: drop gcc.model.fsdp.mean_gradients_on_gloo"
         assert res["t_dtype"] == "torch.bfloat16" and res["t_exact"] and res["t_rounded_differs"]
     with safe_open(str(tmp_path / "sharded.safetensors"), "pt") as a, \

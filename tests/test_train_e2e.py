@@ -16,15 +16,17 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from _launch import exact, export_tensors, launch, ok, rows, start_bg, wait_for, wait_for_step
+from _launch import (CLIP, assert_grad_norm_logged_before_clipping, exact, export_tensors, launch, ok, rows, start_bg,
+                     wait_for, wait_for_step)
 
 from gcc.data import convert as C
+from gcc.tools.compare import main as compare_main
 from gcc.train.run_folder import checkpoint_step
 
 pytestmark = pytest.mark.slow
 
 
-def test_reference_run_outputs(reference):
+def test_reference_run_outputs(reference, e2e_shards):
     r = rows(reference)
     assert [int(x["step"]) for x in r] == list(range(1, 13))
     assert float(r[0]["sem_rms"]) == 0.0 < float(r[-1]["sem_rms"])  # zero-init cond, then it trains
@@ -35,6 +37,9 @@ def test_reference_run_outputs(reference):
     assert [(int(x["step"]), int(x["n"])) for x in v] == [(6, 4)] * 3 + [(12, 4)] * 3
     assert sorted(round(float(x["timestep"]), 1) for x in v[:3]) == [201.3, 500.6, 799.7]
     assert sorted(p.name for p in reference.glob("step-*.safetensors")) == ["step-12.safetensors", "step-6.safetensors"]
+    # `data` is the dataset's name from its manifest (convert_data's default for gcc-synth data), not the folder's
+    meta = export_tensors(reference / "step-12.safetensors")[1]
+    assert (meta["data"], meta["data_root"], e2e_shards.name) == ("synth", str(e2e_shards), "shards")
     ckpts = sorted(p.name for p in (reference / "checkpoints").glob("ep*-ba*-rank0.pt"))
     assert len(ckpts) == 2 and any("ba12" in c for c in ckpts)  # rotation kept 2
     done = json.loads((reference / "done.json").read_text())
@@ -80,6 +85,7 @@ def test_exact_resume_after_sigkill(reference, e2e_shards, tmp_path):
     r = ok(launch(run_dir, e2e_shards))
     assert "resuming from" in r.stdout
     assert exact(rows(run_dir)) == exact(rows(reference))  # clips, drops, mask, timestep, loss: exactly
+    assert compare_main([str(reference), str(run_dir)]) == 0  # what a user runs to check it: logs and exports
     a, meta_a = export_tensors(reference / "step-12.safetensors")
     b, meta_b = export_tensors(run_dir / "step-12.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -245,12 +251,14 @@ def test_second_launch_refused_stale_lock_ignored(e2e_shards, tmp_path):
 
 def test_nonfinite_loss_on_one_rank_stops_all(e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
-    r = launch(run_dir, e2e_shards, "inject_nonfinite_step=5", "inject_nonfinite_rank=1", "val_every=0")
+    r = launch(run_dir, e2e_shards, "inject_nonfinite_step=5", "inject_nonfinite_rank=1", "val_every=0",
+               f"optim.grad_clip={CLIP}")
     assert r.returncode == 4, (r.stdout[-2000:], r.stderr[-3000:])
     assert "non-finite loss at step 5 (rank 1: clips clip" in r.stderr
     ckpts = sorted(p.name for p in (run_dir / "checkpoints").glob("ep*-ba*-rank0.pt"))
     assert [checkpoint_step(c) for c in ckpts] == [3]  # nothing of the poisoned state
     assert [int(x["step"]) for x in rows(run_dir)] == [1, 2, 3, 4]
+    assert_grad_norm_logged_before_clipping(rows(run_dir))
 
 
 def _plain_wan_export(path: Path) -> None:

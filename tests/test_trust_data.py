@@ -198,6 +198,7 @@ def test_a_manifest_with_an_unsafe_clip_id_is_refused_by_every_reader(shards, tm
     (lambda m: m["geometry"].__setitem__("sem", [10**6, 10**6, 10**6]), "field 'geometry.sem'"),
     (lambda m: m["counts"].__setitem__("train", 10**12), "field 'counts.train'"),
     (lambda m: m.__setitem__("splits", []), "field 'splits'"),
+    (lambda m: m.__setitem__("name", "../v10"), "name '../v10': must be"),  # copied into every export's metadata
 ])
 def test_a_manifest_that_is_not_the_converters_is_refused(shards, tmp_path, edit, message):
     data = copy_of(shards, tmp_path)

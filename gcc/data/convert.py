@@ -8,6 +8,9 @@ How it stays correct when interrupted:
   S3 by uploading its `DONE.json` last. A chunk without a matching `DONE.json` is redone from scratch.
   (Streaming's MDSWriter writes `index.json` even when a write fails, so its presence proves nothing.)
 * `manifest.json` is written last; without it the output is not a dataset (the loader refuses it).
+
+The dataset's `name` (`--name`, default `default_name`) is recorded in the manifest; training copies it into every
+export's metadata as `data`. It is not part of the conversion's signature (the shards do not depend on it).
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from gcc.data.layout import check_splits, clip_files, geometry_of, load_clip, re
 from gcc.data.shards import COLUMNS, FORMAT_VERSION, MANIFEST, SHARD_HASHES, SPLITS, TEXT_TABLE
 from gcc.data.workers import pool_worker_init, worker_context
 from gcc.geometry import Geometry
+from gcc.names import UnsafeName, check_component
 from gcc.vocab import key_to_id
 
 logger = logging.getLogger(__name__)
@@ -155,6 +159,31 @@ def make_plan(src: Path, out: str, chunk_clips: int = 64, size_limit: int = 1 <<
     return plan
 
 
+NAME_PREFIX, NAME_SUFFIX = "gc25d_", "_mds"
+
+
+def default_name(src: str | os.PathLike) -> str:
+    """The dataset's name when `--name` is not given: `synth` for data gcc-synth made (its root holds the synth
+    marker), else the source folder's name without a leading `gc25d_` and a trailing `_mds` (`/data/gc25d_v10` ->
+    `v10`)."""
+    from gcc.data.synth_decode import is_synthetic
+
+    if is_synthetic(src):
+        return "synth"
+    folder = Path(src).resolve().name
+    return folder.removeprefix(NAME_PREFIX).removesuffix(NAME_SUFFIX) or folder
+
+
+def dataset_name(src: str | os.PathLike, name: str | None) -> str:
+    """`name`, or the default derived from `src`, checked by the one rule for names (gcc/names.py)."""
+    try:
+        if name is not None:
+            return check_component(name, "--name")
+        return check_component(default_name(src), f"the name derived from --src {src} (pass --name)")
+    except UnsafeName as e:
+        raise BadInput(str(e)) from None
+
+
 def _existing_manifest(out: str) -> dict[str, Any] | None:
     url = storage.join(out, MANIFEST)
     if not storage.exists(url):
@@ -170,17 +199,27 @@ def _existing_manifest(out: str) -> dict[str, Any] | None:
 
 def convert(src: str | Path, out: str, workers: int = 1, chunk_clips: int = 64, size_limit: int = 1 << 26,
             compression: str | None = DEFAULT_COMPRESSION, include_dropped: bool = False,
-            progress: bool = True) -> dict[str, Any]:
-    """Convert (or finish converting) `src` into `out`; returns the manifest. Raises BadInput."""
+            progress: bool = True, name: str | None = None) -> dict[str, Any]:
+    """Convert (or finish converting) `src` into `out` as the dataset `name` (None: `default_name(src)`); returns
+    the manifest. Raises BadInput."""
     from streaming.base.util import merge_index
     from tqdm import tqdm
 
     t0 = time.time()
     src = Path(src)
     plan = make_plan(src, out, chunk_clips, size_limit, compression, include_dropped)
+    name = dataset_name(src, name)
     old = _existing_manifest(out)
     if old is not None:
         if old.get("signature") == plan.signature:
+            if "name" not in old:  # a manifest of an earlier convert_data: kept as it is (its runs may use it)
+                logger.info(f"{out}: already converted from this source ({MANIFEST} matches, written by an earlier "
+                            f"convert_data without a name: exports record the folder's name); nothing to do")
+                return old
+            if old["name"] != name:
+                raise BadInput(f"{out}: already converted from this source as {str(old['name'])[:80]!r}, not "
+                               f"{name!r}; the name is fixed once written (runs on it depend on the manifest): "
+                               f"pass --name {str(old['name'])[:80]}, or convert into another --out")
             logger.info(f"{out}: already converted from this source ({MANIFEST} matches); nothing to do")
             return old
         diff = sorted(k for k in set(old.get("signature", {})) | set(plan.signature)
@@ -227,6 +266,7 @@ def convert(src: str | Path, out: str, workers: int = 1, chunk_clips: int = 64, 
                 merge_index(idx_urls, split_url)
     storage.upload_file(str(src / "text" / "table.safetensors"), storage.join(out, TEXT_TABLE))
     manifest = {
+        "name": name,
         "format_version": FORMAT_VERSION,
         "converter_version": CONVERTER_VERSION,
         "signature": plan.signature,
@@ -265,6 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="convert_data", description=__doc__.split("\n")[0])
     p.add_argument("--src", required=True, help="prepared data root (holds index/, latents/, sem/, meta/, text/, READY)")
     p.add_argument("--out", required=True, help="output: a local folder or s3://bucket/prefix (S3_ENDPOINT_URL honoured)")
+    p.add_argument("--name", default=None,
+                   help="the dataset's name, recorded in manifest.json and in every export's metadata (`data`); "
+                        "default: synth for gcc-synth data, else the --src folder's name without a leading gc25d_ "
+                        "and a trailing _mds (/data/gc25d_v10 -> v10)")
     p.add_argument("--workers", type=int, default=1, help="parallel processes (output is identical for any count)")
     # snake_case like every gcc tool; the kebab-case spellings this tool had first still work
     p.add_argument("--include_dropped", "--include-dropped", action="store_true",
@@ -306,7 +350,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         check_args(args)
         convert(args.src, args.out, workers=args.workers, chunk_clips=args.chunk_clips,
                 size_limit=args.size_limit, compression=COMPRESSIONS[args.compression],
-                include_dropped=args.include_dropped, progress=not args.no_progress)
+                include_dropped=args.include_dropped, progress=not args.no_progress, name=args.name)
         return 0
     return run_tool(p.prog, body)
 

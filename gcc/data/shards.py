@@ -187,6 +187,11 @@ def check_manifest(m: Any, where: str) -> dict[str, Any]:
     for key, dims in (("latents", 4), ("sem", 3), ("text", 2)):
         if not _positive_ints(geo.get(key), dims) or int(np.prod(geo[key], dtype=np.float64)) > MAX_ELEMENTS[key]:
             raise bad(f"geometry.{key}", f"{dims} positive integers, at most {MAX_ELEMENTS[key]} elements")
+    if "name" in m:  # absent in a manifest of an earlier convert_data (exports then record the folder's name)
+        try:
+            check_component(m["name"], "name")
+        except UnsafeName as e:
+            raise BadInput(f"{where}: {e}") from None
     if not isinstance(m.get("text_keys"), int) or m["text_keys"] < 1:
         raise bad("text_keys", "a positive integer")
     splits, counts = m.get("splits"), m.get("counts")

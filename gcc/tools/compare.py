@@ -1,16 +1,20 @@
 """`gcc-compare RUN_A RUN_B [--from STEP] [--to STEP] [--rtol R]`: do two run folders hold the same training?
 
-Used to prove a resume exact (docs/training.md, "Checking a resume"): an interrupted and relaunched run against an
-uninterrupted one. Compares, step by step:
-* `train_log.csv` on the columns a resumed run must reproduce (`EXACT_TRAIN`: the step's clips, epoch, timestep and
-  drops, loss, mse, lr, grad_norm, ...; the timing and memory columns are skipped);
-* `val_log.csv` on every column;
-* the exports both folders hold (`step-N.safetensors`), tensor by tensor.
+Made to prove a resume exact (docs/training.md, "Checking a resume"): a run that was interrupted and relaunched
+against the same run uninterrupted. Compared, step by step, over the steps in [--from, --to]:
+* `train_log.csv` on the columns a resumed run reproduces (`gcc.train.columns.EXACT_TRAIN`: the step's clips,
+  epoch, timestep, drops and mask, loss, mse, lr, grad_norm, ...; the timing and memory columns are skipped);
+* `val_log.csv` on every column (`EXACT_VAL`), row by (step, timestep); when both folders hold one;
+* the exports both folders hold (`step-N.safetensors`), tensor by tensor (names, dtypes, shapes, values); their
+  metadata differs by design (`resumed_from`) and is not compared.
 
-Numbers compare exactly (`--rtol 0`, the default: the CPU demo resumes bit for bit) or within a relative tolerance
-(another world size sums in another order). The identity columns (step, epoch, clips, drops, timestep) always
-compare exactly. Prints the first step that differs and exits 1, or says what agrees and exits 0; exit 2 for bad
-input (a folder without train_log.csv, say).
+A step that one log holds and the other does not is a difference (a relaunch on a fresh machine starts its
+train_log.csv at the resumed step: compare with `--from` that step). Numbers compare as the logs hold them, to the
+last digit (the CSV holds each float's exact repr), or with `--rtol` within a relative tolerance (another world
+size sums in another order); the draws (step, epoch, clips, timestep, drops, n) always compare exactly.
+
+Prints the first step that differs and exits 1, or that they agree (exit 0); bad input (a folder without
+train_log.csv, a log or export that is not the trainer's) is exit 2 with one line naming it (gcc/cli.py).
 """
 from __future__ import annotations
 
@@ -18,40 +22,65 @@ import argparse
 import csv
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
-EXACT_TRAIN = ["step", "loss", "mse", "timestep", "lr", "cond_lr", "grad_norm", "sem_rms", "x_rms", "text_drop",
-               "cond_drop", "mask_frac", "epoch", "clips"]
-IDENTITY = {"step", "epoch", "clips", "timestep", "text_drop", "cond_drop", "n"}  # never within a tolerance
-EXIT_DIFFER, EXIT_BAD_INPUT = 1, 2
+from gcc.cli import run_tool
+from gcc.data.errors import BadInput
+from gcc.train.columns import EXACT_TRAIN, EXACT_VAL
+
+EXIT_DIFFER = 1
+# the draws and the identity of a row: equal or not, never within a tolerance
+IDENTITY = {"step", "epoch", "clips", "timestep", "text_drop", "cond_drop", "n"}
+LOGS = (("train_log", EXACT_TRAIN, True), ("val_log", EXACT_VAL, False))  # (name, columns, required)
 
 
-class CompareError(Exception):
-    """Bad input: the message names the folder or file."""
+@dataclass(frozen=True)
+class Difference:
+    step: int
+    what: str  # where and how, e.g. "train_log.csv step 7: loss 0.25 (RUN_A) != 0.26 (RUN_B)"
 
 
-def read_rows(run_dir: Path, name: str, required: bool) -> dict[int, dict[str, str]] | None:
-    """A log's rows by step (the last row of a step wins, as a relaunch's trimmed log holds each step once)."""
-    path = Path(run_dir) / f"{name}.csv"
-    if not path.is_file():
+def read_log(run_dir: Path, name: str, columns: list[str], required: bool) -> dict[tuple, dict[str, str]] | None:
+    """A log's rows by key ((step,) in train_log, (step, timestep) in val_log); None when an optional log is
+    missing. BadInput when the file is not a log the trainer wrote: a missing column, a row of another length, a
+    step that is not an integer, a key twice (a relaunch's log holds each step once)."""
+    path = run_dir / f"{name}.csv"
+    if path.is_dir():
+        raise BadInput(f"{path}: is a folder, expected a file")
+    if not path.exists():
         if required:
-            raise CompareError(f"{path}: not found (is {run_dir} a run folder?)")
+            raise BadInput(f"{path}: not found; is {run_dir} a run folder?")
         return None
+    key_columns = ["step"] if name == "train_log" else ["step", "timestep"]
+    rows: dict[tuple, dict[str, str]] = {}
     try:
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise CompareError(f"{path}: cannot be read as a CSV log ({e})") from None
-    out: dict[int, dict[str, str]] = {}
-    for n, r in enumerate(rows, 2):
-        try:
-            step = int(float(r.get("step") or ""))
-        except ValueError:
-            raise CompareError(f"{path}:{n}: no integer 'step' column") from None
-        key = step if name == "train_log" else (step, r.get("timestep"))
-        out[key] = r
-    return out
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.reader(f)
+            header = next(reader, [])
+            missing = [c for c in columns if c not in header]
+            if missing:
+                raise BadInput(f"{path}: no {', '.join(map(repr, missing[:4]))} column(s); not a {name}.csv that "
+                               f"gcc/train.py wrote")
+            for line, values in enumerate(reader, 2):
+                if len(values) != len(header):
+                    raise BadInput(f"{path}:{line}: {len(values)} fields, the header has {len(header)}")
+                row = dict(zip(header, values))
+                try:
+                    step = int(row["step"])
+                except ValueError:
+                    raise BadInput(f"{path}:{line}: step {row['step'][:40]!r} is not an integer") from None
+                key = (step, *(row[c] for c in key_columns[1:]))
+                if key in rows:
+                    raise BadInput(f"{path}:{line}: a second row of {_where(key)}; a run's log holds each once")
+                rows[key] = row
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise BadInput(f"{path}: not a CSV log that gcc/train.py wrote ({e})") from None
+    return rows
+
+
+def _where(key: tuple) -> str:
+    return f"step {key[0]}" + (f", timestep {key[1]}" if len(key) > 1 else "")
 
 
 def _same(column: str, a: str, b: str, rtol: float) -> bool:
@@ -64,110 +93,134 @@ def _same(column: str, a: str, b: str, rtol: float) -> bool:
     return (math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=rtol, abs_tol=0.0)
 
 
-def diff_logs(a: dict, b: dict, columns: list[str] | None, lo: int, hi: int, rtol: float) -> Iterator[str]:
-    """Each difference over the rows whose step is in [lo, hi], in step order."""
-    def step_of(key) -> int:
-        return key if isinstance(key, int) else key[0]
-
-    keys = sorted({k for k in (*a, *b) if lo <= step_of(k) <= hi}, key=lambda k: (step_of(k), str(k)))
+def diff_log(name: str, a: dict, b: dict, columns: list[str], lo: int, hi: int,
+             rtol: float) -> tuple[int, list[Difference]]:
+    """(rows of RUN_A compared, each row that differs: its first differing column) over steps in [lo, hi]."""
+    keys = sorted((k for k in {*a, *b} if lo <= k[0] <= hi), key=lambda k: (k[0], *map(str, k[1:])))
+    out = []
     for k in keys:
-        where = f"step {step_of(k)}" + ("" if isinstance(k, int) else f", timestep {k[1]}")
         if k not in a or k not in b:
-            yield f"{where}: only in {'RUN_A' if k in a else 'RUN_B'}"
+            out.append(Difference(k[0], f"{name}.csv {_where(k)}: only in {'RUN_A' if k in a else 'RUN_B'}"))
             continue
-        cols = columns or [c for c in a[k] if c in b[k]]
-        for c in cols:
-            if not _same(c, a[k].get(c, "<absent>"), b[k].get(c, "<absent>"), rtol):
-                yield f"{where}: {c} {a[k].get(c, '<absent>')} (RUN_A) != {b[k].get(c, '<absent>')} (RUN_B)"
+        for c in columns:
+            if not _same(c, a[k][c], b[k][c], rtol):
+                out.append(Difference(k[0], f"{name}.csv {_where(k)}: {c} {a[k][c][:80]} (RUN_A) != "
+                                            f"{b[k][c][:80]} (RUN_B)"))
                 break
+    return sum(lo <= k[0] <= hi for k in a), out
 
 
-def diff_exports(a: Path, b: Path, lo: int, hi: int, rtol: float) -> tuple[list[str], list[str]]:
-    """(the exports compared, their differences): the step-N.safetensors both folders hold, N in [lo, hi]."""
+def export_steps(run_dir: Path) -> dict[int, Path]:
+    """The exports `step-N.safetensors` of a run folder by N (the trainer's names; anything else is ignored)."""
+    out = {}
+    for p in run_dir.glob("step-*.safetensors"):
+        n = p.name[len("step-"):-len(".safetensors")]
+        if n.isdigit() and str(int(n)) == n:
+            out[int(n)] = p
+    return out
+
+
+def diff_export(a: Path, b: Path, step: int, rtol: float) -> Difference | None:
+    """The first tensor that differs between two exports (by name, dtype, shape, value), or None."""
     import torch
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
-    def steps(d: Path) -> dict[int, Path]:
-        out = {}
-        for p in d.glob("step-*.safetensors"):
-            try:
-                out[int(p.name[len("step-"):-len(".safetensors")])] = p
-            except ValueError:
-                continue
-        return out
-
-    sa, sb = steps(a), steps(b)
-    common = sorted(s for s in set(sa) & set(sb) if lo <= s <= hi)
-    diffs = []
-    for s in common:
+    def opened(p: Path):
         try:
-            with safe_open(str(sa[s]), "pt") as fa, safe_open(str(sb[s]), "pt") as fb:
-                ka, kb = set(fa.keys()), set(fb.keys())
-                if ka != kb:
-                    diffs.append(f"step-{s}.safetensors: keys differ ({sorted(ka ^ kb)[:3]} ...)")
-                    continue
-                for k in sorted(ka):
-                    x, y = fa.get_tensor(k), fb.get_tensor(k)
-                    same = x.shape == y.shape and (torch.equal(x, y) if rtol == 0 else
-                                                   torch.allclose(x.float(), y.float(), rtol=rtol, atol=0.0))
-                    if not same:
-                        diffs.append(f"step-{s}.safetensors: tensor {k} differs")
-                        break
-        except (OSError, RuntimeError, ValueError) as e:  # safetensors' errors for a file that is not one
-            raise CompareError(f"step-{s}.safetensors: cannot be read in both folders ({e})") from None
-    return [f"step-{s}" for s in common], diffs
+            return safe_open(str(p), "pt")
+        except SafetensorError as e:
+            raise BadInput(f"{p}: not a safetensors export ({e})") from None
+
+    with opened(a) as fa, opened(b) as fb:
+        ka, kb = set(fa.keys()), set(fb.keys())
+        if ka != kb:
+            only = sorted(ka - kb)[:3] or sorted(kb - ka)[:3]
+            return Difference(step, f"step-{step}.safetensors: tensor names differ ({only} only in "
+                                    f"{'RUN_A' if ka - kb else 'RUN_B'})")
+        for k in sorted(ka):
+            try:
+                x, y = fa.get_tensor(k), fb.get_tensor(k)
+            except (SafetensorError, TypeError) as e:  # a dtype torch does not know, say
+                raise BadInput(f"step-{step}.safetensors: tensor {k} cannot be read ({e})") from None
+            if x.dtype != y.dtype or x.shape != y.shape:
+                return Difference(step, f"step-{step}.safetensors: tensor {k} is {x.dtype} {list(x.shape)} (RUN_A), "
+                                        f"{y.dtype} {list(y.shape)} (RUN_B)")
+            same = torch.equal(x, y) if rtol == 0 else torch.allclose(x.float(), y.float(), rtol=rtol, atol=0.0,
+                                                                       equal_nan=True)
+            if not same:
+                return Difference(step, f"step-{step}.safetensors: tensor {k} differs (max abs difference "
+                                        f"{(x.float() - y.float()).abs().max().item():.3g})")
+    return None
 
 
 def compare(a: Path, b: Path, lo: int = 0, hi: int = sys.maxsize, rtol: float = 0.0) -> tuple[bool, list[str]]:
-    """(agree, report lines)."""
-    lines, ok = [], True
-    for name, columns, required in (("train_log", EXACT_TRAIN, True), ("val_log", None, False)):
-        ra, rb = read_rows(a, name, required), read_rows(b, name, required)
+    """(agree, report lines): every log row and common export in steps [lo, hi]."""
+    lines: list[str] = []
+    first: list[Difference] = []
+    for name, columns, required in LOGS:
+        ra, rb = read_log(a, name, columns, required), read_log(b, name, columns, required)
         if ra is None or rb is None:
-            lines.append(f"{name}.csv: not in {'RUN_A' if ra is None else 'RUN_B'}; not compared")
+            if ra is not None or rb is not None:
+                lines.append(f"{name}.csv: only in {'RUN_A' if rb is None else 'RUN_B'}; not compared")
             continue
-        diffs = list(diff_logs(ra, rb, columns, lo, hi, rtol))
-        n = len({k for k in ra if lo <= (k if isinstance(k, int) else k[0]) <= hi})
+        n, diffs = diff_log(name, ra, rb, columns, lo, hi, rtol)
         if diffs:
-            ok = False
-            lines.append(f"{name}.csv: first difference at {diffs[0]} ({len(diffs)} row(s) differ)")
+            first.append(diffs[0])
+            lines.append(f"{name}.csv: {len(diffs)} row(s) differ, the first: {diffs[0].what}")
         else:
             lines.append(f"{name}.csv: {n} row(s) agree")
-    common, diffs = diff_exports(a, b, lo, hi, rtol)
+    ea, eb = export_steps(a), export_steps(b)
+    common = sorted(s for s in set(ea) & set(eb) if lo <= s <= hi)
+    diffs = [d for d in (diff_export(ea[s], eb[s], s, rtol) for s in common) if d is not None]
     if diffs:
-        ok = False
-        lines.append(f"exports: {diffs[0]}")
+        first.append(diffs[0])
+        lines.append(f"exports: {len(diffs)} of {len(common)} differ, the first: {diffs[0].what}")
     else:
-        lines.append(f"exports: {', '.join(common) + ' agree' if common else 'none in common'}")
-    return ok, lines
+        lines.append(f"exports: {', '.join(f'step-{s}' for s in common) + ' agree' if common else 'none in common'}")
+    alone = sorted(s for s in set(ea) ^ set(eb) if lo <= s <= hi)
+    if alone:
+        lines.append(f"exports in one folder only (not compared): {', '.join(f'step-{s}' for s in alone)}")
+    if first:
+        d = min(first, key=lambda d: d.step)
+        lines.append(f"they differ; the first step that differs is {d.step} ({d.what})")
+    else:
+        lines.append("they agree")
+    return not first, lines
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gcc-compare", description="Do two run folders hold the same training? "
-                                "Compares train_log.csv, val_log.csv and the common exports step by step.")
-    p.add_argument("run_a", help="a run folder (e.g. an uninterrupted run)")
+                                "Compares train_log.csv (timings skipped), val_log.csv and the exports both hold, "
+                                "step by step; exit 0 they agree, 1 they differ, 2 bad input.")
+    p.add_argument("run_a", help="a run folder (e.g. the run uninterrupted)")
     p.add_argument("run_b", help="another run folder (e.g. the same run, interrupted and relaunched)")
-    p.add_argument("--from", dest="from_step", type=int, default=0,
-                   help="compare only steps >= this (e.g. the step a fresh machine resumed at)")
-    p.add_argument("--to", dest="to_step", type=int, default=sys.maxsize, help="compare only steps <= this")
-    p.add_argument("--rtol", type=float, default=0.0,
-                   help="relative tolerance for the numbers (0: exact; e.g. 1e-4 across world sizes)")
+    p.add_argument("--from", dest="from_step", type=int, default=0, metavar="STEP",
+                   help="compare only steps >= this (e.g. the step a relaunch on a fresh machine resumed at)")
+    p.add_argument("--to", dest="to_step", type=int, default=sys.maxsize, metavar="STEP",
+                   help="compare only steps <= this")
+    p.add_argument("--rtol", type=float, default=0.0, metavar="R",
+                   help="relative tolerance of the numbers (default 0: to the last digit; e.g. 1e-4 across world "
+                        "sizes); the draws (clips, timestep, drops) always compare exactly")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    if args.rtol < 0 or not math.isfinite(args.rtol):
+    if not (args.rtol >= 0 and math.isfinite(args.rtol)):
         p.error(f"--rtol: must be a finite number >= 0, got {args.rtol}")
-    try:
+    if args.from_step > args.to_step:
+        p.error(f"--from {args.from_step} is after --to {args.to_step}")
+
+    def body() -> int:
+        for run in (args.run_a, args.run_b):
+            if not Path(run).is_dir():
+                raise BadInput(f"{run}: {'not found' if not Path(run).exists() else 'is a file'}, expected a run "
+                               f"folder")
         ok, lines = compare(Path(args.run_a), Path(args.run_b), args.from_step, args.to_step, args.rtol)
-    except CompareError as e:
-        print(f"gcc-compare: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    print("\n".join(f"gcc-compare: {line}" for line in lines))
-    print(f"gcc-compare: {'they agree' if ok else 'they differ'}")
-    return 0 if ok else EXIT_DIFFER
+        print("\n".join(f"gcc-compare: {line}" for line in lines), flush=True)
+        return 0 if ok else EXIT_DIFFER
+    return run_tool(p.prog, body)
 
 
 if __name__ == "__main__":

@@ -39,9 +39,10 @@ def cache_dir(cfg: TrainConfig) -> Path:
     return base / f"node{env_int('NODE_RANK', 0)}"
 
 
-def data_kind(cfg: TrainConfig) -> str:
-    """A short name of the data for export metadata (`data`): the conversion folder's name."""
-    return cfg.data.path.rstrip("/").rsplit("/", 1)[-1]
+def data_name(cfg: TrainConfig, manifest: dict[str, Any]) -> str:
+    """The data's name for export metadata (`data`): the manifest's `name` (convert_data --name, checked when the
+    manifest was read); a manifest of an earlier convert_data has none, and then the conversion folder's name."""
+    return manifest.get("name") or cfg.data.path.rstrip("/").rsplit("/", 1)[-1]
 
 
 # ---- identity ------------------------------------------------------------------------------------------
@@ -205,13 +206,13 @@ def resolved_config(cfg: TrainConfig, manifest: dict, per_rank_batch: int) -> di
 
 # ---- the run's wiring -----------------------------------------------------------------------------------
 def export_metadata(cfg: TrainConfig, run: dict[str, Any], step: int) -> dict[str, str]:
-    """The metadata of the export at `step`, from the config and the launch's lineage (`run`: prepare_run's
-    `lineage`, `resumed_from`, `resumed_step`)."""
+    """The metadata of the export at `step`, from the config, the data's manifest and the launch's lineage (`run`:
+    prepare_run's `manifest`, `lineage`, `resumed_from`, `resumed_step`)."""
     from gcc.model.export import gc_metadata
 
     d, o = cfg.data, cfg.optim
-    return gc_metadata(vocab=cfg.model.vocab, data=data_kind(cfg), data_root=redact_text(d.path), step=step,
-                       text_dropout=d.text_dropout, cond_dropout=d.cond_dropout, mask_p=d.mask_p, lr=o.lr,
+    return gc_metadata(vocab=cfg.model.vocab, data=data_name(cfg, run["manifest"]), data_root=redact_text(d.path),
+                       step=step, text_dropout=d.text_dropout, cond_dropout=d.cond_dropout, mask_p=d.mask_p, lr=o.lr,
                        cond_lr=o.cond_lr, weight_decay=o.weight_decay, warmup_steps=o.warmup_steps,
                        first_frame_cond=cfg.model.first_frame_cond, seed=cfg.seed,
                        init_ckpt=run["lineage"]["init_ckpt"], model_dir=redact_text(cfg.model.model_dir),

@@ -75,7 +75,7 @@ class TrainConfig:
     max_steps: int = 20000
     precision: str = "amp_bf16"  # amp_bf16 (GPU) | fp32 (CPU)
     parallelism: str = "fsdp"  # fsdp (Composer's FSDP2, sharded checkpoints) | ddp
-    checkpoint_every: int = 500
+    checkpoint_every: int = 1000  # why 1000: docs/design.md §8
     keep_checkpoints: int = 2  # locally and, with checkpoint_dir, remotely; across restarts
     # "" = checkpoints only in <run_dir>/checkpoints; s3://bucket/prefix = also there, committed after each save,
     # and a start with an empty run folder resumes from it (docs/training.md, "Checkpoints on object storage")

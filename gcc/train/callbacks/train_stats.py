@@ -21,9 +21,7 @@ from composer.utils import dist
 from gcc.data.errors import DamagedData
 from gcc.train.callbacks.grad_clip import GradClip
 from gcc.train.callbacks.step_sync import StepSync
-
-TRAIN_COLUMNS = ["step", "loss", "mse", "timestep", "lr", "cond_lr", "grad_norm", "sem_rms", "x_rms", "text_drop",
-                 "cond_drop", "mask_frac", "step_time", "data_time", "mem_gb", "epoch", "time", "clips"]
+from gcc.train.columns import TRAIN_COLUMNS
 _STATS = ["mse", "timestep", "sem_rms", "x_rms"]  # the objective's micro-batch means
 _PER_CLIP = ["drop_text", "drop_cond", "mask_frac"]  # the batch's per-clip values, logged as their means
 _MEANS = _STATS + ["text_drop", "cond_drop", "mask_frac"]

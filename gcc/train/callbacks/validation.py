@@ -8,7 +8,7 @@ from __future__ import annotations
 from composer.core import Callback, State
 from composer.loggers import Logger
 
-VAL_COLUMNS = ["step", "timestep", "mse", "mse_uncond", "mse_nulltext", "gap_uncond", "gap_nulltext", "n"]
+from gcc.train.columns import VAL_COLUMNS
 _VALUES = ["mse", "mse_uncond", "mse_nulltext", "gap_uncond", "gap_nulltext"]
 
 
