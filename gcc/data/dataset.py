@@ -309,6 +309,18 @@ class GcStreamingDataset(StreamingDataset):
             self.epoch_size = len(self.subset)
             self.length = math.ceil(self.epoch_size / self._parallel_rank_world.num_ranks)
 
+    def load_state_dict(self, obj: dict[str, Any]) -> None:
+        """Streaming's resume state, for the workers' next `__iter__`. Called again (a changed global batch moves
+        the position a checkpoint loaded: gcc/train/batch_change.py), it rewrites the segment it created the first
+        time. Streaming would attach a second copy of it, which the loader worker then takes back from the
+        resource tracker (gcc/data/workers.py), so the creator's own cleanup fails at exit."""
+        shm = getattr(self, "_resume_shm", None)
+        if shm is None:
+            super().load_state_dict(obj)
+            return
+        data = json.dumps(obj, sort_keys=True).encode() + b"\0"  # as Streaming writes it: JSON, then a NUL
+        shm.buf[:len(data)] = data
+
     def resample_streams(self, epoch: int, stream_id: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Streaming's epoch before its shuffle: (shuffle unit sizes, sample id of each slot). With a subset, the
         subset's ids, one unit per shard that holds some of them (Streaming's own subsampling, a stream's
