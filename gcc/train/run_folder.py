@@ -1,7 +1,8 @@
 """The run folder: one live run at a time, one run identity per folder, and checkpoints that are never half-read.
 
     <run_dir>/.lock                 flock held by global rank 0 while the run lives (freed by the OS on any death)
-    <run_dir>/run.json              the run signature (docs/design.md §9.3) and lineage (init_ckpt), written at first start
+    <run_dir>/run.json              the run signature (docs/design.md §9.3) and lineage (init_ckpt), written at first
+                                    start; a changed global batch is appended to the lineage (batch_change.py)
     <run_dir>/checkpoints/          Composer checkpoints + latest-rank0.pt symlink to the newest:
                                     DDP: one file ep{E}-ba{B}-rank0.pt; FSDP: a folder ep{E}-ba{B}/ of torch DCP
                                     shards (__<rank>_0.distcp, one per rank) and its .metadata
