@@ -204,7 +204,8 @@ def test_elastic_resume_on_one_rank_keeps_global_batches(reference, e2e_shards, 
 def test_a_changed_global_batch_continues_at_the_next_epoch(reference, e2e_shards, tmp_path):
     """The reference run (2 ranks, global batch 4, stopped at step 12: 2 steps into epoch 2) continued on 1 rank
     with global batch 2: it continues at step 13 from epoch 3's first sample (epoch 2's last 14 samples are
-    skipped), the lr schedule and the exports go on by step, and run.json's lineage holds the change."""
+    skipped), the lr schedule and the exports go on by step, and run.json's lineage holds the change. Back on 2
+    ranks (which share the node's Streaming state) with global batch 4, both start epoch 4."""
     run_dir = tmp_path / "run"
     shutil.copytree(reference, run_dir, symlinks=True, ignore=shutil.ignore_patterns("cache", "tensorboard", ".lock"))
     r = ok(launch(run_dir, e2e_shards, "global_batch=2", "max_steps=23", n=1))
@@ -226,6 +227,14 @@ def test_a_changed_global_batch_continues_at_the_next_epoch(reference, e2e_shard
     lineage = json.loads((run_dir / "run.json").read_text())["lineage"]
     assert lineage["global_batch_changes"] == [{"step": 12, "old": 4, "new": 2}]
     assert json.loads((run_dir / "config.json").read_text())["steps_per_epoch"] == 11
+    r = ok(launch(run_dir, e2e_shards, "max_steps=25"))
+    assert "to 4: step 23 continues at the start of epoch 4; the rest of epoch 3, 0 of its 22 samples" in r.stdout
+    last = rows(run_dir)[23:]
+    assert [(int(x["step"]), int(x["epoch"])) for x in last] == [(24, 4), (25, 4)]
+    clips = ";".join(x["clips"] for x in last).split(";")
+    assert len(clips) == len(set(clips)) == 8
+    assert json.loads((run_dir / "run.json").read_text())["lineage"]["global_batch_changes"] == [
+        {"step": 12, "old": 4, "new": 2}, {"step": 23, "old": 2, "new": 4}]
 
 
 def test_data_limit_trains_on_one_seeded_subset_across_ranks_and_a_resume(e2e_shards, tmp_path):

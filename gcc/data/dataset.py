@@ -304,16 +304,19 @@ class GcStreamingDataset(StreamingDataset):
                 Path(self.cache_folder, "index.json").unlink(missing_ok=True)
                 raise fault from None
         self._thread_error: BaseException | None = None
+        self.resume_state: dict[str, Any] | None = None  # the last load_state_dict's
         self.subset = subset_ids(self.num_samples, limit, self.seed) if limit else None
         if self.subset is not None:  # an epoch is the subset: its size, and each rank's share of it
             self.epoch_size = len(self.subset)
             self.length = math.ceil(self.epoch_size / self._parallel_rank_world.num_ranks)
 
     def load_state_dict(self, obj: dict[str, Any]) -> None:
-        """Streaming's resume state, for the workers' next `__iter__`. Called again (a changed global batch moves
-        the position a checkpoint loaded: gcc/train/batch_change.py), it rewrites the segment it created the first
-        time. Streaming would attach a second copy of it, which the loader worker then takes back from the
-        resource tracker (gcc/data/workers.py), so the creator's own cleanup fails at exit."""
+        """Streaming's resume state, for the workers' next `__iter__` (kept as `resume_state` too: the node's
+        segment is shared with the node's other ranks). Called again (a changed global batch moves the position a
+        checkpoint loaded: gcc/train/batch_change.py), it rewrites the segment it created the first time.
+        Streaming would attach a second copy of it, which the loader worker then takes back from the resource
+        tracker (gcc/data/workers.py), so the creator's own cleanup fails at exit."""
+        self.resume_state = dict(obj)
         shm = getattr(self, "_resume_shm", None)
         if shm is None:
             super().load_state_dict(obj)

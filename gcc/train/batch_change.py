@@ -58,8 +58,11 @@ def continue_after_change(trainer, record: GlobalBatchRecord, run_dir: Path, sto
         return None
     change = {"step": int(ts.batch), "old": old, "new": record.global_batch}
     ds = state.train_dataloader.dataset
-    position = ds.state_dict(0, from_beginning=False)  # the checkpoint's: {epoch, sample_in_epoch, ...}
+    position = ds.resume_state  # the checkpoint's {epoch, sample_in_epoch, ...}, as Composer loaded it
     if int(ts.batch_in_epoch):
+        # the node's ranks share Streaming's resume segment: each rewrites it only once every rank has loaded
+        # the checkpoint (which writes the old position there), and all of them write the same new one
+        dist.barrier()
         ds.load_state_dict({**position, "epoch": position["epoch"] + 1, "sample_in_epoch": 0})
         state.timestamp = ts.to_next_epoch()
         trainer._rng_state = None  # Composer restores it at fit start whenever batch_in_epoch is 0
