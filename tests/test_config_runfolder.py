@@ -67,6 +67,11 @@ def test_sft_v10_is_the_spec_defaults():
     (["console_log_every=-1"], "console_log_every: must be >= 0"),
     (["checkpoint_dir=/shared/ckpts"], "checkpoint_dir: must be empty .* or s3://bucket/prefix"),
     (["checkpoint_dir=s3://bucket"], "checkpoint_dir: must be empty .* or s3://bucket/prefix"),
+    (["data.limit=0"], r"data.limit: must be a positive number of train clips, or null \(the whole train split\)"),
+    (["data.limit=-4"], "data.limit: must be a positive number"),
+    (["data.limit=2.5"], "data.limit: expected int or null, got float 2.5"),
+    (["data.limit=true"], "data.limit: expected int or null, got bool True"),
+    (["data.limit=all"], "data.limit: expected int or null, got str 'all'"),
 ])
 def test_bad_config_names_the_key(overrides, match):
     with pytest.raises(ConfigError, match=match):
@@ -117,6 +122,44 @@ def test_signature_mismatch_names_every_field(tmp_path):
     with pytest.raises(Refusal) as e:
         check_identity(tmp_path, {**sig, "optim.lr": 2e-5, "seed": 1}, {})
     assert "optim.lr: 1e-05 -> 2e-05" in str(e.value) and "seed: 0 -> 1" in str(e.value)
+
+
+def test_data_limit_is_null_or_a_positive_int():
+    assert load_config(ROOT / "yamls" / "tiny_cpu.yaml").data.limit is None
+    assert load_config(ROOT / "yamls" / "tiny_cpu.yaml", ["data.limit=8"]).data.limit == 8
+    assert load_config(ROOT / "yamls" / "tiny_cpu.yaml", ["data.limit=8", "data.limit=null"]).data.limit is None
+
+
+def test_a_run_recorded_with_global_batch_in_its_signature_still_resumes(tmp_path):
+    """Earlier runs recorded global_batch in the signature (it may now change on resume) and had no data.limit (the
+    whole split): such a run.json matches today's signature, and a limit is still a different run."""
+    from gcc.train.batch_change import CHANGES, record_change
+    from gcc.train.run_folder import stored_record
+
+    sig = {"optim.lr": 1e-5, "seed": 0, "data.limit": None}
+    old = {k: v for k, v in sig.items() if k != "data.limit"}
+    check_identity(tmp_path, {**old, "global_batch": 16}, {"init_ckpt": ""})
+    check_identity(tmp_path, sig, {})
+    with pytest.raises(Refusal, match="data.limit: None -> 8"):
+        check_identity(tmp_path, {**sig, "data.limit": 8}, {})
+    # a change of global batch is appended to the lineage once, however often a relaunch meets it
+    for change in ({"step": 12, "old": 16, "new": 8}, {"step": 12, "old": 16, "new": 8}, {"step": 30, "old": 8, "new": 16}):
+        record_change(tmp_path, change)
+    record = stored_record(tmp_path)
+    assert record["lineage"][CHANGES] == [{"step": 12, "old": 16, "new": 8}, {"step": 30, "old": 8, "new": 16}]
+    assert record["lineage"]["init_ckpt"] == "" and record["signature"]["global_batch"] == 16
+    check_identity(tmp_path, sig, {})
+
+
+def test_the_global_batch_a_checkpoint_was_written_with():
+    from gcc.train.batch_change import GlobalBatchRecord, checkpoint_global_batch
+
+    rec = GlobalBatchRecord(8)
+    assert rec.state_dict() == {"global_batch": 8} and rec.saved is None
+    rec.load_state_dict({"global_batch": 16})
+    assert checkpoint_global_batch(rec.saved, 3, 24) == 16  # the record wins
+    # a checkpoint written before the record: its epoch's samples over its steps in the epoch
+    assert checkpoint_global_batch(None, 3, 48) == 16 and checkpoint_global_batch(None, 0, 0) is None
 
 
 def _fake_ckpt(d: Path, batch: int, complete: bool = True) -> Path:
@@ -228,6 +271,12 @@ def test_data_check_refuses_an_empty_train_split_and_leaks():
         check_data(manifest(["a", "b"], ["b"]), "d")
     with pytest.raises(Refusal, match=r"shared runs \['r1'\]"):
         check_data(manifest(["a"], ["c"], val_runs=("r1",)), "d")
+    # data.limit: the subset must still give every rank a batch
+    check_data(manifest(list("abcdefgh"), ["z"]), "d", per_rank_batch=2, world=2, limit=4)
+    with pytest.raises(Refusal, match=r"data.limit=3 clips of the train split give each of the 2 rank\(s\) 2 "
+                                      r"samples an epoch, fewer than its batch of 4"):
+        check_data(manifest(list("abcdefgh"), ["z"]), "d", per_rank_batch=4, world=2, limit=3)
+    check_data(manifest(list("abcdefgh"), ["z"]), "d", per_rank_batch=4, world=2, limit=100)  # the whole split
 
 
 def test_console_durations_and_when_lines_are_on(monkeypatch):

@@ -172,6 +172,34 @@ def test_resume_mid_epoch_continues_exactly(shards):
     assert rest[1] == full[1]
 
 
+def test_limit_trains_on_the_same_seeded_subset_every_epoch_and_resumes_exactly(shards):
+    """data.limit: every epoch is a new shuffle of the same 7 clips, those that Random(seed) picks; a mid-epoch
+    resume continues exactly; another seed picks others."""
+    from gcc.data.dataset import subset_ids
+
+    manifest = json.loads((shards / MANIFEST).read_text())
+    train = manifest["splits"]["train"]["clip_ids"]  # sample id i is clip i
+    want = subset_ids(len(train), 7, seed=5)
+    assert len(want) == len(set(want.tolist())) == 7 and list(want) == sorted(want)
+    assert list(want) != list(subset_ids(len(train), 7, seed=6))
+    assert list(subset_ids(len(train), 100, seed=5)) == list(range(len(train)))  # a limit past the split: all
+    ds = new_ds(shards, dropouts=HEAVY, seed=5, limit=7, batch_size=1)
+    assert len(ds) == ds.epoch_size == 7
+    full = run_epochs(ds, workers=1, epochs=2, batch_size=1)
+    assert [sorted(d[0] for d in e) for e in full] == [sorted(train[i] for i in want)] * 2
+    assert [d[0] for d in full[0]] != [d[0] for d in full[1]]  # a new order each epoch
+    k = 3
+    ds = new_ds(shards, dropouts=HEAVY, seed=5, limit=7, batch_size=1)
+    it = iter(build_dataloader(ds, batch_size=1, num_workers=1))
+    first = [d for _ in range(k) for d in batch_digests(next(it))]
+    state = ds.state_dict(num_samples=k, from_beginning=True)
+    del it
+    resumed = new_ds(shards, dropouts=HEAVY, seed=5, limit=7, batch_size=1)
+    resumed.load_state_dict(state)
+    rest = run_epochs(resumed, workers=1, epochs=2, batch_size=1)
+    assert first + rest[0] == full[0] and rest[1] == full[1]
+
+
 RANK_SCRIPT = """
 import json, os, sys, hashlib
 sys.path.insert(0, {tests!r})

@@ -1,12 +1,14 @@
 """End to end: the real `composer -n 2` launcher on CPU (gloo), the tiny model, synthetic shards.
 
-Exact resume after SIGKILL, preemption by SIGTERM, elastic resume on fewer ranks, data on S3 (moto server),
-signature refusals, the run lock, a NaN on one rank, warm start + lineage over resumes, and learning.
+Exact resume after SIGKILL, preemption by SIGTERM, elastic resume on fewer ranks, a changed global batch, a
+data.limit subset, data on S3 (moto server), signature refusals, the run lock, a NaN on one rank, warm start +
+lineage over resumes, and learning.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -205,6 +207,62 @@ def test_elastic_resume_on_one_rank_keeps_global_batches(reference, e2e_shards, 
         assert float(g["loss"]) == pytest.approx(float(w["loss"]), rel=1e-3)
 
 
+def test_a_changed_global_batch_continues_at_the_next_epoch(reference, e2e_shards, tmp_path):
+    """The reference run (2 ranks, global batch 4, stopped at step 12: 2 steps into epoch 2) continued on 1 rank
+    with global batch 2: it continues at step 13 from epoch 3's first sample (epoch 2's last 14 samples are
+    skipped), the lr schedule and the exports go on by step, and run.json's lineage holds the change. Back on 2
+    ranks (which share the node's Streaming state) with global batch 4, both start epoch 4."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir, symlinks=True, ignore=shutil.ignore_patterns("cache", "tensorboard", ".lock"))
+    r = ok(launch(run_dir, e2e_shards, "global_batch=2", "max_steps=23", n=1))
+    assert "resuming from" in r.stdout and "ep2-ba12-rank0.pt" in r.stdout
+    assert ("global batch changed from 4 (the checkpoint's) to 2: step 12 continues at the start of epoch 3; the "
+            "rest of epoch 2, 14 of its 22 samples, is skipped") in r.stdout, r.stdout
+    got = rows(run_dir)
+    assert [int(x["step"]) for x in got] == list(range(1, 24))
+    assert exact(got[:12]) == exact(rows(reference))
+    after = got[12:]  # 11 steps of 2: exactly one epoch of the 22 train clips, from its start
+    assert {int(x["epoch"]) for x in after} == {3}
+    clips = ";".join(x["clips"] for x in after).split(";")
+    train = json.loads((e2e_shards / "manifest.json").read_text())["splits"]["train"]["clip_ids"]
+    assert len(clips) == 22 and sorted(clips) == sorted(train)
+    assert {float(x["lr"]) for x in after} == {1e-3}  # past the warmup by step (a restart would give 2.5e-4)
+    assert [(int(x["step"]), int(x["n"])) for x in rows(run_dir, "val_log")][6:] == [(18, 4)] * 3 + [(23, 4)] * 3
+    meta = {n: export_tensors(run_dir / f"step-{n}.safetensors")[1] for n in (18, 23)}
+    assert {(m["step"], m["resumed_step"]) for m in meta.values()} == {("18", "12"), ("23", "12")}
+    lineage = json.loads((run_dir / "run.json").read_text())["lineage"]
+    assert lineage["global_batch_changes"] == [{"step": 12, "old": 4, "new": 2}]
+    assert json.loads((run_dir / "config.json").read_text())["steps_per_epoch"] == 11
+    r = ok(launch(run_dir, e2e_shards, "max_steps=25"))
+    assert "to 4: step 23 continues at the start of epoch 4; the rest of epoch 3, 0 of its 22 samples" in r.stdout
+    last = rows(run_dir)[23:]
+    assert [(int(x["step"]), int(x["epoch"])) for x in last] == [(24, 4), (25, 4)]
+    clips = ";".join(x["clips"] for x in last).split(";")
+    assert len(clips) == len(set(clips)) == 8
+    assert json.loads((run_dir / "run.json").read_text())["lineage"]["global_batch_changes"] == [
+        {"step": 12, "old": 4, "new": 2}, {"step": 23, "old": 2, "new": 4}]
+
+
+def test_data_limit_trains_on_one_seeded_subset_across_ranks_and_a_resume(e2e_shards, tmp_path):
+    """data.limit=8 of the 22 train clips, global batch 4 (2 steps an epoch): 2 ranks for 3 steps, then a resume on
+    1 rank. Every epoch, across the ranks and across the resume in the middle of epoch 1, is exactly the 8
+    clips that Random(seed) picks."""
+    from gcc.data.dataset import subset_ids
+
+    run_dir = tmp_path / "run"
+    quiet = ["data.limit=8", "val_every=0", "export_every=0"]
+    ok(launch(run_dir, e2e_shards, "max_steps=3", *quiet))
+    r = ok(launch(run_dir, e2e_shards, "max_steps=6", *quiet, n=1))
+    assert "resuming from" in r.stdout and "global batch changed" not in r.stdout
+    train = json.loads((e2e_shards / "manifest.json").read_text())["splits"]["train"]["clip_ids"]
+    want = sorted(train[i] for i in subset_ids(len(train), 8, seed=0))  # tiny_cpu.yaml's seed
+    got = rows(run_dir)
+    assert [(int(x["step"]), int(x["epoch"])) for x in got] == [(1, 0), (2, 0), (3, 1), (4, 1), (5, 2), (6, 2)]
+    for epoch in (0, 1, 2):
+        assert sorted(";".join(x["clips"] for x in got if int(x["epoch"]) == epoch).split(";")) == want, epoch
+    assert json.loads((run_dir / "config.json").read_text())["steps_per_epoch"] == 2
+
+
 def test_data_on_s3_with_a_node_cache_trains_and_resumes_the_same(reference, e2e_shards, tmp_path, s3_bucket):
     """Shards on s3:// (a real S3 server on loopback): the same rows as the local-data run, across a resume."""
     remote = f"{s3_bucket}/shards"
@@ -222,9 +280,10 @@ def test_data_on_s3_with_a_node_cache_trains_and_resumes_the_same(reference, e2e
 def test_changed_signature_is_refused_larger_max_steps_accepted(e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
     ok(launch(run_dir, e2e_shards, "max_steps=2", "val_every=0", "export_every=0"))
-    r = launch(run_dir, e2e_shards, "max_steps=2", "optim.lr=5e-4", "model.vocab=ids")
+    r = launch(run_dir, e2e_shards, "max_steps=2", "optim.lr=5e-4", "model.vocab=ids", "data.limit=8")
     assert r.returncode == 3
     assert "optim.lr: 0.001 -> 0.0005" in r.stderr and "model.vocab: 'parts' -> 'ids'" in r.stderr
+    assert "data.limit: None -> 8" in r.stderr
     assert "Traceback" not in r.stderr
     r = ok(launch(run_dir, e2e_shards, "max_steps=3", "val_every=0", "export_every=0"))
     assert [int(x["step"]) for x in rows(run_dir)] == [1, 2, 3]

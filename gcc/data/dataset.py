@@ -245,15 +245,26 @@ def fetch_text_table(data: str, cache_dir: str | Path) -> Path:
     return local
 
 
+def subset_ids(n: int, limit: int, seed: int) -> np.ndarray:
+    """`data.limit`: the sample ids of a seeded subset of `limit` of a split's `n` clips (all of them when `limit`
+    >= n), sorted. A pure function of its arguments: the same on every rank, worker and resume."""
+    import random
+
+    ids = list(range(n))
+    random.Random(seed).shuffle(ids)
+    return np.array(sorted(ids[:limit]), np.int64)
+
+
 class GcStreamingDataset(StreamingDataset):
     """Converted clips of one split. `data` is a conversion's root (local folder or s3:// URL); shards enter
     `cache_dir` (per run: Streaming refuses two live datasets on one local folder): downloaded from S3, linked
-    from a local folder (uncompressed shards are then read in place)."""
+    from a local folder (uncompressed shards are then read in place). `limit`: every epoch is a shuffle of the
+    same seeded subset of `limit` clips (`subset_ids`) instead of the whole split."""
 
     def __init__(self, data: str, split: str, cache_dir: str | Path, *, batch_size: int, seed: int = 0,
                  vocab: str = "parts", dropouts: Dropouts = Dropouts(), shuffle: bool = True,
                  num_canonical_nodes: int | None = 1, cache_limit: str | None = None,
-                 predownload: int | None = None):
+                 predownload: int | None = None, limit: int | None = None):
         self.manifest = read_manifest(data)
         if split not in self.manifest["splits"]:
             raise BadInput(f"{data}: split {split!r} not in the manifest ({sorted(self.manifest['splits'])})")
@@ -293,6 +304,36 @@ class GcStreamingDataset(StreamingDataset):
                 Path(self.cache_folder, "index.json").unlink(missing_ok=True)
                 raise fault from None
         self._thread_error: BaseException | None = None
+        self.resume_state: dict[str, Any] | None = None  # the last load_state_dict's
+        self.subset = subset_ids(self.num_samples, limit, self.seed) if limit else None
+        if self.subset is not None:  # an epoch is the subset: its size, and each rank's share of it
+            self.epoch_size = len(self.subset)
+            self.length = math.ceil(self.epoch_size / self._parallel_rank_world.num_ranks)
+
+    def load_state_dict(self, obj: dict[str, Any]) -> None:
+        """Streaming's resume state, for the workers' next `__iter__` (kept as `resume_state` too: the node's
+        segment is shared with the node's other ranks). Called again (a changed global batch moves the position a
+        checkpoint loaded: gcc/train/batch_change.py), it rewrites the segment it created the first time.
+        Streaming would attach a second copy of it, which the loader worker then takes back from the resource
+        tracker (gcc/data/workers.py), so the creator's own cleanup fails at exit."""
+        self.resume_state = dict(obj)
+        shm = getattr(self, "_resume_shm", None)
+        if shm is None:
+            super().load_state_dict(obj)
+            return
+        data = json.dumps(obj, sort_keys=True).encode() + b"\0"  # as Streaming writes it: JSON, then a NUL
+        shm.buf[:len(data)] = data
+
+    def resample_streams(self, epoch: int, stream_id: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Streaming's epoch before its shuffle: (shuffle unit sizes, sample id of each slot). With a subset, the
+        subset's ids, one unit per shard that holds some of them (Streaming's own subsampling, a stream's
+        `choose`, draws how many samples each shard gives, and which, with its own generator: it cannot be told
+        which clips)."""
+        if self.subset is None:
+            return super().resample_streams(epoch, stream_id)
+        shard_of = np.searchsorted(self.sample_offset_per_shard, self.subset, side="right") - 1
+        units = np.bincount(shard_of, minlength=self.num_shards)
+        return units[units > 0].astype(np.int64), self.subset.copy()
 
     # ---- faults: an error naming the shard, never a silent early end of the epoch ------------------------------
     def _shard_name(self, shard_id: int) -> str:

@@ -48,7 +48,8 @@ def data_name(cfg: TrainConfig, manifest: dict[str, Any]) -> str:
 # ---- identity ------------------------------------------------------------------------------------------
 def run_signature(cfg: TrainConfig, manifest_bytes: bytes, known: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything that makes two launches the same run (docs/design.md §9.3). Absent on purpose: max_steps, GPU/node
-    count, micro-batch/accumulation split, workers, logging, export/checkpoint/validation cadence."""
+    count, global batch (a change continues at the next epoch: gcc/train/batch_change.py), micro-batch/accumulation
+    split, workers, logging, export/checkpoint/validation cadence."""
     m, d, o = cfg.model, cfg.data, cfg.optim
     known = known or {}
     base = ""
@@ -64,8 +65,8 @@ def run_signature(cfg: TrainConfig, manifest_bytes: bytes, known: dict[str, Any]
         "data.manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest(),
         "data.text_dropout": d.text_dropout, "data.cond_dropout": d.cond_dropout, "data.mask_p": d.mask_p,
         "data.mask_calibration": d.mask_calibration, "data.max_frame_coverage": d.max_frame_coverage,
-        "data.num_canonical_nodes": d.num_canonical_nodes,
-        "seed": cfg.seed, "global_batch": cfg.global_batch, "precision": cfg.precision,
+        "data.num_canonical_nodes": d.num_canonical_nodes, "data.limit": d.limit,
+        "seed": cfg.seed, "precision": cfg.precision,
         "parallelism": cfg.parallelism,  # DDP and FSDP checkpoints differ in format
         "optim.lr": o.lr, "optim.cond_lr": o.cond_lr, "optim.weight_decay": o.weight_decay,
         "optim.warmup_steps": o.warmup_steps, "optim.grad_clip": o.grad_clip, "optim.betas": list(BETAS),
@@ -97,11 +98,17 @@ def dropouts(cfg: TrainConfig) -> Dropouts:
                     max_frame_coverage=d.max_frame_coverage)
 
 
+def train_clips(manifest: dict, limit: int | None) -> int:
+    """The clips an epoch of training draws from: the train split's, or its `data.limit` subset's."""
+    n = len(manifest["splits"]["train"]["clip_ids"])
+    return min(n, limit) if limit else n
+
+
 def build_train_loader(cfg: TrainConfig, per_rank_batch: int) -> DataLoader:
     ds = GcStreamingDataset(cfg.data.path, "train", cache_dir(cfg), batch_size=per_rank_batch, seed=cfg.seed,
                             vocab=cfg.model.vocab, dropouts=dropouts(cfg), shuffle=True,
                             num_canonical_nodes=cfg.data.num_canonical_nodes,
-                            cache_limit=cfg.data.cache_limit or None)
+                            cache_limit=cfg.data.cache_limit or None, limit=cfg.data.limit)
     collate = gc_collate
     if cfg.inject_stall_step and env_int("RANK", 0) == cfg.inject_stall_rank:
         collate = StallAt(gc_collate, cfg.inject_stall_step)
@@ -197,7 +204,7 @@ def steps_per_epoch(n_train: int, world: int, per_rank_batch: int) -> int:
 
 
 def resolved_config(cfg: TrainConfig, manifest: dict, per_rank_batch: int) -> dict:
-    steps = steps_per_epoch(manifest["counts"]["train"], world_size(), per_rank_batch)
+    steps = steps_per_epoch(train_clips(manifest, cfg.data.limit), world_size(), per_rank_batch)
     return {"config": redact(asdict(cfg)), "world_size": world_size(), "per_rank_batch": per_rank_batch,
             "grad_accum": cfg.accumulation(world_size()), "data_geometry": manifest["geometry"],
             "data_counts": manifest["counts"], "steps_per_epoch": steps,
@@ -229,6 +236,7 @@ def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch
     from gcc.train.callbacks import (CheckpointRotation, CheckpointUpload, ConsoleLog, Export, GradClip,
                                      NonFiniteGuard, Preemption, RunFiles, StepDeadline, StepSync, TrainStats,
                                      ValidationLog)
+    from gcc.train.batch_change import GlobalBatchRecord
     from gcc.train.checkpoint_store import store_for
     from gcc.train.callbacks.console_log import console_lines_wanted
     from gcc.train.peer_fault import PEER_GRACE_S, announce, watch_peers
@@ -253,12 +261,13 @@ def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch
                     lambda: preemption.preempted_at is not None, store, run["launch"])
     guard = NonFiniteGuard(sync, cfg.inject_nonfinite_step, cfg.inject_nonfinite_rank)
     val = ValidationLog("val")
-    ordered = [rotation.clock, sync, guard, grad_clip, stats, preemption,
+    global_batch = GlobalBatchRecord(cfg.global_batch)  # in every checkpoint: a resume sees a changed one
+    ordered = [global_batch, rotation.clock, sync, guard, grad_clip, stats, preemption,
                StepDeadline(watchdog, cfg.stall_timeout_s, cfg.stall_floor_s), val, export,
                RunFiles(run_dir, resolved_config(cfg, run["manifest"], per_rank_batch), stats)]
     if console_lines_wanted(cfg.console_log_every, cfg.progress_bar):  # after stats, preemption and val
         ordered.append(ConsoleLog(cfg.console_log_every, cfg.max_steps, stats, val, preemption))
-    return {"callbacks": ordered, "preemption": preemption, "after_saver": after_saver}
+    return {"callbacks": ordered, "preemption": preemption, "after_saver": after_saver, "global_batch": global_batch}
 
 
 def build_loggers(cfg: TrainConfig) -> list:

@@ -9,6 +9,7 @@ import dataclasses
 import math
 import os
 import re
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,9 @@ class DataConfig:
     max_frame_coverage: float = 0.4
     num_canonical_nodes: int = 1  # fixed so the sample order is the same for any number of nodes/GPUs
     cache_limit: str = ""  # Streaming cache_limit (e.g. "200gb"); "" = unlimited
+    # N: train on a seeded subset of N train clips (a smoke run on the real data; part of the run signature);
+    # null = the whole train split
+    limit: int | None = None
 
 
 @dataclass
@@ -137,6 +141,14 @@ CHOICES = {"model.vocab": ("parts", "ids"), "model.preset": ("ti2v-5b", "wide", 
 
 
 def _check_type(key: str, value: Any, typ: Any) -> Any:
+    if typing.get_origin(typ) in (typing.Union, types.UnionType):  # `X | None`: null, or an X
+        if value is None:
+            return None
+        (typ,) = [t for t in typing.get_args(typ) if t is not type(None)]
+        try:
+            return _check_type(key, value, typ)
+        except ConfigError:
+            raise ConfigError(f"{key}: expected {typ.__name__} or null, got {type(value).__name__} {value!r}") from None
     if typ is float:
         number = _as_float(value)
         if number is not None:
@@ -301,6 +313,9 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.dist_timeout > MAX_TIMEOUT_S:
         raise ConfigError(f"dist_timeout: must be at most {MAX_TIMEOUT_S:.3g} seconds (Python's timedelta), got "
                           f"{cfg.dist_timeout}")
+    if cfg.data.limit is not None and cfg.data.limit < 1:
+        raise ConfigError(f"data.limit: must be a positive number of train clips, or null (the whole train split), "
+                          f"got {cfg.data.limit}")
     if cfg.data.num_canonical_nodes < 1:
         raise ConfigError(f"data.num_canonical_nodes: must be >= 1, got {cfg.data.num_canonical_nodes}")
     if cfg.data.cache_limit:

@@ -1,7 +1,8 @@
 """The run folder: one live run at a time, one run identity per folder, and checkpoints that are never half-read.
 
     <run_dir>/.lock                 flock held by global rank 0 while the run lives (freed by the OS on any death)
-    <run_dir>/run.json              the run signature (docs/design.md §9.3) and lineage (init_ckpt), written at first start
+    <run_dir>/run.json              the run signature (docs/design.md §9.3) and lineage (init_ckpt), written at first
+                                    start; a changed global batch is appended to the lineage (batch_change.py)
     <run_dir>/checkpoints/          Composer checkpoints + latest-rank0.pt symlink to the newest:
                                     DDP: one file ep{E}-ba{B}-rank0.pt; FSDP: a folder ep{E}-ba{B}/ of torch DCP
                                     shards (__<rank>_0.distcp, one per rank) and its .metadata
@@ -90,13 +91,17 @@ def file_digest(path: str, known: dict[str, Any] | None = None) -> dict[str, Any
 
 
 # signature fields added after some runs were recorded, with the value those runs had
-ADDED_FIELDS = {"parallelism": "ddp"}  # before FSDP2 every CPU run (the only ones recorded) was DDP
+ADDED_FIELDS = {"parallelism": "ddp",  # before FSDP2 every CPU run (the only ones recorded) was DDP
+                "data.limit": None}  # the whole train split
+# fields that earlier runs recorded and that may now change on resume (gcc/train/batch_change.py)
+DROPPED_FIELDS = ("global_batch",)
 
 
 def comparable(signature: dict[str, Any]) -> dict[str, Any]:
     """A signature as compared: a file digest (path, size, mtime, sha256) compares by its sha256 only."""
     signature = {**ADDED_FIELDS, **signature}
-    return {k: (v.get("sha256", "") if isinstance(v, dict) else v) for k, v in signature.items()}
+    return {k: (v.get("sha256", "") if isinstance(v, dict) else v) for k, v in signature.items()
+            if k not in DROPPED_FIELDS}
 
 
 def diff_signatures(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -136,8 +141,9 @@ def check_identity(run_dir: Path, signature: dict[str, Any], lineage: dict[str, 
     if diffs:
         raise Refusal(f"{run_dir}: holds a run with a different signature; these fields differ "
                       f"(stored -> now):\n  " + "\n  ".join(diffs) +
-                      "\nOnly max_steps, the GPU/node count (same global batch), workers and logging may change "
-                      "on resume. Use another run_dir to start a different run.")
+                      "\nOnly max_steps, the GPU/node count, the global batch (the run then continues at the next "
+                      "epoch), workers and logging may change on resume. Use another run_dir to start a different "
+                      "run.")
     return record
 
 

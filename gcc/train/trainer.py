@@ -41,17 +41,22 @@ def _rank() -> int:
     return int(os.environ.get("RANK", 0))
 
 
-def check_data(manifest: dict, data: str, per_rank_batch: int = 1, world: int = 1) -> None:
+def check_data(manifest: dict, data: str, per_rank_batch: int = 1, world: int = 1, limit: int | None = None) -> None:
     """Refuse data the run cannot train on: no train clips, fewer clips a rank than its batch (no step per epoch:
-    the run would loop over empty epochs for ever), or train and val sharing clips or runs."""
+    the run would loop over empty epochs for ever), or train and val sharing clips or runs. `limit`: data.limit."""
+    from gcc.train.builders import train_clips
+
     tr, va = manifest["splits"]["train"], manifest["splits"]["val"]
     if not tr["clip_ids"]:
         raise Refusal(f"data {data}: the train split has no clips")
-    per_rank = -(-len(tr["clip_ids"]) // world)  # Streaming pads every rank to ceil(N / ranks) (docs/training.md)
+    n = train_clips(manifest, limit)
+    per_rank = -(-n // world)  # Streaming pads every rank to ceil(N / ranks) (docs/training.md)
     if per_rank < per_rank_batch:
-        raise Refusal(f"data {data}: the train split's {len(tr['clip_ids'])} clips give each of the {world} rank(s) "
-                      f"{per_rank} samples an epoch, fewer than its batch of {per_rank_batch} (global_batch / world_size): "
-                      f"no step could be taken; lower global_batch")
+        what = f"data.limit={limit} clips of the train split" if n < len(tr["clip_ids"]) else \
+            f"the train split's {n} clips"
+        raise Refusal(f"data {data}: {what} give each of the {world} rank(s) {per_rank} samples an epoch, fewer than "
+                      f"its batch of {per_rank_batch} (global_batch / world_size): no step could be taken; lower "
+                      f"global_batch")
     clips = sorted(set(tr["clip_ids"]) & set(va["clip_ids"]))
     runs = sorted(set(tr["runs"]) & set(va["runs"]))
     if clips or runs:
@@ -79,7 +84,7 @@ def prepare_run(cfg, lock) -> dict:
 
     manifest = parse_manifest(manifest_bytes, join(cfg.data.path, MANIFEST))  # BadInput: a refusal (exit 3)
     check_data(manifest, cfg.data.path, cfg.per_rank_batch(int(os.environ.get("WORLD_SIZE", 1))),
-               int(os.environ.get("WORLD_SIZE", 1)))
+               int(os.environ.get("WORLD_SIZE", 1)), cfg.data.limit)
     run_dir = Path(cfg.run_dir)
     store, launch, committed_files = store_for(cfg.checkpoint_dir), "", None
     remote_record = adopt_remote_record(store, run_dir) if store is not None else None
@@ -307,7 +312,11 @@ def _run(cfg) -> int:
                               B.build_evaluators(cfg, B.build_val_loader(cfg), parts["preemption"]),
                               parts["callbacks"], B.build_loggers(cfg), fsdp)
     if resumed:
+        from gcc.train.batch_change import continue_after_change
+        from gcc.train.checkpoint_store import store_for
+
         logger.info(f"checkpoint loaded: trainer ready in {time.time() - t_build:.1f} s")
+        continue_after_change(trainer, parts["global_batch"], Path(cfg.run_dir), store_for(cfg.checkpoint_dir))
         # a run resumed at an epoch's end trains no batch of that epoch, and Composer warns about it
         warnings.filterwarnings("ignore", message="No batches were trained for global rank", category=UserWarning)
     else:
