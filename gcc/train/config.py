@@ -82,6 +82,8 @@ class TrainConfig:
     checkpoint_dir: str = ""
     export_every: int = 1000
     val_every: int = 500
+    # validate the starting weights before the first step (a step-0 row, the run's baseline); a resume never repeats it
+    val_at_start: bool = True
     val_n: int = 16
     val_timesteps: list = field(default_factory=lambda: [200, 500, 800])
     val_batch: int = 1
