@@ -265,7 +265,7 @@ def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch
                                   console=console_lines_wanted(cfg.console_log_every, cfg.progress_bar)))
     at_start = None
     if cfg.val_at_start and validates(cfg) and run["resumed_step"] is None:  # a resume never repeats it
-        at_start = ValidateAtStart(preemption)
+        at_start = ValidateAtStart(preemption, cfg.inject_sigterm_at_val0)
         ordered.append(at_start)
     return {"callbacks": ordered, "preemption": preemption, "after_saver": after_saver,
             "validate_at_start": at_start}

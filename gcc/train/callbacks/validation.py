@@ -6,10 +6,13 @@ gives the same rows.
 """
 from __future__ import annotations
 
+import os
+import signal
 from typing import Callable
 
 from composer.core import Callback, State
 from composer.loggers import Logger
+from composer.utils import dist
 
 from gcc.train.callbacks.preemption import Preemption
 
@@ -49,12 +52,14 @@ class ValidateAtStart(Callback):
     at FIT_START, once the checkpoint the launch resumes from, or none, is loaded). A signal that came during it
     stops every rank before step 1 (`Preemption.stop_before_first_step`)."""
 
-    def __init__(self, preemption: Preemption):
-        self.preemption = preemption
+    def __init__(self, preemption: Preemption, inject_sigterm: bool = False):
+        self.preemption, self.inject_sigterm = preemption, inject_sigterm
         self.evaluate: Callable[[], object] | None = None  # the Trainer's eval(): set once the Trainer exists
 
     def epoch_start(self, state: State, logger: Logger) -> None:
         if int(state.timestamp.batch) != 0 or self.evaluate is None:
             return
+        if self.inject_sigterm and dist.get_global_rank() == dist.get_world_size() - 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # fault injection (tests): handled as the validation starts
         self.evaluate()  # the trainer's evaluators, as at val_every: ValidationLog logs the rows at EVAL_END
         self.preemption.stop_before_first_step(state)
