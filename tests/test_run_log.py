@@ -50,7 +50,8 @@ def test_rank0s_lines_and_each_ranks_own_warnings_appended_per_launch(tmp_path, 
 
     text = path.read_text()
     lines = text.splitlines()
-    assert lines[0].startswith("==== launch ") and f"host {socket.gethostname()}  world 2  pid {os.getpid()}" in lines[0]
+    assert lines[0].startswith("==== launch ")
+    assert f"host {socket.gethostname()}  world 2  pid {os.getpid()}" in lines[0]
     assert [ln.split(" ", 1)[1] for ln in lines[1:]] == [  # after the UTC time
         "rank 0 INFO gcc.train: starting: world 2",
         "rank 0 ERROR gcc.train: refused: fetching https://***@host/x",

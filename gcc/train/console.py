@@ -78,8 +78,9 @@ def configure_logging(level: str = "INFO", rank: int = 0) -> None:
 
 
 class RunLogHandler(logging.Handler):
-    """Appends each record as one write() to a file opened with O_APPEND: the ranks of a node (and of every node,
-    on a shared run folder) append to one file without cutting into each other's lines."""
+    """Appends each record as one write() to a file opened with O_APPEND: the ranks of a node append to one file
+    without cutting into each other's lines (on NFS, which emulates O_APPEND, lines from several nodes could still
+    clash; the other ranks write only their rare warnings)."""
 
     def __init__(self, fd: int, path: Path, rank: int):
         super().__init__()

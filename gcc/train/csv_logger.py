@@ -80,8 +80,9 @@ class CSVLogger(LoggerDestination):
             path = self._path(name)
             with open(path, newline="") as f:
                 rows = list(csv.reader(f))
-            # a row cut short (a write that found the disk full) goes too, whatever its first field says
-            keep = [rows[0]] + [r for r in rows[1:] if start > 0 and len(r) == len(columns) and int(float(r[0])) <= start]
+            # a row cut short (a write that found the disk full) goes too, whatever its first field says; a start
+            # from step 0 keeps none
+            keep = [rows[0]] + [r for r in rows[1:] if start and len(r) == len(columns) and int(float(r[0])) <= start]
             if len(keep) != len(rows):
                 atomic_write(path, _csv_text(keep))
                 log.info(f"{path.name}: removed {len(rows) - len(keep)} row(s) "
