@@ -15,7 +15,7 @@ import torch
 from gcc.train.config import ConfigError, load_config
 from gcc.train.csv_logger import CSVLogger
 from gcc.train.run_folder import (Refusal, RunLock, check_identity, latest_checkpoint, list_checkpoints,
-                                  repair_checkpoints, rotate_checkpoints)
+                                  repair_checkpoints, rotate_checkpoints, what_a_restart_loses)
 
 ROOT = Path(__file__).resolve().parents[1]
 YAMLS = sorted((ROOT / "yamls").glob("*.yaml"))
@@ -45,6 +45,7 @@ def test_sft_v10_is_the_spec_defaults():
     assert (c.global_batch, c.micro_batch, c.accumulation(8), c.max_steps) == (16, 1, 2, 20000)
     assert (c.export_every, c.keep_checkpoints, c.val_every, c.val_n, c.val_timesteps) == (1000, 2, 500, 16, [200, 500, 800])
     assert c.checkpoint_every == 1000  # the old trainer's cadence (why: docs/design.md §8)
+    assert c.val_at_start and load_config(None).val_at_start  # the baseline row, by default too
     assert (c.data.text_dropout, c.data.cond_dropout, c.data.mask_p, c.data.num_workers) == (0.1, 0.05, 0.5, 4)
     assert (c.model.grad_ckpt, c.model.vocab, c.parallelism, c.precision) == (True, "parts", "fsdp", "amp_bf16")
     # the typed config's defaults are these values (docs/design.md §8), all but where the base weights lie
@@ -255,6 +256,36 @@ def test_csv_header_rotation_and_rows_after_resume_point(tmp_path):
     assert _read(tmp_path / "t.csv") == [["step", "loss"], ["1", "0.1"]]
     with pytest.raises(ValueError, match="differ from the declared"):
         lg.log_table(["step"], [[4]], name="t")
+
+
+def _at(step: int):
+    return type("S", (), {"timestamp": type("T", (), {"batch": step})})
+
+
+def test_step0_validation_rows_survive_a_resume_and_are_written_again_by_a_start_from_step_0(tmp_path):
+    columns = ["step", "mse"]
+    rows = [["step", "mse"], ["0", "0.9"], ["0", "0.8"], ["2", "0.7"], ["4", "0.6"]]
+    path = tmp_path / "v.csv"
+    path.write_text("".join(",".join(r) + "\n" for r in rows))
+    CSVLogger(tmp_path, {"v": columns}).fit_start(_at(2), None)  # resumed at step 2: step 4 is trained again
+    assert _read(path) == rows[:4]
+    # a start from step 0 (the launch before died before its first checkpoint): its step-0 validation writes
+    # those rows again, so none stays
+    lg = CSVLogger(tmp_path, {"v": columns})
+    lg.fit_start(_State, None)
+    assert _read(path) == [columns]
+    lg.log_table(columns, [[0, 0.9]], name="v")
+    assert _read(path) == [columns, ["0", "0.9"]]
+
+
+def test_a_folder_with_only_step0_validation_rows_is_not_used(tmp_path):
+    header = "step,timestep,mse,mse_uncond,mse_nulltext,gap_uncond,gap_nulltext,n\n"
+    (tmp_path / "val_log.csv").write_text(header + "0,201.3,1,1,1,0,0,4\n0,500.6,1,1,1,0,0,4\n")
+    (tmp_path / "train.log").write_text("==== launch ...\n")
+    assert what_a_restart_loses(tmp_path) == []  # a start from step 0 writes the same rows again
+    with open(tmp_path / "val_log.csv", "a") as f:
+        f.write("2,201.3,1,1,1,0,0,4\n")
+    assert what_a_restart_loses(tmp_path) == ["val_log.csv with 1 row(s)"]
 
 
 def test_data_check_refuses_an_empty_train_split_and_leaks():

@@ -83,9 +83,11 @@ def test_tensorboard_wandb_and_mlflow_get_the_same_keys_and_a_relaunch_continues
 
     events = sorted((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
     assert len(events) == 2  # one per launch
-    tb = set()
+    tb, tb_val_steps = set(), []
     for e in events:
-        tb |= set(EventAccumulator(str(e)).Reload().Tags()["scalars"])
+        acc = EventAccumulator(str(e)).Reload()
+        tb |= set(acc.Tags()["scalars"])
+        tb_val_steps += [ev.step for ev in acc.Scalars("val/mse_mean")]
 
     history = _wandb_history(run_dir)
     assert len(list(run_dir.glob("wandb/offline-run-*"))) == 2
@@ -99,6 +101,10 @@ def test_tensorboard_wandb_and_mlflow_get_the_same_keys_and_a_relaunch_continues
     assert len(runs) == 1 and runs[0].info.run_name == "run"  # the relaunch resumed the same MLflow run
     ml = set(runs[0].data.metrics)
     assert sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "train/loss")) == [1, 2, 3, 4, 5, 6]
+    # the step-0 validation (the starting weights) reaches every logger, once: the relaunch resumed
+    val_steps = sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "val/mse_mean"))
+    assert val_steps == sorted(tb_val_steps) == [step for step, keys in history if "val/mse_mean" in keys] == \
+        [0, 2, 4, 6]
 
     assert _ours(tb) == _ours(wb) == _ours(ml) == expected
     assert not list(run_dir.glob("mlruns/**/artifacts/*.json"))  # the CSV rows stay out of MLflow (no tables)

@@ -22,8 +22,9 @@ def _write(path, columns, rows):
 def _run_folder(tmp_path, steps=40, val_every=10):
     train = [{"step": s, "loss": 2.0 / s + 0.1 * math.sin(s), "lr": min(1e-3, s * 1e-4), "cond_lr": 1e-2,
               "grad_norm": 1.0 / s, "sem_rms": 0.01 * s, "x_rms": 0.5, "clips": "a;b"} for s in range(1, steps + 1)]
-    val = [{"step": s, "timestep": t, "mse": 1.0 / s + t / 1e4, "gap_uncond": 0.001 * s, "gap_nulltext": 0.0005 * s,
-            "n": 4} for s in range(val_every, steps + 1, val_every) for t in (201.3, 500.6, 799.7)]
+    # from step 0 (val_at_start: the starting weights) every val_every steps
+    val = [{"step": s, "timestep": t, "mse": 1.0 / (s + 1) + t / 1e4, "gap_uncond": 0.001 * s,
+            "gap_nulltext": 0.0005 * s, "n": 4} for s in range(0, steps + 1, val_every) for t in (201.3, 500.6, 799.7)]
     _write(tmp_path / "train_log.csv", TRAIN_COLUMNS, train)
     _write(tmp_path / "val_log.csv", VAL_COLUMNS, val)
     return train, val
@@ -63,3 +64,20 @@ def test_a_folder_without_a_train_log_is_a_clear_error(tmp_path, capsys):
     assert "train_log.csv: no train rows to plot" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         plot.main([str(tmp_path), "--smoothing", "1.5"])
+
+
+def test_the_demos_validation_table_shows_step_0_beside_the_later_steps(tmp_path):
+    from gcc.tools.demo import validation_table
+
+    _, val = _run_folder(tmp_path)
+    with open(tmp_path / "val_log.csv", newline="") as f:
+        lines = validation_table(list(csv.DictReader(f)))
+    assert "t = 201.3, 500.6, 799.7" in lines[0] and lines[1].split() == ["step", "mse", "gap_uncond", "gap_nulltext"]
+    steps = sorted({r["step"] for r in val})
+    assert [int(ln.split()[0]) for ln in lines[2:]] == steps == [0, 10, 20, 30, 40]
+    assert lines[2].endswith("(the starting weights)") and not lines[3].endswith("weights)")
+    for step, line in zip(steps, lines[2:]):
+        rs = [r for r in val if r["step"] == step]
+        want = [f"{sum(r[k] for r in rs) / len(rs):{f}}" for k, f in (("mse", ".4f"), ("gap_uncond", "+.4f"),
+                                                                       ("gap_nulltext", "+.4f"))]
+        assert line.split()[1:4] == want

@@ -1,8 +1,8 @@
 """End to end: the real `composer -n 2` launcher on CPU (gloo), the tiny model, synthetic shards.
 
-Exact resume after SIGKILL, preemption by SIGTERM, elastic resume on fewer ranks, a changed global batch, a
-data.limit subset, data on S3 (moto server), signature refusals, the run lock, a NaN on one rank, warm start +
-lineage over resumes, and learning.
+Exact resume after SIGKILL, preemption by SIGTERM and by SIGUSR1, elastic resume on fewer ranks, a changed global
+batch, a data.limit subset, data on S3 (moto server), preemption during the step-0 validation, signature refusals,
+the run lock, a NaN on one rank, warm start + lineage over resumes, and learning; train.log's lines.
 """
 from __future__ import annotations
 
@@ -36,8 +36,11 @@ def test_reference_run_outputs(reference, e2e_shards):
     sizes = [len(x["clips"].split(";")) for x in r]  # every rank's clips; an epoch's tail batch is smaller
     assert max(sizes) == 4 and sizes.count(4) >= 9
     v = rows(reference, "val_log")
-    assert [(int(x["step"]), int(x["n"])) for x in v] == [(6, 4)] * 3 + [(12, 4)] * 3
+    # the step-0 validation of the starting weights (val_at_start), then every val_every
+    assert [(int(x["step"]), int(x["n"])) for x in v] == [(0, 4)] * 3 + [(6, 4)] * 3 + [(12, 4)] * 3
     assert sorted(round(float(x["timestep"]), 1) for x in v[:3]) == [201.3, 500.6, 799.7]
+    # at step 0 the zero-initialised condition path adds nothing: ids or no ids, the same prediction
+    assert [float(x["gap_uncond"]) for x in v[:3]] == [0.0] * 3 and all(float(x["gap_uncond"]) for x in v[3:])
     assert sorted(p.name for p in reference.glob("step-*.safetensors")) == ["step-12.safetensors", "step-6.safetensors"]
     # `data` is the dataset's name from its manifest (convert_data's default for gcc-synth data), not the folder's
     meta = export_tensors(reference / "step-12.safetensors")[1]
@@ -48,6 +51,11 @@ def test_reference_run_outputs(reference, e2e_shards):
     assert done["step"] == 12 and done["s_per_step_mean"] > 0 and done["data_position"]["epoch"] >= 0
     cfg = json.loads((reference / "config.json").read_text())
     assert cfg["steps_per_epoch"] > 0 and cfg["data_geometry"]["latents"][0] == 48
+    log = (reference / "train.log").read_text().splitlines()  # rank 0's console lines, under the launch's header
+    assert log[0].startswith("==== launch ") and " world 2 " in log[0] and sum("==== launch" in ln for ln in log) == 1
+    assert [ln.split("gcc.train: ")[1].split()[:3] for ln in log if "gcc.train: val step" in ln][:3] == \
+        [["val", "step", "0"]] * 3
+    assert " rank 0 INFO gcc.train: done: step 12 in " in log[-1]
 
 
 def test_every_step_has_the_full_global_batch_and_a_resume_at_an_epochs_end_is_exact(reference, e2e_shards,
@@ -74,8 +82,13 @@ def test_every_step_has_the_full_global_batch_and_a_resume_at_an_epochs_end_is_e
     assert f"loss {statistics.fmean(float(x['loss']) for x in got[5:10]):.4f}" in progress[0]  # steps 6..10
     assert all(k in progress[1] for k in ("lr ", "grad_norm ", "s/step", "data ", "sem_rms ", "elapsed ", "eta 0s"))
     val = [ln for ln in r.stdout.splitlines() if ln.startswith("gcc.train: val step ")]
+    # the resume validates at 6 and 12, not at its start: the step-0 rows are the first launch's
     assert [ln.split()[3:5] for ln in val] == [["6", "t=201.3"], ["6", "t=500.6"], ["6", "t=799.7"],
                                                ["12", "t=201.3"], ["12", "t=500.6"], ["12", "t=799.7"]], val
+    # step 0's rows once, every value as uninterrupted (and the first launch's end-of-training validation at 5)
+    assert [x for x in rows(run_dir, "val_log") if x["step"] != "5"] == rows(reference, "val_log")
+    log = (run_dir / "train.log").read_text()
+    assert log.count("==== launch ") == 2 and log.count("resuming from") == 1 and log.count("val step 0 ") == 3
 
 
 def test_exact_resume_after_sigkill(reference, e2e_shards, tmp_path):
@@ -95,18 +108,40 @@ def test_exact_resume_after_sigkill(reference, e2e_shards, tmp_path):
     assert meta_a["resumed_from"] == ""
 
 
-def test_preemption_checkpoints_and_resumes(reference, e2e_shards, tmp_path):
+def _ranks_of(run_dir: Path) -> list[int]:
+    return [q.pid for q in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(q.info["cmdline"] or [])]
+
+
+def test_preemption_by_sigterm_then_sigusr1_checkpoints_and_resumes(reference, e2e_shards, tmp_path):
+    """SIGTERM, then at the relaunch SIGUSR1 (Slurm's `--signal`), each to the process group (launcher and ranks,
+    as a cluster's preemption does): the ranks finish the step, checkpoint and exit, and the run continues exactly.
+    Composer's launcher has no SIGUSR1 handler, so SIGUSR1 ends it at once (-10) while its ranks go on without it
+    to their checkpoint (docs/training.md says what a Slurm job should send instead)."""
     run_dir = tmp_path / "run"
-    p = start_bg(run_dir, e2e_shards)
-    wait_for_step(run_dir, 4, p)
-    os.killpg(p.pid, signal.SIGTERM)  # launcher and ranks, as a cluster's preemption does
-    out, _ = p.communicate(timeout=600)  # EOF once rank 0 exited
-    assert "preempted: stopped after step" in out, out[-4000:]
-    stopped = int(out.split("preempted: stopped after step ")[1].split()[0])
-    assert 4 <= stopped < 12
-    ckpts = [p.name for p in (run_dir / "checkpoints").glob("ep*-ba*-rank0.pt")]
-    assert any(f"-ba{stopped}-" in c for c in ckpts), ckpts
-    assert checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt")) == stopped
+    stopped = 0
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        logs = ["--stdout", str(tmp_path / f"{sig.name}.rank{{rank}}.out"),
+                "--stderr", str(tmp_path / f"{sig.name}.rank{{rank}}.err")]  # not the dying launcher's temp folder
+        p = start_bg(run_dir, e2e_shards, launcher=logs)
+        wait_for_step(run_dir, stopped + 3, p)
+        os.killpg(p.pid, sig)
+        out, _ = p.communicate(timeout=600)  # EOF once rank 0 exited
+        assert "preempted: stopped after step" in out, out[-4000:]
+        assert p.returncode == (0 if sig == signal.SIGTERM else -signal.SIGUSR1), out[-4000:]
+        at = int(out.split("preempted: stopped after step ")[1].split()[0])
+        assert stopped + 3 <= at < 12, (sig.name, stopped, at)
+        stopped = at
+        ckpts = [p.name for p in (run_dir / "checkpoints").glob("ep*-ba*-rank0.pt")]
+        assert any(f"-ba{stopped}-" in c for c in ckpts), ckpts
+        assert checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt")) == stopped
+        deadline = time.time() + 60
+        while _ranks_of(run_dir) and time.time() < deadline:  # rank 1 ends a moment after rank 0
+            time.sleep(0.2)
+        assert not _ranks_of(run_dir)
+        # the ranks' resource trackers outlive the signal (started with it blocked): a dead one is replaced and
+        # the new one fails every unregister of what the dead one tracked
+        rank1 = (tmp_path / f"{sig.name}.rank1.err").read_text()
+        assert "resource_tracker" not in out + rank1 and "KeyError" not in out + rank1, (out + rank1)[-3000:]
     ok(launch(run_dir, e2e_shards))
     assert exact(rows(run_dir)) == exact(rows(reference))
 
@@ -133,7 +168,7 @@ def test_preemption_delivered_to_the_launcher_alone(pid1, reference, e2e_shards,
     assert p.returncode == 0 and "preempted: stopped after step" in out, out[-4000:]
     stopped = int(out.split("preempted: stopped after step ")[1].split()[0])
     assert checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt")) == stopped
-    left = [q.pid for q in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(q.info["cmdline"] or [])]
+    left = _ranks_of(run_dir)
     assert not left, f"processes left running: {left}"
     ok(launch(run_dir, e2e_shards))
     assert exact(rows(run_dir)) == exact(rows(reference))
@@ -188,6 +223,8 @@ def test_sigterm_while_a_rank_waits_for_data_stops_the_run_with_stacks(reference
     assert f"SIGTERM received, and the rank did not checkpoint and exit within preemption_grace_s={grace} s" in stacks
     assert "_try_get_data" in stacks, stacks  # its main thread was waiting on the DataLoader
     assert "rank 1: SIGTERM received" in (tmp_path / "rank1.stderr").read_text()
+    assert " rank 1 ERROR gcc.train: rank 1: SIGTERM received, and the rank did not checkpoint" in \
+        (run_dir / "train.log").read_text()  # every rank's own errors
     assert [int(x["step"]) for x in rows(run_dir)] == [1, 2, 3, 4]
     assert checkpoint_step(os.readlink(latest)) == 4
     ok(launch(run_dir, e2e_shards))
@@ -277,16 +314,31 @@ def test_data_on_s3_with_a_node_cache_trains_and_resumes_the_same(reference, e2e
     assert any((cache / "train").rglob("*.mds*"))  # the shards streamed into the node cache
 
 
-def test_changed_signature_is_refused_larger_max_steps_accepted(e2e_shards, tmp_path):
+def test_preempted_in_the_step0_validation_then_a_changed_signature_refused_then_a_fresh_start(e2e_shards,
+                                                                                                tmp_path):
+    """A SIGTERM that only rank 1 gets, during the step-0 validation: both ranks stop before step 1 (exit 0, no
+    checkpoint: nothing trained). The folder then holds only step-0 validation rows: a relaunch of another signature
+    is still refused (run.json), one of the same run starts over from step 0 (the rows are not a used folder's)
+    and writes them again, once; larger max_steps resumes."""
     run_dir = tmp_path / "run"
-    ok(launch(run_dir, e2e_shards, "max_steps=2", "val_every=0", "export_every=0"))
+    r = ok(launch(run_dir, e2e_shards, "max_steps=2", "val_every=3", "export_every=0", "inject_sigterm_at_val0=true"))
+    assert "preempted: stopped before step 1, after the step-0 validation" in r.stdout, r.stdout[-3000:]
+    assert rows(run_dir) == [] and not list((run_dir / "checkpoints").glob("ep*"))  # no step, no checkpoint
+    step0 = rows(run_dir, "val_log")
+    assert [int(x["step"]) for x in step0] == [0, 0, 0]
     r = launch(run_dir, e2e_shards, "max_steps=2", "optim.lr=5e-4", "model.vocab=ids", "data.limit=8")
     assert r.returncode == 3
     assert "optim.lr: 0.001 -> 0.0005" in r.stderr and "model.vocab: 'parts' -> 'ids'" in r.stderr
     assert "data.limit: None -> 8" in r.stderr
     assert "Traceback" not in r.stderr
+    assert (run_dir / "train.log").read_text().count("refused: ") == 1  # rank 0's verdict, not one per rank
+    r = ok(launch(run_dir, e2e_shards, "max_steps=2", "val_every=3", "export_every=0"))
+    assert "resuming" not in r.stdout and "val_log.csv: removed 3 row(s) of a start from step 0" in r.stdout
+    got = rows(run_dir, "val_log")  # step 0's written again (the same numbers: the same starting weights), then 2's
+    assert got[:3] == step0 and [int(x["step"]) for x in got] == [0, 0, 0, 2, 2, 2]
     r = ok(launch(run_dir, e2e_shards, "max_steps=3", "val_every=0", "export_every=0"))
     assert [int(x["step"]) for x in rows(run_dir)] == [1, 2, 3]
+    assert (run_dir / "train.log").read_text().count("==== launch ") == 4
 
 
 def test_second_launch_refused_stale_lock_ignored(e2e_shards, tmp_path):

@@ -63,10 +63,12 @@ def test_log_lines_mask_credentials(capsys):
 @pytest.mark.parametrize("umask, mode", [(0o027, 0o640), (0o002, 0o664), (0o022, 0o644)])
 def test_files_follow_the_umask(tmp_path, umask, mode):
     code = ("import os, sys; os.umask(int(sys.argv[2], 8)); from gcc.data.storage import atomic_write; "
-            "atomic_write(sys.argv[1], b'x')")
+            "from gcc.train.console import open_run_log; atomic_write(sys.argv[1], b'x'); "
+            "open_run_log(os.path.dirname(sys.argv[1]), 0, 1)")
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "f"), oct(umask)], check=True,
                    env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert stat.S_IMODE(os.stat(tmp_path / "f").st_mode) == mode
+    assert stat.S_IMODE(os.stat(tmp_path / "train.log").st_mode) == mode
 
 
 def test_the_registration_lock_is_this_users_and_times_out_naming_its_holder(tmp_path, monkeypatch):

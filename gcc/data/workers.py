@@ -9,8 +9,9 @@ start could hang the run for good. Every worker of gcc is instead forked by a *f
 started by exec (no fork of this process), single-threaded, which imports `gcc.data.dataset` once and forks each worker
 from itself. Loader workers are also persistent: one start per run, not one per epoch.
 
-Preemption: a scheduler signals the whole process group. The forkserver is started with SIGTERM/SIGUSR1
-blocked (the mask survives exec), so it never dies under the workers mid-step. Each worker sets its own
+Preemption: a scheduler signals the whole process group. The forkserver and the resource tracker are started
+with SIGTERM/SIGUSR1 blocked (the mask survives exec), so neither dies under the rank mid-step
+(`start_resource_tracker`). Each worker sets its own
 handling (`LoaderWorkerInit`, `pool_worker_init`) and exits as soon as the process that asked for it exits,
 however that ends (`exit_with`): a forkserver's child is not its requester's child, so neither the kernel's
 parent-death signal nor torch's worker watchdog notice a SIGKILLed rank, and the forkserver itself exits only
@@ -49,14 +50,26 @@ def worker_context() -> multiprocessing.context.BaseContext:
     """The multiprocessing context of every worker gcc starts (loader workers, converter processes)."""
     ctx = multiprocessing.get_context(START_METHOD)
     ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
-    # the resource tracker first: starting it unblocks SIGTERM in this thread, which must stay blocked below
-    resource_tracker.ensure_running()
+    start_resource_tracker()  # first: starting it unblocks SIGTERM in this thread, which must stay blocked below
     old = signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPTION_SIGNALS)
     try:
         forkserver.ensure_running()  # no-op when it runs; otherwise starts it with this thread's mask
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
     return ctx
+
+
+def start_resource_tracker() -> None:
+    """Start this process's multiprocessing resource tracker, if it is not running, with the preemption signals
+    blocked. CPython's tracker ignores SIGINT and SIGTERM but not SIGUSR1, whose default action ends it when a
+    scheduler sends SIGUSR1 to the process group: the rank then starts another tracker, which knows nothing of the
+    shared memory and semaphores registered with the first (a KeyError traceback at each unregister, and nothing
+    cleaned up after a crash). Call it before anything registers a resource (a rank's first lines)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPTION_SIGNALS)
+    try:
+        resource_tracker.ensure_running()  # no-op when it runs; else spawns it (fork + exec) with this mask
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def exit_with(pid: int) -> None:

@@ -4,6 +4,9 @@
     -> composer -n 2 gcc/train.py yamls/tiny_cpu.yaml (training, validation, exports) -> gcc-plot (curves.png)
     -> gcc-sample on a few val clips (a picture of what the model learned)
 
+After the training it prints the validation table: a line per validation, step 0 (the starting weights, validated
+before the first step) first, so that each gap shows beside the baseline it started from.
+
 The last step samples `--sample_n` val clips with the last export, without a Wan VAE: the synthetic world's own
 decoder (gcc.data.synth_decode, docs/sample.md) turns the generated latents into a class per latent cell. It
 writes, per clip, an mp4 and a PNG contact sheet (GT classes | generated classes | condition) and prints the
@@ -70,6 +73,22 @@ def initial_weights(run_dir: Path, last_export: Path, path: Path) -> str | None:
     dit = build_gc_dit(preset, vocab=sig["model.vocab"], init_seed=seed, **json.loads(sig["model.overrides"]))
     save_gc(dit.state_dict(), path, meta)
     return f"the {preset!r} preset initialised from the run's seed {seed}, as the trainer builds it"
+
+
+def validation_table(val: list[dict]) -> list[str]:
+    """The closing table: one line per validation in val_log.csv, the means over its timesteps, step 0 (the
+    starting weights: the run's baseline) first, so that each gap shows beside where it started."""
+    steps: dict[int, list[dict]] = {}
+    for v in val:
+        steps.setdefault(int(v["step"]), []).append(v)
+    ts = ", ".join(f"{float(v['timestep']):.1f}" for v in next(iter(steps.values()), []))
+    out = [f"validation, the mean over t = {ts} (the condition helps when gap_uncond > 0, the text when "
+           f"gap_nulltext > 0):", f"  {'step':>6}  {'mse':>7}  {'gap_uncond':>10}  {'gap_nulltext':>12}"]
+    for step, vs in sorted(steps.items()):
+        mean = {k: sum(float(v[k]) for v in vs) / len(vs) for k in ("mse", "gap_uncond", "gap_nulltext")}
+        out.append(f"  {step:>6}  {mean['mse']:7.4f}  {mean['gap_uncond']:+10.4f}  {mean['gap_nulltext']:+12.4f}"
+                   + ("   (the starting weights)" if step == 0 else ""))
+    return out
 
 
 def _sample_one(sample_cli, ckpt: Path, preset: str, prepared: Path, out: Path, clips: int, steps: int, seed: int,
@@ -189,13 +208,7 @@ def main(argv=None) -> int:
         print(f"training exited with {r.returncode}", file=sys.stderr)
         return r.returncode
     with open(run_dir / "val_log.csv", newline="") as f:
-        val = list(csv.DictReader(f))
-    last = [v for v in val if v["step"] == val[-1]["step"]]
-    print(f"\nvalidation at step {last[0]['step']} (the condition helps when gap_uncond > 0; the text when "
-          f"gap_nulltext > 0):")
-    for v in last:
-        print(f"  t={float(v['timestep']):6.1f}  mse {float(v['mse']):.4f}  gap_uncond {float(v['gap_uncond']):+.4f}  "
-              f"gap_nulltext {float(v['gap_nulltext']):+.4f}")
+        print("\n" + "\n".join(validation_table(list(csv.DictReader(f)))))
     from gcc.tools.plot import plot_run
 
     curves = plot_run(run_dir, run_dir / "curves.png")

@@ -138,8 +138,13 @@ class ValClips(Dataset):
         return self.ds[self.ids[i]]
 
 
+def validates(cfg: TrainConfig) -> bool:
+    """Whether the run validates at all: `val_every` 0 or `val_n` 0 turn every validation off (step 0's too)."""
+    return cfg.val_n > 0 and cfg.val_every > 0
+
+
 def build_val_loader(cfg: TrainConfig) -> DataLoader | None:
-    if cfg.val_n == 0 or cfg.val_every == 0:
+    if not validates(cfg):
         return None
     from composer.utils import dist
 
@@ -235,7 +240,7 @@ def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch
 
     from gcc.train.callbacks import (CheckpointRotation, CheckpointUpload, ConsoleLog, Export, GradClip,
                                      NonFiniteGuard, Preemption, RunFiles, StepDeadline, StepSync, TrainStats,
-                                     ValidationLog)
+                                     ValidateAtStart, ValidationLog)
     from gcc.train.batch_change import GlobalBatchRecord
     from gcc.train.checkpoint_store import store_for
     from gcc.train.callbacks.console_log import console_lines_wanted
@@ -265,9 +270,15 @@ def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch
     ordered = [global_batch, rotation.clock, sync, guard, grad_clip, stats, preemption,
                StepDeadline(watchdog, cfg.stall_timeout_s, cfg.stall_floor_s), val, export,
                RunFiles(run_dir, resolved_config(cfg, run["manifest"], per_rank_batch), stats)]
-    if console_lines_wanted(cfg.console_log_every, cfg.progress_bar):  # after stats, preemption and val
-        ordered.append(ConsoleLog(cfg.console_log_every, cfg.max_steps, stats, val, preemption))
-    return {"callbacks": ordered, "preemption": preemption, "after_saver": after_saver, "global_batch": global_batch}
+    if cfg.console_log_every > 0:  # after stats, preemption and val; train.log gets the lines even under the bar
+        ordered.append(ConsoleLog(cfg.console_log_every, cfg.max_steps, stats, val, preemption,
+                                  console=console_lines_wanted(cfg.console_log_every, cfg.progress_bar)))
+    at_start = None
+    if cfg.val_at_start and validates(cfg) and run["resumed_step"] is None:  # a resume never repeats it
+        at_start = ValidateAtStart(preemption, cfg.inject_sigterm_at_val0)
+        ordered.append(at_start)
+    return {"callbacks": ordered, "preemption": preemption, "after_saver": after_saver, "global_batch": global_batch,
+            "validate_at_start": at_start}
 
 
 def build_loggers(cfg: TrainConfig) -> list:
@@ -284,7 +295,8 @@ def samples_in(batch) -> int:
 
 def build_evaluators(cfg: TrainConfig, val_loader: DataLoader | None, preemption) -> list:
     """Validation every `val_every` steps, and once more at the end of training (not after a preemption) when
-    the last step is not a multiple of it."""
+    the last step is not a multiple of it. The step-0 one (`val_at_start`) runs the same evaluators, from
+    ValidateAtStart."""
     if val_loader is None:
         return []
     from composer import Evaluator

@@ -86,6 +86,8 @@ class TrainConfig:
     checkpoint_dir: str = ""
     export_every: int = 1000
     val_every: int = 500
+    # validate the starting weights before the first step (a step-0 row, the run's baseline); a resume never repeats it
+    val_at_start: bool = True
     val_n: int = 16
     val_timesteps: list = field(default_factory=lambda: [200, 500, 800])
     val_batch: int = 1
@@ -112,6 +114,9 @@ class TrainConfig:
     inject_nonfinite_rank: int = 0  # ...on this rank (0 = off)
     inject_stall_step: int = 0  # fault injection for tests: the loader never delivers this step's batch...
     inject_stall_rank: int = 0  # ...on this rank (0 = off)
+    # fault injection for tests: the last rank sends itself SIGTERM as the step-0 validation starts (a preemption
+    # that only that rank sees, during the step-0 validation)
+    inject_sigterm_at_val0: bool = False
     # fault injection for tests: right after committing this step's checkpoint to checkpoint_dir, rank 0 sends SIGSTOP
     # to the launch's process group, freezing it at a known point (the test kills it, or claims the prefix and sends
     # SIGCONT); 0 = off

@@ -4,8 +4,11 @@
 files true:
 * a file whose header differs from the code's columns (a code upgrade) is renamed `<name>.old<N>.csv` first,
   so rows never land under the wrong header;
-* at fit start, rows of steps after the step the run resumed from (logged by a launch that died before its
-  next checkpoint) are removed: those steps are trained again, and the file keeps one row per step.
+* at fit start, once the checkpoint the launch resumes from is loaded, rows of steps after it (logged by a launch
+  that died before its next checkpoint) are removed: those steps are trained again, and the file keeps one row
+  per step. A launch that starts from step 0 removes every row: the only ones a run folder with nothing to resume
+  may hold are the step-0 validation's (gcc/train/run_folder.py), which this launch writes again (after FIT_START:
+  gcc/train/callbacks/validation.py, ValidateAtStart).
 """
 from __future__ import annotations
 
@@ -77,12 +80,14 @@ class CSVLogger(LoggerDestination):
             path = self._path(name)
             with open(path, newline="") as f:
                 rows = list(csv.reader(f))
-            # a row cut short (a write that found the disk full) goes too, whatever its first field says
-            keep = [rows[0]] + [r for r in rows[1:] if len(r) == len(columns) and int(float(r[0])) <= start]
+            # a row cut short (a write that found the disk full) goes too, whatever its first field says; a start
+            # from step 0 keeps none
+            keep = [rows[0]] + [r for r in rows[1:] if start and len(r) == len(columns) and int(float(r[0])) <= start]
             if len(keep) != len(rows):
                 atomic_write(path, _csv_text(keep))
-                log.info(f"{path.name}: removed {len(rows) - len(keep)} row(s) after step {start} "
-                         f"(from a launch that stopped before its next checkpoint)")
+                log.info(f"{path.name}: removed {len(rows) - len(keep)} row(s) "
+                         + (f"after step {start} (from a launch that stopped before its next checkpoint)" if start else
+                            "of a start from step 0 that stopped before its first checkpoint (this one starts over)"))
 
     def log_table(self, columns: list[str], rows: list[list[Any]], name: str = "Table",
                   step: Optional[int] = None) -> None:

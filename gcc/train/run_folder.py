@@ -248,15 +248,19 @@ REPLACED = "replaced"
 
 
 def _data_rows(path: Path) -> int:
+    """The rows of a CSV log, but for the header and the step-0 validation's: a start from step 0 writes those
+    again (the same numbers: the same starting weights), so they do not make a folder used."""
     try:
         with open(path, "rb") as f:
-            return max(0, sum(1 for line in f if line.strip()) - 1)  # the header
+            lines = [line for line in f if line.strip()][1:]  # the header
     except OSError:
         return 0
+    return sum(1 for line in lines if line.split(b",", 1)[0].strip() != b"0")
 
 
 def what_a_restart_loses(run_dir: Path) -> list[str]:
-    """What a start from step 0 in `run_dir` would overwrite or drop: exports, logged rows, checkpoints."""
+    """What a start from step 0 in `run_dir` would overwrite or drop: exports, logged rows (but step 0's),
+    checkpoints. train.log is never lost: every launch appends to it."""
     run_dir = Path(run_dir)
     exports = sorted(run_dir.glob("step-*.safetensors"), key=lambda p: p.stat().st_mtime)
     found = [f"{len(exports)} export(s) (newest {exports[-1].name})"] if exports else []

@@ -272,14 +272,16 @@ def _run(cfg) -> int:
     from composer.devices import DeviceCPU, DeviceGPU
     from composer.utils import dist
 
+    from gcc.data.workers import start_resource_tracker
     from gcc.model.dit import count_params
     from gcc.train import builders as B
-    from gcc.train.callbacks import NonFiniteLoss
+    from gcc.train.callbacks import NonFiniteLoss, PreemptedBeforeFirstStep
     from gcc.train.callbacks.train_stats import peak_rss_gb
     from gcc.train.checkpoint_store import TakenOver
     from gcc.train.console import ALL_RANKS
     from gcc.train.run_folder import RunLock
 
+    start_resource_tracker()  # before anything registers shared memory: a SIGUSR1 must not end it
     world, per_rank = B.world_size(), cfg.per_rank_batch(B.world_size())
     device = DeviceGPU() if torch.cuda.is_available() else DeviceCPU()
     if not torch.cuda.is_available():  # ranks share the CPU: don't oversubscribe its cores
@@ -325,9 +327,14 @@ def _run(cfg) -> int:
                 f"{'FSDP2 over ' + str(world) + ' rank(s)' if fsdp is not None else 'not sharded'}; peak host RSS "
                 f"so far {peak_rss_gb():.2f} GB", extra=ALL_RANKS)
     trainer.state.callbacks.extend(parts["after_saver"])  # after Composer's CheckpointSaver
+    if parts["validate_at_start"] is not None:
+        parts["validate_at_start"].evaluate = trainer.eval
     t0 = time.time()
+    before_first_step = None
     try:
         trainer.fit()
+    except PreemptedBeforeFirstStep as e:  # every rank stops before step 1, nothing trained: nothing to save
+        before_first_step = str(e)
     except (NonFiniteLoss, TakenOver) as e:  # every rank stops at the same step: closing (a barrier) is safe
         trainer.close()
         logger.error(str(e))
@@ -335,7 +342,9 @@ def _run(cfg) -> int:
     # any other error skips close(): its barrier would wait for ranks that never get there
     trainer.close()
     step = int(trainer.state.timestamp.batch)
-    if parts["preemption"].preempted_at is not None:
+    if before_first_step is not None:
+        logger.info(before_first_step)
+    elif parts["preemption"].preempted_at is not None:
         logger.info(f"preempted: stopped after step {step} with a checkpoint; relaunch the same command to continue")
     else:
         logger.info(f"done: step {step} in {time.time() - t0:.0f} s. Run folder {cfg.run_dir}: train_log.csv, "
@@ -482,9 +491,14 @@ def main(argv: list[str] | None = None) -> int:
         if code in (EXIT_STALLED, EXIT_DATA, EXIT_STORAGE, EXIT_DISK):
             leave_on_fault(code)
         code = end_launch(code)
-    except BaseException:
+    except BaseException as e:
         # an error, or the SystemExit of Composer's SIGTERM handler: the rank ends through interpreter shutdown, so
         # its threads stop first (stop_threads); the other ranks may never get to an end barrier: none is waited for
+        if isinstance(e, Exception):  # the console gets Python's own traceback; train.log gets it here
+            from gcc.train.console import ALL_RANKS, RUN_LOG_ONLY
+
+            logger.error(f"rank {_rank()}: stopped on an unexpected error", exc_info=True,
+                         extra={**ALL_RANKS, **RUN_LOG_ONLY})
         stop_threads()
         raise
     # Everything that needs closing is closed: the interpreter's last collection would only walk every object of
@@ -520,7 +534,7 @@ def leave_on_fault(code: int) -> None:
 def _main(argv: list[str] | None) -> int:
     from gcc.data.errors import StorageUnavailable
     from gcc.train.config import ConfigError, check_inputs, load_config
-    from gcc.train.console import configure_logging
+    from gcc.train.console import configure_logging, open_run_log
 
     configure_logging("INFO", _rank())
     p = argparse.ArgumentParser(prog="gcc/train.py", description="Train the gc25d teacher (docs/design.md §9).")
@@ -542,6 +556,14 @@ def _main(argv: list[str] | None) -> int:
         logger.error(f"storage unavailable: {e}. Relaunch the same command once the store answers")
         return EXIT_STORAGE
     configure_logging(cfg.log_level, _rank())
+    try:  # every rank: rank 0's lines and each rank's own warnings, from here on (docs/training.md)
+        open_run_log(cfg.run_dir, _rank(), int(os.environ.get("WORLD_SIZE", 1)))
+    except ConfigError as e:
+        logger.error(f"config error: {e}")
+        return EXIT_CONFIG
+    except Refusal as e:
+        logger.error(f"refused: {e}")
+        return EXIT_REFUSED
     from gcc.redact import secret_keys
     from gcc.train.config import to_dict
 

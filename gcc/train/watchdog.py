@@ -13,6 +13,7 @@ process group is closed: the end has its own bounded wait (docs/training.md "How
 """
 from __future__ import annotations
 
+import logging
 import os
 import select
 import signal
@@ -23,8 +24,12 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
+from gcc.train.console import ALL_RANKS  # each rank's own line: on its console and in train.log
+
 EXIT_STALLED = 5
 STACKS_DIR = "stacks"
+
+log = logging.getLogger("gcc.train")
 
 
 def stack_report() -> str:
@@ -55,7 +60,7 @@ class StallWatchdog:
 
     `on_signal(signum, seconds, reason)` (main thread, once per signal) arms deadline `reason` when `signum`
     arrives, the first time only; `arm(name, seconds, reason)` sets or moves one; `disarm(name)` clears it.
-    When any deadline passes: stacks to `<run_dir>/stacks/rank<R>.txt`, a line on stderr, the stall recorded for
+    When any deadline passes: stacks to `<run_dir>/stacks/rank<R>.txt`, an error line (stderr, train.log), the stall recorded for
     the other ranks (`announce(code, reason)`, gcc.train.peer_fault), and after `grace_s` (for them to write
     their own stacks) `os._exit(EXIT_STALLED)`. `stop_for_peer` ends the rank for a peer's fault. `stop` ends the
     thread (no deadline holds after it).
@@ -137,8 +142,7 @@ class StallWatchdog:
 
     def _fire(self, reason: str) -> None:
         where = self._stacks(reason)
-        print(f"gcc.train: rank {self.rank}: {reason}; {where}; exiting with code {EXIT_STALLED}",
-              file=sys.stderr, flush=True)
+        log.error(f"rank {self.rank}: {reason}; {where}; exiting with code {EXIT_STALLED}", extra=ALL_RANKS)
         if self.announce is not None:
             self.announce(EXIT_STALLED, reason)
             time.sleep(self.grace_s)
@@ -147,7 +151,7 @@ class StallWatchdog:
     def stop_for_peer(self, code: int, message: str) -> None:
         """Another rank stopped the run (gcc.train.peer_fault): its code; after a stall, this rank's stacks too."""
         where = f"; {self._stacks(message)}" if code == EXIT_STALLED else ""
-        print(f"gcc.train: rank {self.rank}: {message}{where}; exiting with code {code}", file=sys.stderr, flush=True)
+        log.error(f"rank {self.rank}: {message}{where}; exiting with code {code}", extra=ALL_RANKS)
         os._exit(code)
 
     def _stacks(self, reason: str) -> str:

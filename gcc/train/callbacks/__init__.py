@@ -5,13 +5,13 @@ from gcc.train.callbacks.console_log import ConsoleLog
 from gcc.train.callbacks.export import Export
 from gcc.train.callbacks.grad_clip import GradClip
 from gcc.train.callbacks.nonfinite import NonFiniteGuard, NonFiniteLoss
-from gcc.train.callbacks.preemption import Preemption
+from gcc.train.callbacks.preemption import PreemptedBeforeFirstStep, Preemption
 from gcc.train.callbacks.run_files import RunFiles
 from gcc.train.callbacks.step_deadline import StepDeadline
 from gcc.train.callbacks.step_sync import StepSync
 from gcc.train.callbacks.train_stats import TRAIN_COLUMNS, TrainStats
-from gcc.train.callbacks.validation import VAL_COLUMNS, ValidationLog
+from gcc.train.callbacks.validation import VAL_COLUMNS, ValidateAtStart, ValidationLog
 
 __all__ = ["CheckpointRotation", "CheckpointUpload", "ConsoleLog", "Export", "GradClip", "NonFiniteGuard",
-           "NonFiniteLoss", "Preemption", "RunFiles", "StepDeadline", "StepSync", "TRAIN_COLUMNS", "TrainStats",
-           "VAL_COLUMNS", "ValidationLog"]
+           "NonFiniteLoss", "PreemptedBeforeFirstStep", "Preemption", "RunFiles", "StepDeadline", "StepSync",
+           "TRAIN_COLUMNS", "TrainStats", "VAL_COLUMNS", "ValidateAtStart", "ValidationLog"]

@@ -5,7 +5,7 @@ the steps since the last line), lr, grad_norm, s/step (the wall period since the
 validation and checkpoints included, so the estimate counts them too), data wait per step, sem_rms, this
 launch's elapsed time and the estimated time to max_steps at that pace. After each validation, one line per
 timestep with mse, gap_uncond and gap_nulltext. Composer's progress bar is for a terminal; with it on and
-stdout a terminal, these lines stay off.
+stdout a terminal, these lines stay off the console and go to `<run_dir>/train.log` alone (gcc/train/console.py).
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from composer.utils import dist
 from gcc.train.callbacks.preemption import Preemption
 from gcc.train.callbacks.train_stats import TrainStats
 from gcc.train.callbacks.validation import ValidationLog
+from gcc.train.console import RUN_LOG_ONLY
 
 log = logging.getLogger("gcc.train")
 
@@ -38,9 +39,11 @@ def console_lines_wanted(every: int, progress_bar: bool) -> bool:
 
 
 class ConsoleLog(Callback):
-    def __init__(self, every: int, max_steps: int, stats: TrainStats, val: ValidationLog, preemption: Preemption):
+    def __init__(self, every: int, max_steps: int, stats: TrainStats, val: ValidationLog, preemption: Preemption,
+                 console: bool = True):
         self.every, self.max_steps, self.stats, self.val = every, max_steps, stats, val
         self.preemption = preemption
+        self.extra = None if console else RUN_LOG_ONLY  # console False: the lines go to train.log alone
         self._window: list[dict] = []
         self._t_start = self._t_line = 0.0
 
@@ -62,11 +65,12 @@ class ConsoleLog(Callback):
                  f"lr {row['lr']:.2e}  grad_norm {row['grad_norm']:.3f}  {per_step:.2f} s/step  "
                  f"data {statistics.fmean(r['data_time'] for r in w):.3f} s/step  sem_rms {row['sem_rms']:.4f}  "
                  f"elapsed {duration(now - self._t_start)}  "
-                 f"eta {duration(max(self.max_steps - step, 0) * per_step)}")
+                 f"eta {duration(max(self.max_steps - step, 0) * per_step)}", extra=self.extra)
 
     def eval_end(self, state: State, logger: Logger) -> None:
         if dist.get_global_rank() != 0:
             return
         for r in self.val.last:
             log.info(f"val step {r['step']}  t={r['timestep']:.1f}  mse {r['mse']:.4f}  "
-                     f"gap_uncond {r['gap_uncond']:+.4f}  gap_nulltext {r['gap_nulltext']:+.4f}  (n {r['n']})")
+                     f"gap_uncond {r['gap_uncond']:+.4f}  gap_nulltext {r['gap_nulltext']:+.4f}  (n {r['n']})",
+                     extra=self.extra)

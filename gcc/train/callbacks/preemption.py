@@ -5,6 +5,10 @@ the ranks agree on the same step even when the signal reached them at different 
 BATCH_END every rank calls `state.stop_training()`, and Composer's CheckpointSaver saves at its
 BATCH_CHECKPOINT (end of training always saves). A signal that arrives after the reduction stops the next step.
 
+Before step 1 there is one more place: after the step-0 validation (`val_at_start`), which takes a while before
+any step's reduction. There the ranks agree on the flag in a reduction of its own (`stop_before_first_step`) and
+all stop before step 1: nothing was trained, so there is nothing to checkpoint (`PreemptedBeforeFirstStep`).
+
 The flag is read only between steps, so a rank blocked waiting for data (or in a collective with such a rank)
 would never get there. The signal therefore also arms a deadline of `grace_s` on the rank's StallWatchdog,
 which a thread keeps: a rank that has not checkpointed and exited by then writes every thread's stack to the
@@ -14,12 +18,18 @@ from __future__ import annotations
 
 import signal
 
+import torch
 from composer.core import Callback, State
 from composer.loggers import Logger
+from composer.utils import dist
 
 from gcc.data.workers import PREEMPTION_SIGNALS
 from gcc.train.callbacks.step_sync import StepSync
 from gcc.train.watchdog import StallWatchdog
+
+
+class PreemptedBeforeFirstStep(Exception):
+    """A preemption signal came before step 1 (during the step-0 validation): every rank stops, nothing to save."""
 
 
 class Preemption(Callback):
@@ -38,6 +48,18 @@ class Preemption(Callback):
             self._old[s] = signal.signal(s, self._handler)
             self.watchdog.on_signal(s, self.grace_s, f"{signal.Signals(s).name} received, and the rank did not "
                                     f"checkpoint and exit within preemption_grace_s={self.grace_s:g} s")
+
+    def stop_before_first_step(self, state: State) -> None:
+        """Raise PreemptedBeforeFirstStep on every rank if any rank received a signal so far (a collective: every
+        rank calls it, at the same point)."""
+        flag = state.device.tensor_to_device(torch.tensor([1.0 if self.requested else 0.0]))
+        if dist.get_world_size() > 1:
+            dist.all_reduce(flag, reduce_operation="SUM")
+        if flag.item() > 0:
+            self.preempted_at = int(state.timestamp.batch)
+            raise PreemptedBeforeFirstStep(f"preempted: stopped before step {self.preempted_at + 1}, after the "
+                                           f"step-{self.preempted_at} validation; nothing was trained, so there is no "
+                                           f"checkpoint: relaunch the same command to start the run")
 
     def batch_end(self, state: State, logger: Logger) -> None:
         if self.sync.totals.get("preempt", 0.0) > 0 and self.preempted_at is None:
