@@ -7,7 +7,7 @@ DEMO    ?= runs/demo
 # pytest workers: 2 matches the CI machine; override with `make test JOBS=1`
 JOBS    ?= 2
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test lint bench clean
 
 setup: $(STAMP)
 
@@ -21,10 +21,17 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q --no-build-isolation -c constraints.txt deepspeed
 	touch $(STAMP)
 
+# the lint gate of `make test` alone; `$(BIN)/ruff format .` applies the formatting
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
 demo: $(STAMP)
 	$(BIN)/python -m gcc.tools.demo --out $(DEMO)
 
 test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -n $(JOBS) -q -rs tests
 
 bench: $(STAMP)

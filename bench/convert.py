@@ -6,6 +6,7 @@ Baseline: what a plain per-clip repack costs — `np.savez_compressed` of the cl
 one file per clip. Printed: clips/s and MB/s (of prepared input) for both, the output/input size ratio for
 both, and the ratios between them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,6 +38,7 @@ def main() -> None:
 
     from gcc.data import synth
     from gcc.data.convert import convert
+
     print(f"imports: {time.time() - t:.1f} s (once per process, not counted below)")
 
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
@@ -45,7 +47,7 @@ def main() -> None:
         # clips of both splits are needed; clip i's split is a function of i, so write enough clips
         src = synth.write_prepared(tmp / "prepared", clips=args.clips, geometry="full", seed=0)
         print(f"synth: {args.clips} full-geometry clips in {time.time() - t:.1f} s")
-        rows = [l for l in (src / "index" / "clips.jsonl").read_text().splitlines()]
+        rows = [line for line in (src / "index" / "clips.jsonl").read_text().splitlines()]
         import json
 
         clip_ids = [json.loads(r)["clip_id"] for r in rows if not json.loads(r)["drop"]]
@@ -61,8 +63,12 @@ def main() -> None:
                 lat = f.get_tensor("input_latents").view(__import__("torch").uint16).numpy()
             with np.load(src / "sem" / f"{cid}.npz") as z:
                 ids = z["ids"]
-            np.savez_compressed(base / f"{cid}.npz", input_latents=lat, ids=ids,
-                                meta=np.frombuffer((src / "meta" / f"{cid}.json").read_bytes(), np.uint8))
+            np.savez_compressed(
+                base / f"{cid}.npz",
+                input_latents=lat,
+                ids=ids,
+                meta=np.frombuffer((src / "meta" / f"{cid}.json").read_bytes(), np.uint8),
+            )
         base_s = time.time() - t
         base_bytes = dir_bytes(base)
 

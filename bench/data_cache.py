@@ -9,6 +9,7 @@ For each mode, `--reps` times, alternating: a fresh cache folder, `GcStreamingDa
 construction to the first batch (what a run's start waits for), the bytes written into the cache by then and after
 one whole epoch (regular files only: a link costs no data), and the ratios in-place / copy.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,13 @@ def measure(shards: str, cache: Path, downloader) -> dict:
     at_first = written_bytes(cache)
     n = 1 + sum(1 for _ in it)
     epoch = time.perf_counter() - t0
-    out = {"first_batch_s": first, "written_first": at_first, "written_epoch": written_bytes(cache),
-           "epoch_s": epoch, "samples": n}
+    out = {
+        "first_batch_s": first,
+        "written_first": at_first,
+        "written_epoch": written_bytes(cache),
+        "epoch_s": epoch,
+        "samples": n,
+    }
     del it, ds
     return out
 
@@ -88,19 +94,25 @@ def main() -> int:
             r = measure(shards, cache, cls)
             shutil.rmtree(cache)  # a copy is as large as the split
             got[mode].append(r)
-            print(f"  rep {rep + 1} {mode:36s} first batch {r['first_batch_s']:6.2f} s, written by then "
-                  f"{r['written_first'] / 1e6:7.1f} MB; epoch ({r['samples']} samples) {r['epoch_s']:6.1f} s, "
-                  f"written {r['written_epoch'] / 1e6:7.1f} MB")
+            print(
+                f"  rep {rep + 1} {mode:36s} first batch {r['first_batch_s']:6.2f} s, written by then "
+                f"{r['written_first'] / 1e6:7.1f} MB; epoch ({r['samples']} samples) {r['epoch_s']:6.1f} s, "
+                f"written {r['written_epoch'] / 1e6:7.1f} MB"
+            )
     print("\nper mode (min..max over reps):")
     for mode in modes:
         rs = got[mode]
         first = [r["first_batch_s"] for r in rs]
-        print(f"  {mode:36s} first batch {min(first):.2f}..{max(first):.2f} s; written after one epoch "
-              f"{rs[-1]['written_epoch'] / 1e6:.1f} MB")
+        print(
+            f"  {mode:36s} first batch {min(first):.2f}..{max(first):.2f} s; written after one epoch "
+            f"{rs[-1]['written_epoch'] / 1e6:.1f} MB"
+        )
     copy, link = got["copy (Streaming's LocalDownloader)"], got["in place (gcc)"]
     ratios = [b["first_batch_s"] / c["first_batch_s"] for b, c in zip(link, copy)]
-    print(f"ratio in place / copy: time to the first batch {min(ratios):.2f}..{max(ratios):.2f}; bytes written "
-          f"after one epoch {link[-1]['written_epoch'] / max(copy[-1]['written_epoch'], 1):.4f}")
+    print(
+        f"ratio in place / copy: time to the first batch {min(ratios):.2f}..{max(ratios):.2f}; bytes written "
+        f"after one epoch {link[-1]['written_epoch'] / max(copy[-1]['written_epoch'], 1):.4f}"
+    )
     print(f"(scratch folder {tmp}: delete it when done)")
     return 0
 

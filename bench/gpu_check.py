@@ -14,6 +14,7 @@ a sharded checkpoint at the end of the first launch, then a relaunch that resume
 * the sharded save's seconds and size, and the relaunch's seconds to a trainer with the checkpoint loaded,
 next to the legacy trainer's 1.2 s per micro-batch and 35.2 GB per GPU (4×H200, DeepSpeed ZeRO-2).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,16 @@ LEGACY_GB = 35.2
 
 
 def launch(n: int, run_dir: Path, shards: Path, overrides: list[str], log: Path) -> tuple[float, str]:
-    cmd = [str(Path(sys.executable).with_name("composer")), "-n", str(n), str(ROOT / "gcc" / "train.py"),
-           str(ROOT / "yamls" / "sft_v10.yaml"), f"run_dir={run_dir}", f"data.path={shards}", *overrides]
+    cmd = [
+        str(Path(sys.executable).with_name("composer")),
+        "-n",
+        str(n),
+        str(ROOT / "gcc" / "train.py"),
+        str(ROOT / "yamls" / "sft_v10.yaml"),
+        f"run_dir={run_dir}",
+        f"data.path={shards}",
+        *overrides,
+    ]
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True)
     log.write_text(r.stdout + r.stderr)
@@ -67,17 +76,31 @@ def main() -> None:
         raise SystemExit("no GPU visible (use --cpu for a dry run)")
     accum, preset = 2, args.preset or ("tiny" if args.cpu else "ti2v-5b")
     geometry = {"tiny": "tiny", "wide": "wide"}.get(preset, "full")  # synth's geometry for the preset's text width
-    overrides = [f"model.preset={preset}", f"model.model_dir={args.model_dir or chr(34) * 2}", "parallelism=fsdp",
-                 f"fsdp.reshard_after_forward={str(args.reshard_after_forward).lower()}", "model.grad_ckpt=true",
-                 f"global_batch={n * accum}", "micro_batch=1", f"checkpoint_every={args.steps}", "val_every=0",
-                 "export_every=0", "progress_bar=false", "loggers={}", "data.num_workers=2",
-                 "optim.warmup_steps=2"] + (["precision=fp32"] if args.cpu else [])
+    overrides = [
+        f"model.preset={preset}",
+        f"model.model_dir={args.model_dir or chr(34) * 2}",
+        "parallelism=fsdp",
+        f"fsdp.reshard_after_forward={str(args.reshard_after_forward).lower()}",
+        "model.grad_ckpt=true",
+        f"global_batch={n * accum}",
+        "micro_batch=1",
+        f"checkpoint_every={args.steps}",
+        "val_every=0",
+        "export_every=0",
+        "progress_bar=false",
+        "loggers={}",
+        "data.num_workers=2",
+        "optim.warmup_steps=2",
+    ] + (["precision=fp32"] if args.cpu else [])
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         work = Path(tmp)
         t = time.time()
         shards = work / "shards"
-        convert(write_prepared(work / "prepared", clips=max(8, 2 * n * accum), geometry=geometry, seed=0),
-                str(shards), progress=False)
+        convert(
+            write_prepared(work / "prepared", clips=max(8, 2 * n * accum), geometry=geometry, seed=0),
+            str(shards),
+            progress=False,
+        )
         print(f"data: {geometry} geometry synthesized and converted in {time.time() - t:.0f} s")
         run_dir = work / "run"
         wall1, out1 = launch(n, run_dir, shards, overrides + [f"max_steps={args.steps}"], work / "launch1.log")
@@ -87,27 +110,39 @@ def main() -> None:
         saves = re.findall(r"checkpoint (ep\d+-ba\d+): ([\d.]+) s, ([\d.e+-]+) GB", out1)
         ready = re.search(r"checkpoint loaded: trainer ready in ([\d.]+) s", out2)
 
-    steps = [float(r["step_time"]) for r in rows[2:args.steps]] or [float(r["step_time"]) for r in rows]
+    steps = [float(r["step_time"]) for r in rows[2 : args.steps]] or [float(r["step_time"]) for r in rows]
     s_micro = statistics.median(steps) / accum
     mem = max(float(r["mem_gb"]) for r in rows)
     dit = build_gc_dit(preset, device="meta")
     n_matmul = sum(p.numel() for p in dit.parameters() if p.dim() == 2)
-    geo = {"tiny": dict(T=3, h=4, w=6, L=16), "wide": dict(T=3, h=4, w=6, L=16), "full": dict(T=21, h=30, w=52, L=512)}[geometry]
+    geo = {"tiny": dict(T=3, h=4, w=6, L=16), "wide": dict(T=3, h=4, w=6, L=16), "full": dict(T=21, h=30, w=52, L=512)}[
+        geometry
+    ]
     flops = model_flops(dit.config, n_matmul, batch=1, **geo)
     peak = None if args.cpu else PEAK_TFLOPS["cuda"]
     zero = "ZeRO-3-like" if args.reshard_after_forward else "ZeRO-2-like"
-    print(f"{n} {'CPU rank' if args.cpu else torch.cuda.get_device_name(0)}(s), {preset}, FSDP2 {zero}, "
-          f"{'fp32' if args.cpu else 'amp_bf16'}, activation checkpointing, micro-batch 1 × accumulation {accum}")
-    print(f"s per micro-batch: {s_micro:.3f} (median over steps 3..{args.steps}); legacy {LEGACY_S_PER_MICRO} -> "
-          f"{LEGACY_S_PER_MICRO / s_micro:.2f}x")
+    print(
+        f"{n} {'CPU rank' if args.cpu else torch.cuda.get_device_name(0)}(s), {preset}, FSDP2 {zero}, "
+        f"{'fp32' if args.cpu else 'amp_bf16'}, activation checkpointing, micro-batch 1 × accumulation {accum}"
+    )
+    print(
+        f"s per micro-batch: {s_micro:.3f} (median over steps 3..{args.steps}); legacy {LEGACY_S_PER_MICRO} -> "
+        f"{LEGACY_S_PER_MICRO / s_micro:.2f}x"
+    )
     print(f"peak memory per {'rank (RSS)' if args.cpu else 'GPU (max allocated)'}: {mem:.1f} GB; legacy {LEGACY_GB} GB")
-    print(f"model FLOP per micro-batch {flops:.3e}, {flops / s_micro / 1e12:.1f} TFLOP/s per device"
-          + (f", MFU {flops / s_micro / (peak * 1e12):.1%} of {peak:.0f}" if peak else ""))
+    print(
+        f"model FLOP per micro-batch {flops:.3e}, {flops / s_micro / 1e12:.1f} TFLOP/s per device"
+        + (f", MFU {flops / s_micro / (peak * 1e12):.1%} of {peak:.0f}" if peak else "")
+    )
     for name, secs, gb in saves:
-        print(f"sharded save {name}: {float(secs):.1f} s, {float(gb):.3f} GB on disk "
-              f"({float(gb) * 1e9 / count_params(dit):.1f} bytes per parameter)")
-    print(f"relaunch: trainer ready with the checkpoint loaded in {float(ready.group(1)) if ready else float('nan'):.1f} s"
-          f" (whole launches: {wall1:.0f} s for {args.steps} steps, {wall2:.0f} s for 2 more)")
+        print(
+            f"sharded save {name}: {float(secs):.1f} s, {float(gb):.3f} GB on disk "
+            f"({float(gb) * 1e9 / count_params(dit):.1f} bytes per parameter)"
+        )
+    print(
+        f"relaunch: trainer ready with the checkpoint loaded in {float(ready.group(1)) if ready else float('nan'):.1f} s"
+        f" (whole launches: {wall1:.0f} s for {args.steps} steps, {wall2:.0f} s for 2 more)"
+    )
 
 
 if __name__ == "__main__":

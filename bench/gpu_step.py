@@ -11,6 +11,7 @@ of the geometry's shapes. MFU = model FLOPs per step / step time / peak bf16 FLO
 counted, as usual. Baseline in the same run: the legacy trainer's published 1.2 s per micro-batch at full
 geometry on H200 (ZeRO-2, 4 GPUs) is printed next to the measured number for the 5B preset.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,7 +48,8 @@ def synthetic_batch(B: int, T: int, h: int, w: int, L: int, D: int, device, seed
         "context_ids": torch.arange(T).repeat(B, 1).to(device),
         "sem_ids": ids.to(device),
         "clip_id": [f"bench{i}" for i in range(B)],
-        "sample_id": torch.arange(B), "epoch": torch.zeros(B, dtype=torch.int64),
+        "sample_id": torch.arange(B),
+        "epoch": torch.zeros(B, dtype=torch.int64),
     }
 
 
@@ -105,18 +107,25 @@ def main() -> None:
         mem = f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB (GPU peak allocated)"
     else:
         import psutil
+
         mem = f"{psutil.Process().memory_info().rss / 2**30:.2f} GiB (process RSS)"
     peak = args.peak_tflops or PEAK_TFLOPS.get(device.type)
-    print(f"preset {args.preset}, geometry T={geo['T']} h={geo['h']} w={geo['w']} L={geo['L']}, micro-batch "
-          f"{args.micro_batch}, {device.type}, {'bf16 autocast' if dtype != torch.float32 else 'fp32'}, "
-          f"grad ckpt {grad_ckpt}, single device (no FSDP: the optimizer state is not sharded)")
+    print(
+        f"preset {args.preset}, geometry T={geo['T']} h={geo['h']} w={geo['w']} L={geo['L']}, micro-batch "
+        f"{args.micro_batch}, {device.type}, {'bf16 autocast' if dtype != torch.float32 else 'fp32'}, "
+        f"grad ckpt {grad_ckpt}, single device (no FSDP: the optimizer state is not sharded)"
+    )
     print(f"s/micro-batch: {s:.4f} (median of {len(times)})")
     print(f"peak memory: {mem}")
-    print(f"model FLOP per micro-batch: {flops:.3e}; achieved {flops / s / 1e12:.4g} TFLOP/s; "
-          + (f"MFU {flops / s / (peak * 1e12):.1%} of {peak:.0f} TFLOP/s" if peak else "MFU n/a (pass --peak-tflops)"))
+    print(
+        f"model FLOP per micro-batch: {flops:.3e}; achieved {flops / s / 1e12:.4g} TFLOP/s; "
+        + (f"MFU {flops / s / (peak * 1e12):.1%} of {peak:.0f} TFLOP/s" if peak else "MFU n/a (pass --peak-tflops)")
+    )
     if args.preset == "ti2v-5b":
-        print(f"legacy (accelerate + DeepSpeed ZeRO-2, 4×H200): {LEGACY_S_PER_MICRO} s/micro-batch -> "
-              f"ratio legacy/ours {LEGACY_S_PER_MICRO / s:.2f}x")
+        print(
+            f"legacy (accelerate + DeepSpeed ZeRO-2, 4×H200): {LEGACY_S_PER_MICRO} s/micro-batch -> "
+            f"ratio legacy/ours {LEGACY_S_PER_MICRO / s:.2f}x"
+        )
 
 
 if __name__ == "__main__":

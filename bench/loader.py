@@ -15,6 +15,7 @@ then prints, all measured in this run:
    timed on a few frames and extrapolated; code shared with bench/mask.py), and the ratio.
 3. peak RSS of the loader worker (VmHWM, read inside the worker) and its RSS when it started.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 
 def _vm(field: str) -> float:
@@ -63,8 +64,9 @@ class _MemCollate:
 def loader_rate(shards: Path, cache: Path, epochs: int, workers: int = 1, seed: int = 0):
     from gcc.data.dataset import Dropouts, GcStreamingDataset, build_dataloader
 
-    ds = GcStreamingDataset(str(shards), "train", cache / uuid.uuid4().hex, batch_size=1, seed=seed,
-                            dropouts=Dropouts())
+    ds = GcStreamingDataset(
+        str(shards), "train", cache / uuid.uuid4().hex, batch_size=1, seed=seed, dropouts=Dropouts()
+    )
     # the training's DataLoader (persistent workers from the forkserver: only the first start is excluded),
     # with a collate that also reports the worker's memory
     dl = build_dataloader(ds, batch_size=1, num_workers=workers, collate_fn=_MemCollate())
@@ -86,9 +88,22 @@ def loader_rate(shards: Path, cache: Path, epochs: int, workers: int = 1, seed: 
     cpu = mem[-1][4] - mem[0][4]  # worker CPU between the first and the last batch's collate
     total = n + 1
     del dl
-    return {"rate": n / secs, "cpu_rate": n / cpu, "cpu": cpu, "n": n, "secs": secs, "startup": startup, "samples": total, "masked": masked,
-            "cond": cond, "text": text, "worker_start_rss": mem[0][0], "worker_peak_rss": max(m[2] for m in mem),
-            "worker_last_rss": mem[-1][1], "main_rss": main_rss}
+    return {
+        "rate": n / secs,
+        "cpu_rate": n / cpu,
+        "cpu": cpu,
+        "n": n,
+        "secs": secs,
+        "startup": startup,
+        "samples": total,
+        "masked": masked,
+        "cond": cond,
+        "text": text,
+        "worker_start_rss": mem[0][0],
+        "worker_peak_rss": max(m[2] for m in mem),
+        "worker_last_rss": mem[-1][1],
+        "main_rss": main_rss,
+    }
 
 
 def baseline_rate(src: Path, clip_ids: list[str], epochs: int):
@@ -97,7 +112,10 @@ def baseline_rate(src: Path, clip_ids: list[str], epochs: int):
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    rows = {json.loads(l)["clip_id"]: json.loads(l) for l in (src / "index" / "clips.jsonl").read_text().splitlines()}
+    rows = {
+        json.loads(line)["clip_id"]: json.loads(line)
+        for line in (src / "index" / "clips.jsonl").read_text().splitlines()
+    }
     table = str(src / "text" / "table.safetensors")
 
     def one(cid):
@@ -126,13 +144,15 @@ def mask_timing(shards: Path, cache: Path, reps: int, ref_frames: int):
     """Fast mask CPU ms per masked sample on the converted clips (both calibrations) and the reference."""
     from mask import masked_draws, time_fast, time_reference  # bench/mask.py
     from streaming import StreamingDataset
+
     from gcc.data.dataset import NO_DROPOUTS, GcStreamingDataset
     from gcc.data.mask import mask_ground_z
     from gcc.data.shards import ClipRecord
     from gcc.geometry import Cameras
 
-    ds = GcStreamingDataset(str(shards), "train", cache / uuid.uuid4().hex, batch_size=1, dropouts=NO_DROPOUTS,
-                            shuffle=False)
+    ds = GcStreamingDataset(
+        str(shards), "train", cache / uuid.uuid4().hex, batch_size=1, dropouts=NO_DROPOUTS, shuffle=False
+    )
     draws = masked_draws(reps)
     res = {"frame0": [], "cap": []}
     first = None
@@ -170,9 +190,12 @@ def main():
     from gcc.data import synth
     from gcc.data.convert import convert
     from gcc.data.shards import read_manifest
+
     torch.set_num_threads(1)
-    print(f"imports {time.time() - t:.1f} s; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
-          f"{os.cpu_count()} CPUs visible")
+    print(
+        f"imports {time.time() - t:.1f} s; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
+        f"{os.cpu_count()} CPUs visible"
+    )
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         tmp = Path(tmp)
         if args.prepared:
@@ -185,35 +208,50 @@ def main():
         convert(src, str(shards), progress=False)
         man = read_manifest(str(shards))
         clip_ids = man["splits"]["train"]["clip_ids"]
-        print(f"data: {len(clip_ids)} train clips, sem {man['geometry']['sem']}, latents "
-              f"{man['geometry']['latents']}, text {man['geometry']['text']}")
+        print(
+            f"data: {len(clip_ids)} train clips, sem {man['geometry']['sem']}, latents "
+            f"{man['geometry']['latents']}, text {man['geometry']['text']}"
+        )
 
         lo = loader_rate(shards, tmp / "cache", args.epochs)
         base = baseline_rate(src, clip_ids, args.epochs)
-        print(f"loader, 1 worker, default p (text .1 / cond .05 / mask .5, frame0): {lo['rate']:.2f} samples/s wall, "
-              f"{lo['cpu_rate']:.2f} samples/s per worker CPU second ({lo['n']} samples in {lo['secs']:.2f} s wall / "
-              f"{lo['cpu']:.2f} s worker CPU after the first; startup {lo['startup']:.1f} s; "
-              f"{lo['masked']}/{lo['samples']} masked, {lo['cond']} cond-dropped, {lo['text']} text-dropped)  "
-              f"target >= 8")
-        print(f"baseline (prepared npz + safetensors + text rows, in-process): {base['rate']:.2f} samples/s wall, "
-              f"{base['cpu_rate']:.2f} per CPU second ({base['n']} samples in {base['secs']:.2f} s / {base['cpu']:.2f} s CPU)")
-        print(f"ratio loader / baseline: {lo['rate'] / base['rate']:.2f}x wall, {lo['cpu_rate'] / base['cpu_rate']:.2f}x CPU "
-              f"(wall numbers depend on the load of this shared machine: load average "
-              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; CPU-time numbers are what one dedicated core gives)")
-        print(f"worker memory: peak RSS (VmHWM) {lo['worker_peak_rss']:.0f} MiB, RSS after its first sample "
-              f"{lo['worker_start_rss']:.0f} MiB, at the end {lo['worker_last_rss']:.0f} MiB (main process RSS "
-              f"{lo['main_rss']:.0f} MiB; the worker is forked by the forkserver, not from it; RSS counts the page-cache-shared text table rows it touched)")
+        print(
+            f"loader, 1 worker, default p (text .1 / cond .05 / mask .5, frame0): {lo['rate']:.2f} samples/s wall, "
+            f"{lo['cpu_rate']:.2f} samples/s per worker CPU second ({lo['n']} samples in {lo['secs']:.2f} s wall / "
+            f"{lo['cpu']:.2f} s worker CPU after the first; startup {lo['startup']:.1f} s; "
+            f"{lo['masked']}/{lo['samples']} masked, {lo['cond']} cond-dropped, {lo['text']} text-dropped)  "
+            f"target >= 8"
+        )
+        print(
+            f"baseline (prepared npz + safetensors + text rows, in-process): {base['rate']:.2f} samples/s wall, "
+            f"{base['cpu_rate']:.2f} per CPU second ({base['n']} samples in {base['secs']:.2f} s / {base['cpu']:.2f} s CPU)"
+        )
+        print(
+            f"ratio loader / baseline: {lo['rate'] / base['rate']:.2f}x wall, {lo['cpu_rate'] / base['cpu_rate']:.2f}x CPU "
+            f"(wall numbers depend on the load of this shared machine: load average "
+            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; CPU-time numbers are what one dedicated core gives)"
+        )
+        print(
+            f"worker memory: peak RSS (VmHWM) {lo['worker_peak_rss']:.0f} MiB, RSS after its first sample "
+            f"{lo['worker_start_rss']:.0f} MiB, at the end {lo['worker_last_rss']:.0f} MiB (main process RSS "
+            f"{lo['main_rss']:.0f} MiB; the worker is forked by the forkserver, not from it; RSS counts the page-cache-shared text table rows it touched)"
+        )
 
         if not args.skip_mask:
-            ms, (ref_ms, per_frame, frames, agree, cid) = mask_timing(shards, tmp / "cache", args.mask_reps,
-                                                                      args.ref_frames)
+            ms, (ref_ms, per_frame, frames, agree, cid) = mask_timing(
+                shards, tmp / "cache", args.mask_reps, args.ref_frames
+            )
             for cal, v in ms.items():
-                print(f"fast mask {cal:6s} on these clips: CPU median {np.median(v):6.1f} ms per masked sample "
-                      f"(mean {v.mean():.1f}, max {v.max():.1f}, {v.size} masked samples)")
+                print(
+                    f"fast mask {cal:6s} on these clips: CPU median {np.median(v):6.1f} ms per masked sample "
+                    f"(mean {v.mean():.1f}, max {v.max():.1f}, {v.size} masked samples)"
+                )
             f0 = float(np.median(ms["frame0"]))
-            print(f"reference mask ({cid}, frame0): {per_frame:.2f} s/frame CPU on frames {frames} (+ frame 0 for "
-                  f"τ), EXTRAPOLATED to {man['geometry']['frames']} frames: {ref_ms / 1e3:.1f} s per sample; "
-                  f"agrees with fast on those frames: {agree}")
+            print(
+                f"reference mask ({cid}, frame0): {per_frame:.2f} s/frame CPU on frames {frames} (+ frame 0 for "
+                f"τ), EXTRAPOLATED to {man['geometry']['frames']} frames: {ref_ms / 1e3:.1f} s per sample; "
+                f"agrees with fast on those frames: {agree}"
+            )
             print(f"ratio reference / fast (frame0): {ref_ms / f0:.0f}x  (fast {f0:.1f} ms, target <= 40 ms)")
     print(f"bench process peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 

@@ -9,6 +9,7 @@ both calibrations, perspective and orthographic), times the per-pixel reference 
 in the same run on frame 0 plus `--ref-frames` more frames and extrapolates it to 81 frames (said in the
 output), checks that both agree on those frames, and prints the ratio and peak memory.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,11 +22,11 @@ import tracemalloc
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from gcc.data.mask import STATS, MaskParams, apply_unknown_mask  # noqa: E402
-from gcc.data.sample_rng import draw_sample  # noqa: E402
-from gcc.geometry import Cameras  # noqa: E402
+from gcc.data.mask import STATS, MaskParams, apply_unknown_mask
+from gcc.data.sample_rng import draw_sample
+from gcc.geometry import Cameras
 
 F, H, W = 81, 480, 832
 
@@ -46,7 +47,7 @@ def synthetic_sample(ortho: bool, seed: int = 0):
         ids[:, :40] = 6  # sky band
     for f in range(F):
         x0 = 300 + int(2 * f)
-        ids[f, 250:400, x0:x0 + 60] = 11  # player torso
+        ids[f, 250:400, x0 : x0 + 60] = 11  # player torso
         ids[f, 200:330, 600:700] = 17  # boss torso
     ids[:, 470:, :] = 255
     ground_z = np.zeros(F)
@@ -87,8 +88,12 @@ def time_fast(ids, cams, gz, draws, calibration: str, max_frame_coverage: float 
         ts.append(time.thread_time() - t0)
         walls.append(time.perf_counter() - w0)
         fr.append(frac)
-    return {"cpu_ms": 1e3 * np.array(ts), "wall_ms": 1e3 * np.array(walls), "fracs": np.array(fr),
-            "stats": {k: STATS[k] - before[k] for k in STATS}}
+    return {
+        "cpu_ms": 1e3 * np.array(ts),
+        "wall_ms": 1e3 * np.array(walls),
+        "fracs": np.array(fr),
+        "stats": {k: STATS[k] - before[k] for k in STATS},
+    }
 
 
 def time_reference(ids, cams, gz, params: MaskParams, ref_frames: int = 2, calibration: str = "frame0"):
@@ -96,7 +101,7 @@ def time_reference(ids, cams, gz, params: MaskParams, ref_frames: int = 2, calib
     extrapolated to all frames, and whether it agrees with the fast mask on those frames.
     Returns (extrapolated ms per sample, s per frame, frames, agree)."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-    from mask_reference import reference_mask  # noqa: E402
+    from mask_reference import reference_mask
 
     nf = ids.shape[0]
     frames = [0] + [int(f) for f in np.linspace(1, nf - 1, ref_frames).astype(int)] if ref_frames else [0]
@@ -125,23 +130,32 @@ def main():
             r = time_fast(ids, cams, gz, draws, cal)
             ms, st = r["cpu_ms"], r["stats"]
             fast_ms[(ortho, cal)] = float(np.median(ms))
-            print(f"fast  {'ortho' if ortho else 'persp'} {cal:6s}: CPU median {np.median(ms):6.1f} ms  "
-                  f"min {ms.min():6.1f}  max {ms.max():6.1f}  | wall median {np.median(r['wall_ms']):6.1f} ms  "
-                  f"(inplace; a copy adds ~4 ms)  mean masked fraction {np.mean(r['fracs']):.3f}, cells evaluated "
-                  f"with ground_points {st['exact_cells'] / len(draws):.0f} of {F * H * W // 16}"
-                  + (f", capped frame-planes bracketed {st['cap_bracketed']} / fully sorted "
-                     f"{st['cap_sorted']}" if cal == "cap" else ""))
+            print(
+                f"fast  {'ortho' if ortho else 'persp'} {cal:6s}: CPU median {np.median(ms):6.1f} ms  "
+                f"min {ms.min():6.1f}  max {ms.max():6.1f}  | wall median {np.median(r['wall_ms']):6.1f} ms  "
+                f"(inplace; a copy adds ~4 ms)  mean masked fraction {np.mean(r['fracs']):.3f}, cells evaluated "
+                f"with ground_points {st['exact_cells'] / len(draws):.0f} of {F * H * W // 16}"
+                + (
+                    f", capped frame-planes bracketed {st['cap_bracketed']} / fully sorted {st['cap_sorted']}"
+                    if cal == "cap"
+                    else ""
+                )
+            )
 
     # reference on a few frames, extrapolated to 81 frames; agreement checked on those frames
     ids, cams, gz, _ = synthetic_sample(False)
     p = MaskParams((0.7, 3.9), (0.3, 0.15))
     ref_ms, per_frame, frames, agree = time_reference(ids, cams, gz, p, args.ref_frames)
-    print(f"reference (tests/mask_reference.py, persp frame0): CPU {per_frame * (len(frames) + 1):.1f} s for frames "
-          f"{frames} (+ frame 0 for τ) -> {per_frame:.2f} s/frame, EXTRAPOLATED to {F} frames: {ref_ms / 1e3:.1f} s "
-          f"per sample; agrees with fast on those frames: {agree}")
+    print(
+        f"reference (tests/mask_reference.py, persp frame0): CPU {per_frame * (len(frames) + 1):.1f} s for frames "
+        f"{frames} (+ frame 0 for τ) -> {per_frame:.2f} s/frame, EXTRAPOLATED to {F} frames: {ref_ms / 1e3:.1f} s "
+        f"per sample; agrees with fast on those frames: {agree}"
+    )
     f0 = fast_ms[(False, "frame0")]
-    print(f"ratio reference / fast (persp frame0, CPU time): {ref_ms / f0:.0f}x   (fast {f0:.1f} ms, target <= 40 ms, "
-          f"legacy 270-370 ms)")
+    print(
+        f"ratio reference / fast (persp frame0, CPU time): {ref_ms / f0:.0f}x   (fast {f0:.1f} ms, target <= 40 ms, "
+        f"legacy 270-370 ms)"
+    )
 
     # peak memory of one masked call (numpy allocations, traced) and process peak RSS
     for cal in ("frame0", "cap"):
@@ -153,8 +167,10 @@ def main():
         apply_unknown_mask(ids, cams, gz, p, cal)
         _, peak_copy = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-        print(f"peak memory of one {cal} call beyond the {ids.nbytes / 2**20:.0f} MiB input (tracemalloc): "
-              f"inplace {peak_inplace / 2**20:.1f} MiB, with the output copy {peak_copy / 2**20:.1f} MiB")
+        print(
+            f"peak memory of one {cal} call beyond the {ids.nbytes / 2**20:.0f} MiB input (tracemalloc): "
+            f"inplace {peak_inplace / 2**20:.1f} MiB, with the output copy {peak_copy / 2**20:.1f} MiB"
+        )
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"process peak RSS (whole bench, incl. python/numpy/torch-free imports and the reference): {rss:.0f} MiB")
 

@@ -13,6 +13,7 @@ recomputes it; the recomputed block holds the measured amount while its backward
 Printed beside the legacy trainer's measured 35.2 GB per GPU (accelerate + DeepSpeed ZeRO-2, 4×H200).
 Not counted: the CUDA context and allocator slack (typically 1-3 GB), the loss/head tail, NCCL buffers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,9 +51,14 @@ def saved_activation_bytes(frames: int, gh: int, gw: int, text_len: int) -> tupl
     ctx = torch.randn(frames, text_len, dim, dtype=torch.bfloat16)
     t_mod = torch.randn(1, n, 6, dim, dtype=torch.bfloat16)
     fr = [tab[:size] for tab, size in zip(dit.freqs, (frames, gh, gw))]
-    freqs = torch.cat([fr[0].view(frames, 1, 1, -1).expand(frames, gh, gw, -1),
-                       fr[1].view(1, gh, 1, -1).expand(frames, gh, gw, -1),
-                       fr[2].view(1, 1, gw, -1).expand(frames, gh, gw, -1)], dim=-1).reshape(n, 1, -1)
+    freqs = torch.cat(
+        [
+            fr[0].view(frames, 1, 1, -1).expand(frames, gh, gw, -1),
+            fr[1].view(1, gh, 1, -1).expand(frames, gh, gw, -1),
+            fr[2].view(1, 1, gw, -1).expand(frames, gh, gw, -1),
+        ],
+        dim=-1,
+    ).reshape(n, 1, -1)
     t0 = time.perf_counter()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         block(x, ctx, t_mod, freqs)
@@ -78,26 +84,41 @@ def main() -> None:
     saved, x_in, secs = saved_activation_bytes(args.frames, *args.grid, args.text_len)
     # shared by every block and kept until the backward: text cells, per-token modulation, RoPE table
     head_dim = dit.dim // dit.blocks[0].num_heads
-    shared = (args.frames * args.text_len * dit.dim * 2 + tokens * 6 * dit.dim * 2  # bf16 text cells, modulation
-              + tokens * (head_dim // 2) * 8)  # complex64 RoPE table
+    shared = (
+        args.frames * args.text_len * dit.dim * 2
+        + tokens * 6 * dit.dim * 2  # bf16 text cells, modulation
+        + tokens * (head_dim // 2) * 8
+    )  # complex64 RoPE table
 
     def sharded(w: int) -> dict[str, float]:
-        return {f"fp32 master weights (1/{w})": 4 * P / w, f"fp32 gradients (1/{w})": 4 * P / w,
-                f"AdamW moments, fp32 (1/{w})": 8 * P / w}
+        return {
+            f"fp32 master weights (1/{w})": 4 * P / w,
+            f"fp32 gradients (1/{w})": 4 * P / w,
+            f"AdamW moments, fp32 (1/{w})": 8 * P / w,
+        }
 
-    act = {"block inputs kept by checkpointing": L * x_in, "text / modulation / RoPE (shared)": shared,
-           "one block recomputed in its backward (measured)": saved,
-           "that block's bf16 + fp32 gradient buffers": 6 * P_block}
+    act = {
+        "block inputs kept by checkpointing": L * x_in,
+        "text / modulation / RoPE (shared)": shared,
+        "one block recomputed in its backward (measured)": saved,
+        "that block's bf16 + fp32 gradient buffers": 6 * P_block,
+    }
     plans = {
         "ZeRO-2-like (reshard_after_forward: false)": {
-            "bf16 weights gathered from forward to backward (all units)": 2 * P},
+            "bf16 weights gathered from forward to backward (all units)": 2 * P
+        },
         "ZeRO-3-like (reshard_after_forward: true)": {
-            "bf16 weights gathered: root + 2 blocks (current, prefetched)": 2 * (P_root + 2 * P_block)},
+            "bf16 weights gathered: root + 2 blocks (current, prefetched)": 2 * (P_root + 2 * P_block)
+        },
     }
-    print(f"TI2V-5B: {P / 1e9:.3f} B parameters ({L} blocks of {P_block / 1e6:.1f} M, root {P_root / 1e6:.1f} M); "
-          f"{W} GPUs; micro-batch 1 = {tokens} tokens, text {args.frames} × {args.text_len}")
-    print(f"one block's saved activations measured on CPU (bf16 forward, wide preset): {saved / GB:.2f} GB "
-          f"({secs:.0f} s); block input {x_in / GB:.3f} GB")
+    print(
+        f"TI2V-5B: {P / 1e9:.3f} B parameters ({L} blocks of {P_block / 1e6:.1f} M, root {P_root / 1e6:.1f} M); "
+        f"{W} GPUs; micro-batch 1 = {tokens} tokens, text {args.frames} × {args.text_len}"
+    )
+    print(
+        f"one block's saved activations measured on CPU (bf16 forward, wide preset): {saved / GB:.2f} GB "
+        f"({secs:.0f} s); block input {x_in / GB:.3f} GB"
+    )
     for name, gathered in plans.items():
         parts = {**sharded(W), **gathered, **act}
         total = sum(parts.values())
@@ -105,8 +126,11 @@ def main() -> None:
         for k, v in parts.items():
             print(f"  {v / GB:7.2f} GB  {k}")
         legacy_w = sum({**sharded(LEGACY_GPUS), **gathered, **act}.values())
-        print(f"  on {LEGACY_GPUS} GPUs: {legacy_w / GB:.1f} GB; the legacy trainer measured {LEGACY_GB_PER_GPU} GB "
-              f"there (DeepSpeed ZeRO-2): plan / legacy = {legacy_w / GB / LEGACY_GB_PER_GPU:.2f}")
+        print(
+            f"  on {LEGACY_GPUS} GPUs: {legacy_w / GB:.1f} GB; the legacy trainer measured {LEGACY_GB_PER_GPU} GB "
+            f"there (DeepSpeed ZeRO-2): plan / legacy = {legacy_w / GB / LEGACY_GB_PER_GPU:.2f}"
+        )
+
 
 if __name__ == "__main__":
     main()

@@ -11,6 +11,7 @@ published layout (3 bf16 files + index), launched as a user does (`composer -n 2
 Each rank prints `peak host RSS so far` once the model is ready (before the first step); the launch is then
 stopped. The ratio is baseline / FSDP2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,15 +32,33 @@ READY = re.compile(r"rank (\d+): model ready, ([\d.]+) M parameters, (.*); peak 
 def peak_rss_when_ready(work: Path, shards: Path, model_dir: Path, parallelism: str, ranks: int) -> dict[int, float]:
     run_dir = work / f"run_{parallelism}"
     out = work / f"{parallelism}_rank{{rank}}.txt"
-    cmd = [str(Path(sys.executable).with_name("composer")), "-n", str(ranks), "--stdout", str(out),
-           str(ROOT / "gcc" / "train.py"), str(ROOT / "yamls" / "tiny_cpu.yaml"), f"run_dir={run_dir}",
-           f"data.path={shards}", "model.preset=wide", f"model.model_dir={model_dir}", f"parallelism={parallelism}",
-           "global_batch=2", "micro_batch=1", "max_steps=1", "val_every=0", "export_every=0", "progress_bar=false",
-           "loggers={}", "data.num_workers=0"]
+    cmd = [
+        str(Path(sys.executable).with_name("composer")),
+        "-n",
+        str(ranks),
+        "--stdout",
+        str(out),
+        str(ROOT / "gcc" / "train.py"),
+        str(ROOT / "yamls" / "tiny_cpu.yaml"),
+        f"run_dir={run_dir}",
+        f"data.path={shards}",
+        "model.preset=wide",
+        f"model.model_dir={model_dir}",
+        f"parallelism={parallelism}",
+        "global_batch=2",
+        "micro_batch=1",
+        "max_steps=1",
+        "val_every=0",
+        "export_every=0",
+        "progress_bar=false",
+        "loggers={}",
+        "data.num_workers=0",
+    ]
     log = work / f"{parallelism}_rank0.txt"
     with open(log, "w") as f:  # rank 0's stdout is the launcher's
-        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"),
-                             start_new_session=True)
+        p = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True
+        )
     found: dict[int, float] = {}
     try:
         while len(found) < ranks:
@@ -81,13 +100,17 @@ def main() -> None:
         del wan
         shards = work / "shards"
         convert(write_prepared(work / "prepared", clips=4, geometry="wide", seed=0), str(shards), progress=False)
-        print(f"wide preset: {n / 1e6:.0f} M Wan parameters ({4 * n / 1e9:.2f} GB in fp32), base weights bf16 in "
-              f"3 files; {args.ranks} CPU ranks")
+        print(
+            f"wide preset: {n / 1e6:.0f} M Wan parameters ({4 * n / 1e9:.2f} GB in fp32), base weights bf16 in "
+            f"3 files; {args.ranks} CPU ranks"
+        )
         base = peak_rss_when_ready(work, shards, model_dir, "ddp", args.ranks)
         fsdp = peak_rss_when_ready(work, shards, model_dir, "fsdp", args.ranks)
     for r in range(args.ranks):
-        print(f"rank {r}: peak host RSS with the model ready: FSDP2 {fsdp[r]:.2f} GB; baseline (whole model on every "
-              f"rank, as before) {base[r]:.2f} GB -> {base[r] / fsdp[r]:.2f}x")
+        print(
+            f"rank {r}: peak host RSS with the model ready: FSDP2 {fsdp[r]:.2f} GB; baseline (whole model on every "
+            f"rank, as before) {base[r]:.2f} GB -> {base[r] / fsdp[r]:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ time projection above. These do not grow with depth the same way the blocks do, 
 width with fewer than TI2V-5B's 30 blocks the script also prints each side's step extrapolated to 30 blocks (its
 timed median plus the missing blocks at its measured mean block time) and the condition's share of that.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -116,8 +117,10 @@ def make_batch(geo: dict, vocab: str, prompts_per_clip: int, seed: int = SEED):
         "context_ids": ids,
         "sem_ids": values[torch.randint(0, len(values), (B, F, H, W), generator=g)],
         "clip_id": [f"peer{b}" for b in range(B)],
-        "sample_id": torch.arange(B), "epoch": torch.zeros(B, dtype=torch.int64),
-        "drop_text": torch.zeros(B, dtype=torch.bool), "drop_cond": torch.zeros(B, dtype=torch.bool),
+        "sample_id": torch.arange(B),
+        "epoch": torch.zeros(B, dtype=torch.int64),
+        "drop_text": torch.zeros(B, dtype=torch.bool),
+        "drop_cond": torch.zeros(B, dtype=torch.bool),
         "mask_frac": torch.zeros(B, dtype=torch.float32),
     }
     return batch, table[ids[:, 0]]
@@ -130,10 +133,10 @@ def to_device(batch: dict, device) -> dict:
 def build_pipe(dit, device):
     """DiffSynth's WanVideoPipeline for training, its dit a plain WanModel holding the GcDiT's Wan weights."""
     import torch
+    from diffsynth.pipelines.wan_video import WanVideoPipeline
 
     from gcc.model.diffsynth_parts import FlowMatchScheduler, WanModel
     from gcc.model.dit import COND_PREFIX
-    from diffsynth.pipelines.wan_video import WanVideoPipeline
 
     with torch.device("meta"):
         wan = WanModel(**dit.config.wan_kwargs())
@@ -173,23 +176,31 @@ def pinned_noise(eps):
 
 def ds_inputs(latents, context, **extra) -> dict:
     x0 = latents.float()  # DiffSynth's training module converts float inputs to the pipeline's dtype
-    return dict(input_latents=x0, context=context.float(), first_frame_latents=x0[:, :, 0:1],
-                fuse_vae_embedding_in_latents=True, **extra)
+    return dict(
+        input_latents=x0,
+        context=context.float(),
+        first_frame_latents=x0[:, :, 0:1],
+        fuse_vae_embedding_in_latents=True,
+        **extra,
+    )
 
 
 def equivalence(model, pipe, batch, ds_ctx) -> dict:
     """Same t, same noise, zero condition, one prompt per clip: both losses and the Wan gradients."""
     import torch
-
     from diffsynth.diffusion.loss import FlowMatchSFTLoss
+
     from gcc.model.dit import wan_keys
     from gcc.model.objective import train_draw
 
     x0 = batch["input_latents"]
     T = x0.shape[2]
     # one prompt for every frame: each clip's first prompt
-    one = dict(batch, context=batch["context"][:, :1].expand(-1, T, -1, -1),
-               context_ids=batch["context_ids"][:, :1].expand(-1, T).contiguous())
+    one = dict(
+        batch,
+        context=batch["context"][:, :1].expand(-1, T, -1, -1),
+        context_ids=batch["context_ids"][:, :1].expand(-1, T).contiguous(),
+    )
     first = {}  # the first two sample ids whose gcc draws share a timestep index (DiffSynth has one t per batch)
     sid = 0
     while True:
@@ -211,8 +222,9 @@ def equivalence(model, pipe, batch, ds_ctx) -> dict:
     assert float(out["sem_rms"]) == 0.0, "the condition is not zero"
     n = len(pipe.scheduler.timesteps)
     with pinned_noise(eps):
-        loss_ds = FlowMatchSFTLoss(pipe, **ds_inputs(x0, ds_ctx, min_timestep_boundary=(tid + 0.5) / n,
-                                                      max_timestep_boundary=(tid + 1.5) / n))
+        loss_ds = FlowMatchSFTLoss(
+            pipe, **ds_inputs(x0, ds_ctx, min_timestep_boundary=(tid + 0.5) / n, max_timestep_boundary=(tid + 1.5) / n)
+        )
     loss_ds.backward()
 
     gp = dict(model.dit.named_parameters())
@@ -233,9 +245,18 @@ def equivalence(model, pipe, batch, ds_ctx) -> dict:
     lg, ld = float(loss_gcc), float(loss_ds)
     model.zero_grad(set_to_none=True)
     pipe.dit.zero_grad(set_to_none=True)
-    return dict(sids=sids, tid=tid, t=float(model.scheduler.timesteps[tid]), loss_gcc=lg, loss_ds=ld,
-                loss_rel=abs(lg - ld) / abs(ld), grad_rel=worst, grad_worst=worst_name,
-                grad_rel_norm=(d2 / g2) ** 0.5, n_tensors=len([k for k in wan_keys(model.dit) if k in gp]))
+    return dict(
+        sids=sids,
+        tid=tid,
+        t=float(model.scheduler.timesteps[tid]),
+        loss_gcc=lg,
+        loss_ds=ld,
+        loss_rel=abs(lg - ld) / abs(ld),
+        grad_rel=worst,
+        grad_worst=worst_name,
+        grad_rel_norm=(d2 / g2) ** 0.5,
+        n_tensors=len([k for k in wan_keys(model.dit) if k in gp]),
+    )
 
 
 class ModuleClock:
@@ -304,9 +325,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     ap.add_argument("--blocks", type=int, default=None, help="number of DiT blocks (default: the preset's)")
-    ap.add_argument("--geometry", default=None, choices=("tiny", "wide", "full"),
-                    help="shapes from gcc/data/synth.py (default: tiny for the tiny preset, else full = v10: "
-                         "21 latent frames of 30x52 cells, 8,190 tokens, text 512 rows)")
+    ap.add_argument(
+        "--geometry",
+        default=None,
+        choices=("tiny", "wide", "full"),
+        help="shapes from gcc/data/synth.py (default: tiny for the tiny preset, else full = v10: "
+        "21 latent frames of 30x52 cells, 8,190 tokens, text 512 rows)",
+    )
     ap.add_argument("--frames", type=int, default=None, help="latent frames T (overrides the geometry)")
     ap.add_argument("--height", type=int, default=None, help="latent height h (overrides the geometry)")
     ap.add_argument("--width", type=int, default=None, help="latent width w (overrides the geometry)")
@@ -314,37 +339,48 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=2, help="distinct prompts per clip in the timed gcc batch")
     ap.add_argument("--steps", type=int, default=5, help="timed steps per side")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps per side first")
-    ap.add_argument("--share-steps", type=int, default=None,
-                    help="instrumented steps per side for the breakdown (default: 5 for tiny, else 1)")
+    ap.add_argument(
+        "--share-steps",
+        type=int,
+        default=None,
+        help="instrumented steps per side for the breakdown (default: 5 for tiny, else 1)",
+    )
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     if args.share_steps is None:
         args.share_steps = 5 if args.preset == "tiny" else 1
 
     import torch
+    from diffsynth.diffusion.loss import FlowMatchSFTLoss
 
     import gcc.model.dit as dit_mod
     from gcc.model.dit import build_gc_dit, model_config
     from gcc.model.objective import GcTrainModel
-    from diffsynth.diffusion.loss import FlowMatchSFTLoss
 
     device = torch.device(args.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     cfg = model_config(args.preset, **({"num_layers": args.blocks} if args.blocks else {}))
     geo = pick_geometry(args, cfg)
     dit = build_gc_dit(cfg, device=device)
-    model = GcTrainModel(dit, seed=SEED, null_context=torch.zeros(geo["L"], geo["D"]), null_id=0,
-                         grad_ckpt=False).to(device).train()
+    model = (
+        GcTrainModel(dit, seed=SEED, null_context=torch.zeros(geo["L"], geo["D"]), null_id=0, grad_ckpt=False)
+        .to(device)
+        .train()
+    )
     pipe = build_pipe(dit, device)
     batch, ds_ctx = make_batch(geo, cfg.vocab, args.prompts)
     batch, ds_ctx = to_device(batch, device), ds_ctx.to(device)
     full = (geo["T"], geo["h"], geo["w"]) == (FULL["T"], FULL["h"], FULL["w"])
 
-    print(f"preset {args.preset}: {cfg.num_layers} block(s), dim {cfg.dim}, ffn {cfg.ffn_dim}, {cfg.num_heads} heads, "
-          f"text dim {cfg.text_dim}; batch {B}, fp32, {device.type} ({torch.get_num_threads()} threads), no grad ckpt")
-    print(f"geometry {geo['name']}{'' if full else ' (modified)' if geo['name'] == 'full' else ''}: T={geo['T']} "
-          f"latent frames x {geo['h']}x{geo['w']} -> {geo['tokens']} tokens per clip (patch 1x2x2); text "
-          f"L={geo['L']}; sem ids {tuple(batch['sem_ids'].shape)}")
+    print(
+        f"preset {args.preset}: {cfg.num_layers} block(s), dim {cfg.dim}, ffn {cfg.ffn_dim}, {cfg.num_heads} heads, "
+        f"text dim {cfg.text_dim}; batch {B}, fp32, {device.type} ({torch.get_num_threads()} threads), no grad ckpt"
+    )
+    print(
+        f"geometry {geo['name']}{'' if full else ' (modified)' if geo['name'] == 'full' else ''}: T={geo['T']} "
+        f"latent frames x {geo['h']}x{geo['w']} -> {geo['tokens']} tokens per clip (patch 1x2x2); text "
+        f"L={geo['L']}; sem ids {tuple(batch['sem_ids'].shape)}"
+    )
 
     # -- equivalence
     t0 = time.perf_counter()
@@ -353,8 +389,10 @@ def main() -> None:
     print(f"equivalence (zero condition, one prompt per clip, same t and noise; {time.perf_counter() - t0:.1f} s):")
     print(f"  t = {eq['t']:.3f} (index {eq['tid']}) for both samples (gcc sample ids {eq['sids']})")
     print(f"  loss: gcc {eq['loss_gcc']:.8g}  DiffSynth {eq['loss_ds']:.8g}  rel diff {eq['loss_rel']:.2e}")
-    print(f"  grads of {eq['n_tensors']} Wan tensors: max rel diff {eq['grad_rel']:.2e} ({eq['grad_worst']}); "
-          f"all together |dg|/|g| {eq['grad_rel_norm']:.2e}")
+    print(
+        f"  grads of {eq['n_tensors']} Wan tensors: max rel diff {eq['grad_rel']:.2e} ({eq['grad_worst']}); "
+        f"all together |dg|/|g| {eq['grad_rel_norm']:.2e}"
+    )
     print(f"  -> {'agree to float rounding' if ok else 'MISMATCH (loss rel >= 1e-5 or grad rel >= 1e-4)'}")
 
     # -- the timed steps: an active condition, two prompts per clip
@@ -393,13 +431,19 @@ def main() -> None:
 
     # -- instrumented steps: the breakdown
     cf = [0.0]
-    clocks = {"gcc": {"condition": ModuleClock([dit.gc_sem_cond], sync),
-                      "text": ModuleClock([dit.text_embedding], sync),
-                      "time": ModuleClock([dit.time_embedding, dit.time_projection], sync),
-                      "blocks": ModuleClock(list(dit.blocks), sync)},
-              "DiffSynth": {"text": ModuleClock([pipe.dit.text_embedding], sync),
-                            "time": ModuleClock([pipe.dit.time_embedding, pipe.dit.time_projection], sync),
-                            "blocks": ModuleClock(list(pipe.dit.blocks), sync)}}
+    clocks = {
+        "gcc": {
+            "condition": ModuleClock([dit.gc_sem_cond], sync),
+            "text": ModuleClock([dit.text_embedding], sync),
+            "time": ModuleClock([dit.time_embedding, dit.time_projection], sync),
+            "blocks": ModuleClock(list(dit.blocks), sync),
+        },
+        "DiffSynth": {
+            "text": ModuleClock([pipe.dit.text_embedding], sync),
+            "time": ModuleClock([pipe.dit.time_embedding, pipe.dit.time_projection], sync),
+            "blocks": ModuleClock(list(pipe.dit.blocks), sync),
+        },
+    }
     share = {s: {k: [] for k in ("step", "condition", "text", "time", "blocks")} for s in sides}
     with timed_function(dit_mod, "class_fractions", sync, cf):
         for _ in range(args.share_steps):
@@ -422,30 +466,41 @@ def main() -> None:
         print(f"{s:12}{med[s]:>15.4f}{min(times[s]):>10.4f}{max(times[s]):>10.4f}")
     print(f"ratio gcc / DiffSynth (median): {med['gcc'] / med['DiffSynth']:.3f} (target <= 1.05)")
 
-    print(f"\nbreakdown (hooks, fwd + bwd, median of {args.share_steps} instrumented step(s) per side, "
-          f"% of that side's instrumented step):")
+    print(
+        f"\nbreakdown (hooks, fwd + bwd, median of {args.share_steps} instrumented step(s) per side, "
+        f"% of that side's instrumented step):"
+    )
     print(f"{'':42}{'gcc ms':>10}{'%':>7}{'DiffSynth ms':>14}{'%':>7}")
-    rows = (("condition: class_fractions + gc_sem_cond", "condition"), ("text_embedding", "text"),
-            ("time_embedding + time_projection", "time"), (f"DiT blocks ({cfg.num_layers})", "blocks"),
-            ("instrumented step", "step"))
+    rows = (
+        ("condition: class_fractions + gc_sem_cond", "condition"),
+        ("text_embedding", "text"),
+        ("time_embedding + time_projection", "time"),
+        (f"DiT blocks ({cfg.num_layers})", "blocks"),
+        ("instrumented step", "step"),
+    )
     for label, k in rows:
         cells = ""
         for s, wd in (("gcc", 10), ("DiffSynth", 14)):
             v = sh[s][k]
             cells += f"{'-':>{wd}}{'':>7}" if v is None else f"{v * 1e3:>{wd}.1f}{v / sh[s]['step']:>7.1%}"
         print(f"{label:42}{cells}")
-    print(f"condition target: < 3% of gcc's step at full geometry ({FULL['T']}x{FULL['h']}x{FULL['w']}, 8,190 "
-          f"tokens){'' if full else '; this run is not at full geometry'}")
+    print(
+        f"condition target: < 3% of gcc's step at full geometry ({FULL['T']}x{FULL['h']}x{FULL['w']}, 8,190 "
+        f"tokens){'' if full else '; this run is not at full geometry'}"
+    )
 
     # -- the same step with the real depth: each side's timed median plus its measured per-block time
     real = PRESETS["ti2v-5b"]
     K = real.num_layers
     if (cfg.dim, cfg.ffn_dim, cfg.num_heads) == (real.dim, real.ffn_dim, real.num_heads) and cfg.num_layers < K:
         ext = {s: med[s] + (K - cfg.num_layers) * sh[s]["blocks"] / cfg.num_layers for s in sides}
-        print(f"extrapolated to {K} blocks (TI2V-5B; timed median + {K - cfg.num_layers} x the side's mean block "
-              f"time): gcc {ext['gcc']:.2f} s, DiffSynth {ext['DiffSynth']:.2f} s, ratio "
-              f"{ext['gcc'] / ext['DiffSynth']:.3f}; condition {sh['gcc']['condition'] / ext['gcc']:.2%} of "
-              f"gcc's step")
+        print(
+            f"extrapolated to {K} blocks (TI2V-5B; timed median + {K - cfg.num_layers} x the side's mean block "
+            f"time): gcc {ext['gcc']:.2f} s, DiffSynth {ext['DiffSynth']:.2f} s, ratio "
+            f"{ext['gcc'] / ext['DiffSynth']:.3f}; condition {sh['gcc']['condition'] / ext['gcc']:.2%} of "
+            f"gcc's step"
+        )
+
 
 if __name__ == "__main__":
     main()

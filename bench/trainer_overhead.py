@@ -21,6 +21,7 @@ bookkeeping, model forward/loss, backward and optimizer step are wrapped with ti
 callback's logger calls count as the logger's), so the bench prints each component in ms per step beside the
 same compute measured in the bare loop. The timers add a few microseconds per call to gcc's side.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 WARM = 10
 COMPUTE = ("model forward + loss", "backward", "grad clip", "optimizer step")
-OVERRIDES = ["global_batch=8", "micro_batch=2", "val_every=0", "export_every=0", "checkpoint_every=100000",
-             "progress_bar=false", "data.num_workers=1"]
+OVERRIDES = [
+    "global_batch=8",
+    "micro_batch=2",
+    "val_every=0",
+    "export_every=0",
+    "checkpoint_every=100000",
+    "progress_bar=false",
+    "data.num_workers=1",
+]
 PACER = "callback Pacer"
 
 
@@ -101,7 +109,7 @@ def bare_loop(cfg, steps: int, turns: Turns, turn: int):
             n = len(batch["clip_id"])
             t = {c: 0.0 for c in COMPUTE}
             for i in range(0, n, cfg.micro_batch):
-                mb = {k: v[i:i + cfg.micro_batch] for k, v in batch.items()}
+                mb = {k: v[i : i + cfg.micro_batch] for k, v in batch.items()}
                 t1 = time.perf_counter()
                 loss = model.loss(model(mb), mb) * (len(mb["clip_id"]) / n)
                 t2 = time.perf_counter()
@@ -169,6 +177,7 @@ def profiled_train(out: str, read_fd: int, write_fd: int, turn: int, argv: list[
                 totals[name] += dt - inner
                 if stack:
                     stack[-1][2] += dt
+
         return wrapper
 
     def callback_label(cb, event, state, logger):
@@ -180,6 +189,7 @@ def profiled_train(out: str, read_fd: int, write_fd: int, turn: int, argv: list[
             if event == Event.BATCH_END:
                 marks["warm" if int(engine.state.timestamp.batch) == WARM else "last"] = dict(totals)
             return run_event(engine, event)
+
         return wrapper
 
     def with_pacer(build_callbacks):
@@ -188,6 +198,7 @@ def profiled_train(out: str, read_fd: int, write_fd: int, turn: int, argv: list[
             built = build_callbacks(cfg, *a, **k)
             built["callbacks"].append(Pacer(cfg.max_steps))
             return built
+
         return wrapper
 
     builders.build_callbacks = with_pacer(builders.build_callbacks)
@@ -196,8 +207,7 @@ def profiled_train(out: str, read_fd: int, write_fd: int, turn: int, argv: list[
     LeanEngine.run_event = marking(timed(LeanEngine.run_event, "Composer event dispatch"))
     Logger.log_table = timed(Logger.log_table, "log_table (CSV + TensorBoard)")
     Logger.log_metrics = timed(Logger.log_metrics, "log_metrics (TensorBoard)")
-    Trainer._accumulate_time_across_ranks = timed(Trainer._accumulate_time_across_ranks,
-                                                  "Composer time accounting")
+    Trainer._accumulate_time_across_ranks = timed(Trainer._accumulate_time_across_ranks, "Composer time accounting")
     # in fp32 Composer runs the micro-batches as the optimizer's closure: inside AdamW.step, so time it apart
     Trainer._train_microbatches = timed(Trainer._train_microbatches, "Composer micro-batch loop")
     GcTrainModel.forward = timed(GcTrainModel.forward, COMPUTE[0])
@@ -216,10 +226,24 @@ def paced_round(cfg, run_dir: Path, common: list[str], steps: int, turn: int):
     to_child_r, to_child_w = os.pipe()
     to_us_r, to_us_w = os.pipe()
     split = run_dir.with_suffix(".split.json")
-    child = subprocess.Popen([sys.executable, __file__, "--profile_into", str(split), str(to_child_r),
-                              str(to_us_w), str(turn), str(ROOT / "yamls" / "tiny_cpu.yaml"), f"run_dir={run_dir}",
-                              *common], pass_fds=(to_child_r, to_us_w), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            __file__,
+            "--profile_into",
+            str(split),
+            str(to_child_r),
+            str(to_us_w),
+            str(turn),
+            str(ROOT / "yamls" / "tiny_cpu.yaml"),
+            f"run_dir={run_dir}",
+            *common,
+        ],
+        pass_fds=(to_child_r, to_us_w),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     os.close(to_child_r)
     os.close(to_us_w)
     try:
@@ -233,8 +257,12 @@ def paced_round(cfg, run_dir: Path, common: list[str], steps: int, turn: int):
     os.close(to_child_w)
     with open(run_dir / "train_log.csv", newline="") as f:
         log = list(csv.DictReader(f))
-    ours = ([float(x["step_time"]) for x in log], [float(x["data_time"]) for x in log],
-            [float(x["time"]) for x in log], json.loads(split.read_text()))
+    ours = (
+        [float(x["step_time"]) for x in log],
+        [float(x["data_time"]) for x in log],
+        [float(x["time"]) for x in log],
+        json.loads(split.read_text()),
+    )
     waits = set(waits_after(steps, turn))
     out = {}
     for side, (step_t, data_t, end_t, parts) in (("bare PyTorch", bare), ("gcc/train.py", ours)):
@@ -275,8 +303,9 @@ def main() -> None:
         for r in range(args.rounds):
             cfg = load_config(ROOT / "yamls" / "tiny_cpu.yaml", [f"run_dir={tmp / f'bare{r}'}", *common])
             periods = {}
-            for side, (period, step_t, data_t, parts) in paced_round(cfg, tmp / f"train{r}", common, args.steps,
-                                                                     args.turn).items():
+            for side, (period, step_t, data_t, parts) in paced_round(
+                cfg, tmp / f"train{r}", common, args.steps, args.turn
+            ).items():
                 times[side]["period"] += period
                 times[side]["step"] += step_t
                 times[side]["data"] += data_t
@@ -286,37 +315,51 @@ def main() -> None:
                         split[side][k] += v
                 periods[side] = statistics.mean(period)
             ratios.append(periods["gcc/train.py"] / periods["bare PyTorch"])
-            print(f"round {r + 1}: bare {periods['bare PyTorch']:.4f} s/step, gcc/train.py "
-                  f"{periods['gcc/train.py']:.4f} s/step, ratio {ratios[-1]:.3f}", flush=True)
+            print(
+                f"round {r + 1}: bare {periods['bare PyTorch']:.4f} s/step, gcc/train.py "
+                f"{periods['gcc/train.py']:.4f} s/step, ratio {ratios[-1]:.3f}",
+                flush=True,
+            )
 
     n_steps = args.rounds * (args.steps - WARM)
-    print(f"tiny model, global batch 8 (micro 2 × accumulation 4), 1 process, steps {WARM + 1}..{args.steps} in "
-          f"turns of {args.turn}, {args.rounds} round(s); periods over {len(times[sides[0]]['period'])} steps a side")
+    print(
+        f"tiny model, global batch 8 (micro 2 × accumulation 4), 1 process, steps {WARM + 1}..{args.steps} in "
+        f"turns of {args.turn}, {args.rounds} round(s); periods over {len(times[sides[0]]['period'])} steps a side"
+    )
     print(f"{'':16}{'period s/step':>15}{'steps/s':>10}{'in-step s':>12}{'data_time/step_time':>22}")
     mean = {}
     for side, t in times.items():
         mean[side] = statistics.mean(t["period"])
         step = statistics.mean(t["step"])
-        print(f"{side:16}{mean[side]:>15.4f}{1 / mean[side]:>10.2f}{step:>12.4f}"
-              f"{statistics.mean(t['data']) / step:>22.3f}")
+        print(
+            f"{side:16}{mean[side]:>15.4f}{1 / mean[side]:>10.2f}{step:>12.4f}"
+            f"{statistics.mean(t['data']) / step:>22.3f}"
+        )
 
     print(f"\nwhere the time goes, ms per step ({'gcc: exclusive time of each wrapped call'})")
     print(f"{'component':40}{'bare':>9}{'gcc':>9}{'gcc - bare':>12}")
     ms = {side: {k: 1e3 * v / n_steps for k, v in split[side].items()} for side in sides}
     for side in sides:
         ms[side]["period"] = 1e3 * mean[side]
-    labels = ["data wait", *COMPUTE] + sorted(k for k in ms["gcc/train.py"] if k not in ("period", "data wait",
-                                                                                          *COMPUTE))
+    labels = ["data wait", *COMPUTE] + sorted(
+        k for k in ms["gcc/train.py"] if k not in ("period", "data wait", *COMPUTE)
+    )
     for k in labels:
         b, g = ms["bare PyTorch"].get(k, 0.0), ms["gcc/train.py"].get(k, 0.0)
         print(f"{k:40}{b:>9.2f}{g:>9.2f}{g - b:>+12.2f}")
     rest = {side: ms[side]["period"] - sum(v for k, v in ms[side].items() if k != "period") for side in sides}
-    print(f"{'not in any of the above (loop, loader)':40}{rest[sides[0]]:>9.2f}{rest[sides[1]]:>9.2f}"
-          f"{rest[sides[1]] - rest[sides[0]]:>+12.2f}")
-    print(f"{'period':40}{ms[sides[0]]['period']:>9.2f}{ms[sides[1]]['period']:>9.2f}"
-          f"{ms[sides[1]]['period'] - ms[sides[0]]['period']:>+12.2f}")
-    print(f"ratio gcc/train.py / bare (period): {mean['gcc/train.py'] / mean['bare PyTorch']:.3f} "
-          f"(rounds {', '.join(f'{x:.3f}' for x in ratios)}; target <= 1.10)")
+    print(
+        f"{'not in any of the above (loop, loader)':40}{rest[sides[0]]:>9.2f}{rest[sides[1]]:>9.2f}"
+        f"{rest[sides[1]] - rest[sides[0]]:>+12.2f}"
+    )
+    print(
+        f"{'period':40}{ms[sides[0]]['period']:>9.2f}{ms[sides[1]]['period']:>9.2f}"
+        f"{ms[sides[1]]['period'] - ms[sides[0]]['period']:>+12.2f}"
+    )
+    print(
+        f"ratio gcc/train.py / bare (period): {mean['gcc/train.py'] / mean['bare PyTorch']:.3f} "
+        f"(rounds {', '.join(f'{x:.3f}' for x in ratios)}; target <= 1.10)"
+    )
 
 
 if __name__ == "__main__":

@@ -8,14 +8,15 @@ an OSError names its file (missing, a folder where a file was expected, ...); a 
 that no reader caught still gives a message; object storage that does not answer exits 7 and a full disk 8,
 as for the trainer. Anything else is a bug and keeps its traceback.
 """
+
 from __future__ import annotations
 
 import errno
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 EXIT_BAD_INPUT = 2
 EXIT_STORAGE = 7  # object storage that did not answer after the retries (gcc.data.storage)
@@ -88,6 +89,7 @@ def run_tool(prog: str, body: Callable[[], int], bad: tuple[type[BaseException],
 
     try:
         from botocore.exceptions import BotoCoreError, ClientError
+
         store_errors: tuple[type[BaseException], ...] = (BotoCoreError, ClientError)
     except ImportError:
         store_errors = ()

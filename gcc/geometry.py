@@ -13,10 +13,12 @@ Perspective cameras carry a horizontal FOV and use reversed-Z depth (near plane 
 orthographic cameras carry an ortho width (cm across the source image). All functions take a `Cameras`
 (one camera per frame, as arrays) so a whole clip is handled in one vectorised call.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +40,7 @@ def latent_frame_spans(latent_frames: int) -> list[tuple[int, int]]:
 class Geometry:
     """One clip's shapes: latents [C, T, h, w], sem ids [F, 16h, 16w], text cells [text_L, text_D]; `src_hw` is
     the raw video's size (used where raw frames are rendered or read)."""
+
     T: int  # latent frames
     h: int  # latent height
     w: int  # latent width
@@ -47,7 +50,7 @@ class Geometry:
     src_hw: tuple[int, int] | None = None
 
     @classmethod
-    def from_shapes(cls, latents: Sequence[int], text: Sequence[int]) -> "Geometry":
+    def from_shapes(cls, latents: Sequence[int], text: Sequence[int]) -> Geometry:
         c, t, h, w = (int(v) for v in latents)
         return cls(T=t, h=h, w=w, text_L=int(text[0]), text_D=int(text[1]), C=c)
 
@@ -73,8 +76,13 @@ class Geometry:
 
     def as_dict(self) -> dict[str, Any]:
         """As a manifest records it."""
-        return {"latents": list(self.latent_shape), "sem": list(self.sem_shape), "text": list(self.text_shape),
-                "latent_frames": self.T, "frames": self.F}
+        return {
+            "latents": list(self.latent_shape),
+            "sem": list(self.sem_shape),
+            "text": list(self.text_shape),
+            "latent_frames": self.T,
+            "frames": self.F,
+        }
 
 
 PERSPECTIVE, ORTHOGRAPHIC = "perspective", "orthographic"
@@ -107,13 +115,20 @@ class Cameras:
     def __len__(self) -> int:
         return len(self.location)
 
-    def __getitem__(self, idx) -> "Cameras":
+    def __getitem__(self, idx) -> Cameras:
         idx = np.atleast_1d(np.arange(len(self))[idx])
-        return Cameras(self.location[idx], self.rotation[idx], self.orthographic[idx], self.fov_deg[idx],
-                       self.ortho_width[idx], self.src_hw, self.dst_hw)
+        return Cameras(
+            self.location[idx],
+            self.rotation[idx],
+            self.orthographic[idx],
+            self.fov_deg[idx],
+            self.ortho_width[idx],
+            self.src_hw,
+            self.dst_hw,
+        )
 
     @staticmethod
-    def from_meta(meta: dict[str, Any]) -> "Cameras":
+    def from_meta(meta: dict[str, Any]) -> Cameras:
         """Build from a clip's meta json (the prepared layout, docs/design.md §4)."""
         cams = meta["cameras"]
         return Cameras(
@@ -129,8 +144,7 @@ class Cameras:
     def to_meta(self) -> list[dict[str, Any]]:
         out = []
         for i in range(len(self)):
-            cam = {"location": [float(v) for v in self.location[i]],
-                   "rotation": [float(v) for v in self.rotation[i]]}
+            cam = {"location": [float(v) for v in self.location[i]], "rotation": [float(v) for v in self.rotation[i]]}
             if self.orthographic[i]:
                 cam.update(projection=ORTHOGRAPHIC, ortho_width=float(self.ortho_width[i]))
             else:
@@ -206,5 +220,5 @@ def pixel_grid(hw: Sequence[int], stride: int = 1, offset: int = 0) -> np.ndarra
     """dst pixels (u, v) [(H/stride)·(W/stride), 2] of a regular grid, row-major: cell (i, j) -> pixel
     (stride·j + offset, stride·i + offset)."""
     h, w = hw
-    vv, uu = np.mgrid[0:h // stride, 0:w // stride]
+    vv, uu = np.mgrid[0 : h // stride, 0 : w // stride]
     return np.stack([uu.ravel() * stride + offset, vv.ravel() * stride + offset], -1)

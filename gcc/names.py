@@ -10,6 +10,7 @@ rewrite a log line or a message.
 `inside(root, rel)` joins a checked name to its folder where a file is written or deleted: it also resolves the
 folders on the way and refuses a path that leaves `root` (through a symbolic link planted inside it, say).
 """
+
 from __future__ import annotations
 
 import os
@@ -34,15 +35,18 @@ def _shown(value: object) -> str:
 def check_component(value: object, what: str) -> str:
     """A name used as one path component (a clip id, a run, subset or scene)."""
     if not isinstance(value, str) or not COMPONENT.fullmatch(value):
-        raise UnsafeName(f"{what} {_shown(value)}: must be 1-200 characters of A-Z a-z 0-9 _ . + = @ -, "
-                         f"starting with a letter, digit or _ (it names files)")
+        raise UnsafeName(
+            f"{what} {_shown(value)}: must be 1-200 characters of A-Z a-z 0-9 _ . + = @ -, "
+            f"starting with a letter, digit or _ (it names files)"
+        )
     return value
 
 
 def check_shard_basename(value: object, what: str = "shard basename") -> str:
     if not isinstance(value, str) or not SHARD.fullmatch(value):
-        raise UnsafeName(f"{what} {_shown(value)}: must be [chunk_NNNNN/]shard.NNNNN.mds[.zstd], as convert_data "
-                         f"writes it")
+        raise UnsafeName(
+            f"{what} {_shown(value)}: must be [chunk_NNNNN/]shard.NNNNN.mds[.zstd], as convert_data writes it"
+        )
     return value
 
 

@@ -5,6 +5,7 @@ A yaml may carry credentials: a W&B `api_key`, an MLflow `tracking_uri` with a t
 credential-like keys replaced and the user info and credential query values of every URI masked; `redact_text`
 masks them in one string. config.json, run.json, export metadata and every log line go through them.
 """
+
 from __future__ import annotations
 
 import logging
@@ -13,13 +14,15 @@ from typing import Any
 
 MASK = "***"
 # a key whose value is a credential: api_key, access_key_id, secret_access_key, token, password, auth_token, ...
-SECRET_KEY = re.compile(r"(^|[_.-])(api[_-]?key|access[_-]?key([_-]?id)?|secret([_-]?(access[_-]?)?key)?|"
-                        r"private[_-]?key|(auth[_-]?)?token|password|passwd|credentials?|auth)($|[_.-])", re.I)
+SECRET_KEY = re.compile(
+    r"(^|[_.-])(api[_-]?key|access[_-]?key([_-]?id)?|secret([_-]?(access[_-]?)?key)?|"
+    r"private[_-]?key|(auth[_-]?)?token|password|passwd|credentials?|auth)($|[_.-])",
+    re.I,
+)
 # scheme://user[:password]@ -> scheme://***@
 USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s]+@")
 # ?token=... / &api_key=... in a URL
-SECRET_QUERY = re.compile(r"([?&][^=&\s]*(?:token|key|secret|password|signature|credential)[^=&\s]*=)[^&#\s]+",
-                          re.I)
+SECRET_QUERY = re.compile(r"([?&][^=&\s]*(?:token|key|secret|password|signature|credential)[^=&\s]*=)[^&#\s]+", re.I)
 
 
 def is_secret_key(key: object) -> bool:
@@ -44,9 +47,13 @@ def redact(obj: Any) -> Any:
 def secret_keys(obj: Any, prefix: str = "") -> list[str]:
     """The dotted keys of `obj` whose values `redact` masks (a credential written into a config)."""
     if isinstance(obj, dict):
-        return [k for key, v in obj.items()
-                for k in ([f"{prefix}{key}"] if is_secret_key(key) and v not in (None, "")
-                          else secret_keys(v, f"{prefix}{key}."))]
+        return [
+            k
+            for key, v in obj.items()
+            for k in (
+                [f"{prefix}{key}"] if is_secret_key(key) and v not in (None, "") else secret_keys(v, f"{prefix}{key}.")
+            )
+        ]
     if isinstance(obj, (list, tuple)):
         return [k for i, v in enumerate(obj) for k in secret_keys(v, f"{prefix}{i}.")]
     return [prefix.rstrip(".")] if isinstance(obj, str) and redact_text(obj) != obj else []

@@ -1,4 +1,5 @@
 """Entry point: `composer -n N gcc/train.py <yaml> [dotted.key=value ...]` (the run: gcc/train/trainer.py)."""
+
 import sys
 
 from gcc.train.trainer import main

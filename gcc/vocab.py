@@ -2,9 +2,10 @@
 
 Every other module asks this one what a `sem_ids` value means; nothing else hard-codes class numbers.
 """
+
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -12,10 +13,15 @@ UNKNOWN = 255
 NULL_PROMPT = "NULL_PROMPT"
 
 STATIC_NAMES = {0: "ground", 1: "path", 2: "vegetation", 3: "water", 4: "building", 5: "prop", 6: "sky"}
-PLAYER_NAMES = {10: "player_head", 11: "player_torso", 12: "player_arms", 13: "player_legs",
-                14: "player_cape", 15: "player_weapon"}
-BOSS_NAMES = {16: "boss_head", 17: "boss_torso", 18: "boss_arms", 19: "boss_legs", 20: "boss_tail",
-              21: "boss_weapon"}
+PLAYER_NAMES = {
+    10: "player_head",
+    11: "player_torso",
+    12: "player_arms",
+    13: "player_legs",
+    14: "player_cape",
+    15: "player_weapon",
+}
+BOSS_NAMES = {16: "boss_head", 17: "boss_torso", 18: "boss_arms", 19: "boss_legs", 20: "boss_tail", 21: "boss_weapon"}
 STATIC_MAX = 6  # "static" = raw value <= 6
 PLAYER_ID, BOSS_ID = 10, 11  # the `ids` vocabulary's character values
 
@@ -88,15 +94,27 @@ def key_to_id(keys: Iterable[str]) -> dict[str, int]:
 # ---- palette -------------------------------------------------------------------------------------------
 # Statics earthy; player parts magenta/violet with a cyan weapon; boss parts red/orange with a blue weapon.
 _PALETTE_PARTS = {
-    0: (139, 115, 85), 1: (194, 178, 128), 2: (85, 130, 60), 3: (70, 110, 150), 4: (120, 100, 90),
-    5: (160, 120, 60), 6: (175, 200, 215),
-    10: (230, 60, 230), 11: (190, 40, 200), 12: (150, 60, 210), 13: (110, 40, 160), 14: (240, 130, 240),
+    0: (139, 115, 85),
+    1: (194, 178, 128),
+    2: (85, 130, 60),
+    3: (70, 110, 150),
+    4: (120, 100, 90),
+    5: (160, 120, 60),
+    6: (175, 200, 215),
+    10: (230, 60, 230),
+    11: (190, 40, 200),
+    12: (150, 60, 210),
+    13: (110, 40, 160),
+    14: (240, 130, 240),
     15: (0, 230, 240),
-    16: (230, 40, 30), 17: (200, 60, 20), 18: (245, 120, 30), 19: (180, 30, 40), 20: (250, 170, 60),
+    16: (230, 40, 30),
+    17: (200, 60, 20),
+    18: (245, 120, 30),
+    19: (180, 30, 40),
+    20: (250, 170, 60),
     21: (30, 70, 250),
 }
-_PALETTE_IDS = {**{k: _PALETTE_PARTS[k] for k in STATIC_NAMES}, PLAYER_ID: (230, 60, 230),
-                BOSS_ID: (230, 40, 30)}
+_PALETTE_IDS = {**{k: _PALETTE_PARTS[k] for k in STATIC_NAMES}, PLAYER_ID: (230, 60, 230), BOSS_ID: (230, 40, 30)}
 _HATCH = ((40, 40, 40), (210, 210, 210))  # UNKNOWN: dark/light diagonal stripes
 _INVALID = (0, 0, 0)
 

@@ -1,4 +1,5 @@
 """Tiny models and synthetic batches for the model/objective/export tests (the loader's batch contract)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,8 +26,17 @@ def randomize_cond(dit, seed: int = 1, scale: float = 0.5):
             p.copy_(torch.randn(p.shape, generator=g) * scale)
 
 
-def make_batch(B: int = 2, T: int = 3, h: int = 4, w: int = 4, seed: int = 0, vocab: str = "parts",
-               sample_ids=None, epochs=None, clip_ids=None) -> dict:
+def make_batch(
+    B: int = 2,
+    T: int = 3,
+    h: int = 4,
+    w: int = 4,
+    seed: int = 0,
+    vocab: str = "parts",
+    sample_ids=None,
+    epochs=None,
+    clip_ids=None,
+) -> dict:
     g = torch.Generator().manual_seed(seed)
     F, H, W = Geometry(T=T, h=h, w=w, text_L=L_TXT, text_D=D_TXT).sem_shape
     values = torch.tensor(VOCAB_VALUES[vocab], dtype=torch.uint8)
@@ -50,8 +60,9 @@ def null_embedding(seed: int = 7) -> torch.Tensor:
     return torch.randn(L_TXT, D_TXT, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
 
 
-def save_wan_layout(folder: Path, n_shards: int = 2, preset: str = "tiny", seed: int = 11,
-                    dtype: torch.dtype | None = None, **overrides) -> dict:
+def save_wan_layout(
+    folder: Path, n_shards: int = 2, preset: str = "tiny", seed: int = 11, dtype: torch.dtype | None = None, **overrides
+) -> dict:
     """A plain DiffSynth WanModel (random, seeded) written as Wan2.2 is published: `n_shards` files
     diffusion_pytorch_model-0000i-of-0000n.safetensors + the index. Returns its state dict (in `dtype`)."""
     cfg = model_config(preset, **overrides)

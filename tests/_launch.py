@@ -1,4 +1,5 @@
 """Launching `composer -n N gcc/train.py` from tests (the real launcher, CPU, gloo) and reading what runs write."""
+
 from __future__ import annotations
 
 import csv
@@ -7,8 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from safetensors import safe_open
 
@@ -17,16 +18,40 @@ from gcc.train.columns import EXACT_TRAIN
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSER = str(Path(sys.executable).with_name("composer"))
 # small and fast, but every mechanism on: checkpoints every 3 steps, validation and exports every 6
-BASE = ["global_batch=4", "micro_batch=1", "max_steps=12", "checkpoint_every=3", "keep_checkpoints=2",
-        "export_every=6", "val_every=6", "val_n=4", "val_batch=2", "optim.warmup_steps=4", "progress_bar=false",
-        "loggers={}", "data.num_workers=1"]
+BASE = [
+    "global_batch=4",
+    "micro_batch=1",
+    "max_steps=12",
+    "checkpoint_every=3",
+    "keep_checkpoints=2",
+    "export_every=6",
+    "val_every=6",
+    "val_n=4",
+    "val_batch=2",
+    "optim.warmup_steps=4",
+    "progress_bar=false",
+    "loggers={}",
+    "data.num_workers=1",
+]
 
 
-def cmd(run_dir: Path, shards: Path, *overrides: str, n: int = 2, launcher: Sequence[str] = (),
-        prefix: Sequence[str] = ()) -> list[str]:
+def cmd(
+    run_dir: Path, shards: Path, *overrides: str, n: int = 2, launcher: Sequence[str] = (), prefix: Sequence[str] = ()
+) -> list[str]:
     """`prefix` runs the launcher under another command (e.g. `unshare`); `launcher` are the launcher's flags."""
-    return [*prefix, COMPOSER, "-n", str(n), *launcher, str(ROOT / "gcc" / "train.py"), str(ROOT / "yamls" / "tiny_cpu.yaml"),
-            f"run_dir={run_dir}", f"data.path={shards}", *BASE, *overrides]
+    return [
+        *prefix,
+        COMPOSER,
+        "-n",
+        str(n),
+        *launcher,
+        str(ROOT / "gcc" / "train.py"),
+        str(ROOT / "yamls" / "tiny_cpu.yaml"),
+        f"run_dir={run_dir}",
+        f"data.path={shards}",
+        *BASE,
+        *overrides,
+    ]
 
 
 def env() -> dict:
@@ -37,8 +62,9 @@ def launch(run_dir, shards, *overrides, n=2, timeout=900, launcher=()) -> subpro
     """One launch to its end. On a timeout the whole process group goes (the launcher and its ranks): ranks left
     behind would burn the CPU that the other tests share."""
     args = cmd(run_dir, shards, *overrides, n=n, launcher=launcher)
-    with subprocess.Popen(args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as p:
+    with subprocess.Popen(
+        args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    ) as p:
         try:
             out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -50,8 +76,14 @@ def launch(run_dir, shards, *overrides, n=2, timeout=900, launcher=()) -> subpro
 
 def start_bg(run_dir, shards, *overrides, n=2, launcher=(), prefix=()) -> subprocess.Popen:
     """A launch in its own process group, so a signal reaches the launcher and every rank, as on a cluster."""
-    return subprocess.Popen(cmd(run_dir, shards, *overrides, n=n, launcher=launcher, prefix=prefix), env=env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        cmd(run_dir, shards, *overrides, n=n, launcher=launcher, prefix=prefix),
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def ok(r: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
@@ -90,8 +122,12 @@ def wait_for(done, proc: subprocess.Popen, what: str, timeout: float = 600) -> N
 
 
 def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 600) -> None:
-    wait_for(lambda: (run_dir / "train_log.csv").exists() and any(int(r["step"]) >= step for r in rows(run_dir)),
-             proc, f"step {step}", timeout)
+    wait_for(
+        lambda: (run_dir / "train_log.csv").exists() and any(int(r["step"]) >= step for r in rows(run_dir)),
+        proc,
+        f"step {step}",
+        timeout,
+    )
 
 
 def export_tensors(path: Path) -> tuple[dict, dict]:

@@ -1,6 +1,7 @@
 """Shared fixtures. `prepared_tiny` is a session-wide synthetic dataset in the prepared layout (docs/design.md §4):
 24 tiny clips, seed 0 (which clips are val/dropped/NaN-ground is documented in gcc/data/synth.py). Treat it as
 read-only; a test that modifies data writes its own copy with `make_prepared(tmp_path, clips=..., seed=...)`."""
+
 from __future__ import annotations
 
 import sys
@@ -10,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests' own helper modules (s3server)
 
-from gcc.data.synth import make_prepared  # noqa: F401  (re-exported for tests)
+from gcc.data.synth import make_prepared
 
 PREPARED_TINY_CLIPS = 24
 PREPARED_TINY_SEED = 0
@@ -19,8 +20,7 @@ PREPARED_TINY_SEED = 0
 @pytest.fixture(scope="session")
 def prepared_tiny(tmp_path_factory):
     """Root Path of a tiny prepared dataset (24 clips, seed 0), written once per session."""
-    return make_prepared(tmp_path_factory.mktemp("prepared_tiny"), clips=PREPARED_TINY_CLIPS,
-                         seed=PREPARED_TINY_SEED)
+    return make_prepared(tmp_path_factory.mktemp("prepared_tiny"), clips=PREPARED_TINY_CLIPS, seed=PREPARED_TINY_SEED)
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ vocabulary. The quantile is the per-pixel inverted-CDF quantile (`gcc.data.mask.
 same definition over weighted cells): sort the n pixel values, t = p·n, take the value at 1-based position
 max(1, ceil(t)). Slow on purpose (≈1 s per full-geometry frame).
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,7 @@ def quantile(values: list[float], p: float) -> float:
     return values[k - 1]
 
 
-def reference_mask(ids, cameras, ground_z, thetas, qs, calibration="frame0", max_frame_coverage=0.4,
-                   frames=None):
+def reference_mask(ids, cameras, ground_z, thetas, qs, calibration="frame0", max_frame_coverage=0.4, frames=None):
     """Returns (masked ids of `frames` [len(frames), H, W], number of pixels set to 255 in those frames,
     thresholds {frame: [τ_f per plane]}). `frames` defaults to all frames."""
     n_frames, height, width = ids.shape
@@ -95,7 +95,8 @@ def reference_mask(ids, cameras, ground_z, thetas, qs, calibration="frame0", max
                     continue
                 point = ground_point(f, v, u)
                 beyond = math.isnan(point[0]) or any(
-                    projection(point, theta) > frame_taus[k] for k, theta in enumerate(thetas))
+                    projection(point, theta) > frame_taus[k] for k, theta in enumerate(thetas)
+                )
                 if beyond:
                     out[n, v, u] = UNKNOWN
                     count += 1

@@ -3,6 +3,7 @@
 Tests talk to it over HTTP exactly as production talks to an S3-compatible store with a custom endpoint:
 through `S3_ENDPOINT_URL`, which both gcc.data.storage and Streaming's downloaders read.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,29 +30,39 @@ class S3Server:
     def start(self) -> None:
         """Start serving (again, on the same port: a restarted moto server is empty)."""
         exe = Path(sys.executable).with_name("moto_server")
-        self.proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [str(exe), "-H", "127.0.0.1", "-p", str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         deadline = time.time() + 30
         while time.time() < deadline:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
                 return
-            except OSError:
+            except OSError as e:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"moto_server exited with {self.proc.returncode}")
+                    raise RuntimeError(f"moto_server exited with {self.proc.returncode}") from e
                 time.sleep(0.1)
         self.stop()
         raise RuntimeError("moto_server did not start within 30 s")
 
     def env(self) -> dict[str, str]:
-        return {"S3_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing",
-                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+        return {
+            "S3_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
 
     def client(self):
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="testing",
-                            aws_secret_access_key="testing", region_name="us-east-1")
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
 
     def new_bucket(self, name: str | None = None) -> str:
         """A fresh bucket per test keeps parallel tests apart."""

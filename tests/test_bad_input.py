@@ -4,6 +4,7 @@ before any rank starts work; its data and run-folder problems keep their codes (
 
 Each case runs the real entry point as a subprocess: the console scripts, `python gcc/train.py` (one process,
 fast) and, for a few cases, the `composer -n 2` launcher."""
+
 from __future__ import annotations
 
 import os
@@ -11,8 +12,8 @@ import resource
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
@@ -29,8 +30,9 @@ def env() -> dict:
 
 
 def run(cmd: list[str], timeout: float = 300, preexec_fn=None) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env(),
-                          preexec_fn=preexec_fn)
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env(), preexec_fn=preexec_fn
+    )
 
 
 TRAINER_VERDICTS = ("config error: ", "refused: ", "damaged data: ", "storage unavailable: ")
@@ -43,8 +45,11 @@ def check(r: subprocess.CompletedProcess, code: int, fragments: list[str], prog:
     assert "Traceback" not in out, out[-4000:]
     assert r.returncode == code, (r.returncode, out[-4000:])
     if prog == "gcc.train":
-        lines = [line for line in r.stderr.splitlines()
-                 if line.startswith("gcc.train: ") and any(v in line for v in TRAINER_VERDICTS)]
+        lines = [
+            line
+            for line in r.stderr.splitlines()
+            if line.startswith("gcc.train: ") and any(v in line for v in TRAINER_VERDICTS)
+        ]
     else:
         lines = [line for line in r.stderr.splitlines() if line.startswith(f"{prog}: error: ")]
     assert 1 <= len(lines) <= ranks, r.stderr[-4000:]
@@ -94,9 +99,23 @@ class World:
 
         from gcc.model.export import gc_metadata, save_gc
 
-        meta = gc_metadata(vocab="parts", data="synth", data_root="", step=1, text_dropout=0.1, cond_dropout=0.05,
-                           mask_p=0.5, lr=1e-5, cond_lr=1e-4, weight_decay=0.01, warmup_steps=1,
-                           first_frame_cond=True, seed=0, init_ckpt="", model_dir="")
+        meta = gc_metadata(
+            vocab="parts",
+            data="synth",
+            data_root="",
+            step=1,
+            text_dropout=0.1,
+            cond_dropout=0.05,
+            mask_p=0.5,
+            lr=1e-5,
+            cond_lr=1e-4,
+            weight_decay=0.01,
+            warmup_steps=1,
+            first_frame_cond=True,
+            seed=0,
+            init_ckpt="",
+            model_dir="",
+        )
         return str(save_gc(tiny_dit(seed=3).state_dict(), self.tmp / "step-1.safetensors", meta))
 
     @property
@@ -104,8 +123,16 @@ class World:
         return str(self.tmp / "run")
 
     def train(self, *overrides: str, yaml: str = YAML) -> list[str]:
-        return [*TRAIN, yaml, f"run_dir={self.run_dir}", f"data.path={self.shards}", "progress_bar=false",
-                "loggers={}", "max_steps=1", *overrides]
+        return [
+            *TRAIN,
+            yaml,
+            f"run_dir={self.run_dir}",
+            f"data.path={self.shards}",
+            "progress_bar=false",
+            "loggers={}",
+            "max_steps=1",
+            *overrides,
+        ]
 
 
 # (prog, exit code, world -> (argv, fragments of the message))
@@ -145,17 +172,32 @@ def _prep_break(w: World, rel: str, data: bytes | None) -> Path:
 
 def _sample(w: World, *flags: str, data_root=None, out_dir=None, ckpt=None) -> list[str]:
     data_root = data_root or w.request.getfixturevalue("prepared_tiny")
-    return [str(BIN / "gcc-sample"), "--ckpt", ckpt or w.tiny_export(), "--model", "tiny", "--device", "cpu",
-            "--steps", "1", "--no_progress", "--data_root", str(data_root), "--out_dir", str(out_dir or w.tmp / "eval"),
-            *flags]
+    return [
+        str(BIN / "gcc-sample"),
+        "--ckpt",
+        ckpt or w.tiny_export(),
+        "--model",
+        "tiny",
+        "--device",
+        "cpu",
+        "--steps",
+        "1",
+        "--no_progress",
+        "--data_root",
+        str(data_root),
+        "--out_dir",
+        str(out_dir or w.tmp / "eval"),
+        *flags,
+    ]
 
 
 def _maskstats(w: World, *flags: str, data=None) -> list[str]:
     return [str(BIN / "gcc-maskstats"), "--data", str(data or w.shards), "--n", "2", *flags]
 
 
-def _plot_run(w: World, train_csv: bytes = b"step,loss\n1,0.5\n", val_csv: bytes | None = None,
-              val_folder: bool = False) -> str:
+def _plot_run(
+    w: World, train_csv: bytes = b"step,loss\n1,0.5\n", val_csv: bytes | None = None, val_folder: bool = False
+) -> str:
     d = w.folder("plotrun")
     w.file("plotrun/train_log.csv", train_csv)
     if val_csv is not None:
@@ -175,19 +217,37 @@ NOT_UTF8 = b"\xff\xfe\x00garbage"
 
 CASES: dict[str, Case] = {
     # ---- the trainer: bad config is exit 2 before any work ---------------------------------------------------
-    "train-yaml-syntax": ("gcc.train", 2, lambda w: (w.train(yaml=w.file("bad.yaml", "seed: [1\n")),
-                                                     ["bad.yaml", "not valid yaml", "line 2"])),
-    "train-yaml-folder": ("gcc.train", 2, lambda w: (w.train(yaml=w.folder("dir.yaml")),
-                                                     ["dir.yaml", "is a folder, expected a yaml config file"])),
-    "train-yaml-not-utf8": ("gcc.train", 2, lambda w: (w.train(yaml=w.file("bin.yaml", NOT_UTF8)),
-                                                       ["bin.yaml", "not UTF-8"])),
-    "train-yaml-a-list": ("gcc.train", 2, lambda w: (w.train(yaml=w.file("list.yaml", "- 1\n")),
-                                                     ["list.yaml", "expected a mapping of keys"])),
+    "train-yaml-syntax": (
+        "gcc.train",
+        2,
+        lambda w: (w.train(yaml=w.file("bad.yaml", "seed: [1\n")), ["bad.yaml", "not valid yaml", "line 2"]),
+    ),
+    "train-yaml-folder": (
+        "gcc.train",
+        2,
+        lambda w: (w.train(yaml=w.folder("dir.yaml")), ["dir.yaml", "is a folder, expected a yaml config file"]),
+    ),
+    "train-yaml-not-utf8": (
+        "gcc.train",
+        2,
+        lambda w: (w.train(yaml=w.file("bin.yaml", NOT_UTF8)), ["bin.yaml", "not UTF-8"]),
+    ),
+    "train-yaml-a-list": (
+        "gcc.train",
+        2,
+        lambda w: (w.train(yaml=w.file("list.yaml", "- 1\n")), ["list.yaml", "expected a mapping of keys"]),
+    ),
     "train-yaml-endless": ("gcc.train", 2, lambda w: (w.train(yaml="/dev/zero"), ["/dev/zero", "larger than"])),
-    "train-yaml-missing": ("gcc.train", 2, lambda w: (w.train(yaml=str(w.tmp / "nope.yaml")),
-                                                      ["nope.yaml", "config file not found"])),
-    "train-override-bad-yaml": ("gcc.train", 2, lambda w: (w.train("seed=[1"),
-                                                           ["override 'seed=[1'", "not valid yaml"])),
+    "train-yaml-missing": (
+        "gcc.train",
+        2,
+        lambda w: (w.train(yaml=str(w.tmp / "nope.yaml")), ["nope.yaml", "config file not found"]),
+    ),
+    "train-override-bad-yaml": (
+        "gcc.train",
+        2,
+        lambda w: (w.train("seed=[1"), ["override 'seed=[1'", "not valid yaml"]),
+    ),
     "train-override-empty-key": ("gcc.train", 2, lambda w: (w.train("optim..lr=3"), ["optim..lr=3", "empty key"])),
     "train-override-no-equals": ("gcc.train", 2, lambda w: (w.train("seed"), ["'seed'", "dotted.key=value"])),
     "train-unknown-key": ("gcc.train", 2, lambda w: (w.train("optim.bogus=1"), ["unknown key(s): optim.bogus"])),
@@ -195,168 +255,417 @@ CASES: dict[str, Case] = {
     "train-lr-negative": ("gcc.train", 2, lambda w: (w.train("optim.lr=-1"), ["optim.lr", "must be >= 0"])),
     "train-lr-nan": ("gcc.train", 2, lambda w: (w.train("optim.lr=.nan"), ["optim.lr", "finite"])),
     "train-cond-lr-inf": ("gcc.train", 2, lambda w: (w.train("optim.cond_lr=inf"), ["optim.cond_lr", "finite"])),
-    "train-weight-decay-negative": ("gcc.train", 2, lambda w: (w.train("optim.weight_decay=-1"),
-                                                               ["optim.weight_decay", ">= 0"])),
-    "train-warmup-negative": ("gcc.train", 2, lambda w: (w.train("optim.warmup_steps=-5"),
-                                                         ["optim.warmup_steps", ">= 0"])),
+    "train-weight-decay-negative": (
+        "gcc.train",
+        2,
+        lambda w: (w.train("optim.weight_decay=-1"), ["optim.weight_decay", ">= 0"]),
+    ),
+    "train-warmup-negative": (
+        "gcc.train",
+        2,
+        lambda w: (w.train("optim.warmup_steps=-5"), ["optim.warmup_steps", ">= 0"]),
+    ),
     "train-seed-negative": ("gcc.train", 2, lambda w: (w.train("seed=-1"), ["seed", "[0, 2**32)"])),
     "train-seed-huge": ("gcc.train", 2, lambda w: (w.train(f"seed={2**70}"), ["seed", "[0, 2**32)"])),
-    "train-val-timesteps-empty": ("gcc.train", 2, lambda w: (w.train("val_timesteps=[]"),
-                                                             ["val_timesteps", "non-empty list"])),
-    "train-val-timesteps-words": ("gcc.train", 2, lambda w: (w.train("val_timesteps=[abc]"),
-                                                             ["val_timesteps", "numbers in [0, 1000]"])),
-    "train-cache-limit": ("gcc.train", 2, lambda w: (w.train("data.cache_limit=lots"),
-                                                     ["data.cache_limit", "200gb", "'lots'"])),
-    "train-canonical-nodes-zero": ("gcc.train", 2, lambda w: (w.train("data.num_canonical_nodes=0"),
-                                                              ["data.num_canonical_nodes", ">= 1"])),
-    "train-dist-timeout-huge": ("gcc.train", 2, lambda w: (w.train("dist_timeout=1e308"),
-                                                           ["dist_timeout", "at most"])),
-    "train-overrides-unknown-field": ("gcc.train", 2, lambda w: (w.train("model.overrides={nope: 1}"),
-                                                                 ["model.overrides.nope", "known:"])),
-    "train-overrides-wrong-type": ("gcc.train", 2, lambda w: (w.train("model.overrides={dim: wide}"),
-                                                              ["model.overrides.dim", "positive integer"])),
-    "train-overrides-heads": ("gcc.train", 2, lambda w: (w.train("model.overrides={num_heads: 3}"),
-                                                         ["model.overrides", "num_heads=3"])),
-    "train-init-ckpt-a-folder": ("gcc.train", 2, lambda w: (w.train(f"model.init_ckpt={w.folder()}"),
-                                                            ["model.init_ckpt", "is a folder"])),
-    "train-init-ckpt-garbage": ("gcc.train", 2, lambda w: (w.train(f"model.init_ckpt={w.file('x.safetensors')}"),
-                                                           ["model.init_ckpt", "x.safetensors",
-                                                            "cannot be read as safetensors"])),
-    "train-init-ckpt-other-preset": ("gcc.train", 2, lambda w: (
-        w.train(f"model.init_ckpt={w.tiny_export()}", "model.overrides={dim: 128, num_heads: 4}"),
-        ["model.init_ckpt", "step-1.safetensors", "has shape", "model expects"])),
-    "train-model-dir-a-file": ("gcc.train", 2, lambda w: (w.train(f"model.model_dir={w.file('wan')}"),
-                                                          ["model.model_dir", "is a file"])),
-    "train-model-dir-empty": ("gcc.train", 2, lambda w: (w.train(f"model.model_dir={w.folder('wan')}"),
-                                                         ["model.model_dir", "diffusion_pytorch_model"])),
-    "train-legacy-ckpt-without-latest": ("gcc.train", 2, lambda w: (
-        w.train(f"model.legacy_zero_ckpt={w.folder('zero')}"), ["model.legacy_zero_ckpt", "'latest'"])),
-    "train-run-dir-a-file": ("gcc.train", 2, lambda w: (w.train(f"run_dir={w.file('afile')}"),
-                                                        ["run_dir", "afile", "is a file, expected a folder"])),
-    "train-run-dir-under-a-file": ("gcc.train", 2, lambda w: (w.train(f"run_dir={w.file('afile')}/run"),
-                                                              ["run_dir", "afile is a file, expected a folder"])),
-    "train-cache-dir-a-file": ("gcc.train", 2, lambda w: (w.train(f"data.cache_dir={w.file('afile')}"),
-                                                          ["data.cache_dir", "is a file, expected a folder"])),
-    "train-data-a-file": ("gcc.train", 2, lambda w: (w.train(f"data.path={w.file('afile')}"),
-                                                     ["data.path", "is a file", "convert_data output folder"])),
-    "train-data-other-scheme": ("gcc.train", 2, lambda w: (w.train("data.path=gs://bucket/data"),
-                                                           ["data.path", "gs://bucket/data", "s3://bucket/prefix"])),
+    "train-val-timesteps-empty": (
+        "gcc.train",
+        2,
+        lambda w: (w.train("val_timesteps=[]"), ["val_timesteps", "non-empty list"]),
+    ),
+    "train-val-timesteps-words": (
+        "gcc.train",
+        2,
+        lambda w: (w.train("val_timesteps=[abc]"), ["val_timesteps", "numbers in [0, 1000]"]),
+    ),
+    "train-cache-limit": (
+        "gcc.train",
+        2,
+        lambda w: (w.train("data.cache_limit=lots"), ["data.cache_limit", "200gb", "'lots'"]),
+    ),
+    "train-canonical-nodes-zero": (
+        "gcc.train",
+        2,
+        lambda w: (w.train("data.num_canonical_nodes=0"), ["data.num_canonical_nodes", ">= 1"]),
+    ),
+    "train-dist-timeout-huge": ("gcc.train", 2, lambda w: (w.train("dist_timeout=1e308"), ["dist_timeout", "at most"])),
+    "train-overrides-unknown-field": (
+        "gcc.train",
+        2,
+        lambda w: (w.train("model.overrides={nope: 1}"), ["model.overrides.nope", "known:"]),
+    ),
+    "train-overrides-wrong-type": (
+        "gcc.train",
+        2,
+        lambda w: (w.train("model.overrides={dim: wide}"), ["model.overrides.dim", "positive integer"]),
+    ),
+    "train-overrides-heads": (
+        "gcc.train",
+        2,
+        lambda w: (w.train("model.overrides={num_heads: 3}"), ["model.overrides", "num_heads=3"]),
+    ),
+    "train-init-ckpt-a-folder": (
+        "gcc.train",
+        2,
+        lambda w: (w.train(f"model.init_ckpt={w.folder()}"), ["model.init_ckpt", "is a folder"]),
+    ),
+    "train-init-ckpt-garbage": (
+        "gcc.train",
+        2,
+        lambda w: (
+            w.train(f"model.init_ckpt={w.file('x.safetensors')}"),
+            ["model.init_ckpt", "x.safetensors", "cannot be read as safetensors"],
+        ),
+    ),
+    "train-init-ckpt-other-preset": (
+        "gcc.train",
+        2,
+        lambda w: (
+            w.train(f"model.init_ckpt={w.tiny_export()}", "model.overrides={dim: 128, num_heads: 4}"),
+            ["model.init_ckpt", "step-1.safetensors", "has shape", "model expects"],
+        ),
+    ),
+    "train-model-dir-a-file": (
+        "gcc.train",
+        2,
+        lambda w: (w.train(f"model.model_dir={w.file('wan')}"), ["model.model_dir", "is a file"]),
+    ),
+    "train-model-dir-empty": (
+        "gcc.train",
+        2,
+        lambda w: (w.train(f"model.model_dir={w.folder('wan')}"), ["model.model_dir", "diffusion_pytorch_model"]),
+    ),
+    "train-legacy-ckpt-without-latest": (
+        "gcc.train",
+        2,
+        lambda w: (w.train(f"model.legacy_zero_ckpt={w.folder('zero')}"), ["model.legacy_zero_ckpt", "'latest'"]),
+    ),
+    "train-run-dir-a-file": (
+        "gcc.train",
+        2,
+        lambda w: (w.train(f"run_dir={w.file('afile')}"), ["run_dir", "afile", "is a file, expected a folder"]),
+    ),
+    "train-run-dir-under-a-file": (
+        "gcc.train",
+        2,
+        lambda w: (w.train(f"run_dir={w.file('afile')}/run"), ["run_dir", "afile is a file, expected a folder"]),
+    ),
+    "train-cache-dir-a-file": (
+        "gcc.train",
+        2,
+        lambda w: (w.train(f"data.cache_dir={w.file('afile')}"), ["data.cache_dir", "is a file, expected a folder"]),
+    ),
+    "train-data-a-file": (
+        "gcc.train",
+        2,
+        lambda w: (w.train(f"data.path={w.file('afile')}"), ["data.path", "is a file", "convert_data output folder"]),
+    ),
+    "train-data-other-scheme": (
+        "gcc.train",
+        2,
+        lambda w: (w.train("data.path=gs://bucket/data"), ["data.path", "gs://bucket/data", "s3://bucket/prefix"]),
+    ),
     # ---- convert_data ----------------------------------------------------------------------------------------
-    "convert-out-a-file": ("convert_data", 2, lambda w: (
-        [str(BIN / "convert_data"), "--src", str(w.prepared()), "--out", w.file("afile"), "--no_progress"],
-        ["--out", "afile", "is a file, expected a folder"])),
-    "convert-out-is-src": ("convert_data", 2, lambda w: (
-        [str(BIN / "convert_data"), "--src", str(w.prepared()), "--out", str(w.prepared()) + "/", "--no_progress"],
-        ["--out", "is --src"])),
-    "convert-size-limit-negative": ("convert_data", 2, lambda w: (_convert(w, w.prepared(), "--size_limit", "-1"),
-                                                                  ["--size_limit", "-1"])),
-    "convert-size-limit-huge": ("convert_data", 2, lambda w: (_convert(w, w.prepared(), "--size_limit", str(2**40)),
-                                                              ["--size_limit", "2**32"])),
-    "convert-workers-zero": ("convert_data", 2, lambda w: (_convert(w, w.prepared(), "--workers", "0"),
-                                                           ["--workers"])),
-    "convert-out-other-scheme": ("convert_data", 2, lambda w: (
-        [str(BIN / "convert_data"), "--src", str(w.prepared()), "--out", "gs://bucket/x", "--no_progress"],
-        ["--out gs://bucket/x", "s3://bucket/prefix"])),
+    "convert-out-a-file": (
+        "convert_data",
+        2,
+        lambda w: (
+            [str(BIN / "convert_data"), "--src", str(w.prepared()), "--out", w.file("afile"), "--no_progress"],
+            ["--out", "afile", "is a file, expected a folder"],
+        ),
+    ),
+    "convert-out-is-src": (
+        "convert_data",
+        2,
+        lambda w: (
+            [str(BIN / "convert_data"), "--src", str(w.prepared()), "--out", str(w.prepared()) + "/", "--no_progress"],
+            ["--out", "is --src"],
+        ),
+    ),
+    "convert-size-limit-negative": (
+        "convert_data",
+        2,
+        lambda w: (_convert(w, w.prepared(), "--size_limit", "-1"), ["--size_limit", "-1"]),
+    ),
+    "convert-size-limit-huge": (
+        "convert_data",
+        2,
+        lambda w: (_convert(w, w.prepared(), "--size_limit", str(2**40)), ["--size_limit", "2**32"]),
+    ),
+    "convert-workers-zero": ("convert_data", 2, lambda w: (_convert(w, w.prepared(), "--workers", "0"), ["--workers"])),
+    "convert-out-other-scheme": (
+        "convert_data",
+        2,
+        lambda w: (
+            [str(BIN / "convert_data"), "--src", str(w.prepared()), "--out", "gs://bucket/x", "--no_progress"],
+            ["--out gs://bucket/x", "s3://bucket/prefix"],
+        ),
+    ),
     "convert-src-missing": ("convert_data", 2, lambda w: (_convert(w, w.tmp / "nope"), ["nope", "READY"])),
-    "convert-text-table-garbage": ("convert_data", 2, lambda w: (
-        _convert(w, _prep_break(w, "text/table.safetensors", b"not a safetensors file")),
-        ["table.safetensors", "not a text table"])),
-    "convert-text-table-a-folder": ("convert_data", 2, lambda w: (
-        _convert(w, _prep_break(w, "text/table.safetensors", None)), ["table.safetensors", "text table missing"])),
-    "convert-text-table-without-null-prompt": ("convert_data", 2, lambda w: (
-        _convert(w, _no_null_table(w)), ["table.safetensors", "NULL_PROMPT"])),
-    "convert-index-not-utf8": ("convert_data", 2, lambda w: (
-        _convert(w, _prep_break(w, "index/clips.jsonl", NOT_UTF8)), ["clips.jsonl", "not UTF-8"])),
-    "convert-index-a-folder": ("convert_data", 2, lambda w: (
-        _convert(w, _prep_break(w, "index/clips.jsonl", None)), ["clips.jsonl", "is a folder, expected a file"])),
-    "convert-meta-not-utf8": ("convert_data", 2, lambda w: (
-        _convert(w, _prep_break(w, "meta/clip00000.json", NOT_UTF8)),
-        ["failed"])),  # the clip's own line follows: checked below
-    "convert-meta-a-folder": ("convert_data", 2, lambda w: (
-        _convert(w, _prep_break(w, "meta/clip00000.json", None)), ["failed"])),
-    "convert-out-holds-a-garbage-manifest": ("convert_data", 2, lambda w: (
-        _convert(w, w.prepared(), out=Path(w.file("out/manifest.json", "garbage")).parent),
-        ["manifest.json", "not a manifest that convert_data wrote"])),
+    "convert-text-table-garbage": (
+        "convert_data",
+        2,
+        lambda w: (
+            _convert(w, _prep_break(w, "text/table.safetensors", b"not a safetensors file")),
+            ["table.safetensors", "not a text table"],
+        ),
+    ),
+    "convert-text-table-a-folder": (
+        "convert_data",
+        2,
+        lambda w: (
+            _convert(w, _prep_break(w, "text/table.safetensors", None)),
+            ["table.safetensors", "text table missing"],
+        ),
+    ),
+    "convert-text-table-without-null-prompt": (
+        "convert_data",
+        2,
+        lambda w: (_convert(w, _no_null_table(w)), ["table.safetensors", "NULL_PROMPT"]),
+    ),
+    "convert-index-not-utf8": (
+        "convert_data",
+        2,
+        lambda w: (_convert(w, _prep_break(w, "index/clips.jsonl", NOT_UTF8)), ["clips.jsonl", "not UTF-8"]),
+    ),
+    "convert-index-a-folder": (
+        "convert_data",
+        2,
+        lambda w: (
+            _convert(w, _prep_break(w, "index/clips.jsonl", None)),
+            ["clips.jsonl", "is a folder, expected a file"],
+        ),
+    ),
+    "convert-meta-not-utf8": (
+        "convert_data",
+        2,
+        lambda w: (_convert(w, _prep_break(w, "meta/clip00000.json", NOT_UTF8)), ["failed"]),
+    ),  # the clip's own line follows: checked below
+    "convert-meta-a-folder": (
+        "convert_data",
+        2,
+        lambda w: (_convert(w, _prep_break(w, "meta/clip00000.json", None)), ["failed"]),
+    ),
+    "convert-out-holds-a-garbage-manifest": (
+        "convert_data",
+        2,
+        lambda w: (
+            _convert(w, w.prepared(), out=Path(w.file("out/manifest.json", "garbage")).parent),
+            ["manifest.json", "not a manifest that convert_data wrote"],
+        ),
+    ),
     # ---- gcc-synth -------------------------------------------------------------------------------------------
-    "synth-out-a-file": ("gcc-synth", 2, lambda w: ([str(BIN / "gcc-synth"), "--out", w.file("afile")],
-                                                    ["--out", "is a file, expected a folder"])),
-    "synth-out-under-a-file": ("gcc-synth", 2, lambda w: ([str(BIN / "gcc-synth"), "--out", w.file("afile") + "/x"],
-                                                          ["--out", "afile is a file, expected a folder"])),
-    "synth-out-s3": ("gcc-synth", 2, lambda w: ([str(BIN / "gcc-synth"), "--out", "s3://bucket/x"],
-                                                ["--out s3://bucket/x", "local folder"])),
-    "synth-out-not-empty": ("gcc-synth", 2, lambda w: ([str(BIN / "gcc-synth"), "--out", str(w.prepared())],
-                                                       ["--out", "not empty", "--overwrite"])),
-    "synth-seed-negative": ("gcc-synth", 2, lambda w: (
-        [str(BIN / "gcc-synth"), "--out", str(w.tmp / "s"), "--seed", "-1"], ["--seed", ">= 0"])),
-    "synth-clips-zero": ("gcc-synth", 2, lambda w: (
-        [str(BIN / "gcc-synth"), "--out", str(w.tmp / "s"), "--clips", "0"], ["--clips", ">= 1"])),
+    "synth-out-a-file": (
+        "gcc-synth",
+        2,
+        lambda w: ([str(BIN / "gcc-synth"), "--out", w.file("afile")], ["--out", "is a file, expected a folder"]),
+    ),
+    "synth-out-under-a-file": (
+        "gcc-synth",
+        2,
+        lambda w: (
+            [str(BIN / "gcc-synth"), "--out", w.file("afile") + "/x"],
+            ["--out", "afile is a file, expected a folder"],
+        ),
+    ),
+    "synth-out-s3": (
+        "gcc-synth",
+        2,
+        lambda w: ([str(BIN / "gcc-synth"), "--out", "s3://bucket/x"], ["--out s3://bucket/x", "local folder"]),
+    ),
+    "synth-out-not-empty": (
+        "gcc-synth",
+        2,
+        lambda w: ([str(BIN / "gcc-synth"), "--out", str(w.prepared())], ["--out", "not empty", "--overwrite"]),
+    ),
+    "synth-seed-negative": (
+        "gcc-synth",
+        2,
+        lambda w: ([str(BIN / "gcc-synth"), "--out", str(w.tmp / "s"), "--seed", "-1"], ["--seed", ">= 0"]),
+    ),
+    "synth-clips-zero": (
+        "gcc-synth",
+        2,
+        lambda w: ([str(BIN / "gcc-synth"), "--out", str(w.tmp / "s"), "--clips", "0"], ["--clips", ">= 1"]),
+    ),
     # ---- gcc-inspect -----------------------------------------------------------------------------------------
-    "inspect-unknown-model": ("gcc-inspect", 2, lambda w: ([str(BIN / "gcc-inspect"), "--model", "nope"],
-                                                           ["--model 'nope'", "ti2v-5b"])),
-    "inspect-unknown-vocab": ("gcc-inspect", 2, lambda w: (
-        [str(BIN / "gcc-inspect"), "--model", "tiny", "--vocab", "klingon"], ["--vocab", "klingon", "parts"])),
-    "inspect-file-a-folder": ("gcc-inspect", 2, lambda w: ([str(BIN / "gcc-inspect"), w.folder()],
-                                                           ["folder", "is a folder, expected a file"])),
-    "inspect-file-missing": ("gcc-inspect", 2, lambda w: ([str(BIN / "gcc-inspect"), str(w.tmp / "nope")],
-                                                          ["nope", "not found"])),
-    "inspect-file-garbage": ("gcc-inspect", 2, lambda w: ([str(BIN / "gcc-inspect"), w.file("x.safetensors")],
-                                                          ["x.safetensors", "cannot be read as safetensors"])),
+    "inspect-unknown-model": (
+        "gcc-inspect",
+        2,
+        lambda w: ([str(BIN / "gcc-inspect"), "--model", "nope"], ["--model 'nope'", "ti2v-5b"]),
+    ),
+    "inspect-unknown-vocab": (
+        "gcc-inspect",
+        2,
+        lambda w: (
+            [str(BIN / "gcc-inspect"), "--model", "tiny", "--vocab", "klingon"],
+            ["--vocab", "klingon", "parts"],
+        ),
+    ),
+    "inspect-file-a-folder": (
+        "gcc-inspect",
+        2,
+        lambda w: ([str(BIN / "gcc-inspect"), w.folder()], ["folder", "is a folder, expected a file"]),
+    ),
+    "inspect-file-missing": (
+        "gcc-inspect",
+        2,
+        lambda w: ([str(BIN / "gcc-inspect"), str(w.tmp / "nope")], ["nope", "not found"]),
+    ),
+    "inspect-file-garbage": (
+        "gcc-inspect",
+        2,
+        lambda w: (
+            [str(BIN / "gcc-inspect"), w.file("x.safetensors")],
+            ["x.safetensors", "cannot be read as safetensors"],
+        ),
+    ),
     # ---- gcc-plot --------------------------------------------------------------------------------------------
-    "plot-no-step-column": ("gcc-plot", 2, lambda w: ([str(BIN / "gcc-plot"), _plot_run(w, b"a,b\n1,2\n")],
-                                                      ["train_log.csv", "'step'"])),
-    "plot-not-utf8": ("gcc-plot", 2, lambda w: ([str(BIN / "gcc-plot"), _plot_run(w, NOT_UTF8)],
-                                                ["train_log.csv", "not a CSV log"])),
-    "plot-val-no-timestep": ("gcc-plot", 2, lambda w: (
-        [str(BIN / "gcc-plot"), _plot_run(w, val_csv=b"step,mse\n1,1\n")], ["val_log.csv", "'timestep'"])),
-    "plot-val-a-folder": ("gcc-plot", 2, lambda w: (
-        [str(BIN / "gcc-plot"), _plot_run(w, val_folder=True)],
-        ["val_log.csv", "is a folder, expected a file"])),
-    "plot-no-run-folder": ("gcc-plot", 2, lambda w: ([str(BIN / "gcc-plot"), str(w.tmp / "nope")],
-                                                     ["train_log.csv", "no train rows"])),
-    "plot-out-a-folder": ("gcc-plot", 2, lambda w: ([str(BIN / "gcc-plot"), _plot_run(w), "--out", w.folder()],
-                                                    ["--out", "is a folder, expected a file name"])),
-    "plot-out-under-a-file": ("gcc-plot", 2, lambda w: (
-        [str(BIN / "gcc-plot"), _plot_run(w), "--out", w.file("afile") + "/c.png"],
-        ["--out", "afile is a file, expected a folder"])),
-    "plot-smoothing-nan": ("gcc-plot", 2, lambda w: ([str(BIN / "gcc-plot"), _plot_run(w), "--smoothing", "nan"],
-                                                     ["--smoothing", "[0, 1)"])),
+    "plot-no-step-column": (
+        "gcc-plot",
+        2,
+        lambda w: ([str(BIN / "gcc-plot"), _plot_run(w, b"a,b\n1,2\n")], ["train_log.csv", "'step'"]),
+    ),
+    "plot-not-utf8": (
+        "gcc-plot",
+        2,
+        lambda w: ([str(BIN / "gcc-plot"), _plot_run(w, NOT_UTF8)], ["train_log.csv", "not a CSV log"]),
+    ),
+    "plot-val-no-timestep": (
+        "gcc-plot",
+        2,
+        lambda w: ([str(BIN / "gcc-plot"), _plot_run(w, val_csv=b"step,mse\n1,1\n")], ["val_log.csv", "'timestep'"]),
+    ),
+    "plot-val-a-folder": (
+        "gcc-plot",
+        2,
+        lambda w: (
+            [str(BIN / "gcc-plot"), _plot_run(w, val_folder=True)],
+            ["val_log.csv", "is a folder, expected a file"],
+        ),
+    ),
+    "plot-no-run-folder": (
+        "gcc-plot",
+        2,
+        lambda w: ([str(BIN / "gcc-plot"), str(w.tmp / "nope")], ["train_log.csv", "no train rows"]),
+    ),
+    "plot-out-a-folder": (
+        "gcc-plot",
+        2,
+        lambda w: (
+            [str(BIN / "gcc-plot"), _plot_run(w), "--out", w.folder()],
+            ["--out", "is a folder, expected a file name"],
+        ),
+    ),
+    "plot-out-under-a-file": (
+        "gcc-plot",
+        2,
+        lambda w: (
+            [str(BIN / "gcc-plot"), _plot_run(w), "--out", w.file("afile") + "/c.png"],
+            ["--out", "afile is a file, expected a folder"],
+        ),
+    ),
+    "plot-smoothing-nan": (
+        "gcc-plot",
+        2,
+        lambda w: ([str(BIN / "gcc-plot"), _plot_run(w), "--smoothing", "nan"], ["--smoothing", "[0, 1)"]),
+    ),
     # ---- gcc-maskstats ---------------------------------------------------------------------------------------
-    "maskstats-manifest-not-utf8": ("gcc-maskstats", 2, lambda w: (_maskstats(w, data=_manifest(w, NOT_UTF8)),
-                                                                   ["manifest.json", "not valid JSON"])),
-    "maskstats-text-table-garbage": ("gcc-maskstats", 2, lambda w: (
-        _maskstats(w, data=_garbage_table(w)),
-        ["table.safetensors", "not a text table"])),
+    "maskstats-manifest-not-utf8": (
+        "gcc-maskstats",
+        2,
+        lambda w: (_maskstats(w, data=_manifest(w, NOT_UTF8)), ["manifest.json", "not valid JSON"]),
+    ),
+    "maskstats-text-table-garbage": (
+        "gcc-maskstats",
+        2,
+        lambda w: (_maskstats(w, data=_garbage_table(w)), ["table.safetensors", "not a text table"]),
+    ),
     "maskstats-seed-negative": ("gcc-maskstats", 2, lambda w: (_maskstats(w, "--seed", "-1"), ["--seed"])),
-    "maskstats-json-a-folder": ("gcc-maskstats", 2, lambda w: (_maskstats(w, "--json", w.folder()),
-                                                               ["--json", "is a folder, expected a file name"])),
-    "maskstats-preview-under-a-file": ("gcc-maskstats", 2, lambda w: (
-        _maskstats(w, "--preview", w.file("afile") + "/p.png"), ["--preview", "afile is a file, expected a folder"])),
+    "maskstats-json-a-folder": (
+        "gcc-maskstats",
+        2,
+        lambda w: (_maskstats(w, "--json", w.folder()), ["--json", "is a folder, expected a file name"]),
+    ),
+    "maskstats-preview-under-a-file": (
+        "gcc-maskstats",
+        2,
+        lambda w: (
+            _maskstats(w, "--preview", w.file("afile") + "/p.png"),
+            ["--preview", "afile is a file, expected a folder"],
+        ),
+    ),
     # ---- gcc-sample ------------------------------------------------------------------------------------------
-    "sample-out-dir-a-file": ("gcc-sample", 2, lambda w: (_sample(w, "--val_n", "1", out_dir=w.file("afile")),
-                                                          ["--out_dir", "is a file, expected a folder"])),
-    "sample-device-unknown": ("gcc-sample", 2, lambda w: (_sample(w, "--val_n", "1", "--device", "klingon"),
-                                                          ["--device 'klingon'"])),
-    "sample-shift-nan": ("gcc-sample", 2, lambda w: (_sample(w, "--val_n", "1", "--shift", "nan"),
-                                                     ["--shift", "finite"])),
+    "sample-out-dir-a-file": (
+        "gcc-sample",
+        2,
+        lambda w: (_sample(w, "--val_n", "1", out_dir=w.file("afile")), ["--out_dir", "is a file, expected a folder"]),
+    ),
+    "sample-device-unknown": (
+        "gcc-sample",
+        2,
+        lambda w: (_sample(w, "--val_n", "1", "--device", "klingon"), ["--device 'klingon'"]),
+    ),
+    "sample-shift-nan": (
+        "gcc-sample",
+        2,
+        lambda w: (_sample(w, "--val_n", "1", "--shift", "nan"), ["--shift", "finite"]),
+    ),
     "sample-cfg-inf": ("gcc-sample", 2, lambda w: (_sample(w, "--val_n", "1", "--cfg", "inf"), ["--cfg", "finite"])),
     "sample-fps-zero": ("gcc-sample", 2, lambda w: (_sample(w, "--val_n", "1", "--fps", "0"), ["--fps", ">= 1"])),
-    "sample-clip-ids-not-utf8": ("gcc-sample", 2, lambda w: (
-        _sample(w, "--clip_ids", "@" + w.file("ids.txt", NOT_UTF8)), ["--clip_ids", "ids.txt", "not UTF-8"])),
-    "sample-ckpt-a-folder": ("gcc-sample", 2, lambda w: (_sample(w, "--val_n", "1", ckpt=w.folder()),
-                                                         ["--ckpt", "folder", "is a folder, expected a file"])),
-    "sample-ckpt-garbage": ("gcc-sample", 2, lambda w: (_sample(w, "--val_n", "1", ckpt=w.file("x.safetensors")),
-                                                        ["--ckpt", "x.safetensors", "safetensors"])),
-    "sample-base-model-dir-without-dit": ("gcc-sample", 2, lambda w: (
-        [str(BIN / "gcc-sample"), "--base", "--model_dir", str(Path(w.file("wan/Wan2.2_VAE.pth")).parent), "--model",
-         "tiny", "--device", "cpu", "--data_root", str(w.request.getfixturevalue("prepared_tiny")), "--val_n", "1",
-         "--out_dir", str(w.tmp / "eval")],
-        ["--model_dir", "wan", "diffusion_pytorch_model"])),
-    "sample-text-table-garbage": ("gcc-sample", 2, lambda w: (
-        _sample(w, "--val_n", "1", data_root=_garbage_table(w)),
-        ["table.safetensors", "not a text table"])),
-    "sample-prepared-meta-not-utf8": ("gcc-sample", 2, lambda w: (
-        _sample(w, "--clip_ids", "clip00000", data_root=_prep_break(w, "meta/clip00000.json", NOT_UTF8)),
-        ["clip00000.json", "not UTF-8"])),
+    "sample-clip-ids-not-utf8": (
+        "gcc-sample",
+        2,
+        lambda w: (_sample(w, "--clip_ids", "@" + w.file("ids.txt", NOT_UTF8)), ["--clip_ids", "ids.txt", "not UTF-8"]),
+    ),
+    "sample-ckpt-a-folder": (
+        "gcc-sample",
+        2,
+        lambda w: (_sample(w, "--val_n", "1", ckpt=w.folder()), ["--ckpt", "folder", "is a folder, expected a file"]),
+    ),
+    "sample-ckpt-garbage": (
+        "gcc-sample",
+        2,
+        lambda w: (
+            _sample(w, "--val_n", "1", ckpt=w.file("x.safetensors")),
+            ["--ckpt", "x.safetensors", "safetensors"],
+        ),
+    ),
+    "sample-base-model-dir-without-dit": (
+        "gcc-sample",
+        2,
+        lambda w: (
+            [
+                str(BIN / "gcc-sample"),
+                "--base",
+                "--model_dir",
+                str(Path(w.file("wan/Wan2.2_VAE.pth")).parent),
+                "--model",
+                "tiny",
+                "--device",
+                "cpu",
+                "--data_root",
+                str(w.request.getfixturevalue("prepared_tiny")),
+                "--val_n",
+                "1",
+                "--out_dir",
+                str(w.tmp / "eval"),
+            ],
+            ["--model_dir", "wan", "diffusion_pytorch_model"],
+        ),
+    ),
+    "sample-text-table-garbage": (
+        "gcc-sample",
+        2,
+        lambda w: (_sample(w, "--val_n", "1", data_root=_garbage_table(w)), ["table.safetensors", "not a text table"]),
+    ),
+    "sample-prepared-meta-not-utf8": (
+        "gcc-sample",
+        2,
+        lambda w: (
+            _sample(w, "--clip_ids", "clip00000", data_root=_prep_break(w, "meta/clip00000.json", NOT_UTF8)),
+            ["clip00000.json", "not UTF-8"],
+        ),
+    ),
 }
 
 
@@ -377,6 +686,7 @@ def test_bad_input_is_one_message_and_exit_2(case, tmp_path, request):
 def test_sample_refuses_a_checkpoint_of_another_preset_before_building_it(tmp_path, request):
     """`--model ti2v-5b` with a tiny export: found from the header, not after building 5B parameters in fp32 (20 GB):
     the tool runs with its address space capped at 10 GiB."""
+
     def cap():
         resource.setrlimit(resource.RLIMIT_AS, (10 << 30, 10 << 30))
 
@@ -389,8 +699,9 @@ def test_sample_refuses_a_checkpoint_of_another_preset_before_building_it(tmp_pa
 
 
 # ---- the trainer's data and run folder: refusals (3) and damaged data (6), no traceback ------------------------
-@pytest.mark.parametrize("case", ["manifest-garbage", "run-json-garbage", "run-json-a-list", "text-table-garbage",
-                                  "batch-beyond-the-data"])
+@pytest.mark.parametrize(
+    "case", ["manifest-garbage", "run-json-garbage", "run-json-a-list", "text-table-garbage", "batch-beyond-the-data"]
+)
 def test_the_trainers_data_and_run_folder_problems_keep_their_codes(case, tmp_path, request):
     w = World(tmp_path, request)
     data, code, extra = w.shards, 3, []
@@ -410,8 +721,9 @@ def test_the_trainers_data_and_run_folder_problems_keep_their_codes(case, tmp_pa
 
 
 # ---- object storage --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("case", ["train-data", "train-checkpoint-dir", "convert-out", "maskstats-data",
-                                  "train-no-credentials"])
+@pytest.mark.parametrize(
+    "case", ["train-data", "train-checkpoint-dir", "convert-out", "maskstats-data", "train-no-credentials"]
+)
 def test_a_bucket_that_does_not_exist_is_named(case, tmp_path, request, s3_bucket, monkeypatch):
     w = World(tmp_path, request)
     url = "s3://no-such-bucket-gcc/x"
@@ -438,8 +750,11 @@ def test_a_bucket_that_does_not_exist_is_named(case, tmp_path, request, s3_bucke
 def test_object_storage_that_does_not_answer_is_exit_7(tmp_path, request, monkeypatch):
     monkeypatch.setenv("S3_ENDPOINT_URL", "http://127.0.0.1:9")  # discard port: nothing listens
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(k, v)
     w = World(tmp_path, request)
     check(run(w.train("checkpoint_dir=s3://bucket/x")), 7, ["storage unavailable", "s3://bucket/x"], "gcc.train")
@@ -452,10 +767,18 @@ def test_object_storage_that_does_not_answer_is_exit_7(tmp_path, request, monkey
 @pytest.mark.parametrize("case", ["yaml-syntax", "override-bad-yaml", "run-dir-a-file"])
 def test_the_launcher_answers_bad_config_with_exit_2(case, tmp_path, request):
     w = World(tmp_path, request)
-    argv = w.train(yaml=w.file("bad.yaml", "seed: [1\n")) if case == "yaml-syntax" else \
-        w.train("seed=[1") if case == "override-bad-yaml" else w.train(f"run_dir={w.file('afile')}")
-    argv = COMPOSER + argv[len(TRAIN):]
-    fragments = {"yaml-syntax": ["bad.yaml", "not valid yaml"], "override-bad-yaml": ["seed=[1", "not valid yaml"],
-                 "run-dir-a-file": ["run_dir", "is a file, expected a folder"]}[case]
+    argv = (
+        w.train(yaml=w.file("bad.yaml", "seed: [1\n"))
+        if case == "yaml-syntax"
+        else w.train("seed=[1")
+        if case == "override-bad-yaml"
+        else w.train(f"run_dir={w.file('afile')}")
+    )
+    argv = COMPOSER + argv[len(TRAIN) :]
+    fragments = {
+        "yaml-syntax": ["bad.yaml", "not valid yaml"],
+        "override-bad-yaml": ["seed=[1", "not valid yaml"],
+        "run-dir-a-file": ["run_dir", "is a file, expected a folder"],
+    }[case]
     check(run(argv), 2, fragments, "gcc.train", ranks=2)
     assert not (tmp_path / "run").exists()

@@ -3,6 +3,7 @@ loopback (moto): the commit log's head (owner + committed checkpoint + manifest,
 between two launches and its races, the repair of uploads cut short and the refusals that replace deletions,
 rotation, the keys read from the prefix, and the download into a run folder. The end-to-end runs are in
 tests/test_remote_checkpoints.py."""
+
 from __future__ import annotations
 
 import json
@@ -80,8 +81,9 @@ def test_the_head_carries_the_owner_and_each_committed_objects_size_and_sha256(s
     head = json.loads(storage.read_bytes(f"{s3_bucket}/run/checkpoints/latest"))
     src = tmp_path / "src" / "ep1-ba6"
     assert head["launch"] == launch and head["checkpoint"] == "ep1-ba6"
-    assert head["files"] == {f"ep1-ba6/{p.name}": {"size": p.stat().st_size, "sha256": storage.sha256_file(p)}
-                             for p in src.iterdir()}
+    assert head["files"] == {
+        f"ep1-ba6/{p.name}": {"size": p.stat().st_size, "sha256": storage.sha256_file(p)} for p in src.iterdir()
+    }
     with pytest.raises(Refusal, match="lacks ep1-ba9/.metadata"):  # a DCP checkpoint is not committed without it
         store.commit("ep1-ba9", {"ep1-ba9/__0_0.distcp": head["files"]["ep1-ba6/__0_0.distcp"]}, launch)
 
@@ -202,8 +204,11 @@ def test_a_head_written_by_an_earlier_gcc_is_refused_naming_the_way_on(s3_bucket
     put_ddp(store, tmp_path, "ep0-ba3-rank0.pt")
     raw_put(f"{s3_bucket}/run/owner.json", b'{"launch": "0123"}')
     raw_put(store.head_url, b"ep0-ba3-rank0.pt")  # the earlier layout: `latest` holds a bare name
-    with pytest.raises(Refusal, match="names ep0-ba3-rank0.pt without a manifest: a checkpoint prefix written by an "
-                                      "earlier gcc.*point checkpoint_dir at a new prefix"):
+    with pytest.raises(
+        Refusal,
+        match="names ep0-ba3-rank0.pt without a manifest: a checkpoint prefix written by an "
+        "earlier gcc.*point checkpoint_dir at a new prefix",
+    ):
         store.claim()
 
 
@@ -214,8 +219,16 @@ def test_an_empty_prefix_is_claimed_and_holds_nothing_to_repair(s3_bucket):
     assert store.head().launch == launch and store.head().checkpoint is None
 
 
-@pytest.mark.parametrize("key", ["ep0-ba3/../../../../escape.pt", "ep0-ba3/sub/__0_0.distcp", "notes.txt",
-                                 "ep0-ba3-rank1.pt", "ep0-ba3/__0_0.distcp.bak"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "ep0-ba3/../../../../escape.pt",
+        "ep0-ba3/sub/__0_0.distcp",
+        "notes.txt",
+        "ep0-ba3-rank1.pt",
+        "ep0-ba3/__0_0.distcp.bak",
+    ],
+)
 def test_a_key_outside_the_layout_in_the_listing_is_refused_naming_it(key, s3_bucket, tmp_path):
     store = CheckpointStore(f"{s3_bucket}/run")
     launch = store.claim()
@@ -319,15 +332,14 @@ def test_record_round_trip(s3_bucket):
 
 def test_a_launch_refused_for_another_runs_signature_leaves_the_prefix_to_its_owner(s3_bucket, shards, tmp_path):
     """prepare_run claims the prefix only once every identity check has passed."""
+    from _launch import ROOT
+
     from gcc.train.config import load_config
     from gcc.train.run_folder import RunLock
     from gcc.train.trainer import prepare_run
 
-    from _launch import ROOT
-
     def prepare(run_dir, *overrides):
-        cfg = load_config(ROOT / "yamls" / "tiny_cpu.yaml", [f"run_dir={run_dir}", f"data.path={shards}",
-                                                              *overrides])
+        cfg = load_config(ROOT / "yamls" / "tiny_cpu.yaml", [f"run_dir={run_dir}", f"data.path={shards}", *overrides])
         lock = RunLock(run_dir)
         try:
             return prepare_run(cfg, lock)

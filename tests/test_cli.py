@@ -1,6 +1,7 @@
 """One command-line convention for every tool: console scripts, snake_case flags (old spellings as aliases),
 help text on every flag, the `python -m` forms still working, and errors as `<prog>: error: ...` with exit 2
 (docs/training.md, Tools; the cases of bad input: tests/test_bad_input.py)."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,9 +15,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-MODULES = {"convert_data": "convert_data", "gcc-synth": "gcc.data.synth", "gcc-sample": "gcc.tools.sample",
-           "gcc-maskstats": "gcc.tools.maskstats", "gcc-inspect": "gcc.tools.inspect_ckpt",
-           "gcc-plot": "gcc.tools.plot", "gcc-compare": "gcc.tools.compare"}
+MODULES = {
+    "convert_data": "convert_data",
+    "gcc-synth": "gcc.data.synth",
+    "gcc-sample": "gcc.tools.sample",
+    "gcc-maskstats": "gcc.tools.maskstats",
+    "gcc-inspect": "gcc.tools.inspect_ckpt",
+    "gcc-plot": "gcc.tools.plot",
+    "gcc-compare": "gcc.tools.compare",
+}
 
 
 def _parser(entry: str) -> argparse.ArgumentParser:
@@ -44,10 +51,12 @@ def test_flags_are_snake_case_with_help(name):
 
 def test_old_spellings_still_parse_the_same():
     p = _parser(SCRIPTS["convert_data"])
-    old = p.parse_args(["--src", "a", "--out", "b", "--include-dropped", "--chunk-clips", "3", "--size-limit", "9",
-                        "--no-progress"])
-    new = p.parse_args(["--src", "a", "--out", "b", "--include_dropped", "--chunk_clips", "3", "--size_limit", "9",
-                        "--no_progress"])
+    old = p.parse_args(
+        ["--src", "a", "--out", "b", "--include-dropped", "--chunk-clips", "3", "--size-limit", "9", "--no-progress"]
+    )
+    new = p.parse_args(
+        ["--src", "a", "--out", "b", "--include_dropped", "--chunk_clips", "3", "--size_limit", "9", "--no_progress"]
+    )
     assert vars(old) == vars(new) and new.chunk_clips == 3 and new.include_dropped and new.no_progress
 
 
@@ -63,7 +72,12 @@ def test_console_script_and_python_m_forms_answer_help(name):
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_a_usage_error_is_prog_error_and_exit_2(name):
     """argparse's convention, which every tool's own input errors follow too (gcc/cli.py)."""
-    r = subprocess.run([str(Path(sys.executable).with_name(name)), "--no_such_flag"], capture_output=True, text=True,
-                       cwd=ROOT, timeout=300)
+    r = subprocess.run(
+        [str(Path(sys.executable).with_name(name)), "--no_such_flag"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert r.stderr.splitlines()[-1].startswith(f"{name}: error: "), r.stderr[-2000:]

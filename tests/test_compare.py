@@ -1,6 +1,7 @@
 """gcc-compare (docs/training.md, "Checking a resume") on small run folders written by the trainer's own writers:
 train_log.csv / val_log.csv by the CSV logger with the trainer's columns, exports by `save_gc`. (On real launches:
 tests/test_train_e2e.py, test_exact_resume_after_sigkill.)"""
+
 from __future__ import annotations
 
 import math
@@ -9,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from _gc_helpers import tiny_dit
 
 from gcc.model.export import gc_metadata, save_gc
@@ -25,31 +25,76 @@ TIMESTEPS = (201.3, 500.6, 799.7)
 
 def train_row(step: int, launch: int) -> dict:
     """A train_log row: its draws and numbers a function of the step; the timings of the launch (they differ)."""
-    return {"step": step, "loss": 1.0 / step, "mse": 0.5 / step, "timestep": 100.0 + step, "lr": 1e-4 * min(step, 4),
-            "cond_lr": 1e-3 * min(step, 4), "grad_norm": 0.1 * step, "sem_rms": 0.0 if step == 1 else 0.01 * step,
-            "x_rms": 0.7, "text_drop": 0.25 * (step % 2), "cond_drop": 0.0, "mask_frac": 0.125,
-            "step_time": 0.3 + launch, "data_time": 0.01 * launch, "mem_gb": 1.5 + launch, "epoch": (step - 1) // 5,
-            "time": 1.7e9 + 10 * step + launch,
-            "clips": ";".join(f"clip{(4 * step + i) % 22:05d}" for i in range(4))}
+    return {
+        "step": step,
+        "loss": 1.0 / step,
+        "mse": 0.5 / step,
+        "timestep": 100.0 + step,
+        "lr": 1e-4 * min(step, 4),
+        "cond_lr": 1e-3 * min(step, 4),
+        "grad_norm": 0.1 * step,
+        "sem_rms": 0.0 if step == 1 else 0.01 * step,
+        "x_rms": 0.7,
+        "text_drop": 0.25 * (step % 2),
+        "cond_drop": 0.0,
+        "mask_frac": 0.125,
+        "step_time": 0.3 + launch,
+        "data_time": 0.01 * launch,
+        "mem_gb": 1.5 + launch,
+        "epoch": (step - 1) // 5,
+        "time": 1.7e9 + 10 * step + launch,
+        "clips": ";".join(f"clip{(4 * step + i) % 22:05d}" for i in range(4)),
+    }
 
 
 def val_rows(step: int) -> list[dict]:
-    return [{"step": step, "timestep": t, "mse": t / 1e3 / step, "mse_uncond": t / 1e3 / step + 0.01,
-             "mse_nulltext": t / 1e3 / step + 0.002, "gap_uncond": 0.01, "gap_nulltext": 0.002, "n": 4}
-            for t in TIMESTEPS]
+    return [
+        {
+            "step": step,
+            "timestep": t,
+            "mse": t / 1e3 / step,
+            "mse_uncond": t / 1e3 / step + 0.01,
+            "mse_nulltext": t / 1e3 / step + 0.002,
+            "gap_uncond": 0.01,
+            "gap_nulltext": 0.002,
+            "n": 4,
+        }
+        for t in TIMESTEPS
+    ]
 
 
 def export_of(step: int, resumed_step: int | None):
     dit = tiny_dit(seed=step)  # weights a function of the step
-    meta = gc_metadata(vocab="parts", data="synth", data_root="shards", step=step, text_dropout=0.1, cond_dropout=0.05,
-                       mask_p=0.5, lr=1e-3, cond_lr=1e-2, weight_decay=0.01, warmup_steps=4, first_frame_cond=True,
-                       seed=0, init_ckpt="", model_dir="", resumed_from="" if resumed_step is None else "ckpt",
-                       resumed_step="" if resumed_step is None else resumed_step)
+    meta = gc_metadata(
+        vocab="parts",
+        data="synth",
+        data_root="shards",
+        step=step,
+        text_dropout=0.1,
+        cond_dropout=0.05,
+        mask_p=0.5,
+        lr=1e-3,
+        cond_lr=1e-2,
+        weight_decay=0.01,
+        warmup_steps=4,
+        first_frame_cond=True,
+        seed=0,
+        init_ckpt="",
+        model_dir="",
+        resumed_from="" if resumed_step is None else "ckpt",
+        resumed_step="" if resumed_step is None else resumed_step,
+    )
     return dit.state_dict(), meta
 
 
-def write_run(run_dir: Path, first: int = 1, launch: int = 0, resumed_step: int | None = None, train_edit=None,
-              exports: bool = True) -> Path:
+def write_run(
+    run_dir: Path,
+    first: int = 1,
+    launch: int = 0,
+    resumed_step: int | None = None,
+    train_edit=None,
+    exports: bool = True,
+) -> Path:
     """A run folder holding steps first..STEPS, as the trainer writes it. `train_edit(row)` changes a row."""
     log = CSVLogger(run_dir, {"train_log": TRAIN_COLUMNS, "val_log": VAL_COLUMNS})
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -86,11 +131,17 @@ def test_a_resumed_run_agrees(uninterrupted, tmp_path, capsys):
     assert "exports: step-6, step-12 agree" in out and out.rstrip().endswith("gcc-compare: they agree")
 
 
-@pytest.mark.parametrize("edit, where", [
-    (lambda r: r.update(loss=math.nextafter(r["loss"], 1.0)) if r["step"] == 7 else None, "step 7: loss"),
-    (lambda r: r.update(clips="clip00001;clip00002;clip00003;clip00005") if r["step"] == 3 else None, "step 3: clips"),
-    (lambda r: r.update(text_drop=0.5) if r["step"] == 10 else None, "step 10: text_drop"),
-])
+@pytest.mark.parametrize(
+    "edit, where",
+    [
+        (lambda r: r.update(loss=math.nextafter(r["loss"], 1.0)) if r["step"] == 7 else None, "step 7: loss"),
+        (
+            lambda r: r.update(clips="clip00001;clip00002;clip00003;clip00005") if r["step"] == 3 else None,
+            "step 3: clips",
+        ),
+        (lambda r: r.update(text_drop=0.5) if r["step"] == 10 else None, "step 10: text_drop"),
+    ],
+)
 def test_the_first_step_that_differs_is_named(uninterrupted, tmp_path, capsys, edit, where):
     def twice(r):  # a second, later difference must not hide the first
         edit(r)
@@ -119,7 +170,7 @@ def test_a_difference_in_validation_or_an_export(uninterrupted, tmp_path, capsys
     c = write_run(tmp_path / "c")
     sd, meta = export_of(6, None)
     name = sorted(sd)[0]
-    sd[name] = sd[name] * (1 + 2 ** -5)  # a change that bf16 keeps
+    sd[name] = sd[name] * (1 + 2**-5)  # a change that bf16 keeps
     save_gc(sd, c / "step-6.safetensors", meta)
     assert main([str(uninterrupted), str(c)]) == 1
     out = capsys.readouterr().out
@@ -170,7 +221,12 @@ def test_bad_input_is_exit_2_naming_it(uninterrupted, tmp_path, capsys):
         main([str(uninterrupted), str(bad), "--rtol", "-1"])
     assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1].startswith("gcc-compare: error: --rtol")
     # the module form, as a console script runs it: one line, no traceback
-    r = subprocess.run([sys.executable, "-m", "gcc.tools.compare", str(uninterrupted), str(empty)], capture_output=True,
-                       text=True, cwd=ROOT, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "gcc.tools.compare", str(uninterrupted), str(empty)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.strip() == f"gcc-compare: error: {empty / 'train_log.csv'}: not found; is {empty} a run folder?"

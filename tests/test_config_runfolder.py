@@ -1,4 +1,5 @@
 """Config validation, the data check, the run folder (lock, signature, checkpoint repair/rotation) and the CSV logger."""
+
 from __future__ import annotations
 
 import csv
@@ -14,8 +15,16 @@ import torch
 
 from gcc.train.config import ConfigError, load_config
 from gcc.train.csv_logger import CSVLogger
-from gcc.train.run_folder import (Refusal, RunLock, check_identity, latest_checkpoint, list_checkpoints,
-                                  repair_checkpoints, rotate_checkpoints, what_a_restart_loses)
+from gcc.train.run_folder import (
+    Refusal,
+    RunLock,
+    check_identity,
+    latest_checkpoint,
+    list_checkpoints,
+    repair_checkpoints,
+    rotate_checkpoints,
+    what_a_restart_loses,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 YAMLS = sorted((ROOT / "yamls").glob("*.yaml"))
@@ -24,9 +33,9 @@ YAMLS = sorted((ROOT / "yamls").glob("*.yaml"))
 # each shipped yaml at the world size(s) its header's launch command uses: (world_size, accumulation, per-rank
 # batch), worked out by hand from its global_batch and micro_batch
 LAUNCHES = {
-    "mini.yaml": [(4, 2, 2)],                  # composer -n 4: 8 / (4 × 1) = 2 micro-batches of 1
-    "sft_v10.yaml": [(8, 2, 2), (16, 1, 1)],   # composer -n 8: 16 / (8 × 1); two nodes of 8: 16 / (16 × 1)
-    "tiny_cpu.yaml": [(2, 2, 4)],              # composer -n 2: 8 / (2 × 2) = 2 micro-batches of 2
+    "mini.yaml": [(4, 2, 2)],  # composer -n 4: 8 / (4 × 1) = 2 micro-batches of 1
+    "sft_v10.yaml": [(8, 2, 2), (16, 1, 1)],  # composer -n 8: 16 / (8 × 1); two nodes of 8: 16 / (16 × 1)
+    "tiny_cpu.yaml": [(2, 2, 4)],  # composer -n 2: 8 / (2 × 2) = 2 micro-batches of 2
 }
 
 
@@ -40,10 +49,21 @@ def test_shipped_yamls_load(yaml):
 
 def test_sft_v10_is_the_spec_defaults():
     c = load_config(ROOT / "yamls" / "sft_v10.yaml")
-    assert (c.optim.lr, c.optim.cond_lr, c.optim.weight_decay, c.optim.warmup_steps, c.optim.grad_clip) == \
-        (1e-5, 1e-4, 0.01, 500, 1.0)
+    assert (c.optim.lr, c.optim.cond_lr, c.optim.weight_decay, c.optim.warmup_steps, c.optim.grad_clip) == (
+        1e-5,
+        1e-4,
+        0.01,
+        500,
+        1.0,
+    )
     assert (c.global_batch, c.micro_batch, c.accumulation(8), c.max_steps) == (16, 1, 2, 20000)
-    assert (c.export_every, c.keep_checkpoints, c.val_every, c.val_n, c.val_timesteps) == (1000, 2, 500, 16, [200, 500, 800])
+    assert (c.export_every, c.keep_checkpoints, c.val_every, c.val_n, c.val_timesteps) == (
+        1000,
+        2,
+        500,
+        16,
+        [200, 500, 800],
+    )
     assert c.checkpoint_every == 1000  # the old trainer's cadence (why: docs/design.md §8)
     assert c.val_at_start and load_config(None).val_at_start  # the baseline row, by default too
     assert (c.data.text_dropout, c.data.cond_dropout, c.data.mask_p, c.data.num_workers) == (0.1, 0.05, 0.5, 4)
@@ -54,26 +74,29 @@ def test_sft_v10_is_the_spec_defaults():
     assert defaults == asdict(c)
 
 
-@pytest.mark.parametrize("overrides, match", [
-    (["optim.lrr=1"], "unknown key.*optim.lrr"),
-    (["nonsense=1"], "unknown key.*nonsense"),
-    (["optim.lr=fast"], "optim.lr: expected float"),
-    (["max_steps=1.5"], "max_steps: expected int"),
-    (["model.grad_ckpt=3"], "model.grad_ckpt: expected bool"),
-    (["model.vocab=words"], "model.vocab: must be one of"),
-    (["global_batch=10", "micro_batch=4"], "global_batch=10 is not a multiple of micro_batch=4"),
-    (["data.mask_p=1.5"], r"data.mask_p: must be in \[0, 1\]"),
-    (["optim=3"], "optim: expected a mapping"),
-    (["preemption_grace_s=0"], "preemption_grace_s: must be > 0 seconds"),
-    (["console_log_every=-1"], "console_log_every: must be >= 0"),
-    (["checkpoint_dir=/shared/ckpts"], "checkpoint_dir: must be empty .* or s3://bucket/prefix"),
-    (["checkpoint_dir=s3://bucket"], "checkpoint_dir: must be empty .* or s3://bucket/prefix"),
-    (["data.limit=0"], r"data.limit: must be a positive number of train clips, or null \(the whole train split\)"),
-    (["data.limit=-4"], "data.limit: must be a positive number"),
-    (["data.limit=2.5"], "data.limit: expected int or null, got float 2.5"),
-    (["data.limit=true"], "data.limit: expected int or null, got bool True"),
-    (["data.limit=all"], "data.limit: expected int or null, got str 'all'"),
-])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["optim.lrr=1"], "unknown key.*optim.lrr"),
+        (["nonsense=1"], "unknown key.*nonsense"),
+        (["optim.lr=fast"], "optim.lr: expected float"),
+        (["max_steps=1.5"], "max_steps: expected int"),
+        (["model.grad_ckpt=3"], "model.grad_ckpt: expected bool"),
+        (["model.vocab=words"], "model.vocab: must be one of"),
+        (["global_batch=10", "micro_batch=4"], "global_batch=10 is not a multiple of micro_batch=4"),
+        (["data.mask_p=1.5"], r"data.mask_p: must be in \[0, 1\]"),
+        (["optim=3"], "optim: expected a mapping"),
+        (["preemption_grace_s=0"], "preemption_grace_s: must be > 0 seconds"),
+        (["console_log_every=-1"], "console_log_every: must be >= 0"),
+        (["checkpoint_dir=/shared/ckpts"], "checkpoint_dir: must be empty .* or s3://bucket/prefix"),
+        (["checkpoint_dir=s3://bucket"], "checkpoint_dir: must be empty .* or s3://bucket/prefix"),
+        (["data.limit=0"], r"data.limit: must be a positive number of train clips, or null \(the whole train split\)"),
+        (["data.limit=-4"], "data.limit: must be a positive number"),
+        (["data.limit=2.5"], "data.limit: expected int or null, got float 2.5"),
+        (["data.limit=true"], "data.limit: expected int or null, got bool True"),
+        (["data.limit=all"], "data.limit: expected int or null, got str 'all'"),
+    ],
+)
 def test_bad_config_names_the_key(overrides, match):
     with pytest.raises(ConfigError, match=match):
         load_config(ROOT / "yamls" / "tiny_cpu.yaml", overrides)
@@ -90,9 +113,18 @@ def test_batch_consistency_with_world_size():
 
 
 def test_train_entry_exits_2_before_any_work(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "gcc" / "train.py"), str(ROOT / "yamls" / "tiny_cpu.yaml"),
-                        f"run_dir={tmp_path / 'run'}", "optim.bogus=1"], capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "gcc" / "train.py"),
+            str(ROOT / "yamls" / "tiny_cpu.yaml"),
+            f"run_dir={tmp_path / 'run'}",
+            "optim.bogus=1",
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert r.returncode == 2
     assert "config error: unknown key(s): optim.bogus" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "run").exists()
@@ -144,7 +176,11 @@ def test_a_run_recorded_with_global_batch_in_its_signature_still_resumes(tmp_pat
     with pytest.raises(Refusal, match="data.limit: None -> 8"):
         check_identity(tmp_path, {**sig, "data.limit": 8}, {})
     # a change of global batch is appended to the lineage once, however often a relaunch meets it
-    for change in ({"step": 12, "old": 16, "new": 8}, {"step": 12, "old": 16, "new": 8}, {"step": 30, "old": 8, "new": 16}):
+    for change in (
+        {"step": 12, "old": 16, "new": 8},
+        {"step": 12, "old": 16, "new": 8},
+        {"step": 30, "old": 8, "new": 16},
+    ):
         record_change(tmp_path, change)
     record = stored_record(tmp_path)
     assert record["lineage"][CHANGES] == [{"step": 12, "old": 16, "new": 8}, {"step": 30, "old": 8, "new": 16}]
@@ -292,8 +328,12 @@ def test_data_check_refuses_an_empty_train_split_and_leaks():
     from gcc.train.trainer import check_data
 
     def manifest(train, val, train_runs=("r1",), val_runs=("r2",)):
-        return {"splits": {"train": {"clip_ids": train, "runs": list(train_runs)},
-                           "val": {"clip_ids": val, "runs": list(val_runs)}}}
+        return {
+            "splits": {
+                "train": {"clip_ids": train, "runs": list(train_runs)},
+                "val": {"clip_ids": val, "runs": list(val_runs)},
+            }
+        }
 
     check_data(manifest(["a", "b"], ["c"]), "d")
     with pytest.raises(Refusal, match="data d: the train split has no clips"):
@@ -304,8 +344,11 @@ def test_data_check_refuses_an_empty_train_split_and_leaks():
         check_data(manifest(["a"], ["c"], val_runs=("r1",)), "d")
     # data.limit: the subset must still give every rank a batch
     check_data(manifest(list("abcdefgh"), ["z"]), "d", per_rank_batch=2, world=2, limit=4)
-    with pytest.raises(Refusal, match=r"data.limit=3 clips of the train split give each of the 2 rank\(s\) 2 "
-                                      r"samples an epoch, fewer than its batch of 4"):
+    with pytest.raises(
+        Refusal,
+        match=r"data.limit=3 clips of the train split give each of the 2 rank\(s\) 2 "
+        r"samples an epoch, fewer than its batch of 4",
+    ):
         check_data(manifest(list("abcdefgh"), ["z"]), "d", per_rank_batch=4, world=2, limit=3)
     check_data(manifest(list("abcdefgh"), ["z"]), "d", per_rank_batch=4, world=2, limit=100)  # the whole split
 

@@ -1,5 +1,6 @@
 """convert_data: round trip through a real StreamingDataset, every kind of bad input, kill + resume,
 parallel == serial, idempotent rerun, and a real S3 server (moto) on loopback."""
+
 from __future__ import annotations
 
 import hashlib
@@ -39,18 +40,22 @@ def read_split(out: str, split: str, cache: Path) -> dict[str, ClipRecord]:
     from gcc.data.dataset import node_registration_lock
 
     with node_registration_lock():  # other jobs on this machine register Streaming shared memory too
-        ds = StreamingDataset(remote=f"{out}/{split}", local=str(cache / f"{split}-{uuid.uuid4().hex[:8]}"),
-                              batch_size=1, shuffle=False)
+        ds = StreamingDataset(
+            remote=f"{out}/{split}", local=str(cache / f"{split}-{uuid.uuid4().hex[:8]}"), batch_size=1, shuffle=False
+        )
     return {r.clip_id: r for r in (ClipRecord.from_sample(ds[i]) for i in range(len(ds)))}
 
 
 def rows_of(src: Path) -> list[dict]:
-    return [json.loads(l) for l in (src / "index" / "clips.jsonl").read_text().splitlines() if l.strip()]
+    return [json.loads(line) for line in (src / "index" / "clips.jsonl").read_text().splitlines() if line.strip()]
 
 
 def tree_digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def assert_matches_source(src: Path, out: str, cache: Path, include_dropped: bool = False) -> None:
@@ -171,32 +176,63 @@ def _bad_proj(m):
 
 BAD_INPUTS = {
     # kind: (mutate(src) -> clip named in the message or None, expected substrings)
-    "latents_shape": (lambda s: _edit_latents(s, _last(s), lambda l: l[:, :-1].contiguous()) or _last(s),
-                      ["input_latents", "shape"]),
-    "latents_dtype": (lambda s: _edit_latents(s, _last(s), lambda l: l.float()) or _last(s),
-                      ["input_latents", "bfloat16"]),
+    "latents_shape": (
+        lambda s: _edit_latents(s, _last(s), lambda x: x[:, :-1].contiguous()) or _last(s),
+        ["input_latents", "shape"],
+    ),
+    "latents_dtype": (
+        lambda s: _edit_latents(s, _last(s), lambda x: x.float()) or _last(s),
+        ["input_latents", "bfloat16"],
+    ),
     "latents_nonfinite": (lambda s: _edit_latents(s, _last(s), _nonfinite) or _last(s), ["input_latents", "finite"]),
-    "latents_missing": (lambda s: (s / "latents" / f"{_last(s)}.safetensors").unlink() or _last(s),
-                        ["latents", "missing"]),
+    "latents_missing": (
+        lambda s: (s / "latents" / f"{_last(s)}.safetensors").unlink() or _last(s),
+        ["latents", "missing"],
+    ),
     "sem_shape": (lambda s: _edit_sem(s, _last(s), lambda i: i[:, :-16]) or _last(s), ["'ids'", "shape"]),
     "sem_dtype": (lambda s: _edit_sem(s, _last(s), lambda i: i.astype(np.int16)) or _last(s), ["'ids'", "uint8"]),
     "sem_values": (lambda s: _edit_sem(s, _last(s), _invalid_sem) or _last(s), ["'ids'", "[7]", "vocabulary"]),
     "sem_missing": (lambda s: (s / "sem" / f"{_last(s)}.npz").unlink() or _last(s), ["sem", "missing"]),
     "meta_dst_hw": (lambda s: _edit_meta(s, _last(s), lambda m: _set(m, "dst_hw", [8, 8])) or _last(s), ["dst_hw"]),
-    "meta_cameras": (lambda s: _edit_meta(s, _last(s), lambda m: _set(m, "cameras", m["cameras"][:-1])) or _last(s),
-                     ["cameras"]),
+    "meta_cameras": (
+        lambda s: _edit_meta(s, _last(s), lambda m: _set(m, "cameras", m["cameras"][:-1])) or _last(s),
+        ["cameras"],
+    ),
     "meta_projection": (lambda s: _edit_meta(s, _last(s), _bad_proj) or _last(s), ["cameras[2].projection"]),
-    "meta_ground_z": (lambda s: _edit_meta(s, _last(s), lambda m: _set(m, "ground_z", m["ground_z"][:2])) or _last(s),
-                      ["ground_z"]),
+    "meta_ground_z": (
+        lambda s: _edit_meta(s, _last(s), lambda m: _set(m, "ground_z", m["ground_z"][:2])) or _last(s),
+        ["ground_z"],
+    ),
     "meta_json": (lambda s: (s / "meta" / f"{_last(s)}.json").write_text("{not json") and _last(s), ["not valid JSON"]),
-    "context_key": (lambda s: _edit_rows(s, lambda rows: [_set(r, "context_keys", ["nope"] * len(r["context_keys"]))
-                                                         if r["clip_id"] == _last(s) else r for r in rows]) or _last(s),
-                    ["context_keys", "nope"]),
-    "index_missing_field": (lambda s: _edit_rows(s, lambda rows: [{k: v for k, v in r.items() if k != "run"}
-                                                                  if r["clip_id"] == _last(s) else r for r in rows])
-                            or _last(s), ["clips.jsonl", "'run' missing"]),
-    "index_bad_json": (lambda s: (s / "index" / "clips.jsonl").open("a").write("{oops\n") and None,
-                       ["clips.jsonl:", "not valid JSON"]),
+    "context_key": (
+        lambda s: (
+            _edit_rows(
+                s,
+                lambda rows: [
+                    _set(r, "context_keys", ["nope"] * len(r["context_keys"])) if r["clip_id"] == _last(s) else r
+                    for r in rows
+                ],
+            )
+            or _last(s)
+        ),
+        ["context_keys", "nope"],
+    ),
+    "index_missing_field": (
+        lambda s: (
+            _edit_rows(
+                s,
+                lambda rows: [
+                    {k: v for k, v in r.items() if k != "run"} if r["clip_id"] == _last(s) else r for r in rows
+                ],
+            )
+            or _last(s)
+        ),
+        ["clips.jsonl", "'run' missing"],
+    ),
+    "index_bad_json": (
+        lambda s: (s / "index" / "clips.jsonl").open("a").write("{oops\n") and None,
+        ["clips.jsonl:", "not valid JSON"],
+    ),
     "train_val_run_overlap": (lambda s: _edit_rows(s, _run_leak) or None, ["train/val overlap", "run"]),
     "train_val_clip_overlap": (lambda s: _edit_rows(s, _clip_leak) or None, ["train/val overlap", "clip"]),
     "no_ready": (lambda s: (s / "READY").unlink() or None, ["READY"]),
@@ -307,8 +343,12 @@ def test_rerun_on_finished_output_does_nothing(src, tmp_path, caplog):
 
 def test_the_default_name_comes_from_the_source_folder(src, tmp_path):
     assert C.default_name(src) == "synth"
-    for folder, name in (("gc25d_v10", "v10"), ("gc25d_v10_mds", "v10"), ("clips_2025", "clips_2025"),
-                         ("gc25d_", "gc25d_")):
+    for folder, name in (
+        ("gc25d_v10", "v10"),
+        ("gc25d_v10_mds", "v10"),
+        ("clips_2025", "clips_2025"),
+        ("gc25d_", "gc25d_"),
+    ):
         (tmp_path / folder).mkdir()
         assert C.default_name(tmp_path / folder) == name
     (tmp_path / "gc25d_v10" / "synth.json").write_text('{"generator": "another tool"}')  # only gcc-synth's marker
@@ -334,20 +374,43 @@ def test_the_name_is_recorded_once_and_checked(src, tmp_path, caplog):
     assert "name" not in C.convert(src, str(out), chunk_clips=4, progress=False, name="v10")
     assert "without a name" in caplog.messages[-1]
     # the one rule for names (gcc/names.py), before anything is written
-    r = subprocess.run([sys.executable, "-m", "convert_data", "--src", str(src), "--out", str(tmp_path / "o2"),
-                        "--name", "v10/../x"], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "convert_data", "--src", str(src), "--out", str(tmp_path / "o2"), "--name", "v10/../x"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 2 and "--name 'v10/../x': must be" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "o2").exists()
 
 
 def test_console_entry_points(src, tmp_path):
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "convert_data", "--src", str(src), "--out", str(out), "--workers", "2",
-                        "--chunk-clips", "3"], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "convert_data",
+            "--src",
+            str(src),
+            "--out",
+            str(out),
+            "--workers",
+            "2",
+            "--chunk-clips",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr
     assert "done in" in r.stdout and (out / MANIFEST).exists()
-    r = subprocess.run([str(Path(sys.executable).with_name("convert_data")), "--src", str(src), "--out", str(out)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [str(Path(sys.executable).with_name("convert_data")), "--src", str(src), "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "chunk_clips" in r.stderr  # same folder, different settings
 
 

@@ -1,5 +1,6 @@
 """The loader: contract, splits, vocabularies, val never drops, determinism across workers / ranks /
 resume, text gather, collate, and reading from a real S3 server."""
+
 from __future__ import annotations
 
 import hashlib
@@ -33,12 +34,23 @@ def new_ds(shards, split="train", **kw) -> GcStreamingDataset:
 def batch_digests(batch) -> list[tuple]:
     out = []
     for i in range(len(batch["clip_id"])):
-        out.append((batch["clip_id"][i], int(batch["epoch"][i]),
-                    json.dumps({"text": bool(batch["drop_text"][i]), "cond": bool(batch["drop_cond"][i]),
-                                "mask": float(batch["mask_frac"][i])}, sort_keys=True),
-                    hashlib.sha1(batch["sem_ids"][i].numpy().tobytes()).hexdigest(),
-                    tuple(batch["context_ids"][i].tolist()),
-                    hashlib.sha1(batch["context"][i].view(torch.int16).numpy().tobytes()).hexdigest()))
+        out.append(
+            (
+                batch["clip_id"][i],
+                int(batch["epoch"][i]),
+                json.dumps(
+                    {
+                        "text": bool(batch["drop_text"][i]),
+                        "cond": bool(batch["drop_cond"][i]),
+                        "mask": float(batch["mask_frac"][i]),
+                    },
+                    sort_keys=True,
+                ),
+                hashlib.sha1(batch["sem_ids"][i].numpy().tobytes()).hexdigest(),
+                tuple(batch["context_ids"][i].tolist()),
+                hashlib.sha1(batch["context"][i].view(torch.int16).numpy().tobytes()).hexdigest(),
+            )
+        )
     return out
 
 
@@ -61,8 +73,11 @@ def test_sample_contract(shards):
     assert isinstance(s["clip_id"], str)
     assert set(s["dropped"]) == {"text", "cond", "mask"}
     # context is the text table's rows for the clip's keys
-    row = next(json.loads(l) for l in (src / "index" / "clips.jsonl").read_text().splitlines()
-               if json.loads(l)["clip_id"] == s["clip_id"])
+    row = next(
+        json.loads(line)
+        for line in (src / "index" / "clips.jsonl").read_text().splitlines()
+        if json.loads(line)["clip_id"] == s["clip_id"]
+    )
     with safe_open(str(src / "text" / "table.safetensors"), "pt") as f:
         want = torch.stack([f.get_tensor(k) for k in row["context_keys"]])
         ids = key_to_id(f.keys())
@@ -72,7 +87,7 @@ def test_sample_contract(shards):
 
 def test_splits_and_drop(shards):
     src = shards.parent / "prepared"
-    rows = [json.loads(l) for l in (src / "index" / "clips.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (src / "index" / "clips.jsonl").read_text().splitlines()]
     for split in ("train", "val"):
         ds = new_ds(shards, split, dropouts=Dropouts(0, 0, 0))
         got = [ds[i]["clip_id"] for i in range(len(ds))]
@@ -167,8 +182,8 @@ def test_resume_mid_epoch_continues_exactly(shards):
     resumed_ds = new_ds(shards, dropouts=HEAVY)
     resumed_ds.load_state_dict(state)
     rest = run_epochs(resumed_ds, workers=1, epochs=2)
-    assert first == full[0][:k * bs]
-    assert rest[0] == full[0][k * bs:]
+    assert first == full[0][: k * bs]
+    assert rest[0] == full[0][k * bs :]
     assert rest[1] == full[1]
 
 
@@ -221,15 +236,24 @@ if __name__ == "__main__":  # loader workers import this file (forkserver): noth
 @pytest.mark.slow
 def test_same_global_batches_for_1_and_2_ranks(shards, tmp_path):
     """Real separate processes via the composer launcher: global batch 4 = 1 rank × 4 = 2 ranks × 2."""
+
     def launch(nproc, per_rank_bs, tag):
         res = tmp_path / tag
         res.mkdir()
         script = tmp_path / f"ranks_{tag}.py"
-        script.write_text(RANK_SCRIPT.format(tests=str(ROOT / "tests"), out=str(shards),
-                                             cache=str(tmp_path / f"cache_{tag}"), res=str(res)))
+        script.write_text(
+            RANK_SCRIPT.format(
+                tests=str(ROOT / "tests"), out=str(shards), cache=str(tmp_path / f"cache_{tag}"), res=str(res)
+            )
+        )
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        r = subprocess.run([str(Path(sys.executable).with_name("composer")), "-n", str(nproc), str(script),
-                            str(per_rank_bs)], env=env, capture_output=True, text=True, timeout=600)
+        r = subprocess.run(
+            [str(Path(sys.executable).with_name("composer")), "-n", str(nproc), str(script), str(per_rank_bs)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         return [json.loads((res / f"rank{i}.json").read_text()) for i in range(nproc)]
 
@@ -318,8 +342,11 @@ def test_release_stale_shm_after_a_killed_process_group(shards, tmp_path):
     from gcc.data.dataset import release_stale_shm
 
     cache, ready = tmp_path / "cache", tmp_path / "ready"
-    p = subprocess.Popen([sys.executable, "-c", HOLD_SCRIPT, str(shards), str(cache), str(ready)],
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)), start_new_session=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", HOLD_SCRIPT, str(shards), str(cache), str(ready)],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 120
         while not ready.exists():

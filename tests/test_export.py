@@ -1,4 +1,5 @@
 """gc25d export / import (docs/design.md §9.4, §9.9) and `python -m gcc.tools.inspect_ckpt`."""
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,16 @@ from safetensors.torch import save_file
 import gcc
 import gcc.model.export as export
 from gcc.model.dit import wan_keys
-from gcc.model.export import (META_KEYS, GcCkptError, check_gc_ckpt, gc_key_set, gc_metadata, load_gc_weights,
-                              load_state_dict_gc, save_gc)
+from gcc.model.export import (
+    META_KEYS,
+    GcCkptError,
+    check_gc_ckpt,
+    gc_key_set,
+    gc_metadata,
+    load_gc_weights,
+    load_state_dict_gc,
+    save_gc,
+)
 from gcc.model.objective import GcTrainModel
 from gcc.tools.inspect_ckpt import main as inspect_main
 
@@ -27,9 +36,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _meta(vocab="parts", step=1000, **kw):
-    base = dict(vocab=vocab, data="v10", data_root="/data/gc25d_v10", step=step, text_dropout=0.1,
-                cond_dropout=0.05, mask_p=0.5, lr=1e-5, cond_lr=1e-4, weight_decay=0.01, warmup_steps=500,
-                first_frame_cond=True, seed=0, init_ckpt="", model_dir="/models/Wan2.2-TI2V-5B")
+    base = dict(
+        vocab=vocab,
+        data="v10",
+        data_root="/data/gc25d_v10",
+        step=step,
+        text_dropout=0.1,
+        cond_dropout=0.05,
+        mask_p=0.5,
+        lr=1e-5,
+        cond_lr=1e-4,
+        weight_decay=0.01,
+        warmup_steps=500,
+        first_frame_cond=True,
+        seed=0,
+        init_ckpt="",
+        model_dir="/models/Wan2.2-TI2V-5B",
+    )
     base.update(kw)
     return gc_metadata(**base)
 
@@ -49,19 +72,39 @@ def test_export_keys_dtypes_metadata(tmp_path):
     with safe_open(str(path), "pt") as fh:
         keys, meta = set(fh.keys()), fh.metadata()
         assert {fh.get_slice(k).get_dtype() for k in keys} == {"BF16"}
-        torch.testing.assert_close(fh.get_tensor("gc_sem_cond.proj_out.weight"),
-                                   dit.gc_sem_cond.proj_out.weight.detach().to(torch.bfloat16))
+        torch.testing.assert_close(
+            fh.get_tensor("gc_sem_cond.proj_out.weight"), dit.gc_sem_cond.proj_out.weight.detach().to(torch.bfloat16)
+        )
     assert keys == set(dit.state_dict()) == set(gc_key_set(2))
     assert set(meta) == set(META_KEYS)
     # docs/design.md §9.9 (docs/design.md): the fixed values, the defaults, and _meta()'s inputs as strings
     assert meta == {
-        "arm": "gc25d", "format": "gc25d", "sem_cond": "gc_sem_cond", "mask_channel": "False",
-        "vocab": "parts", "data": "v10", "data_root": "/data/gc25d_v10", "step": "1000",
-        "stage": "sft_bidirectional", "cond_type": "ids", "cond_key": "ids", "text_dropout": "0.1",
-        "cond_dropout": "0.05", "mask_p": "0.5", "lr": "1e-05", "cond_lr": "0.0001", "weight_decay": "0.01",
-        "warmup_steps": "500", "first_frame_cond": "True", "seed": "0", "init_ckpt": "",
-        "model_dir": "/models/Wan2.2-TI2V-5B", "trainer": f"gcc {gcc.__version__}", "resumed_from": "",
-        "resumed_step": ""}
+        "arm": "gc25d",
+        "format": "gc25d",
+        "sem_cond": "gc_sem_cond",
+        "mask_channel": "False",
+        "vocab": "parts",
+        "data": "v10",
+        "data_root": "/data/gc25d_v10",
+        "step": "1000",
+        "stage": "sft_bidirectional",
+        "cond_type": "ids",
+        "cond_key": "ids",
+        "text_dropout": "0.1",
+        "cond_dropout": "0.05",
+        "mask_p": "0.5",
+        "lr": "1e-05",
+        "cond_lr": "0.0001",
+        "weight_decay": "0.01",
+        "warmup_steps": "500",
+        "first_frame_cond": "True",
+        "seed": "0",
+        "init_ckpt": "",
+        "model_dir": "/models/Wan2.2-TI2V-5B",
+        "trainer": f"gcc {gcc.__version__}",
+        "resumed_from": "",
+        "resumed_step": "",
+    }
     info = check_gc_ckpt(path, vocab="parts")
     assert info["n_keys"] == len(keys) and info["num_layers"] == 2
 
@@ -75,8 +118,10 @@ def test_the_trainers_data_field_is_the_manifests_name():
 
     cfg = load_config(ROOT / "yamls" / "tiny_cpu.yaml", ["data.path=s3://b/gc25d_v10_mds/"])
     run = {"manifest": {"name": "v10"}, "lineage": {"init_ckpt": ""}, "resumed_from": "", "resumed_step": None}
-    assert (export_metadata(cfg, run, 7)["data"], export_metadata(cfg, run, 7)["data_root"]) == \
-        ("v10", "s3://b/gc25d_v10_mds/")
+    assert (export_metadata(cfg, run, 7)["data"], export_metadata(cfg, run, 7)["data_root"]) == (
+        "v10",
+        "s3://b/gc25d_v10_mds/",
+    )
     del run["manifest"]["name"]
     assert export_metadata(cfg, run, 7)["data"] == "gc25d_v10_mds"
 
@@ -115,7 +160,9 @@ def test_crash_mid_write_leaves_no_export(tmp_path, monkeypatch):
     monkeypatch.setattr(export, "save_file", crashing_save_file)
     with pytest.raises(KeyboardInterrupt):
         save_gc(sd, target, _meta(step=2000))
-    assert target.name not in at_crash["files"] and [f.startswith(target.name + ".tmp") for f in at_crash["files"]] == [True]
+    assert target.name not in at_crash["files"] and [f.startswith(target.name + ".tmp") for f in at_crash["files"]] == [
+        True
+    ]
     assert not list(tmp_path.glob("step-*.safetensors"))
     assert os.listdir(tmp_path) == []  # an ordinary exception also removes the .tmp
 
@@ -124,8 +171,11 @@ def test_failed_check_leaves_no_export(tmp_path, monkeypatch):
     sd, _ = _trained_state()
     target = tmp_path / "step-3000.safetensors"
     real = export.save_file
-    monkeypatch.setattr(export, "save_file",  # write a file whose key set is short of the state dict
-                        lambda t, f, metadata=None: real(dict(list(t.items())[1:]), f, metadata=metadata))
+    monkeypatch.setattr(
+        export,
+        "save_file",  # write a file whose key set is short of the state dict
+        lambda t, f, metadata=None: real(dict(list(t.items())[1:]), f, metadata=metadata),
+    )
     with pytest.raises(GcCkptError, match="missing"):
         save_gc(sd, target, _meta(step=3000))
     assert os.listdir(tmp_path) == []
@@ -171,8 +221,14 @@ def test_plain_wan_export_starts_cond_at_zero(tmp_path):
     for k in wan_keys(dst):
         torch.testing.assert_close(dst.state_dict()[k], wan_only[k], rtol=0, atol=0)
     b = make_batch(B=1)
-    _, aux = dst.gc_forward(b["input_latents"].float(), torch.tensor([300.0]), b["context"].float(), b["context_ids"],
-                            b["sem_ids"], aux=True)
+    _, aux = dst.gc_forward(
+        b["input_latents"].float(),
+        torch.tensor([300.0]),
+        b["context"].float(),
+        b["context_ids"],
+        b["sem_ids"],
+        aux=True,
+    )
     assert aux["sem_rms"].item() == 0.0
 
 
@@ -298,11 +354,19 @@ def test_legacy_zero2_checkpoint_import(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(port), PYTHONPATH=os.pathsep.join([repo] + sys.path))
+    env = dict(
+        os.environ,
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        PYTHONPATH=os.pathsep.join([repo] + sys.path),
+    )
     ck, ref = tmp_path / "state", tmp_path / "ref.pt"
-    subprocess.run([sys.executable, "-c", _WRITE_ZERO2, str(ck), str(ref)], env=env, check=True, timeout=300,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-c", _WRITE_ZERO2, str(ck), str(ref)], env=env, check=True, timeout=300, capture_output=True
+    )
     dit = tiny_dit(seed=5)
     assert export.load_legacy_zero(dit, ck)["kind"] == "gc25d"
     want = torch.load(ref)

@@ -1,6 +1,7 @@
 """Faults that do not kill the process (docs/training.md, exit codes): damaged data (6), a rank that stalls (5),
 object storage that goes away (7) and a full disk (8) each stop every rank within a bounded time with a message
 naming the file, object or disk; nothing partial is kept, and the relaunch after the repair continues exactly."""
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,9 @@ def _flip(path, start: int, n: int = 64) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("damage", ["bytes", "cut", "missing", "index"])
-def test_damaged_shard_stops_the_run_naming_it_and_the_repaired_data_resumes_exactly(damage, e2e_shards, reference,
-                                                                                      tmp_path):
+def test_damaged_shard_stops_the_run_naming_it_and_the_repaired_data_resumes_exactly(
+    damage, e2e_shards, reference, tmp_path
+):
     shards = tmp_path / "shards"
     shutil.copytree(e2e_shards, shards)
     name = "train/index.json" if damage == "index" else SHARD
@@ -60,8 +62,17 @@ def test_a_rank_that_completes_no_step_leaves_every_stack_and_exits_5(e2e_shards
     the deadline is max(stall_floor_s, 20 × the median step), so both ranks stop with their stacks."""
     run_dir = tmp_path / "run"
     t0 = time.time()
-    r = launch(run_dir, e2e_shards, "max_steps=40", "inject_stall_step=15", "inject_stall_rank=1",
-               "stall_timeout_s=300", "stall_floor_s=8", "val_every=0", timeout=400)
+    r = launch(
+        run_dir,
+        e2e_shards,
+        "max_steps=40",
+        "inject_stall_step=15",
+        "inject_stall_rank=1",
+        "stall_timeout_s=300",
+        "stall_floor_s=8",
+        "val_every=0",
+        timeout=400,
+    )
     took = time.time() - t0
     out = r.stdout + r.stderr
     assert r.returncode == 5, out[-3000:]  # whichever rank's deadline passed first, the other follows with 5
@@ -96,7 +107,8 @@ def _fill(mnt, leave: int):
 @pytest.mark.slow
 @pytest.mark.parametrize("during", ["checkpoint", "export"])
 def test_a_full_disk_stops_the_run_keeping_nothing_partial_and_the_relaunch_resumes_exactly(
-        during, e2e_shards, reference, small_disk):
+    during, e2e_shards, reference, small_disk
+):
     """The run folder on a small tmpfs: a launch to step 3 (its checkpoint and export), then the disk is filled to
     64 KB: the relaunch fails writing the step-6 checkpoint (or the step-4 export), exits 8 naming the disk, and
     leaves no partial file; with the space freed the next relaunch continues from step 3 exactly."""
@@ -127,8 +139,9 @@ def test_a_full_disk_stops_the_run_keeping_nothing_partial_and_the_relaunch_resu
 
 
 @pytest.mark.slow
-def test_object_storage_going_away_stops_the_run_naming_the_object_and_the_relaunch_resumes_exactly(tmp_path,
-                                                                                                    monkeypatch):
+def test_object_storage_going_away_stops_the_run_naming_the_object_and_the_relaunch_resumes_exactly(
+    tmp_path, monkeypatch
+):
     """Shards on a real S3 server (this test's own moto, one clip per shard, so a 2-rank epoch streams for 45 steps
     from a cold cache) stopped once the first checkpoint is written: reads retry (bounded), then the run exits 7
     naming the object; the checkpoint is intact, and with the server back the relaunch gives the rows of an

@@ -4,6 +4,7 @@ exact resume after SIGKILL (a partial checkpoint folder included), SIGTERM preem
 rotation across restarts, the signature refusal, the NaN stop; and the `wide` preset (the real TI2V-5B layer
 shapes) loading published-layout base weights shard by shard.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,17 @@ from pathlib import Path
 import pytest
 import torch
 from _gc_helpers import save_wan_layout
-from _launch import (CLIP, assert_grad_norm_logged_before_clipping, exact, export_tensors, launch, ok, rows, start_bg,
-                     wait_for_step)
+from _launch import (
+    CLIP,
+    assert_grad_norm_logged_before_clipping,
+    exact,
+    export_tensors,
+    launch,
+    ok,
+    rows,
+    start_bg,
+    wait_for_step,
+)
 
 from gcc.train.run_folder import checkpoint_step
 
@@ -148,11 +158,26 @@ def test_wide_preset_loads_published_layout_base_weights_by_shard(tmp_path):
     shards = tmp_path / "shards"
     convert(write_prepared(tmp_path / "prepared", clips=8, geometry="wide", seed=3), str(shards), progress=False)
     run_dir = tmp_path / "run"
-    r = ok(launch(run_dir, shards, FSDP, AC, "model.preset=wide", f"model.model_dir={model_dir}", "optim.lr=0",
-                  "optim.cond_lr=0", "max_steps=1", "export_every=1", "val_every=0", "checkpoint_every=1",
-                  "global_batch=2", timeout=1800))
+    r = ok(
+        launch(
+            run_dir,
+            shards,
+            FSDP,
+            AC,
+            "model.preset=wide",
+            f"model.model_dir={model_dir}",
+            "optim.lr=0",
+            "optim.cond_lr=0",
+            "max_steps=1",
+            "export_every=1",
+            "val_every=0",
+            "checkpoint_every=1",
+            "global_batch=2",
+            timeout=1800,
+        )
+    )
     assert f"model: base Wan weights from {model_dir}" in r.stdout
-    got, meta = export_tensors(run_dir / "step-1.safetensors")
+    got, _meta = export_tensors(run_dir / "step-1.safetensors")
     assert len(got) == len(base) + 6
     assert all(torch.equal(got[k], base[k]) for k in base)
     assert (got["gc_sem_cond.proj_out.weight"] == 0).all()

@@ -1,4 +1,5 @@
 """gcc.geometry against hand-computed cases (UE conventions: X forward, Y right, Z up, cm, degrees)."""
+
 from __future__ import annotations
 
 import math
@@ -14,9 +15,15 @@ S = 1 / math.sqrt(2)
 def cam(location=(0, 0, 0), rotation=(0, 0, 0), fov=90.0, ortho_width=None, src_hw=(100, 200), dst_hw=(50, 100)):
     """One camera: perspective with horizontal `fov`, or orthographic when `ortho_width` is given."""
     ortho = ortho_width is not None
-    return Cameras(location=np.array([location], dtype=np.float64), rotation=np.array([rotation], dtype=np.float64),
-                   orthographic=np.array([ortho]), fov_deg=np.array([np.nan if ortho else fov]),
-                   ortho_width=np.array([ortho_width if ortho else np.nan]), src_hw=src_hw, dst_hw=dst_hw)
+    return Cameras(
+        location=np.array([location], dtype=np.float64),
+        rotation=np.array([rotation], dtype=np.float64),
+        orthographic=np.array([ortho]),
+        fov_deg=np.array([np.nan if ortho else fov]),
+        ortho_width=np.array([ortho_width if ortho else np.nan]),
+        src_hw=src_hw,
+        dst_hw=dst_hw,
+    )
 
 
 def ray(c: Cameras, u: float, v: float):
@@ -25,15 +32,18 @@ def ray(c: Cameras, u: float, v: float):
 
 
 # ---- rotations -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("rotation, fwd, right, up", [
-    ((0, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1)),
-    ((0, 90, 0), (0, 1, 0), (-1, 0, 0), (0, 0, 1)),  # yaw 90: forward = +Y
-    ((-90, 0, 0), (0, 0, -1), (0, 1, 0), (1, 0, 0)),  # pitch -90: looking down, image up = +X
-    ((90, 0, 0), (0, 0, 1), (0, 1, 0), (-1, 0, 0)),  # pitch +90: looking up
-    ((0, 0, 90), (1, 0, 0), (0, 0, -1), (0, 1, 0)),  # roll 90 (UE FRotationMatrix): right -> -Z, up -> +Y
-    ((-30, 90, 0), (0, math.cos(math.pi / 6), -0.5), (-1, 0, 0), (0, 0.5, math.cos(math.pi / 6))),
-    ((0, 45, 0), (S, S, 0), (-S, S, 0), (0, 0, 1)),
-])
+@pytest.mark.parametrize(
+    "rotation, fwd, right, up",
+    [
+        ((0, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1)),
+        ((0, 90, 0), (0, 1, 0), (-1, 0, 0), (0, 0, 1)),  # yaw 90: forward = +Y
+        ((-90, 0, 0), (0, 0, -1), (0, 1, 0), (1, 0, 0)),  # pitch -90: looking down, image up = +X
+        ((90, 0, 0), (0, 0, 1), (0, 1, 0), (-1, 0, 0)),  # pitch +90: looking up
+        ((0, 0, 90), (1, 0, 0), (0, 0, -1), (0, 1, 0)),  # roll 90 (UE FRotationMatrix): right -> -Z, up -> +Y
+        ((-30, 90, 0), (0, math.cos(math.pi / 6), -0.5), (-1, 0, 0), (0, 0.5, math.cos(math.pi / 6))),
+        ((0, 45, 0), (S, S, 0), (-S, S, 0), (0, 0, 1)),
+    ],
+)
 def test_rotation_axes(rotation, fwd, right, up):
     axes = rotation_axes(np.array(rotation, dtype=np.float64))
     np.testing.assert_allclose(axes, np.array([fwd, right, up], dtype=np.float64), atol=1e-12)
@@ -50,8 +60,7 @@ def test_rotation_axes_orthonormal_batch():
 # ---- pixels and rays -----------------------------------------------------------------------------------
 def test_dst_to_ndc_pixel_centres():
     c = cam(src_hw=(4, 4), dst_hw=(2, 2))
-    np.testing.assert_allclose(c.dst_to_ndc(np.array([[0, 0], [1, 1], [1, 0]])),
-                               [[-0.5, 0.5], [0.5, -0.5], [0.5, 0.5]])
+    np.testing.assert_allclose(c.dst_to_ndc(np.array([[0, 0], [1, 1], [1, 0]])), [[-0.5, 0.5], [0.5, -0.5], [0.5, 0.5]])
     # resampling: dst pixel centre -> src pixel centre (src 720x1248 -> dst 480x832, scale 1.5)
     c = cam(src_hw=(720, 1248), dst_hw=(480, 832))
     np.testing.assert_allclose(c.dst_to_ndc(np.array([[0, 0]]))[0], [2 * 0.75 / 1248 - 1, 1 - 2 * 0.75 / 720])
@@ -82,7 +91,7 @@ def test_perspective_edges_at_half_fov():
 
 def test_orthographic_rays_parallel_and_offset():
     c = cam(location=(100, 200, 1000), rotation=(-90, 0, 0), ortho_width=2000.0)
-    o, d = c.rays(pixel_grid(c.dst_hw, stride=7))
+    _o, d = c.rays(pixel_grid(c.dst_hw, stride=7))
     np.testing.assert_allclose(d[0], np.broadcast_to([0, 0, -1], d[0].shape), atol=1e-12)
     # looking down: right = +Y, up = +X; left edge -> -width/2 along Y, top edge -> +height/2 along X
     np.testing.assert_allclose(ray(c, -0.5, 24.5)[0], [100, 200 - 1000, 1000], atol=1e-9)
@@ -92,8 +101,14 @@ def test_orthographic_rays_parallel_and_offset():
 
 
 # ---- projection ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kwargs", [dict(rotation=(-35, 70, 0), fov=75.0), dict(rotation=(-20, -30, 25), fov=60.0),
-                                    dict(rotation=(-60, 10, -15), ortho_width=3000.0)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(rotation=(-35, 70, 0), fov=75.0),
+        dict(rotation=(-20, -30, 25), fov=60.0),
+        dict(rotation=(-60, 10, -15), ortho_width=3000.0),
+    ],
+)
 def test_project_inverts_rays(kwargs):
     c = cam(location=(50, -80, 900), src_hw=(90, 160), dst_hw=(45, 80), **kwargs)
     pix = np.random.default_rng(1).uniform(-0.5, 79.5, size=(40, 2)) * [1, 45 / 80]
@@ -122,14 +137,17 @@ def test_reversed_z_depth():
 def test_ground_points_looking_down():
     c = cam(location=(100, 200, 1000), rotation=(-90, 0, 0), fov=90.0)
     px = np.array([[49.5, 24.5], [-0.5, 24.5], [99.5, 24.5], [49.5, -0.5]])
-    np.testing.assert_allclose(ground_points(c, px, 0.0)[0], [[100, 200], [100, -800], [100, 1200], [600, 200]],
-                               atol=1e-9)
+    np.testing.assert_allclose(
+        ground_points(c, px, 0.0)[0], [[100, 200], [100, -800], [100, 1200], [600, 200]], atol=1e-9
+    )
     # plane higher up -> half the distance
-    np.testing.assert_allclose(ground_points(c, px, 500.0)[0], [[100, 200], [100, -300], [100, 700], [350, 200]],
-                               atol=1e-9)
+    np.testing.assert_allclose(
+        ground_points(c, px, 500.0)[0], [[100, 200], [100, -300], [100, 700], [350, 200]], atol=1e-9
+    )
     o = cam(location=(100, 200, 1000), rotation=(-90, 0, 0), ortho_width=2000.0)
-    np.testing.assert_allclose(ground_points(o, px, -50.0)[0], [[100, 200], [100, -800], [100, 1200], [600, 200]],
-                               atol=1e-9)
+    np.testing.assert_allclose(
+        ground_points(o, px, -50.0)[0], [[100, 200], [100, -800], [100, 1200], [600, 200]], atol=1e-9
+    )
 
 
 def test_ground_points_oblique():
@@ -147,7 +165,9 @@ def test_rays_above_horizon_are_nan():
     # pitch 30 > vertical half fov atan(0.5) = 26.6: every ray goes up
     assert np.all(np.isnan(ground_points(cam(location=(0, 0, 1000), rotation=(30, 0, 0)), pixel_grid((50, 100)), 0.0)))
     # a plane above a camera looking down; a horizontal orthographic camera (rays parallel to the plane)
-    assert np.all(np.isnan(ground_points(cam(location=(0, 0, 1000), rotation=(-90, 0, 0)), pixel_grid((50, 100)), 2000.0)))
+    assert np.all(
+        np.isnan(ground_points(cam(location=(0, 0, 1000), rotation=(-90, 0, 0)), pixel_grid((50, 100)), 2000.0))
+    )
     o = cam(location=(0, 0, 1000), rotation=(0, 0, 0), ortho_width=500.0)
     assert np.all(np.isnan(ground_points(o, pixel_grid((50, 100)), 0.0)))
 
@@ -177,8 +197,12 @@ def test_meta_roundtrip_and_indexing():
     both = Cameras.from_meta(meta)
     assert len(both) == 2 and both.src_hw == (100, 200) and both.dst_hw == (50, 100)
     assert both.to_meta() == meta["cameras"]
-    assert meta["cameras"][1] == {"location": [4.0, 5.0, 6.0], "rotation": [-80.0, 0.0, 0.0],
-                                  "projection": "orthographic", "ortho_width": 1234.0}
+    assert meta["cameras"][1] == {
+        "location": [4.0, 5.0, 6.0],
+        "rotation": [-80.0, 0.0, 0.0],
+        "projection": "orthographic",
+        "ortho_width": 1234.0,
+    }
     np.testing.assert_allclose(both[1].rays(np.array([[3, 4]]))[0], o.rays(np.array([[3, 4]]))[0])
     assert len(both[0]) == 1 and not both[0].orthographic[0]
 

@@ -1,5 +1,6 @@
 """`loggers:` in yaml: Composer's TensorBoard, W&B (offline, for real) and MLflow (a local file store, for real)
 loggers receive the same train/ and val/ keys, and a relaunch continues the same W&B and MLflow run."""
+
 from __future__ import annotations
 
 import os
@@ -18,11 +19,14 @@ TINY = ROOT / "yamls" / "tiny_cpu.yaml"
 ALL = "loggers={tensorboard: {}, wandb: {project: gcc-test}, mlflow: {experiment_name: gcc-test}}"
 
 
-@pytest.mark.parametrize("override, match", [
-    ("loggers={neptune: {}}", "loggers.neptune: unknown logger"),
-    ("loggers={wandb: {projekt: x}}", r"loggers.wandb.projekt: not an option of Composer's WandBLogger"),
-    ("loggers={mlflow: 3}", "loggers.mlflow: expected a mapping"),
-])
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("loggers={neptune: {}}", "loggers.neptune: unknown logger"),
+        ("loggers={wandb: {projekt: x}}", r"loggers.wandb.projekt: not an option of Composer's WandBLogger"),
+        ("loggers={mlflow: 3}", "loggers.mlflow: expected a mapping"),
+    ],
+)
 def test_bad_logger_config_names_the_key(override, match):
     with pytest.raises(ConfigError, match=match):
         load_config(TINY, [override])
@@ -43,11 +47,11 @@ def _wandb_history(run_dir: Path) -> list[tuple[int, set[str]]]:
         data, pos, buf = f.read_bytes(), 7, b""
         while pos + 7 <= len(data):
             left = 32768 - pos % 32768
-            _, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
+            _, n, kind = struct.unpack("<IHB", data[pos : pos + 7])
             if left < 7 or (n == 0 and kind == 0):  # block padding
                 pos += left
                 continue
-            buf, pos = buf + data[pos + 7:pos + 7 + n], pos + 7 + n
+            buf, pos = buf + data[pos + 7 : pos + 7 + n], pos + 7 + n
             if kind in (1, 4):  # FULL or LAST chunk: a whole record
                 rec = pb2.Record()
                 rec.ParseFromString(buf)
@@ -62,8 +66,9 @@ def _ours(keys) -> set[str]:
 
 
 @pytest.mark.slow
-def test_tensorboard_wandb_and_mlflow_get_the_same_keys_and_a_relaunch_continues_their_runs(tmp_path, monkeypatch,
-                                                                                             e2e_shards):
+def test_tensorboard_wandb_and_mlflow_get_the_same_keys_and_a_relaunch_continues_their_runs(
+    tmp_path, monkeypatch, e2e_shards
+):
     from mlflow import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -71,15 +76,37 @@ def test_tensorboard_wandb_and_mlflow_get_the_same_keys_and_a_relaunch_continues
     env = dict(os.environ, WANDB_MODE="offline", PYTHONPATH=str(ROOT))
     env.pop("MLFLOW_TRACKING_URI", None)
     for max_steps in (4, 6):
-        r = subprocess.run([sys.executable, str(ROOT / "gcc" / "train.py"), str(TINY), f"run_dir={run_dir}",
-                            f"data.path={e2e_shards}", f"max_steps={max_steps}", "global_batch=4", "micro_batch=2",
-                            "val_every=2", "val_n=2", "val_batch=2", "export_every=0", "checkpoint_every=2",
-                            "progress_bar=false", "data.num_workers=0", ALL],
-                           capture_output=True, text=True, env=env, timeout=600)
+        r = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "gcc" / "train.py"),
+                str(TINY),
+                f"run_dir={run_dir}",
+                f"data.path={e2e_shards}",
+                f"max_steps={max_steps}",
+                "global_batch=4",
+                "micro_batch=2",
+                "val_every=2",
+                "val_n=2",
+                "val_batch=2",
+                "export_every=0",
+                "checkpoint_every=2",
+                "progress_bar=false",
+                "data.num_workers=0",
+                ALL,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     expected = {f"train/{c}" for c in TRAIN_COLUMNS if c not in ("step", "time", "clips")} | {"train/sem_over_x"}
-    expected |= {f"val/{k}_{t}" for k in ("mse", "mse_uncond", "mse_nulltext", "gap_uncond", "gap_nulltext")
-                 for t in ("t201.3", "t500.6", "t799.7", "mean")}
+    expected |= {
+        f"val/{k}_{t}"
+        for k in ("mse", "mse_uncond", "mse_nulltext", "gap_uncond", "gap_nulltext")
+        for t in ("t201.3", "t500.6", "t799.7", "mean")
+    }
 
     events = sorted((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
     assert len(events) == 2  # one per launch
@@ -103,8 +130,9 @@ def test_tensorboard_wandb_and_mlflow_get_the_same_keys_and_a_relaunch_continues
     assert sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "train/loss")) == [1, 2, 3, 4, 5, 6]
     # the step-0 validation (the starting weights) reaches every logger, once: the relaunch resumed
     val_steps = sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "val/mse_mean"))
-    assert val_steps == sorted(tb_val_steps) == [step for step, keys in history if "val/mse_mean" in keys] == \
-        [0, 2, 4, 6]
+    assert (
+        val_steps == sorted(tb_val_steps) == [step for step, keys in history if "val/mse_mean" in keys] == [0, 2, 4, 6]
+    )
 
     assert _ours(tb) == _ours(wb) == _ours(ml) == expected
     assert not list(run_dir.glob("mlruns/**/artifacts/*.json"))  # the CSV rows stay out of MLflow (no tables)

@@ -1,4 +1,5 @@
 """The world-anchored UNKNOWN mask (docs/design.md §6) and the per-sample draws (docs/design.md §5). CPU only, < 1 min."""
+
 from __future__ import annotations
 
 import math
@@ -6,8 +7,16 @@ import math
 import numpy as np
 import pytest
 
-from gcc.data.mask import (STATS, MaskParams, apply_unknown_mask, cell_pixels, mask_ground_z, static_cell_counts,
-                           unknown_cells, weighted_quantile)
+from gcc.data.mask import (
+    STATS,
+    MaskParams,
+    apply_unknown_mask,
+    cell_pixels,
+    mask_ground_z,
+    static_cell_counts,
+    unknown_cells,
+    weighted_quantile,
+)
 from gcc.data.sample_rng import SampleDraw, draw_sample, sample_rng
 from gcc.geometry import Cameras, ground_points
 from gcc.vocab import STATIC_MAX, UNKNOWN
@@ -24,8 +33,19 @@ CHARS = np.arange(10, 22, dtype=np.uint8)
 
 
 # ---- helpers -------------------------------------------------------------------------------------------
-def cameras(n, hw, *, ortho, loc0=(0.0, 0.0, 600.0), vel=(8.0, 3.0, 0.0), rot=(-60.0, 30.0, 0.0),
-            rot_vel=(0.0, 0.0, 0.0), fov=70.0, ortho_width=1000.0, src_hw=None):
+def cameras(
+    n,
+    hw,
+    *,
+    ortho,
+    loc0=(0.0, 0.0, 600.0),
+    vel=(8.0, 3.0, 0.0),
+    rot=(-60.0, 30.0, 0.0),
+    rot_vel=(0.0, 0.0, 0.0),
+    fov=70.0,
+    ortho_width=1000.0,
+    src_hw=None,
+):
     """UE cameras translating (and optionally turning) linearly over the clip."""
     t = np.arange(n, dtype=np.float64)[:, None]
     loc = np.asarray(loc0, dtype=np.float64) + t * np.asarray(vel, dtype=np.float64)
@@ -44,7 +64,7 @@ def layout(rng, n, hw, *, char_frac=0.1, unknown_frac=0.03):
     ids[(noise >= char_frac) & (noise < char_frac + unknown_frac)] = UNKNOWN
     for f in range(n):  # a character blob that moves
         v0, u0 = rng.integers(0, h // 2), rng.integers(0, w // 2)
-        ids[f, v0:v0 + h // 4, u0:u0 + w // 6] = rng.choice(CHARS)
+        ids[f, v0 : v0 + h // 4, u0 : u0 + w // 6] = rng.choice(CHARS)
     return ids.astype(np.uint8)
 
 
@@ -55,9 +75,17 @@ def random_case(seed):
     hw = (int(rng.choice([16, 24, 32])), int(rng.choice([32, 48])))
     ortho = bool(rng.random() < 0.5)
     pitch = rng.uniform(-90, -50) if ortho else rng.uniform(-80, -5)  # shallow perspective shows sky
-    cams = cameras(n, hw, ortho=ortho, loc0=(rng.uniform(-1e3, 1e3), rng.uniform(-1e3, 1e3), rng.uniform(100, 1200)),
-                   vel=rng.uniform(-60, 60, 3), rot=(pitch, rng.uniform(0, 360), rng.uniform(-20, 20)),
-                   rot_vel=rng.uniform(-2, 2, 3), fov=rng.uniform(40, 110), ortho_width=rng.uniform(300, 3000))
+    cams = cameras(
+        n,
+        hw,
+        ortho=ortho,
+        loc0=(rng.uniform(-1e3, 1e3), rng.uniform(-1e3, 1e3), rng.uniform(100, 1200)),
+        vel=rng.uniform(-60, 60, 3),
+        rot=(pitch, rng.uniform(0, 360), rng.uniform(-20, 20)),
+        rot_vel=rng.uniform(-2, 2, 3),
+        fov=rng.uniform(40, 110),
+        ortho_width=rng.uniform(300, 3000),
+    )
     ids = layout(rng, n, hw, char_frac=rng.uniform(0, 0.3))
     gz = np.full(n, rng.uniform(-100, 100))
     r = rng.random()
@@ -104,8 +132,16 @@ def test_fast_equals_reference_on_exact_world_ties():
     cell_cm = 4 * 960.0 / hw[1]  # ortho width 960 cm over 48 px: 80 cm per cell
     for seed, theta in enumerate([0.0, math.pi / 2, math.pi, 0.3, 1.9, 4.4]):
         rng = np.random.default_rng(100 + seed)
-        cams = cameras(n, hw, ortho=True, loc0=(0.0, 0.0, 500.0), vel=(cell_cm, 0.0, 0.0), rot=(-90.0, 0.0, 0.0),
-                       ortho_width=960.0, src_hw=hw)
+        cams = cameras(
+            n,
+            hw,
+            ortho=True,
+            loc0=(0.0, 0.0, 500.0),
+            vel=(cell_cm, 0.0, 0.0),
+            rot=(-90.0, 0.0, 0.0),
+            ortho_width=960.0,
+            src_hw=hw,
+        )
         ids = layout(rng, n, hw, char_frac=0.05)
         params = MaskParams((theta,), (float(rng.uniform(0.05, 0.4)),))
         for cal in ("frame0", "cap"):
@@ -150,8 +186,16 @@ def test_cap_bracketed_quantiles_equal_reference(ortho):
     """`cap` on a clip big enough for the bracketed quantile path (coarse estimate, exact counts, sort of
     the bracket only): still equal to the reference, and the path is really taken."""
     n, hw = 10, (64, 128)
-    cams = cameras(n, hw, ortho=ortho, loc0=(0.0, 0.0, 500.0), vel=(40.0, 10.0, 0.0), rot=(-70.0, 5.0, 0.0),
-                   ortho_width=1000.0, fov=70.0)
+    cams = cameras(
+        n,
+        hw,
+        ortho=ortho,
+        loc0=(0.0, 0.0, 500.0),
+        vel=(40.0, 10.0, 0.0),
+        rot=(-70.0, 5.0, 0.0),
+        ortho_width=1000.0,
+        fov=70.0,
+    )
     rng = np.random.default_rng(31 + ortho)
     ids = layout(rng, n, hw)
     params = MaskParams((0.1, 5.8), (0.3, 0.2))
@@ -185,7 +229,7 @@ def test_single_pixel_ground_points_equal_batched():
         pix = cell_pixels((32, 48))
         batch = ground_points(cams, pix, 12.5)
         for f, p in zip(rng.integers(0, 3, 30), rng.integers(0, len(pix), 30)):
-            one = ground_points(cams[int(f)], pix[p:p + 1], 12.5)[0, 0]
+            one = ground_points(cams[int(f)], pix[p : p + 1], 12.5)[0, 0]
             assert np.array_equal(one, batch[f, p], equal_nan=True)
 
 
@@ -195,11 +239,13 @@ def test_world_anchored_half_planes(ortho):
     """At static pixels, mask == the world half-plane test for ground points > 60 cm from every boundary."""
     n, hw = 21, (96, 160)
     if ortho:  # 5 cm per pixel, 20 cm cells
-        cams = cameras(n, hw, ortho=True, loc0=(0.0, 0.0, 800.0), vel=(9.0, 4.0, 0.0), rot=(-75.0, 20.0, 0.0),
-                       ortho_width=800.0)
+        cams = cameras(
+            n, hw, ortho=True, loc0=(0.0, 0.0, 800.0), vel=(9.0, 4.0, 0.0), rot=(-75.0, 20.0, 0.0), ortho_width=800.0
+        )
     else:  # reversed-Z perspective, steep enough that a cell's footprint stays < 30 cm
-        cams = cameras(n, hw, ortho=False, loc0=(0.0, 0.0, 400.0), vel=(7.0, -3.0, 0.0), rot=(-65.0, 10.0, 0.0),
-                       fov=60.0)
+        cams = cameras(
+            n, hw, ortho=False, loc0=(0.0, 0.0, 400.0), vel=(7.0, -3.0, 0.0), rot=(-65.0, 10.0, 0.0), fov=60.0
+        )
     rng = np.random.default_rng(7 + ortho)
     ids = layout(rng, n, hw, char_frac=0.05)
     gz = np.full(n, 15.0)
@@ -325,8 +371,16 @@ def test_cap_bounds_every_frame(ortho):
     quantile leaves at most that share beyond τ_f; no NaN here, so no extra tolerance); frames where
     `frame0` stays within the cap are identical; `frame0` does exceed it somewhere (the cap acts)."""
     n, hw = 25, (64, 96)
-    cams = cameras(n, hw, ortho=ortho, loc0=(0.0, 0.0, 500.0), vel=(25.0, 0.0, 0.0), rot=(-80.0, 0.0, 0.0),
-                   ortho_width=900.0, fov=70.0)
+    cams = cameras(
+        n,
+        hw,
+        ortho=ortho,
+        loc0=(0.0, 0.0, 500.0),
+        vel=(25.0, 0.0, 0.0),
+        rot=(-80.0, 0.0, 0.0),
+        ortho_width=900.0,
+        fov=70.0,
+    )
     rng = np.random.default_rng(21 + ortho)
     ids = layout(rng, n, hw)
     gz = np.zeros(n)

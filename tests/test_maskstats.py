@@ -1,5 +1,6 @@
 """`python -m gcc.tools.maskstats`: the frame0-vs-cap coverage table, its JSON, hand-checked numbers, the cap bound
 and the PNG contact sheet."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,24 @@ def stats(prepared_tiny, tmp_path_factory):
     out = root / "shards"
     C.convert(prepared_tiny, str(out), chunk_clips=8, progress=False)
     js, png = root / "stats.json", root / "sheet.png"
-    rc = MS.main(["--data", str(out), "--split", "train", "--n", str(N), "--seed", "3",
-                  "--max_frame_coverage", str(CAP), "--json", str(js), "--preview", str(png)])
+    rc = MS.main(
+        [
+            "--data",
+            str(out),
+            "--split",
+            "train",
+            "--n",
+            str(N),
+            "--seed",
+            "3",
+            "--max_frame_coverage",
+            str(CAP),
+            "--json",
+            str(js),
+            "--preview",
+            str(png),
+        ]
+    )
     assert rc == 0
     return {"src": prepared_tiny, "out": out, "json": json.loads(js.read_text()), "png": png, "root": root}
 
@@ -73,8 +90,7 @@ def _hand(src, clip_id, seed, sample_id, calibration):
     ids = np.load(src / "sem" / f"{clip_id}.npz")["ids"]
     meta = json.loads((src / "meta" / f"{clip_id}.json").read_text())
     rng_draw = draw_sample(seed, 0, sample_id, 0.0, 0.0, 1.0)
-    out, frac = apply_unknown_mask(ids, Cameras.from_meta(meta), meta["ground_z"], rng_draw.mask, calibration,
-                                   CAP)
+    out, frac = apply_unknown_mask(ids, Cameras.from_meta(meta), meta["ground_z"], rng_draw.mask, calibration, CAP)
     per_frame = []
     for f in range(ids.shape[0]):
         static = ids[f] <= 6
@@ -106,9 +122,15 @@ def test_mask_params_are_the_loaders(stats):
     """Forced on, the loader itself (mask p=1) masks the same pixel fraction with the same draw."""
     res = stats["json"]
     for cal in ("frame0", "cap"):
-        ds = GcStreamingDataset(str(stats["out"]), "train", stats["root"] / "cache" / uuid.uuid4().hex,
-                                batch_size=1, seed=3, shuffle=False,
-                                dropouts=Dropouts(0.0, 0.0, 1.0, calibration=cal, max_frame_coverage=CAP))
+        ds = GcStreamingDataset(
+            str(stats["out"]),
+            "train",
+            stats["root"] / "cache" / uuid.uuid4().hex,
+            batch_size=1,
+            seed=3,
+            shuffle=False,
+            dropouts=Dropouts(0.0, 0.0, 1.0, calibration=cal, max_frame_coverage=CAP),
+        )
         for i in (0, 1, 3):
             rec = ClipRecord.from_sample(StreamingDataset.get_item(ds, i))
             s = ds.make_sample(rec, i, 0)

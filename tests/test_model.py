@@ -1,5 +1,6 @@
 """GcDiT: forward/backward, the cond's token footprint, separated timestep, framewise text, hooks, presets, base
 weights (docs/design.md §7)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,8 +14,13 @@ from gcc.vocab import CHANNEL_LUT, UNKNOWN, num_classes
 
 
 def _inputs(batch):
-    return (batch["input_latents"].float(), torch.tensor([500.0, 200.0][: batch["context"].shape[0]]),
-            batch["context"].float(), batch["context_ids"], batch["sem_ids"])
+    return (
+        batch["input_latents"].float(),
+        torch.tensor([500.0, 200.0][: batch["context"].shape[0]]),
+        batch["context"].float(),
+        batch["context_ids"],
+        batch["sem_ids"],
+    )
 
 
 def test_tiny_forward_backward():
@@ -39,7 +45,7 @@ def _fractions_reference(sem: np.ndarray, vocab: str) -> np.ndarray:
             frames = [0] if k == 0 else list(range(4 * k - 3, 4 * k + 1))
             for i in range(H // 32):
                 for j in range(W // 32):
-                    cell = sem[b, frames, 32 * i:32 * i + 32, 32 * j:32 * j + 32].ravel()
+                    cell = sem[b, frames, 32 * i : 32 * i + 32, 32 * j : 32 * j + 32].ravel()
                     ch = CHANNEL_LUT[vocab][cell]
                     out[b, k, i, j] = np.bincount(ch, minlength=V) / cell.size
     return out.reshape(B, -1, V)
@@ -75,7 +81,10 @@ def test_separated_timestep_frame0_at_zero():
     x, ts, ctx, ids, sem = _inputs(b)
     with torch.no_grad():
         dit.gc_forward(x, ts, ctx, ids, sem)
-        emb = lambda v: dit.time_embedding(sinusoidal_embedding_1d(dit.freq_dim, torch.tensor([float(v)])))[0]
+
+        def emb(v):
+            return dit.time_embedding(sinusoidal_embedding_1d(dit.freq_dim, torch.tensor([float(v)])))[0]
+
         n = (x.shape[3] // 2) * (x.shape[4] // 2)
         t = seen["t"]
         for i, tv in enumerate(ts.tolist()):
@@ -193,8 +202,17 @@ def test_ti2v_5b_on_meta_has_831_keys_and_5b_params():
     n = count_params(dit)
     assert 4.95e9 < n < 5.05e9
     cfg = dit.config
-    assert (cfg.dim, cfg.ffn_dim, cfg.num_heads, cfg.num_layers, cfg.in_dim, cfg.out_dim, tuple(cfg.patch_size),
-            cfg.text_dim, cfg.freq_dim) == (3072, 14336, 24, 30, 48, 48, (1, 2, 2), 4096, 256)
+    assert (
+        cfg.dim,
+        cfg.ffn_dim,
+        cfg.num_heads,
+        cfg.num_layers,
+        cfg.in_dim,
+        cfg.out_dim,
+        tuple(cfg.patch_size),
+        cfg.text_dim,
+        cfg.freq_dim,
+    ) == (3072, 14336, 24, 30, 48, 48, (1, 2, 2), 4096, 256)
     assert dit.seperated_timestep and dit.fuse_vae_embedding_in_latents
     assert not dit.require_vae_embedding and not dit.require_clip_embedding
     assert dit.gc_sem_cond.proj_in.in_features == num_classes("parts")
@@ -225,4 +243,3 @@ def test_load_base_weights_errors(tmp_path):
         load_wan_base(tiny_dit(), other)
     with pytest.raises(FileNotFoundError, match="index"):
         load_wan_base(tiny_dit(), tmp_path / "nothing")
-

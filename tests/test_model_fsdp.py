@@ -9,6 +9,7 @@
   (logged as `grad_norm`) is the norm before clipping; a norm under `max_norm` leaves every gradient untouched;
 * the time embedding receives the sinusoid of the exact float32 timestep under a bf16 param dtype.
 """
+
 from __future__ import annotations
 
 import json
@@ -162,11 +163,23 @@ def test_fsdp2_two_ranks_match_one_process(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(HERE.parent), str(HERE)]))
-    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(tmp_path), str(tmp_path)],
-                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT) for r in range(2)]
+    env = dict(
+        os.environ,
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(HERE.parent), str(HERE)]),
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK_SCRIPT, str(tmp_path), str(tmp_path)],
+            env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for r in range(2)
+    ]
     outs = [p.communicate(timeout=600)[0].decode()[-4000:] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     from safetensors import safe_open
@@ -189,7 +202,9 @@ def test_fsdp2_two_ranks_match_one_process(tmp_path):
             assert c["after"] == pytest.approx(c["norm"] / 2, rel=1e-5) and c["same_direction"], kind
         assert res["gloo_sums"], "gloo's reduce-scatter no longer sums: drop gcc.model.fsdp.mean_gradients_on_gloo"
         assert res["t_dtype"] == "torch.bfloat16" and res["t_exact"] and res["t_rounded_differs"]
-    with safe_open(str(tmp_path / "sharded.safetensors"), "pt") as a, \
-            safe_open(str(tmp_path / "plain.safetensors"), "pt") as b:
+    with (
+        safe_open(str(tmp_path / "sharded.safetensors"), "pt") as a,
+        safe_open(str(tmp_path / "plain.safetensors"), "pt") as b,
+    ):
         assert set(a.keys()) == set(b.keys())
         assert all(a.get_tensor(k).equal(b.get_tensor(k)) for k in a.keys())

@@ -1,4 +1,5 @@
 """The ComposerModel objective, validation variants, param groups and warmup (docs/design.md §7, §9.8)."""
+
 from __future__ import annotations
 
 import pytest
@@ -29,8 +30,13 @@ def test_loss_equals_hand_computation():
         x_t = (1 - sigma) * x0[i] + sigma * eps
         x_t[:, 0] = x0[i, :, 0]  # clean first frame
         with torch.no_grad():
-            pred = model.dit.gc_forward(x_t[None], t[None], b["context"][i:i + 1].float(),
-                                        b["context_ids"][i:i + 1], b["sem_ids"][i:i + 1])[0]
+            pred = model.dit.gc_forward(
+                x_t[None],
+                t[None],
+                b["context"][i : i + 1].float(),
+                b["context_ids"][i : i + 1],
+                b["sem_ids"][i : i + 1],
+            )[0]
         target = eps - x0[i]
         mse = (pred[:, 1:] - target[:, 1:]).pow(2).mean()
         expect.append(mse * sched.linear_timesteps_weights[tid])
@@ -57,7 +63,7 @@ def test_noise_and_tid_are_pure_functions_of_seed_sample_epoch():
     tid2, eps2 = train_draw(7, 123, 2, shape)
     assert tid == tid2 and torch.equal(eps, eps2)
     for other in [(8, 123, 2), (7, 124, 2), (7, 123, 3)]:
-        t3, e3 = train_draw(*other, shape)
+        _t3, e3 = train_draw(*other, shape)
         assert not torch.equal(e3, eps)
     tids = {train_draw(7, s, 0, (1,))[0] for s in range(200)}
     assert min(tids) >= 0 and max(tids) <= 999 and len(tids) > 150
@@ -69,7 +75,7 @@ def test_training_draws_do_not_depend_on_batch_composition_or_rng():
     b = make_batch(B=2, sample_ids=[10, 11], epochs=[1, 1], seed=4)
     out2 = model(b)
     torch.manual_seed(12345)
-    single = {k: (v[1:] if torch.is_tensor(v) else v[1:]) for k, v in b.items()}
+    single = {k: v[1:] for k, v in b.items()}
     out1 = model(single)
     assert out2["tid"][1] == out1["tid"][0]
     torch.testing.assert_close(out2["target"][1:], out1["target"])
@@ -110,7 +116,7 @@ class _Batches(Dataset):
         return len(self.items)
 
     def __getitem__(self, i):
-        return {k: (v[0] if torch.is_tensor(v) else v[0]) for k, v in self.items[i].items()}
+        return {k: v[0] for k, v in self.items[i].items()}
 
 
 def test_warmup_lr_applied_by_a_real_composer_trainer(tmp_path, monkeypatch):
@@ -122,10 +128,21 @@ def test_warmup_lr_applied_by_a_real_composer_trainer(tmp_path, monkeypatch):
     opt = build_optimizer(model, lr=lr, cond_lr=cond_lr)
     applied = []  # the lr of each group when an update was actually taken
     opt.register_step_post_hook(lambda o, args, kwargs: applied.append([g["lr"] for g in o.param_groups]))
-    trainer = Trainer(model=model, train_dataloader=DataLoader(_Batches(6), batch_size=2),
-                      eval_dataloader=DataLoader(_Batches(3), batch_size=2), eval_interval="3ba",
-                      max_duration="3ba", optimizers=opt, **trainer_schedule_kwargs(opt, warmup), device="cpu", progress_bar=False, log_to_console=False,
-                      loggers=[], save_folder=None, run_name="warmup_test")
+    trainer = Trainer(
+        model=model,
+        train_dataloader=DataLoader(_Batches(6), batch_size=2),
+        eval_dataloader=DataLoader(_Batches(3), batch_size=2),
+        eval_interval="3ba",
+        max_duration="3ba",
+        optimizers=opt,
+        **trainer_schedule_kwargs(opt, warmup),
+        device="cpu",
+        progress_bar=False,
+        log_to_console=False,
+        loggers=[],
+        save_folder=None,
+        run_name="warmup_test",
+    )
     trainer.fit()
     expect = [[lr * s / warmup, cond_lr * s / warmup] for s in (1, 2, 3)]
     assert len(applied) == 3
@@ -152,12 +169,23 @@ def test_micro_batches_are_not_deep_copied(tmp_path, monkeypatch):
     assert model.get_metrics(is_train=True) == {}  # nothing would ever read the copy
     copies = []
     real = composer_trainer.deepcopy
-    monkeypatch.setattr(composer_trainer, "deepcopy", lambda x, *a: copies.append((type(x), (y := real(x, *a)) is x)) or y)
+    monkeypatch.setattr(
+        composer_trainer, "deepcopy", lambda x, *a: copies.append((type(x), (y := real(x, *a)) is x)) or y
+    )
     opt = build_optimizer(model, lr=1e-3, cond_lr=1e-3)
-    trainer = Trainer(model=model, train_dataloader=DataSpec(DataLoader(_Batches(4), batch_size=4),
-                                                             microbatch_transforms=MicroBatch),
-                      device_train_microbatch_size=2, max_duration="1ba", optimizers=opt, device="cpu",
-                      progress_bar=False, log_to_console=False, loggers=[], save_folder=None, run_name="copy_test")
+    trainer = Trainer(
+        model=model,
+        train_dataloader=DataSpec(DataLoader(_Batches(4), batch_size=4), microbatch_transforms=MicroBatch),
+        device_train_microbatch_size=2,
+        max_duration="1ba",
+        optimizers=opt,
+        device="cpu",
+        progress_bar=False,
+        log_to_console=False,
+        loggers=[],
+        save_folder=None,
+        run_name="copy_test",
+    )
     trainer.fit()
     trainer.close()
     assert [c for c in copies if c[0] is MicroBatch] == [(MicroBatch, True)] * 2  # two micro-batches, same objects
@@ -173,10 +201,18 @@ def test_tensorboard_one_event_file_per_launch(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     model = _model()
     opt = build_optimizer(model, lr=1e-3, cond_lr=1e-3)
-    trainer = Trainer(model=model, train_dataloader=DataLoader(_Batches(4), batch_size=2), max_duration="4ba",
-                      optimizers=opt, device="cpu", progress_bar=False, log_to_console=False, save_folder=None,
-                      loggers=[LocalTensorboardLogger(log_dir=str(tmp_path / "tb"), flush_interval=1)],
-                      run_name="tb_test")  # 2 batches per epoch: flushes at every step and epoch end
+    trainer = Trainer(
+        model=model,
+        train_dataloader=DataLoader(_Batches(4), batch_size=2),
+        max_duration="4ba",
+        optimizers=opt,
+        device="cpu",
+        progress_bar=False,
+        log_to_console=False,
+        save_folder=None,
+        loggers=[LocalTensorboardLogger(log_dir=str(tmp_path / "tb"), flush_interval=1)],
+        run_name="tb_test",
+    )  # 2 batches per epoch: flushes at every step and epoch end
     trainer.fit()
     trainer.close()
     files = list((tmp_path / "tb" / "tb_test").glob("events.out.tfevents.*"))
@@ -199,11 +235,16 @@ def test_tensorboard_writes_one_event_per_log_call_with_every_number(tmp_path):
     tb.log_metrics({"a": 1.5, "b": torch.tensor(2.25), "c": "text", "d": torch.ones(2)}, step=3)
     tb.log_metrics({"a": 0.5}, step=4)
     tb.close(None, None)
-    events = [Event.FromString(r) for f in (tmp_path / "run").glob("events.out.tfevents.*")
-              for r in RawEventFileLoader(str(f)).Load()]
+    events = [
+        Event.FromString(r)
+        for f in (tmp_path / "run").glob("events.out.tfevents.*")
+        for r in RawEventFileLoader(str(f)).Load()
+    ]
     events = [e for e in events if e.HasField("summary")]
     assert [(e.step, {v.tag: v.simple_value for v in e.summary.value}) for e in events] == [
-        (3, {"a": 1.5, "b": 2.25}), (4, {"a": 0.5})]
+        (3, {"a": 1.5, "b": 2.25}),
+        (4, {"a": 0.5}),
+    ]
 
 
 def _engine_calls(tmp_path, lean: bool) -> tuple[list, dict]:
@@ -235,18 +276,28 @@ def _engine_calls(tmp_path, lean: bool) -> tuple[list, dict]:
     instance = Callback()  # an instance attribute, not a method of its class
     instance.fit_end = lambda state, logger: calls.append(("fit_end", "instance"))
     model = _model()
-    trainer = Trainer(model=model, train_dataloader=DataLoader(_Batches(4), batch_size=4),
-                      device_train_microbatch_size=2, max_duration="2ba", device="cpu",
-                      optimizers=build_optimizer(model, lr=1e-3, cond_lr=1e-3), progress_bar=False,
-                      log_to_console=False, loggers=[Log()], callbacks=[Methods(), Everything(), instance],
-                      save_folder=None, run_name="engine_test")
+    trainer = Trainer(
+        model=model,
+        train_dataloader=DataLoader(_Batches(4), batch_size=4),
+        device_train_microbatch_size=2,
+        max_duration="2ba",
+        device="cpu",
+        optimizers=build_optimizer(model, lr=1e-3, cond_lr=1e-3),
+        progress_bar=False,
+        log_to_console=False,
+        loggers=[Log()],
+        callbacks=[Methods(), Everything(), instance],
+        save_folder=None,
+        run_name="engine_test",
+    )
     if lean:
         use_lean_engine(trainer)
     trainer.fit()
     visited = {}
     if lean:
-        visited = {e: [type(c).__name__ for c in trainer.engine._handlers(e)]
-                   for e in (Event.BEFORE_FORWARD, Event.BATCH_END)}
+        visited = {
+            e: [type(c).__name__ for c in trainer.engine._handlers(e)] for e in (Event.BEFORE_FORWARD, Event.BATCH_END)
+        }
     trainer.close()
     return calls, visited
 
@@ -273,8 +324,10 @@ def test_the_nvml_check_deepspeed_sets_is_undone_unless_the_user_set_it():
     import subprocess
     import sys
 
-    probe = ("import os, sys; import gcc.model.diffsynth_parts; "
-             "print('deepspeed' in sys.modules, os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK'))")
+    probe = (
+        "import os, sys; import gcc.model.diffsynth_parts; "
+        "print('deepspeed' in sys.modules, os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK'))"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
     for user, want in ((None, "True None"), ("1", "True 1")):
         e = env if user is None else dict(env, PYTORCH_NVML_BASED_CUDA_CHECK=user)
@@ -325,10 +378,12 @@ def test_val_variants_share_noise_and_differ_as_expected():
             eps = val_noise(0, b["clip_id"][i], tid, x0.shape[1:])
             x_t = (1 - sched.sigmas[tid]) * x0[i] + sched.sigmas[tid] * eps
             x_t[:, 0] = x0[i, :, 0]
-            for name, ctx, ids in (("mse", b["context"][i:i + 1].float(), b["context_ids"][i:i + 1]),
-                                   ("mse_nulltext", null_ctx, null_ids)):
+            for name, ctx, ids in (
+                ("mse", b["context"][i : i + 1].float(), b["context_ids"][i : i + 1]),
+                ("mse_nulltext", null_ctx, null_ids),
+            ):
                 with torch.no_grad():
-                    pred = model.dit.gc_forward(x_t[None], torch.tensor([t]), ctx, ids, b["sem_ids"][i:i + 1])[0]
+                    pred = model.dit.gc_forward(x_t[None], torch.tensor([t]), ctx, ids, b["sem_ids"][i : i + 1])[0]
                 hand[name][j, i] = (pred[:, 1:] - (eps - x0[i])[:, 1:]).pow(2).mean()
     torch.testing.assert_close(out2["mse"], hand["mse"], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out2["mse_nulltext"], hand["mse_nulltext"], rtol=1e-5, atol=1e-6)
@@ -346,11 +401,15 @@ def test_val_variants_share_noise_and_differ_as_expected():
 
 def test_val_metric_rows():
     m = GcValMSE([201.3, 500.6])
-    m.update(torch.tensor([[1.0, 3.0], [2.0, 2.0]]), torch.tensor([[2.0, 4.0], [2.0, 2.0]]),
-             torch.tensor([[1.5, 3.5], [1.0, 1.0]]))
+    m.update(
+        torch.tensor([[1.0, 3.0], [2.0, 2.0]]),
+        torch.tensor([[2.0, 4.0], [2.0, 2.0]]),
+        torch.tensor([[1.5, 3.5], [1.0, 1.0]]),
+    )
     m.update(torch.tensor([[5.0], [2.0]]), torch.tensor([[5.0], [2.0]]), torch.tensor([[5.0], [2.0]]))
     rows = m.rows()
-    assert rows[0] == pytest.approx(dict(timestep=201.3, mse=3.0, mse_uncond=11 / 3, mse_nulltext=10 / 3,
-                                         gap_uncond=2 / 3, gap_nulltext=1 / 3, n=3))
+    assert rows[0] == pytest.approx(
+        dict(timestep=201.3, mse=3.0, mse_uncond=11 / 3, mse_nulltext=10 / 3, gap_uncond=2 / 3, gap_nulltext=1 / 3, n=3)
+    )
     assert rows[1]["gap_nulltext"] == pytest.approx(-2 / 3) and rows[1]["n"] == 3
     assert m.compute().item() == pytest.approx((3.0 + 2.0) / 2)

@@ -1,4 +1,5 @@
 """gcc-plot: a run folder's train_log.csv / val_log.csv as one PNG."""
+
 from __future__ import annotations
 
 import csv
@@ -8,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gcc.train.callbacks import TRAIN_COLUMNS, VAL_COLUMNS
 from gcc.tools import plot
+from gcc.train.callbacks import TRAIN_COLUMNS, VAL_COLUMNS
 
 
 def _write(path, columns, rows):
@@ -20,11 +21,32 @@ def _write(path, columns, rows):
 
 
 def _run_folder(tmp_path, steps=40, val_every=10):
-    train = [{"step": s, "loss": 2.0 / s + 0.1 * math.sin(s), "lr": min(1e-3, s * 1e-4), "cond_lr": 1e-2,
-              "grad_norm": 1.0 / s, "sem_rms": 0.01 * s, "x_rms": 0.5, "clips": "a;b"} for s in range(1, steps + 1)]
+    train = [
+        {
+            "step": s,
+            "loss": 2.0 / s + 0.1 * math.sin(s),
+            "lr": min(1e-3, s * 1e-4),
+            "cond_lr": 1e-2,
+            "grad_norm": 1.0 / s,
+            "sem_rms": 0.01 * s,
+            "x_rms": 0.5,
+            "clips": "a;b",
+        }
+        for s in range(1, steps + 1)
+    ]
     # from step 0 (val_at_start: the starting weights) every val_every steps
-    val = [{"step": s, "timestep": t, "mse": 1.0 / (s + 1) + t / 1e4, "gap_uncond": 0.001 * s,
-            "gap_nulltext": 0.0005 * s, "n": 4} for s in range(0, steps + 1, val_every) for t in (201.3, 500.6, 799.7)]
+    val = [
+        {
+            "step": s,
+            "timestep": t,
+            "mse": 1.0 / (s + 1) + t / 1e4,
+            "gap_uncond": 0.001 * s,
+            "gap_nulltext": 0.0005 * s,
+            "n": 4,
+        }
+        for s in range(0, steps + 1, val_every)
+        for t in (201.3, 500.6, 799.7)
+    ]
     _write(tmp_path / "train_log.csv", TRAIN_COLUMNS, train)
     _write(tmp_path / "val_log.csv", VAL_COLUMNS, val)
     return train, val
@@ -35,8 +57,10 @@ def _colored_panels(png) -> list[list[bool]]:
     img = np.asarray(Image.open(png).convert("RGB"), dtype=np.int16)
     assert img.shape == (680, 1600, 3)
     colored = (img.max(axis=2) - img.min(axis=2)) > 60
-    return [[bool(colored[r * 340:(r + 1) * 340, c * 400:(c + 1) * 400].mean() > 0.001) for c in range(4)]
-            for r in range(2)]
+    return [
+        [bool(colored[r * 340 : (r + 1) * 340, c * 400 : (c + 1) * 400].mean() > 0.001) for c in range(4)]
+        for r in range(2)
+    ]
 
 
 def test_plot_writes_one_png_with_every_panel(tmp_path, capsys):
@@ -78,6 +102,8 @@ def test_the_demos_validation_table_shows_step_0_beside_the_later_steps(tmp_path
     assert lines[2].endswith("(the starting weights)") and not lines[3].endswith("weights)")
     for step, line in zip(steps, lines[2:]):
         rs = [r for r in val if r["step"] == step]
-        want = [f"{sum(r[k] for r in rs) / len(rs):{f}}" for k, f in (("mse", ".4f"), ("gap_uncond", "+.4f"),
-                                                                       ("gap_nulltext", "+.4f"))]
+        want = [
+            f"{sum(r[k] for r in rs) / len(rs):{f}}"
+            for k, f in (("mse", ".4f"), ("gap_uncond", "+.4f"), ("gap_nulltext", "+.4f"))
+        ]
         assert line.split()[1:4] == want

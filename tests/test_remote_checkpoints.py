@@ -3,6 +3,7 @@ launcher on CPU. A run killed with SIGKILL resumes exactly on a "fresh machine" 
 remote checkpoints are left), rotation applies to the remote objects across restarts, exports are uploaded beside
 the checkpoints, a run folder of another run is refused, FSDP's sharded checkpoints travel the same way, and a
 launch that finds another launch owning its prefix stops with exit code 3 committing nothing."""
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,9 @@ def frozen_after_commit(run_dir, shards, step: int, *overrides):
         raise
 
 
-def test_sigkill_then_a_fresh_machine_resumes_exactly_from_remote_checkpoints(reference, e2e_shards, tmp_path,
-                                                                               s3_bucket):
+def test_sigkill_then_a_fresh_machine_resumes_exactly_from_remote_checkpoints(
+    reference, e2e_shards, tmp_path, s3_bucket
+):
     remote = f"{s3_bucket}/runs/a"
     store = CheckpointStore(remote)
     run_dir = tmp_path / "run"
@@ -85,8 +87,7 @@ def test_sigkill_then_a_fresh_machine_resumes_exactly_from_remote_checkpoints(re
     assert store.head() == owner
 
 
-def test_fsdp_sharded_checkpoints_resume_from_the_prefix_on_a_fresh_machine(reference, e2e_shards, tmp_path,
-                                                                             s3_bucket):
+def test_fsdp_sharded_checkpoints_resume_from_the_prefix_on_a_fresh_machine(reference, e2e_shards, tmp_path, s3_bucket):
     remote = f"{s3_bucket}/runs/fsdp"
     run_dir = tmp_path / "run"
     ok(launch(run_dir, e2e_shards, "parallelism=fsdp", f"checkpoint_dir={remote}", "max_steps=6"))
@@ -95,26 +96,43 @@ def test_fsdp_sharded_checkpoints_resume_from_the_prefix_on_a_fresh_machine(refe
     assert f"fetched ep1-ba6 from {remote}/checkpoints" in r.stdout, r.stdout[-3000:]
     store = CheckpointStore(remote)
     assert list(store.checkpoints()) == ["ep1-ba9", "ep2-ba12"]
-    assert sorted(store.checkpoints()["ep2-ba12"]) == ["ep2-ba12/.metadata", "ep2-ba12/__0_0.distcp",
-                                                       "ep2-ba12/__1_0.distcp"]
+    assert sorted(store.checkpoints()["ep2-ba12"]) == [
+        "ep2-ba12/.metadata",
+        "ep2-ba12/__0_0.distcp",
+        "ep2-ba12/__1_0.distcp",
+    ]
     # FSDP follows the DDP reference step for step (the same draws; numbers up to summation order)
     for g, w in zip(rows(run_dir), rows(reference)[6:]):
-        assert (g["step"], g["clips"], g["timestep"], g["text_drop"], g["cond_drop"]) == \
-            (w["step"], w["clips"], w["timestep"], w["text_drop"], w["cond_drop"])
+        assert (g["step"], g["clips"], g["timestep"], g["text_drop"], g["cond_drop"]) == (
+            w["step"],
+            w["clips"],
+            w["timestep"],
+            w["text_drop"],
+            w["cond_drop"],
+        )
         assert float(g["loss"]) == pytest.approx(float(w["loss"]), rel=1e-4)
 
 
 @pytest.mark.parametrize("next_upload", ["checkpoint", "export"])
-def test_a_launch_that_lost_its_prefix_uploads_nothing_more_and_stops_with_3(next_upload, e2e_shards, tmp_path,
-                                                                              s3_bucket):
+def test_a_launch_that_lost_its_prefix_uploads_nothing_more_and_stops_with_3(
+    next_upload, e2e_shards, tmp_path, s3_bucket
+):
     """The launch stops right after committing step 2; a second launch claims the prefix; the first continues. Its
     next upload (the checkpoint of step 4, or the export of step 4, which comes first) finds the prefix taken: it
     uploads nothing and stops on every rank with exit 3."""
     remote = f"{s3_bucket}/runs/guard"
     store = CheckpointStore(remote)
     run_dir = tmp_path / "run"
-    with frozen_after_commit(run_dir, e2e_shards, 2, f"checkpoint_dir={remote}", "checkpoint_every=2",
-                             "max_steps=40", "val_every=0", f"export_every={4 if next_upload == 'export' else 0}") as p:
+    with frozen_after_commit(
+        run_dir,
+        e2e_shards,
+        2,
+        f"checkpoint_dir={remote}",
+        "checkpoint_every=2",
+        "max_steps=40",
+        "val_every=0",
+        f"export_every={4 if next_upload == 'export' else 0}",
+    ) as p:
         before = storage.list_prefix(remote)
         second = CheckpointStore(remote).claim()  # what a second launch on the same prefix does first
         os.killpg(p.pid, signal.SIGCONT)
@@ -133,21 +151,39 @@ def two_nodes(run_dir, shards, *overrides) -> tuple[str, str]:
     run folders are node-local: node 1 runs in its own mount namespace with an empty tmpfs over `run_dir` (and over
     /dev/shm, and its own TMPDIR, as another machine has). Node 1 prints its checkpoints folder when it ends.
     Returns both outputs; both launchers must exit 0."""
+    from _launch import ROOT, cmd, env
     from s3server import _free_port
 
-    from _launch import ROOT, cmd, env
-
-    args = cmd(run_dir, shards, *overrides, n=1,
-               launcher=["--world_size", "2", "--master_addr", "127.0.0.1", "--master_port", str(_free_port())])
-    node0 = subprocess.Popen(args[:3] + ["--node_rank", "0"] + args[3:], env=env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    args = cmd(
+        run_dir,
+        shards,
+        *overrides,
+        n=1,
+        launcher=["--world_size", "2", "--master_addr", "127.0.0.1", "--master_port", str(_free_port())],
+    )
+    node0 = subprocess.Popen(
+        args[:3] + ["--node_rank", "0"] + args[3:],
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     tmp1 = tempfile.mkdtemp(prefix="gcc-node1-")  # short: the forkserver's socket path must fit AF_UNIX's limit
-    script = (f"mount -t tmpfs none {run_dir} && mount -t tmpfs none /dev/shm && "
-              f"{shlex.join(args[:3] + ['--node_rank', '1'] + args[3:])}; rc=$?; "
-              f"echo NODE1_CHECKPOINTS; (cd {run_dir}/checkpoints && find . -type f | sort); exit $rc")
-    node1 = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
-                             env=dict(env(), TMPDIR=tmp1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, start_new_session=True, cwd=ROOT)
+    script = (
+        f"mount -t tmpfs none {run_dir} && mount -t tmpfs none /dev/shm && "
+        f"{shlex.join(args[:3] + ['--node_rank', '1'] + args[3:])}; rc=$?; "
+        f"echo NODE1_CHECKPOINTS; (cd {run_dir}/checkpoints && find . -type f | sort); exit $rc"
+    )
+    node1 = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
+        env=dict(env(), TMPDIR=tmp1),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        cwd=ROOT,
+    )
     outs = []
     try:
         for p in (node1, node0):

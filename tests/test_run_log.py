@@ -1,5 +1,6 @@
 """`<run_dir>/train.log` (gcc/train/console.py): rank 0's console lines and every rank's own warnings and errors,
 appended per launch under a header line; lines meant for it alone; never opened through a link."""
+
 from __future__ import annotations
 
 import logging
@@ -88,8 +89,9 @@ def test_train_log_is_never_opened_through_a_link_or_as_anything_but_a_file(tmp_
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     target = run_dir / "train.log"
-    {"symlink": lambda: target.symlink_to(victim), "fifo": lambda: os.mkfifo(target),
-     "folder": lambda: target.mkdir()}[plant]()
+    {"symlink": lambda: target.symlink_to(victim), "fifo": lambda: os.mkfifo(target), "folder": lambda: target.mkdir()}[
+        plant
+    ]()
     with pytest.raises(Refusal, match=r"train\.log: (cannot be opened as the run's log|not a regular file)"):
         open_run_log(run_dir, 0, 1)  # a FIFO without a reader does not block it
     assert victim.read_text() == "someone's file"
@@ -101,9 +103,15 @@ def test_progress_lines_go_to_train_log_while_a_terminal_shows_the_bar(tmp_path,
     row = {"step": 1, "loss": 0.5, "lr": 1e-3, "grad_norm": 0.4, "data_time": 0.01, "sem_rms": 0.0}
     path = _as_rank(tmp_path, 0, world=1)
     for tty in (True, False):
-        monkeypatch.setattr("sys.stdout.isatty", lambda: tty)
-        cb = ConsoleLog(1, 2, SimpleNamespace(last_row=row), SimpleNamespace(last=[]),
-                        SimpleNamespace(preempted_at=None), console=console_lines_wanted(1, progress_bar=True))
+        monkeypatch.setattr("sys.stdout.isatty", lambda tty=tty: tty)
+        cb = ConsoleLog(
+            1,
+            2,
+            SimpleNamespace(last_row=row),
+            SimpleNamespace(last=[]),
+            SimpleNamespace(preempted_at=None),
+            console=console_lines_wanted(1, progress_bar=True),
+        )
         cb.fit_start(None, None)
         cb.batch_end(None, None)
         assert ("step 1/2  loss 0.5000" in capsys.readouterr().out) is not tty

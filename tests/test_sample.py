@@ -1,4 +1,5 @@
 """gcc.tools.sample (docs/design.md §10) on CPU: a tiny GcDiT and a tiny WanVideoVAE38 (random weights) on the synthetic world."""
+
 from __future__ import annotations
 
 import json
@@ -33,9 +34,23 @@ VAL_RR = ["clip00008", "clip00020", "clip00010", "clip00021"]  # prepared_tiny: 
 
 
 def _meta(vocab: str, model_dir: str) -> dict:
-    return gc_metadata(vocab=vocab, data="synth", data_root="", step=1, text_dropout=0.1, cond_dropout=0.05,
-                       mask_p=0.5, lr=1e-5, cond_lr=1e-4, weight_decay=0.01, warmup_steps=1,
-                       first_frame_cond=True, seed=0, init_ckpt="", model_dir=model_dir)
+    return gc_metadata(
+        vocab=vocab,
+        data="synth",
+        data_root="",
+        step=1,
+        text_dropout=0.1,
+        cond_dropout=0.05,
+        mask_p=0.5,
+        lr=1e-5,
+        cond_lr=1e-4,
+        weight_decay=0.01,
+        warmup_steps=1,
+        first_frame_cond=True,
+        seed=0,
+        init_ckpt="",
+        model_dir=model_dir,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +69,8 @@ def assets(tmp_path_factory):
         save_file({k: sd[k].contiguous() for k in keys[s::2]}, str(md / name))
         weight_map.update({k: name for k in keys[s::2]})
     (md / "diffusion_pytorch_model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {}, "weight_map": weight_map}))
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
     with torch.random.fork_rng():
         torch.manual_seed(5)
         vae_net = VideoVAE38_(**TINY_VAE)
@@ -69,8 +85,22 @@ def assets(tmp_path_factory):
 
 def _args(assets, data_root, out, *extra, weights=None):
     weights = weights if weights is not None else ["--ckpt", str(assets["ckpt"])]
-    return [*weights, "--model", "tiny", "--model_dir", str(assets["model_dir"]), "--data_root", str(data_root),
-            "--out_dir", str(out), "--steps", "2", "--device", "cpu", *extra]
+    return [
+        *weights,
+        "--model",
+        "tiny",
+        "--model_dir",
+        str(assets["model_dir"]),
+        "--data_root",
+        str(data_root),
+        "--out_dir",
+        str(out),
+        "--steps",
+        "2",
+        "--device",
+        "cpu",
+        *extra,
+    ]
 
 
 def _frames(mp4: Path) -> np.ndarray:
@@ -117,8 +147,15 @@ def test_val_selection_round_robin_and_clip_id_files(prepared_tiny, tmp_path):
     rows = SRC.PreparedSource(prepared_tiny).rows
     assert SRC.select_clips(rows, val_n=4) == VAL_RR
     everything = SRC.select_clips(rows, val_n=100)  # fewer available: all of them, with a note
-    assert sorted(everything) == ["clip00008", "clip00010", "clip00011", "clip00020", "clip00021", "clip00022",
-                                  "clip00023"]
+    assert sorted(everything) == [
+        "clip00008",
+        "clip00010",
+        "clip00011",
+        "clip00020",
+        "clip00021",
+        "clip00022",
+        "clip00023",
+    ]
     f = tmp_path / "ids.txt"
     f.write_text("clip00003  # a train clip\n\nclip00009,clip00001\n")
     assert SRC.parse_clip_ids(f"@{f}") == ["clip00003", "clip00009", "clip00001"]
@@ -139,26 +176,35 @@ def test_psnr_identical_is_null_and_known_perturbation_matches_hand_computation(
     gen[2, 3, 3, :] -= 6  # 3 values off by 6
     m = M.video_metrics(gen, gt)
     n = 8 * 8 * 3
-    mse_rest = (8 * 10 ** 2 + 3 * 6 ** 2) / (2 * n) / 255 ** 2  # frames 1.., pooled
+    mse_rest = (8 * 10**2 + 3 * 6**2) / (2 * n) / 255**2  # frames 1.., pooled
     assert m["psnr"] == pytest.approx(10 * math.log10(1 / mse_rest), abs=1e-4)  # torchmetrics works in float32
-    assert m["frames"][1]["psnr"] == pytest.approx(10 * math.log10(1 / (800 / n / 255 ** 2)), abs=1e-4)
-    assert m["frames"][2]["psnr"] == pytest.approx(10 * math.log10(1 / (108 / n / 255 ** 2)), abs=1e-4)
+    assert m["frames"][1]["psnr"] == pytest.approx(10 * math.log10(1 / (800 / n / 255**2)), abs=1e-4)
+    assert m["frames"][2]["psnr"] == pytest.approx(10 * math.log10(1 / (108 / n / 255**2)), abs=1e-4)
     assert m["psnr_frame0"] is None  # frame 0 untouched
     assert m["ssim"] < 1.0 and M.video_metrics(gen, gt, ssim=False)["ssim"] is None
 
 
 def test_same_seed_identical_and_unknown_differs(assets, prepared_tiny, tmp_path):
-    runs = {"a": ["--seed", "0"], "b": ["--seed", "0"], "unk": ["--seed", "0", "--sem_mode", "unknown"],
-            "seed1": ["--seed", "1"]}
+    runs = {
+        "a": ["--seed", "0"],
+        "b": ["--seed", "0"],
+        "unk": ["--seed", "0", "--sem_mode", "unknown"],
+        "seed1": ["--seed", "1"],
+    }
     vids = {}
     for name, extra in runs.items():
         out = tmp_path / name
-        assert cli.main(_args(assets, prepared_tiny, out, "--clip_ids", "clip00008", "--no_ssim",
-                            "--no_recon_ceiling", *extra)) == 0
+        assert (
+            cli.main(
+                _args(assets, prepared_tiny, out, "--clip_ids", "clip00008", "--no_ssim", "--no_recon_ceiling", *extra)
+            )
+            == 0
+        )
         vids[name] = _frames(out / "clip00008.mp4")
     assert (tmp_path / "a" / "clip00008.mp4").read_bytes() == (tmp_path / "b" / "clip00008.mp4").read_bytes()
-    assert (tmp_path / "a" / "clip00008.frames.json").read_bytes() == \
-        (tmp_path / "b" / "clip00008.frames.json").read_bytes()
+    assert (tmp_path / "a" / "clip00008.frames.json").read_bytes() == (
+        tmp_path / "b" / "clip00008.frames.json"
+    ).read_bytes()
     gen = {k: v[:, :, 96:192].astype(int) for k, v in vids.items()}
     assert np.abs(gen["a"] - gen["unk"]).mean() > 1.0  # the semantic condition reaches the video
     assert np.abs(gen["a"] - gen["seed1"]).mean() > 1.0
@@ -177,10 +223,16 @@ def test_guidance_skips_unit_scales_and_is_deterministic(assets, prepared_tiny):
     calls = []
     hook = dit.register_forward_hook(lambda mod, inp, out: calls.append(inp[0].shape[0]))
     null = src.table.gather([src.table.null_id] * T)
-    kw = dict(first=clip.input_latents[:, :1].float(), context=src.table.gather(clip.context_ids),
-              context_ids=torch.from_numpy(clip.context_ids), null_context=null,
-              null_ids=torch.full((T,), src.table.null_id), sem=torch.from_numpy(clip.sem_ids()),
-              noise=SA.clip_noise(0, "clip00010", (C, T, h, w)), steps=3)
+    kw = dict(
+        first=clip.input_latents[:, :1].float(),
+        context=src.table.gather(clip.context_ids),
+        context_ids=torch.from_numpy(clip.context_ids),
+        null_context=null,
+        null_ids=torch.full((T,), src.table.null_id),
+        sem=torch.from_numpy(clip.sem_ids()),
+        noise=SA.clip_noise(0, "clip00010", (C, T, h, w)),
+        steps=3,
+    )
     x1 = SA.sample_latents(dit, **kw)
     x2 = SA.sample_latents(dit, **kw)
     assert torch.equal(x1, x2) and calls == [1] * 6  # cfg = sem_cfg = 1: one forward per step, batch 1
@@ -201,6 +253,7 @@ def test_guidance_skips_unit_scales_and_is_deterministic(assets, prepared_tiny):
 
     def e(ctx, ids, sem_ids):
         return dit.gc_forward(x0[None], t, ctx[None], ids[None], sem_ids, first_frame_cond=True)[0]
+
     e_c = e(kw["context"], kw["context_ids"], sem)
     e_n = e(null, kw["null_ids"], sem)
     e_u = e(kw["context"], kw["context_ids"], torch.full_like(sem, UNKNOWN))
@@ -217,21 +270,64 @@ def test_base_weights_and_shards_match_prepared(assets, prepared_tiny, tmp_path)
     ids_file = tmp_path / "clips.txt"
     ids_file.write_text("clip00011\n")
     base = ["--base", "--vocab", "ids"]
-    assert cli.main(_args(assets, shards, tmp_path / "sh", "--clip_ids", f"@{ids_file}", "--no_ssim",
-                        "--no_recon_ceiling", weights=base)) == 0
-    assert cli.main(_args(assets, prepared_tiny, tmp_path / "pr", "--clip_ids", "clip00011", "--no_ssim",
-                        "--no_recon_ceiling", weights=base)) == 0
+    assert (
+        cli.main(
+            _args(
+                assets,
+                shards,
+                tmp_path / "sh",
+                "--clip_ids",
+                f"@{ids_file}",
+                "--no_ssim",
+                "--no_recon_ceiling",
+                weights=base,
+            )
+        )
+        == 0
+    )
+    assert (
+        cli.main(
+            _args(
+                assets,
+                prepared_tiny,
+                tmp_path / "pr",
+                "--clip_ids",
+                "clip00011",
+                "--no_ssim",
+                "--no_recon_ceiling",
+                weights=base,
+            )
+        )
+        == 0
+    )
     m = json.loads((tmp_path / "sh" / "metrics.json").read_text())
     assert m["weights"] == "base" and m["vocab"] == "ids" and m["data_kind"] == "shards"
     assert m["raw_root"] == str(Path(prepared_tiny).resolve() / "raw")  # from the manifest's source
     assert (tmp_path / "sh" / "clip00011.mp4").read_bytes() == (tmp_path / "pr" / "clip00011.mp4").read_bytes()
     # a plain Wan export as --ckpt: the same weights as --base, cond at zero
     wan = tmp_path / "wan.safetensors"
-    with safe_open(str(next(assets["model_dir"].glob("*00001-of-00002.safetensors"))), "pt") as f1, \
-            safe_open(str(next(assets["model_dir"].glob("*00002-of-00002.safetensors"))), "pt") as f2:
+    with (
+        safe_open(str(next(assets["model_dir"].glob("*00001-of-00002.safetensors"))), "pt") as f1,
+        safe_open(str(next(assets["model_dir"].glob("*00002-of-00002.safetensors"))), "pt") as f2,
+    ):
         save_file({k: f.get_tensor(k) for f in (f1, f2) for k in f.keys()}, str(wan))
-    assert cli.main(_args(assets, prepared_tiny, tmp_path / "wan", "--clip_ids", "clip00011", "--no_ssim",
-                        "--no_recon_ceiling", "--vocab", "ids", weights=["--ckpt", str(wan)])) == 0
+    assert (
+        cli.main(
+            _args(
+                assets,
+                prepared_tiny,
+                tmp_path / "wan",
+                "--clip_ids",
+                "clip00011",
+                "--no_ssim",
+                "--no_recon_ceiling",
+                "--vocab",
+                "ids",
+                weights=["--ckpt", str(wan)],
+            )
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "wan" / "metrics.json").read_text())["weights"] == "wan"
     assert (tmp_path / "wan" / "clip00011.mp4").read_bytes() == (tmp_path / "pr" / "clip00011.mp4").read_bytes()
 
@@ -242,8 +338,21 @@ def test_clear_errors(assets, prepared_tiny, tmp_path, capsys):
     assert cli.main(_args(assets, prepared_tiny, out, "--val_n", "1", "--vocab", "ids")) == cli.EXIT_ERROR
     err = capsys.readouterr().err
     assert str(assets["ckpt"]) in err and "'parts'" in err and "'ids'" in err
-    assert cli.main(_args(assets, prepared_tiny, out, "--val_n", "1", "--vocab", "parts",
-                        weights=["--ckpt", str(assets["ckpt_ids"])])) == cli.EXIT_ERROR
+    assert (
+        cli.main(
+            _args(
+                assets,
+                prepared_tiny,
+                out,
+                "--val_n",
+                "1",
+                "--vocab",
+                "parts",
+                weights=["--ckpt", str(assets["ckpt_ids"])],
+            )
+        )
+        == cli.EXIT_ERROR
+    )
     assert "ids-step-1.safetensors has vocab 'ids'" in capsys.readouterr().err
     # a missing clip id
     assert cli.main(_args(assets, prepared_tiny, out, "--clip_ids", "clip00001,clip_missing")) == cli.EXIT_ERROR
@@ -251,16 +360,28 @@ def test_clear_errors(assets, prepared_tiny, tmp_path, capsys):
     # a model dir without the VAE
     empty = tmp_path / "no_vae"
     empty.mkdir()
-    assert cli.main(_args(assets, prepared_tiny, out, "--val_n", "1")[:4] + ["--model_dir", str(empty)]
-                  + _args(assets, prepared_tiny, out, "--val_n", "1")[6:]) == cli.EXIT_ERROR
+    assert (
+        cli.main(
+            _args(assets, prepared_tiny, out, "--val_n", "1")[:4]
+            + ["--model_dir", str(empty)]
+            + _args(assets, prepared_tiny, out, "--val_n", "1")[6:]
+        )
+        == cli.EXIT_ERROR
+    )
     assert "Wan2.2_VAE.pth" in capsys.readouterr().err
     assert not (out / "metrics.json").exists()
     # as a program: non-zero exit, one line naming the problem, no traceback
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     argv = _args(assets, prepared_tiny, out, "--val_n", "1", weights=["--base"])
     argv[argv.index("--model_dir") + 1] = str(empty)  # fails before the heavy imports: a fast subprocess
-    p = subprocess.run([sys.executable, "-m", "gcc.tools.sample", *argv], capture_output=True, text=True, env=env,
-                       cwd=REPO, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "gcc.tools.sample", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+    )
     assert p.returncode == cli.EXIT_ERROR
     assert p.stderr.startswith("gcc-sample: error: --model_dir") and str(empty) in p.stderr
     assert "Wan2.2_VAE.pth" in p.stderr and "Traceback" not in p.stderr
@@ -281,8 +402,21 @@ def test_tiny_vae_roundtrip_shapes(assets):
 
 # ---- no --model_dir: the synthetic world's own decoder (docs/sample.md) -----------------------------------
 def _synth_args(assets, data_root, out, *extra):
-    return ["--ckpt", str(assets["ckpt"]), "--model", "tiny", "--data_root", str(data_root), "--out_dir", str(out),
-            "--steps", "2", "--device", "cpu", *extra]
+    return [
+        "--ckpt",
+        str(assets["ckpt"]),
+        "--model",
+        "tiny",
+        "--data_root",
+        str(data_root),
+        "--out_dir",
+        str(out),
+        "--steps",
+        "2",
+        "--device",
+        "cpu",
+        *extra,
+    ]
 
 
 def test_synthetic_data_without_model_dir(assets, prepared_tiny, tmp_path, capsys):
@@ -321,8 +455,10 @@ def test_synthetic_data_without_model_dir(assets, prepared_tiny, tmp_path, capsy
     convert(str(prepared_tiny), str(shards), progress=False)
     assert cli.main(_synth_args(assets, shards, tmp_path / "sh", "--clip_ids", VAL_RR[0], "--no_progress")) == 0
     sh = json.loads((tmp_path / "sh" / "metrics.json").read_text())
-    assert sh["data_kind"] == "shards" and sh["clips"][VAL_RR[0]]["class_agreement"] == \
-        m["clips"][VAL_RR[0]]["class_agreement"]
+    assert (
+        sh["data_kind"] == "shards"
+        and sh["clips"][VAL_RR[0]]["class_agreement"] == m["clips"][VAL_RR[0]]["class_agreement"]
+    )
 
 
 def test_no_model_dir_needs_synthetic_data(assets, tmp_path, capsys):
@@ -336,8 +472,24 @@ def test_no_model_dir_needs_synthetic_data(assets, tmp_path, capsys):
     assert err.startswith("gcc-sample: error: --data_root") and "--model_dir" in err and MARKER in err
     assert not (out / "metrics.json").exists()
     # --base loads the Wan weights of --model_dir, synthetic data or not
-    assert cli.main(["--base", "--model", "tiny", "--data_root", str(root), "--out_dir", str(out), "--val_n", "1",
-                     "--device", "cpu"]) == cli.EXIT_ERROR
+    assert (
+        cli.main(
+            [
+                "--base",
+                "--model",
+                "tiny",
+                "--data_root",
+                str(root),
+                "--out_dir",
+                str(out),
+                "--val_n",
+                "1",
+                "--device",
+                "cpu",
+            ]
+        )
+        == cli.EXIT_ERROR
+    )
     assert "--model_dir" in capsys.readouterr().err
 
 
@@ -348,8 +500,15 @@ def test_demo_initial_weights_are_the_trainers_init(assets, tmp_path):
     from gcc.model.export import check_gc_ckpt
     from gcc.tools.demo import initial_weights
 
-    sig = {"model.preset": "tiny", "model.overrides": "{}", "model.vocab": "parts", "model.base_weights": "",
-           "model.init_ckpt": "", "model.legacy_zero_ckpt": "", "seed": 7}
+    sig = {
+        "model.preset": "tiny",
+        "model.overrides": "{}",
+        "model.vocab": "parts",
+        "model.base_weights": "",
+        "model.init_ckpt": "",
+        "model.legacy_zero_ckpt": "",
+        "seed": 7,
+    }
     (tmp_path / "run.json").write_text(json.dumps({"signature": sig, "lineage": {}}))
     out = tmp_path / "initial.safetensors"
     assert "seed 7" in initial_weights(tmp_path, assets["ckpt"], out)
@@ -367,7 +526,7 @@ def test_demo_initial_weights_are_the_trainers_init(assets, tmp_path):
 def test_clip_ids_that_leave_out_dir_are_refused(assets, tmp_path, capsys, monkeypatch):
     """Shards whose clips are named `../../escape/x` (converted with the name check switched off, as a hostile or
     older converter would): gcc-sample refuses them and writes nothing, inside --out_dir or beside it."""
-    from gcc.data import layout, shards as S
+    from gcc.data import layout
     from gcc.data.convert import convert
     from gcc.data.synth import make_prepared
 

@@ -1,4 +1,5 @@
 """The synthetic world (gcc.data.synth) writes exactly the prepared layout of docs/data_format.md."""
+
 from __future__ import annotations
 
 import io
@@ -60,8 +61,12 @@ def test_layout(prepared_tiny):
     assert len(set(ids)) == len(ids)
     expected = {"index/clips.jsonl", "text/table.safetensors", synth.MARKER, "READY"}
     for r in rows:
-        expected |= {f"latents/{r['clip_id']}.safetensors", f"sem/{r['clip_id']}.npz", f"meta/{r['clip_id']}.json",
-                     f"raw/{r['subset']}/{r['scene']}/{r['run']}.tar"}
+        expected |= {
+            f"latents/{r['clip_id']}.safetensors",
+            f"sem/{r['clip_id']}.npz",
+            f"meta/{r['clip_id']}.json",
+            f"raw/{r['subset']}/{r['scene']}/{r['run']}.tar",
+        }
     assert set(all_files(root)) == expected  # nothing else (no leftover .tmp files)
 
 
@@ -138,8 +143,7 @@ def test_same_seed_identical_bytes(prepared_tiny, tmp_path):
 
 def test_different_seed_differs(prepared_tiny, tmp_path):
     other = synth.make_prepared(tmp_path, clips=2, seed=1)
-    for sub in ("latents/clip00000.safetensors", "sem/clip00000.npz", "meta/clip00000.json",
-                "text/table.safetensors"):
+    for sub in ("latents/clip00000.safetensors", "sem/clip00000.npz", "meta/clip00000.json", "text/table.safetensors"):
         assert (other / sub).read_bytes() != (prepared_tiny / sub).read_bytes(), sub
 
 
@@ -270,7 +274,9 @@ def _cells(root: Path):
         onehot = np.zeros((TINY.T, len(table)), dtype=np.float32)
         onehot[np.arange(TINY.T), [table.index(k) for k in r["context_keys"]]] = 1
         feats.append(frac.reshape(-1, frac.shape[-1]))
-        text.append(np.broadcast_to(onehot[:, None, None], (TINY.T, TINY.h, TINY.w, len(table))).reshape(-1, len(table)))
+        text.append(
+            np.broadcast_to(onehot[:, None, None], (TINY.T, TINY.h, TINY.w, len(table))).reshape(-1, len(table))
+        )
         lat.append(x.transpose(1, 2, 3, 0).reshape(-1, x.shape[0]))
     return np.concatenate(feats), np.concatenate(text), np.concatenate(lat)
 
@@ -292,8 +298,9 @@ def test_latents_depend_on_sem_layout(prepared_tiny):
     assert len(classes) >= 3
     means = {c: lat[pure & (dom == c)] for c in classes}
     same = np.mean([np.linalg.norm(v[:, None] - v[None], axis=-1).mean() for v in means.values()])
-    diff = np.mean([np.linalg.norm(means[a][:, None] - means[b][None], axis=-1).mean()
-                    for a in classes for b in classes if a != b])
+    diff = np.mean(
+        [np.linalg.norm(means[a][:, None] - means[b][None], axis=-1).mean() for a in classes for b in classes if a != b]
+    )
     assert same < 0.7 * diff, (same, diff)
 
 
@@ -350,8 +357,10 @@ def test_decoder_recovers_the_majority_class_of_each_cell(prepared_tiny):
         shuffled.append(synth_decode.decode_classes(cells, keys) == gt)
         text = np.stack([synth.text_vector(k) for k in keys]).T[:, :, None, None]
         no_text.append(synth_decode.decode_classes(lat.float().numpy() + synth.TEXT_SCALE * text, keys) == gt)
-        hits_ids.append(synth_decode.decode_classes(lat, keys, "ids") ==
-                        synth_decode.gt_cell_classes(ids, TINY.T, TINY.h, TINY.w, "ids"))
+        hits_ids.append(
+            synth_decode.decode_classes(lat, keys, "ids")
+            == synth_decode.gt_cell_classes(ids, TINY.T, TINY.h, TINY.w, "ids")
+        )
     agree = float(np.mean(hits))
     assert agree >= 0.95, agree
     assert float(np.mean(hits_ids)) >= 0.95, np.mean(hits_ids)  # an `ids` checkpoint: a character's parts summed

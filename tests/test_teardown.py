@@ -5,6 +5,7 @@ store call when the interpreter shut down), and leaves no shared memory and no p
 
 `GCC_TEARDOWN_LAUNCHES` sets how many short launches the stress test makes (6 by default, to keep the suite
 within its time; the deterministic reproduction below is what fails first if the end of a launch regresses)."""
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,16 @@ from _launch import ROOT, cmd, env
 pytestmark = pytest.mark.slow
 
 # a launch as short as the whole mechanism allows: two steps, one checkpoint, a loader worker from the forkserver
-SHORT = ["max_steps=2", "checkpoint_every=2", "export_every=0", "val_every=0", "val_n=2", "val_batch=2",
-         "optim.warmup_steps=1", "data.num_workers=1"]
+SHORT = [
+    "max_steps=2",
+    "checkpoint_every=2",
+    "export_every=0",
+    "val_every=0",
+    "val_n=2",
+    "val_batch=2",
+    "optim.warmup_steps=1",
+    "data.num_workers=1",
+]
 # what an unclean end prints: the abort of a thread unwound through C++, the tracker cleaning up after a rank
 UNCLEAN = ("terminate called", "resource_tracker", "Traceback")
 
@@ -46,10 +55,15 @@ def launch_to_the_end(run_dir: Path, shards: Path, *overrides: str, timeout: flo
     tracker, for one, prints after its rank has exited). Asserts that none is left 30 s after the launcher."""
     logs = run_dir.parent / f"{run_dir.name}-logs"
     logs.mkdir(parents=True)
-    args = cmd(run_dir, shards, *overrides,
-               launcher=["--stdout", str(logs / "rank{rank}.out"), "--stderr", str(logs / "rank{rank}.err")])
-    with subprocess.Popen(args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          start_new_session=True) as p:
+    args = cmd(
+        run_dir,
+        shards,
+        *overrides,
+        launcher=["--stdout", str(logs / "rank{rank}.out"), "--stderr", str(logs / "rank{rank}.err")],
+    )
+    with subprocess.Popen(
+        args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    ) as p:
         try:
             out, _ = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -128,8 +142,13 @@ sys.exit(end_launch(0) if sys.argv[1] == "end" else 0)
 
 
 def _busy_watch(mode: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", BUSY_WATCH, mode, str(tmp_path)], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"))
+    return subprocess.run(
+        [sys.executable, "-c", BUSY_WATCH, mode, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"),
+    )
 
 
 def test_the_end_of_a_launch_stops_the_threads_that_would_abort_interpreter_shutdown(tmp_path):
@@ -139,5 +158,6 @@ def test_the_end_of_a_launch_stops_the_threads_that_would_abort_interpreter_shut
         assert "process group" not in r.stderr, r.stderr[-3000:]  # closed without a warning
     # the same process ending without end_launch: CPython ends the thread inside the store call (-6)
     aborts = [_busy_watch("plain", tmp_path) for _ in range(3)]
-    assert any(a.returncode == -signal.SIGABRT and "terminate called without an active exception" in a.stderr
-               for a in aborts), [(a.returncode, a.stderr[-500:]) for a in aborts]
+    assert any(
+        a.returncode == -signal.SIGABRT and "terminate called without an active exception" in a.stderr for a in aborts
+    ), [(a.returncode, a.stderr[-500:]) for a in aborts]

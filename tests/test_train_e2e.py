@@ -4,6 +4,7 @@ Exact resume after SIGKILL, preemption by SIGTERM and by SIGUSR1, elastic resume
 batch, a data.limit subset, data on S3 (moto server), preemption during the step-0 validation, signature refusals,
 the run lock, a NaN on one rank, warm start + lineage over resumes, and learning; train.log's lines.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,18 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from _launch import (CLIP, assert_grad_norm_logged_before_clipping, exact, export_tensors, launch, ok, rows, start_bg,
-                     wait_for, wait_for_step)
+from _launch import (
+    CLIP,
+    assert_grad_norm_logged_before_clipping,
+    exact,
+    export_tensors,
+    launch,
+    ok,
+    rows,
+    start_bg,
+    wait_for,
+    wait_for_step,
+)
 
 from gcc.data import convert as C
 from gcc.tools.compare import main as compare_main
@@ -53,13 +64,13 @@ def test_reference_run_outputs(reference, e2e_shards):
     assert cfg["steps_per_epoch"] > 0 and cfg["data_geometry"]["latents"][0] == 48
     log = (reference / "train.log").read_text().splitlines()  # rank 0's console lines, under the launch's header
     assert log[0].startswith("==== launch ") and " world 2 " in log[0] and sum("==== launch" in ln for ln in log) == 1
-    assert [ln.split("gcc.train: ")[1].split()[:3] for ln in log if "gcc.train: val step" in ln][:3] == \
-        [["val", "step", "0"]] * 3
+    assert [ln.split("gcc.train: ")[1].split()[:3] for ln in log if "gcc.train: val step" in ln][:3] == [
+        ["val", "step", "0"]
+    ] * 3
     assert " rank 0 INFO gcc.train: done: step 12 in " in log[-1]
 
 
-def test_every_step_has_the_full_global_batch_and_a_resume_at_an_epochs_end_is_exact(reference, e2e_shards,
-                                                                                      tmp_path):
+def test_every_step_has_the_full_global_batch_and_a_resume_at_an_epochs_end_is_exact(reference, e2e_shards, tmp_path):
     """22 train clips on 2 ranks: 11 a rank an epoch, 2 a step, so 5 full steps and one sample a rank that would
     make a half step: it is dropped, and which samples are dropped changes from epoch to epoch. A run stopped
     exactly at an epoch's end (step 5) continues exactly."""
@@ -83,8 +94,14 @@ def test_every_step_has_the_full_global_batch_and_a_resume_at_an_epochs_end_is_e
     assert all(k in progress[1] for k in ("lr ", "grad_norm ", "s/step", "data ", "sem_rms ", "elapsed ", "eta 0s"))
     val = [ln for ln in r.stdout.splitlines() if ln.startswith("gcc.train: val step ")]
     # the resume validates at 6 and 12, not at its start: the step-0 rows are the first launch's
-    assert [ln.split()[3:5] for ln in val] == [["6", "t=201.3"], ["6", "t=500.6"], ["6", "t=799.7"],
-                                               ["12", "t=201.3"], ["12", "t=500.6"], ["12", "t=799.7"]], val
+    assert [ln.split()[3:5] for ln in val] == [
+        ["6", "t=201.3"],
+        ["6", "t=500.6"],
+        ["6", "t=799.7"],
+        ["12", "t=201.3"],
+        ["12", "t=500.6"],
+        ["12", "t=799.7"],
+    ], val
     # step 0's rows once, every value as uninterrupted (and the first launch's end-of-training validation at 5)
     assert [x for x in rows(run_dir, "val_log") if x["step"] != "5"] == rows(reference, "val_log")
     log = (run_dir / "train.log").read_text()
@@ -120,8 +137,12 @@ def test_preemption_by_sigterm_then_sigusr1_checkpoints_and_resumes(reference, e
     run_dir = tmp_path / "run"
     stopped = 0
     for sig in (signal.SIGTERM, signal.SIGUSR1):
-        logs = ["--stdout", str(tmp_path / f"{sig.name}.rank{{rank}}.out"),
-                "--stderr", str(tmp_path / f"{sig.name}.rank{{rank}}.err")]  # not the dying launcher's temp folder
+        logs = [
+            "--stdout",
+            str(tmp_path / f"{sig.name}.rank{{rank}}.out"),
+            "--stderr",
+            str(tmp_path / f"{sig.name}.rank{{rank}}.err"),
+        ]  # not the dying launcher's temp folder
         p = start_bg(run_dir, e2e_shards, launcher=logs)
         wait_for_step(run_dir, stopped + 3, p)
         os.killpg(p.pid, sig)
@@ -157,8 +178,7 @@ def test_preemption_delivered_to_the_launcher_alone(pid1, reference, e2e_shards,
     if pid1:
         probe = subprocess.run([*UNSHARE, "true"], capture_output=True, text=True)
         if probe.returncode != 0:
-            pytest.skip(f"a PID namespace needs the right to create one (root): unshare said "
-                        f"{probe.stderr.strip()!r}")
+            pytest.skip(f"a PID namespace needs the right to create one (root): unshare said {probe.stderr.strip()!r}")
     run_dir = tmp_path / "run"
     p = start_bg(run_dir, e2e_shards, "max_steps=1000", prefix=UNSHARE if pid1 else ())
     wait_for_step(run_dir, 4, p)
@@ -192,8 +212,16 @@ def test_loader_workers_start_once_per_rank_from_the_forkserver(e2e_shards, tmp_
     manifest = json.loads((e2e_shards / "manifest.json").read_text())
     per_epoch = -(-manifest["counts"]["train"] // 4)  # global batch 4
     run_dir = tmp_path / "run"
-    r = ok(launch(run_dir, e2e_shards, f"max_steps={2 * per_epoch + 1}", "val_every=0", "export_every=0",
-                  launcher=["--stderr", str(tmp_path / "rank{rank}.stderr")]))
+    r = ok(
+        launch(
+            run_dir,
+            e2e_shards,
+            f"max_steps={2 * per_epoch + 1}",
+            "val_every=0",
+            "export_every=0",
+            launcher=["--stderr", str(tmp_path / "rank{rank}.stderr")],
+        )
+    )
     assert {int(x["epoch"]) for x in rows(run_dir)} == {0, 1, 2}
     for rank, err in ((0, r.stderr), (1, (tmp_path / "rank1.stderr").read_text())):
         starts = [line for line in err.splitlines() if f"rank {rank} loader worker" in line]
@@ -207,8 +235,15 @@ def test_sigterm_while_a_rank_waits_for_data_stops_the_run_with_stacks(reference
     checkpoint is intact and the relaunch continues exactly."""
     run_dir = tmp_path / "run"
     grace = 20
-    p = start_bg(run_dir, e2e_shards, "inject_stall_step=5", "inject_stall_rank=1", f"preemption_grace_s={grace}",
-                 "checkpoint_every=4", launcher=["--stderr", str(tmp_path / "rank{rank}.stderr")])
+    p = start_bg(
+        run_dir,
+        e2e_shards,
+        "inject_stall_step=5",
+        "inject_stall_rank=1",
+        f"preemption_grace_s={grace}",
+        "checkpoint_every=4",
+        launcher=["--stderr", str(tmp_path / "rank{rank}.stderr")],
+    )
     # step 4's checkpoint is saved after both ranks agreed at step 4's end that no signal had come: from then
     # on, rank 1 can only be on its way to, or in, the wait for step 5's batch (and rank 0 waiting for rank 1)
     latest = run_dir / "checkpoints" / "latest-rank0.pt"
@@ -223,8 +258,10 @@ def test_sigterm_while_a_rank_waits_for_data_stops_the_run_with_stacks(reference
     assert f"SIGTERM received, and the rank did not checkpoint and exit within preemption_grace_s={grace} s" in stacks
     assert "_try_get_data" in stacks, stacks  # its main thread was waiting on the DataLoader
     assert "rank 1: SIGTERM received" in (tmp_path / "rank1.stderr").read_text()
-    assert " rank 1 ERROR gcc.train: rank 1: SIGTERM received, and the rank did not checkpoint" in \
-        (run_dir / "train.log").read_text()  # every rank's own errors
+    assert (
+        " rank 1 ERROR gcc.train: rank 1: SIGTERM received, and the rank did not checkpoint"
+        in (run_dir / "train.log").read_text()
+    )  # every rank's own errors
     assert [int(x["step"]) for x in rows(run_dir)] == [1, 2, 3, 4]
     assert checkpoint_step(os.readlink(latest)) == 4
     ok(launch(run_dir, e2e_shards))
@@ -253,8 +290,10 @@ def test_a_changed_global_batch_continues_at_the_next_epoch(reference, e2e_shard
     shutil.copytree(reference, run_dir, symlinks=True, ignore=shutil.ignore_patterns("cache", "tensorboard", ".lock"))
     r = ok(launch(run_dir, e2e_shards, "global_batch=2", "max_steps=23", n=1))
     assert "resuming from" in r.stdout and "ep2-ba12-rank0.pt" in r.stdout
-    assert ("global batch changed from 4 (the checkpoint's) to 2: step 12 continues at the start of epoch 3; the "
-            "rest of epoch 2, 14 of its 22 samples, is skipped") in r.stdout, r.stdout
+    assert (
+        "global batch changed from 4 (the checkpoint's) to 2: step 12 continues at the start of epoch 3; the "
+        "rest of epoch 2, 14 of its 22 samples, is skipped"
+    ) in r.stdout, r.stdout
     got = rows(run_dir)
     assert [int(x["step"]) for x in got] == list(range(1, 24))
     assert exact(got[:12]) == exact(rows(reference))
@@ -277,7 +316,9 @@ def test_a_changed_global_batch_continues_at_the_next_epoch(reference, e2e_shard
     clips = ";".join(x["clips"] for x in last).split(";")
     assert len(clips) == len(set(clips)) == 8
     assert json.loads((run_dir / "run.json").read_text())["lineage"]["global_batch_changes"] == [
-        {"step": 12, "old": 4, "new": 2}, {"step": 23, "old": 2, "new": 4}]
+        {"step": 12, "old": 4, "new": 2},
+        {"step": 23, "old": 2, "new": 4},
+    ]
 
 
 def test_data_limit_trains_on_one_seeded_subset_across_ranks_and_a_resume(e2e_shards, tmp_path):
@@ -314,8 +355,7 @@ def test_data_on_s3_with_a_node_cache_trains_and_resumes_the_same(reference, e2e
     assert any((cache / "train").rglob("*.mds*"))  # the shards streamed into the node cache
 
 
-def test_preempted_in_the_step0_validation_then_a_changed_signature_refused_then_a_fresh_start(e2e_shards,
-                                                                                                tmp_path):
+def test_preempted_in_the_step0_validation_then_a_changed_signature_refused_then_a_fresh_start(e2e_shards, tmp_path):
     """A SIGTERM that only rank 1 gets, during the step-0 validation: both ranks stop before step 1 (exit 0, no
     checkpoint: nothing trained). The folder then holds only step-0 validation rows: a relaunch of another signature
     is still refused (run.json), one of the same run starts over from step 0 (the rows are not a used folder's)
@@ -362,8 +402,14 @@ def test_second_launch_refused_stale_lock_ignored(e2e_shards, tmp_path):
 
 def test_nonfinite_loss_on_one_rank_stops_all(e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
-    r = launch(run_dir, e2e_shards, "inject_nonfinite_step=5", "inject_nonfinite_rank=1", "val_every=0",
-               f"optim.grad_clip={CLIP}")
+    r = launch(
+        run_dir,
+        e2e_shards,
+        "inject_nonfinite_step=5",
+        "inject_nonfinite_rank=1",
+        "val_every=0",
+        f"optim.grad_clip={CLIP}",
+    )
     assert r.returncode == 4, (r.stdout[-2000:], r.stderr[-3000:])
     assert "non-finite loss at step 5 (rank 1: clips clip" in r.stderr
     ckpts = sorted(p.name for p in (run_dir / "checkpoints").glob("ep*-ba*-rank0.pt"))
@@ -406,8 +452,21 @@ def test_warm_start_and_lineage_over_two_resumes(reference, e2e_shards, tmp_path
 def test_learning_uses_the_condition(e2e_shards, tmp_path):
     """The chain is right end to end: the loss falls and validation shows the semantic condition is used."""
     run_dir = tmp_path / "run"
-    ok(launch(run_dir, e2e_shards, "max_steps=300", "val_every=300", "val_n=8", "export_every=0",
-              "checkpoint_every=300", "global_batch=8", "micro_batch=2", n=1, timeout=1800))
+    ok(
+        launch(
+            run_dir,
+            e2e_shards,
+            "max_steps=300",
+            "val_every=300",
+            "val_n=8",
+            "export_every=0",
+            "checkpoint_every=300",
+            "global_batch=8",
+            "micro_batch=2",
+            n=1,
+            timeout=1800,
+        )
+    )
     r = rows(run_dir)
     first, last = [float(x["mse"]) for x in r[:20]], [float(x["mse"]) for x in r[-20:]]
     assert sum(last) / 20 < 0.8 * sum(first) / 20

@@ -1,6 +1,7 @@
 """A dataset from outside can neither write, delete nor run anything (docs/training.md, "Trust and safety"): crafted
 index.json shard names, pickled columns, unsafe clip ids, and declared counts and shapes beyond the manifest's, each
 through every reader (the loader, gcc-maskstats, gcc-sample's shard source) and the converter."""
+
 from __future__ import annotations
 
 import json
@@ -70,8 +71,12 @@ def loader(root: Path, tmp_path: Path, split: str = "val") -> GcStreamingDataset
 
 
 def maskstats(root: Path, split: str = "train") -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / "gcc-maskstats"), "--data", str(root), "--split", split, "--n", "2"],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [str(BIN / "gcc-maskstats"), "--data", str(root), "--split", split, "--n", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_an_absolute_zip_basename_with_a_wrong_hash_deletes_nothing_outside_the_cache(shards, tmp_path):
@@ -155,8 +160,10 @@ def test_a_sample_that_is_not_the_manifests_clip_is_refused(shards, tmp_path):
         loader(data, tmp_path)[0]
 
 
-@pytest.mark.parametrize("field, value", [("clip_id", "../../escape/x"), ("clip_id", "/abs/x"),
-                                          ("run", "../run"), ("subset", "a/b"), ("scene", "..")])
+@pytest.mark.parametrize(
+    "field, value",
+    [("clip_id", "../../escape/x"), ("clip_id", "/abs/x"), ("run", "../run"), ("subset", "a/b"), ("scene", "..")],
+)
 def test_the_converter_refuses_unsafe_names(tmp_path, field, value):
     from gcc.data.synth import make_prepared
 
@@ -173,8 +180,12 @@ def test_the_converter_refuses_unsafe_names(tmp_path, field, value):
                     dest.write_text(json.dumps({**json.loads(dest.read_text()), "clip_id": value}))
     rows[0][field] = value
     index.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    r = subprocess.run([str(BIN / "convert_data"), "--src", str(src), "--out", str(tmp_path / "out"), "--no_progress"],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [str(BIN / "convert_data"), "--src", str(src), "--out", str(tmp_path / "out"), "--no_progress"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert f"field '{field}' {value!r}" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "out" / "manifest.json").exists()
@@ -193,13 +204,16 @@ def test_a_manifest_with_an_unsafe_clip_id_is_refused_by_every_reader(shards, tm
     assert r.returncode == 2 and "clip_ids[0]" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda m: m.pop("geometry"), "field 'geometry'"),
-    (lambda m: m["geometry"].__setitem__("sem", [10**6, 10**6, 10**6]), "field 'geometry.sem'"),
-    (lambda m: m["counts"].__setitem__("train", 10**12), "field 'counts.train'"),
-    (lambda m: m.__setitem__("splits", []), "field 'splits'"),
-    (lambda m: m.__setitem__("name", "../v10"), "name '../v10': must be"),  # copied into every export's metadata
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda m: m.pop("geometry"), "field 'geometry'"),
+        (lambda m: m["geometry"].__setitem__("sem", [10**6, 10**6, 10**6]), "field 'geometry.sem'"),
+        (lambda m: m["counts"].__setitem__("train", 10**12), "field 'counts.train'"),
+        (lambda m: m.__setitem__("splits", []), "field 'splits'"),
+        (lambda m: m.__setitem__("name", "../v10"), "name '../v10': must be"),  # copied into every export's metadata
+    ],
+)
 def test_a_manifest_that_is_not_the_converters_is_refused(shards, tmp_path, edit, message):
     data = copy_of(shards, tmp_path)
     m = json.loads((data / "manifest.json").read_text())

@@ -1,6 +1,7 @@
 """The run's own files and locks (docs/training.md, "Trust and safety"): credentials stay out of gcc's files and
 logs, files follow the user's umask, node-wide locks are the user's own and time out with a message, and the run
 lock never follows a planted link."""
+
 from __future__ import annotations
 
 import json
@@ -28,13 +29,29 @@ def test_credentials_stay_out_of_gccs_files_and_logs(e2e_shards, tmp_path):
     docs/training.md says to pass credentials through the environment.)"""
     run_dir = tmp_path / "run"
     env = dict(os.environ, WANDB_MODE="offline", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, str(ROOT / "gcc" / "train.py"), str(ROOT / "yamls" / "tiny_cpu.yaml"),
-                        f"run_dir={run_dir}", f"data.path={e2e_shards}", "max_steps=2", "global_batch=2",
-                        "micro_batch=1", "val_every=0", "export_every=2", "checkpoint_every=2", "progress_bar=false",
-                        "data.num_workers=0",
-                        "loggers={wandb: {project: p, init_kwargs: {settings: {api_key: %s, base_url: "
-                        "'https://alice:%s@wandb.example'}}}}" % (SECRET, SECRET)],
-                       capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "gcc" / "train.py"),
+            str(ROOT / "yamls" / "tiny_cpu.yaml"),
+            f"run_dir={run_dir}",
+            f"data.path={e2e_shards}",
+            "max_steps=2",
+            "global_batch=2",
+            "micro_batch=1",
+            "val_every=0",
+            "export_every=2",
+            "checkpoint_every=2",
+            "progress_bar=false",
+            "data.num_workers=0",
+            f"loggers={{wandb: {{project: p, init_kwargs: {{settings: {{api_key: {SECRET}, base_url: "
+            f"'https://alice:{SECRET}@wandb.example'}}}}}}}}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     ours = [run_dir / n for n in ("config.json", "run.json", "done.json", "train_log.csv", "val_log.csv")]
     for path in ours:
@@ -43,7 +60,9 @@ def test_credentials_stay_out_of_gccs_files_and_logs(e2e_shards, tmp_path):
         assert SECRET not in json.dumps(f.metadata())
     assert SECRET not in r.stdout + r.stderr
     assert "loggers.wandb.init_kwargs.settings.api_key: holds a credential" in r.stderr
-    settings = json.loads((run_dir / "config.json").read_text())["config"]["loggers"]["wandb"]["init_kwargs"]["settings"]
+    settings = json.loads((run_dir / "config.json").read_text())["config"]["loggers"]["wandb"]["init_kwargs"][
+        "settings"
+    ]
     assert settings == {"api_key": "***", "base_url": "https://***@wandb.example"}
 
 
@@ -62,11 +81,16 @@ def test_log_lines_mask_credentials(capsys):
 
 @pytest.mark.parametrize("umask, mode", [(0o027, 0o640), (0o002, 0o664), (0o022, 0o644)])
 def test_files_follow_the_umask(tmp_path, umask, mode):
-    code = ("import os, sys; os.umask(int(sys.argv[2], 8)); from gcc.data.storage import atomic_write; "
-            "from gcc.train.console import open_run_log; atomic_write(sys.argv[1], b'x'); "
-            "open_run_log(os.path.dirname(sys.argv[1]), 0, 1)")
-    subprocess.run([sys.executable, "-c", code, str(tmp_path / "f"), oct(umask)], check=True,
-                   env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    code = (
+        "import os, sys; os.umask(int(sys.argv[2], 8)); from gcc.data.storage import atomic_write; "
+        "from gcc.train.console import open_run_log; atomic_write(sys.argv[1], b'x'); "
+        "open_run_log(os.path.dirname(sys.argv[1]), 0, 1)"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "f"), oct(umask)],
+        check=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert stat.S_IMODE(os.stat(tmp_path / "f").st_mode) == mode
     assert stat.S_IMODE(os.stat(tmp_path / "train.log").st_mode) == mode
 
@@ -77,11 +101,19 @@ def test_the_registration_lock_is_this_users_and_times_out_naming_its_holder(tmp
     monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
     folder = D.user_lock_dir()
     assert folder == tmp_path / f"gcc-{os.getuid()}" and stat.S_IMODE(folder.stat().st_mode) == 0o700
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from gcc.data.dataset import hold_flock; hold_flock(Path(sys.argv[1]), 60, 'test'); "
-                               "print('held', flush=True); time.sleep(60)",
-                               str(folder / "streaming_registration.lock")],
-                              stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; "
+            "from gcc.data.dataset import hold_flock; hold_flock(Path(sys.argv[1]), 60, 'test'); "
+            "print('held', flush=True); time.sleep(60)",
+            str(folder / "streaming_registration.lock"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         t0 = time.monotonic()
@@ -126,20 +158,41 @@ def test_the_run_lock_never_follows_a_planted_link(tmp_path):
 def _train(run_dir: Path, shards: Path, *overrides: str) -> subprocess.CompletedProcess:
     """One single-process launch of the tiny model (world 1: no launcher needed)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, str(ROOT / "gcc" / "train.py"), str(ROOT / "yamls" / "tiny_cpu.yaml"),
-                           f"run_dir={run_dir}", f"data.path={shards}", "global_batch=2", "micro_batch=1",
-                           "val_every=2", "val_n=2", "val_batch=2", "export_every=2", "checkpoint_every=2",
-                           "progress_bar=false", "data.num_workers=0", "loggers={}", *overrides],
-                          capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "gcc" / "train.py"),
+            str(ROOT / "yamls" / "tiny_cpu.yaml"),
+            f"run_dir={run_dir}",
+            f"data.path={shards}",
+            "global_batch=2",
+            "micro_batch=1",
+            "val_every=2",
+            "val_n=2",
+            "val_batch=2",
+            "export_every=2",
+            "checkpoint_every=2",
+            "progress_bar=false",
+            "data.num_workers=0",
+            "loggers={}",
+            *overrides,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
 
 
 def _snapshot(run_dir: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in run_dir.iterdir()
-            if p.name.startswith("step-") or p.name.endswith("_log.csv")}
+    return {
+        p.name: p.read_bytes() for p in run_dir.iterdir() if p.name.startswith("step-") or p.name.endswith("_log.csv")
+    }
 
 
-def test_a_run_folder_with_outputs_but_no_checkpoint_is_refused_and_allow_existing_moves_them_aside(e2e_shards,
-                                                                                                   tmp_path):
+def test_a_run_folder_with_outputs_but_no_checkpoint_is_refused_and_allow_existing_moves_them_aside(
+    e2e_shards, tmp_path
+):
     import shutil
 
     run_dir = tmp_path / "run"
@@ -190,6 +243,12 @@ def test_a_warm_started_run_resumes_after_its_init_ckpt_moved(e2e_shards, tmp_pa
 def test_a_credential_in_the_config_is_named_in_a_warning():
     from gcc.redact import secret_keys
 
-    tree = {"loggers": {"wandb": {"project": "p", "init_kwargs": {"settings": {"api_key": "k"}}},
-                        "mlflow": {"tracking_uri": "https://u:t@h"}}, "seed": 0, "val_timesteps": [200]}
+    tree = {
+        "loggers": {
+            "wandb": {"project": "p", "init_kwargs": {"settings": {"api_key": "k"}}},
+            "mlflow": {"tracking_uri": "https://u:t@h"},
+        },
+        "seed": 0,
+        "val_timesteps": [200],
+    }
     assert secret_keys(tree) == ["loggers.wandb.init_kwargs.settings.api_key", "loggers.mlflow.tracking_uri"]

@@ -1,5 +1,6 @@
 """Worker processes (gcc/data/workers.py) and the stall watchdog (gcc/train/watchdog.py): no fork of a threaded process, no
 idle compile pool, persistent loader workers from the forkserver, deadlines that end a blocked process."""
+
 from __future__ import annotations
 
 import os
@@ -62,8 +63,13 @@ print(signal.pthread_sigmask(signal.SIG_BLOCK, []) == set())
 def test_the_forkserver_of_a_fresh_process_survives_preemption_signals():
     """Started with SIGTERM/SIGUSR1 blocked (a group SIGTERM must not kill it under the workers), while the
     process that started it keeps them deliverable."""
-    r = subprocess.run([sys.executable, "-c", FORKSERVER_MASK], env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", FORKSERVER_MASK],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["True", "True"]
 
@@ -82,7 +88,7 @@ def test_loader_workers_come_from_the_forkserver_and_serve_every_epoch(shards, t
     dl = build_dataloader(ds, batch_size=2, num_workers=1, collate_fn=PidCollate())
     assert dl.multiprocessing_context.get_start_method() == "forkserver" and dl.persistent_workers
     seen = []
-    for epoch in range(3):
+    for _epoch in range(3):
         seen += [b["worker"] for b in dl]
         assert seen[-1][0] != os.getpid()
     pids = {pid for pid, _, _ in seen}
@@ -123,8 +129,12 @@ def test_a_killed_rank_leaves_no_worker_and_no_forkserver(shards, tmp_path):
     children in the kernel's eyes, exit too."""
     script = tmp_path / "rank.py"
     script.write_text(ORPHAN_SCRIPT)
-    p = subprocess.Popen([sys.executable, str(script), str(shards), str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                         env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")])))
+    p = subprocess.Popen(
+        [sys.executable, str(script), str(shards), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")])),
+    )
     worker, forkserver = map(int, p.stdout.readline().split())
     assert _alive(worker) and _alive(forkserver)
     p.kill()
@@ -159,8 +169,13 @@ waiting_for_data()
 def test_a_missed_deadline_writes_the_stacks_and_exits(tmp_path, how):
     script = tmp_path / "blocked.py"
     script.write_text(textwrap.dedent(WATCHDOG_SCRIPT))
-    p = subprocess.Popen([sys.executable, str(script), str(tmp_path / "run"), how], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    p = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "run"), how],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     try:
         assert p.stdout.readline().strip() == "ready"
         if how == "signal":

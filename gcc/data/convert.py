@@ -12,6 +12,7 @@ How it stays correct when interrupted:
 The dataset's `name` (`--name`, default `default_name`) is recorded in the manifest; training copies it into every
 export's metadata as `data`. It is not part of the conversion's signature (the shards do not depend on it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,10 +24,11 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from gcc import __version__
 from gcc.cli import EXIT_BAD_INPUT, folder_problem, run_tool  # noqa: F401  (EXIT_BAD_INPUT: the tests' name)
@@ -43,8 +45,15 @@ logger = logging.getLogger(__name__)
 
 CONVERTER_VERSION = f"gcc-convert/{__version__}/format{FORMAT_VERSION}"
 DONE = "DONE.json"
-INDEX_FIELDS = {"clip_id": str, "run": str, "subset": str, "scene": str, "split": str, "drop": bool,
-                "context_keys": list}
+INDEX_FIELDS = {
+    "clip_id": str,
+    "run": str,
+    "subset": str,
+    "scene": str,
+    "split": str,
+    "drop": bool,
+    "context_keys": list,
+}
 
 
 # ---- plan, chunks, output ------------------------------------------------------------------------------
@@ -65,7 +74,7 @@ class Plan:
         out = []
         for split, rows in self.splits.items():
             for i in range(0, len(rows), self.chunk_clips):
-                out.append((split, i // self.chunk_clips, rows[i:i + self.chunk_clips]))
+                out.append((split, i // self.chunk_clips, rows[i : i + self.chunk_clips]))
         return out
 
 
@@ -98,8 +107,14 @@ def write_chunk(plan: Plan, split: str, idx: int, rows: list[dict[str, Any]]) ->
     ids_of = key_to_id(plan.text_keys)
     nbytes_src = 0
     try:
-        with MDSWriter(out=stage, columns=COLUMNS, compression=plan.compression, hashes=list(SHARD_HASHES),
-                       size_limit=plan.size_limit, progress_bar=False) as writer:
+        with MDSWriter(
+            out=stage,
+            columns=COLUMNS,
+            compression=plan.compression,
+            hashes=list(SHARD_HASHES),
+            size_limit=plan.size_limit,
+            progress_bar=False,
+        ) as writer:
             for row in rows:
                 sample = load_clip(plan.src, row, plan.geometry, ids_of)
                 nbytes_src += sum(p.stat().st_size for p in clip_files(plan.src, row["clip_id"]).values())
@@ -135,8 +150,14 @@ DEFAULT_COMPRESSION: str | None = None
 COMPRESSIONS = {"none": None, "zstd": "zstd"}
 
 
-def make_plan(src: Path, out: str, chunk_clips: int = 64, size_limit: int = 1 << 26,
-              compression: str | None = DEFAULT_COMPRESSION, include_dropped: bool = False) -> Plan:
+def make_plan(
+    src: Path,
+    out: str,
+    chunk_clips: int = 64,
+    size_limit: int = 1 << 26,
+    compression: str | None = DEFAULT_COMPRESSION,
+    include_dropped: bool = False,
+) -> Plan:
     if not (src / "READY").exists():
         raise BadInput(f"{src}: no READY file — the prepared data is incomplete (prep writes READY last)")
     rows = read_index(src)
@@ -151,7 +172,9 @@ def make_plan(src: Path, out: str, chunk_clips: int = 64, size_limit: int = 1 <<
         "converter_version": CONVERTER_VERSION,
         "source_index_sha256": storage.sha256_file(src / "index" / "clips.jsonl"),
         "text_table_sha256": text_sha,
-        "include_dropped": include_dropped, "chunk_clips": chunk_clips, "size_limit": size_limit,
+        "include_dropped": include_dropped,
+        "chunk_clips": chunk_clips,
+        "size_limit": size_limit,
         "compression": compression,
     }
     plan = Plan(src, str(out), chunk_clips, size_limit, compression, include_dropped, geo, text_keys, signature)
@@ -197,9 +220,17 @@ def _existing_manifest(out: str) -> dict[str, Any] | None:
     return old
 
 
-def convert(src: str | Path, out: str, workers: int = 1, chunk_clips: int = 64, size_limit: int = 1 << 26,
-            compression: str | None = DEFAULT_COMPRESSION, include_dropped: bool = False,
-            progress: bool = True, name: str | None = None) -> dict[str, Any]:
+def convert(
+    src: str | Path,
+    out: str,
+    workers: int = 1,
+    chunk_clips: int = 64,
+    size_limit: int = 1 << 26,
+    compression: str | None = DEFAULT_COMPRESSION,
+    include_dropped: bool = False,
+    progress: bool = True,
+    name: str | None = None,
+) -> dict[str, Any]:
     """Convert (or finish converting) `src` into `out` as the dataset `name` (None: `default_name(src)`); returns
     the manifest. Raises BadInput."""
     from streaming.base.util import merge_index
@@ -213,19 +244,28 @@ def convert(src: str | Path, out: str, workers: int = 1, chunk_clips: int = 64, 
     if old is not None:
         if old.get("signature") == plan.signature:
             if "name" not in old:  # a manifest of an earlier convert_data: kept as it is (its runs may use it)
-                logger.info(f"{out}: already converted from this source ({MANIFEST} matches, written by an earlier "
-                            f"convert_data without a name: exports record the folder's name); nothing to do")
+                logger.info(
+                    f"{out}: already converted from this source ({MANIFEST} matches, written by an earlier "
+                    f"convert_data without a name: exports record the folder's name); nothing to do"
+                )
                 return old
             if old["name"] != name:
-                raise BadInput(f"{out}: already converted from this source as {str(old['name'])[:80]!r}, not "
-                               f"{name!r}; the name is fixed once written (runs on it depend on the manifest): "
-                               f"pass --name {str(old['name'])[:80]}, or convert into another --out")
+                raise BadInput(
+                    f"{out}: already converted from this source as {str(old['name'])[:80]!r}, not "
+                    f"{name!r}; the name is fixed once written (runs on it depend on the manifest): "
+                    f"pass --name {str(old['name'])[:80]}, or convert into another --out"
+                )
             logger.info(f"{out}: already converted from this source ({MANIFEST} matches); nothing to do")
             return old
-        diff = sorted(k for k in set(old.get("signature", {})) | set(plan.signature)
-                      if old.get("signature", {}).get(k) != plan.signature.get(k))
-        raise BadInput(f"{out}: holds a finished conversion of different input or settings (differs in: "
-                       f"{', '.join(diff)}); choose another --out or delete it")
+        diff = sorted(
+            k
+            for k in set(old.get("signature", {})) | set(plan.signature)
+            if old.get("signature", {}).get(k) != plan.signature.get(k)
+        )
+        raise BadInput(
+            f"{out}: holds a finished conversion of different input or settings (differs in: "
+            f"{', '.join(diff)}); choose another --out or delete it"
+        )
     if not storage.is_remote(out):
         for split in SPLITS:
             Path(out, split).mkdir(parents=True, exist_ok=True)
@@ -234,14 +274,20 @@ def convert(src: str | Path, out: str, workers: int = 1, chunk_clips: int = 64, 
     chunks = plan.chunks()
     todo = [(plan, s, i, rows) for s, i, rows in chunks if not chunk_is_done(plan, s, i, rows)]
     n_clips = sum(len(r) for _, _, r in chunks)
-    logger.info(f"converting {src} -> {out}: {n_clips} clips in {len(chunks)} chunks "
-        f"({len(chunks) - len(todo)} already done), {workers} worker(s)")
+    logger.info(
+        f"converting {src} -> {out}: {n_clips} clips in {len(chunks)} chunks "
+        f"({len(chunks) - len(todo)} already done), {workers} worker(s)"
+    )
     results, errors = [], []
     bar = tqdm(total=sum(len(t[3]) for t in todo), unit="clip", disable=not progress, file=sys.stderr)
     if workers > 1 and len(todo) > 1:
         # forkserver, not fork: tqdm's monitor thread and boto3's threads live in this process (gcc/data/workers.py)
-        with ProcessPoolExecutor(max_workers=workers, mp_context=worker_context(),
-                                 initializer=pool_worker_init, initargs=(os.getpid(), dict(os.environ))) as pool:
+        with ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=worker_context(),
+            initializer=pool_worker_init,
+            initargs=(os.getpid(), dict(os.environ)),
+        ) as pool:
             for res in pool.map(_chunk_job, todo):
                 results.append(res)
                 bar.update(len(todo[len(results) - 1][3]))
@@ -252,8 +298,9 @@ def convert(src: str | Path, out: str, workers: int = 1, chunk_clips: int = 64, 
     bar.close()
     errors = [r["error"] for r in results if "error" in r]
     if errors:
-        raise BadInput(f"{len(errors)} chunk(s) failed; fix the input and rerun (finished chunks are kept):\n"
-                       + "\n".join(errors))
+        raise BadInput(
+            f"{len(errors)} chunk(s) failed; fix the input and rerun (finished chunks are kept):\n" + "\n".join(errors)
+        )
     for split in SPLITS:  # Streaming's merge_index logs a warning per call about its temp folder: mute it
         split_url = storage.join(out, split)
         idx_urls = [storage.join(split_url, chunk_name(i), "index.json") for s, i, _ in chunks if s == split]
@@ -272,13 +319,20 @@ def convert(src: str | Path, out: str, workers: int = 1, chunk_clips: int = 64, 
         "signature": plan.signature,
         "source": str(src.resolve()),
         "source_index_sha256": plan.signature["source_index_sha256"],
-        "text_table": TEXT_TABLE, "text_table_sha256": plan.signature["text_table_sha256"],
+        "text_table": TEXT_TABLE,
+        "text_table_sha256": plan.signature["text_table_sha256"],
         "text_keys": len(plan.text_keys),
         "geometry": plan.geometry.as_dict(),
         # clip_ids[i] / clip_runs[i] describe the split's sample id i (the shards hold clips in this order)
-        "splits": {s: {"clips": len(rows), "runs": sorted({r["run"] for r in rows}),
-                       "clip_ids": [r["clip_id"] for r in rows], "clip_runs": [r["run"] for r in rows]}
-                   for s, rows in plan.splits.items()},
+        "splits": {
+            s: {
+                "clips": len(rows),
+                "runs": sorted({r["run"] for r in rows}),
+                "clip_ids": [r["clip_id"] for r in rows],
+                "clip_runs": [r["run"] for r in rows],
+            }
+            for s, rows in plan.splits.items()
+        },
         "counts": {s: len(rows) for s, rows in plan.splits.items()},
     }
     storage.write_bytes(storage.join(out, MANIFEST), json.dumps(manifest, indent=1).encode())
@@ -286,9 +340,13 @@ def convert(src: str | Path, out: str, workers: int = 1, chunk_clips: int = 64, 
     done_clips = sum(r["clips"] for r in results)
     src_mb = sum(r["src_bytes"] for r in results) / 1e6
     out_mb = sum(r["out_bytes"] for r in results) / 1e6
-    logger.info(f"done in {secs:.1f} s: " + ", ".join(f"{s} {len(r)} clips" for s, r in plan.splits.items())
+    logger.info(
+        f"done in {secs:.1f} s: "
+        + ", ".join(f"{s} {len(r)} clips" for s, r in plan.splits.items())
         + f"; this run converted {done_clips} clips ({src_mb:.1f} MB -> {out_mb:.1f} MB"
-        + (f", {done_clips / secs:.1f} clips/s" if secs > 0 else "") + f"); manifest {storage.join(out, MANIFEST)}")
+        + (f", {done_clips / secs:.1f} clips/s" if secs > 0 else "")
+        + f"); manifest {storage.join(out, MANIFEST)}"
+    )
     return manifest
 
 
@@ -303,22 +361,35 @@ def _quiet_logs():
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="convert_data", description=__doc__.split("\n")[0])
-    p.add_argument("--src", required=True, help="prepared data root (holds index/, latents/, sem/, meta/, text/, READY)")
-    p.add_argument("--out", required=True, help="output: a local folder or s3://bucket/prefix (S3_ENDPOINT_URL honoured)")
-    p.add_argument("--name", default=None,
-                   help="the dataset's name, recorded in manifest.json and in every export's metadata (`data`); "
-                        "default: synth for gcc-synth data, else the --src folder's name without a leading gc25d_ "
-                        "and a trailing _mds (/data/gc25d_v10 -> v10)")
+    p.add_argument(
+        "--src", required=True, help="prepared data root (holds index/, latents/, sem/, meta/, text/, READY)"
+    )
+    p.add_argument(
+        "--out", required=True, help="output: a local folder or s3://bucket/prefix (S3_ENDPOINT_URL honoured)"
+    )
+    p.add_argument(
+        "--name",
+        default=None,
+        help="the dataset's name, recorded in manifest.json and in every export's metadata (`data`); "
+        "default: synth for gcc-synth data, else the --src folder's name without a leading gc25d_ "
+        "and a trailing _mds (/data/gc25d_v10 -> v10)",
+    )
     p.add_argument("--workers", type=int, default=1, help="parallel processes (output is identical for any count)")
     # snake_case like every gcc tool; the kebab-case spellings this tool had first still work
-    p.add_argument("--include_dropped", "--include-dropped", action="store_true",
-                   help="also convert rows with drop=true")
-    p.add_argument("--chunk_clips", "--chunk-clips", type=int, default=64,
-                   help="clips per chunk, the unit of resumption")
+    p.add_argument(
+        "--include_dropped", "--include-dropped", action="store_true", help="also convert rows with drop=true"
+    )
+    p.add_argument(
+        "--chunk_clips", "--chunk-clips", type=int, default=64, help="clips per chunk, the unit of resumption"
+    )
     p.add_argument("--size_limit", "--size-limit", type=int, default=1 << 26, help="MDS shard size limit in bytes")
-    p.add_argument("--compression", choices=sorted(COMPRESSIONS), default="none",
-                   help="shard compression: none (default; a local dataset is read in place by every run) or zstd "
-                        "(~23%% smaller; each run decompresses the shards into its own cache)")
+    p.add_argument(
+        "--compression",
+        choices=sorted(COMPRESSIONS),
+        default="none",
+        help="shard compression: none (default; a local dataset is read in place by every run) or zstd "
+        "(~23%% smaller; each run decompresses the shards into its own cache)",
+    )
     p.add_argument("--no_progress", "--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -348,10 +419,19 @@ def main(argv: Iterable[str] | None = None) -> int:
 
     def body() -> int:
         check_args(args)
-        convert(args.src, args.out, workers=args.workers, chunk_clips=args.chunk_clips,
-                size_limit=args.size_limit, compression=COMPRESSIONS[args.compression],
-                include_dropped=args.include_dropped, progress=not args.no_progress, name=args.name)
+        convert(
+            args.src,
+            args.out,
+            workers=args.workers,
+            chunk_clips=args.chunk_clips,
+            size_limit=args.size_limit,
+            compression=COMPRESSIONS[args.compression],
+            include_dropped=args.include_dropped,
+            progress=not args.no_progress,
+            name=args.name,
+        )
         return 0
+
     return run_tool(p.prog, body)
 
 

@@ -6,6 +6,7 @@ Streaming hands `get_item` the global sample id; the epoch is a local of Streami
 captures it where Streaming computes it (`_resume_incr_epoch`, run in every worker at the start of each
 epoch). Neither depends on the worker count, rank count or resume point. Pinned to streaming==0.13.0.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -16,10 +17,11 @@ import multiprocessing
 import os
 import time
 import weakref
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,8 +66,9 @@ class BoundedS3Downloader(streaming_download.S3Downloader):
     def _create_s3_client(self, unsigned: bool = False, timeout: float = 60) -> None:
         from boto3.session import Session
 
-        self._s3_client = Session().client("s3", config=storage.s3_config(timeout, unsigned),
-                                           endpoint_url=os.environ.get("S3_ENDPOINT_URL"))
+        self._s3_client = Session().client(
+            "s3", config=storage.s3_config(timeout, unsigned), endpoint_url=os.environ.get("S3_ENDPOINT_URL")
+        )
 
 
 class LinkingLocalDownloader(streaming_download.LocalDownloader):
@@ -109,8 +112,11 @@ def release_stale_shm(local_dirs: Sequence[str | Path] | None = None, scan: int 
     # Streaming's prefix numbers only grow on a node (it skips numbers whose lock files remain in /tmp), so
     # look at the segments that exist rather than a fixed range
     shm_dir = Path("/dev/shm")
-    prefixes = sorted(int(p.name[:6]) for p in shm_dir.glob("[0-9][0-9][0-9][0-9][0-9][0-9]_" + LOCALS)) \
-        if shm_dir.is_dir() else range(scan)
+    prefixes = (
+        sorted(int(p.name[:6]) for p in shm_dir.glob("[0-9][0-9][0-9][0-9][0-9][0-9]_" + LOCALS))
+        if shm_dir.is_dir()
+        else range(scan)
+    )
     for prefix in prefixes:
         try:
             shm = SharedMemory(_get_path(prefix, LOCALS), create=False, auto_cleanup=False)
@@ -159,8 +165,10 @@ def user_lock_dir() -> Path:
         d.mkdir(mode=0o700)
     st = os.lstat(d)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-        raise LockTimeout(f"{d}: expected a folder of this user (uid {os.getuid()}) that only it can write, found "
-                          f"owner uid {st.st_uid}, mode {stat.filemode(st.st_mode)}; remove it and relaunch")
+        raise LockTimeout(
+            f"{d}: expected a folder of this user (uid {os.getuid()}) that only it can write, found "
+            f"owner uid {st.st_uid}, mode {stat.filemode(st.st_mode)}; remove it and relaunch"
+        )
     return d
 
 
@@ -180,8 +188,10 @@ def hold_flock(path: Path, timeout_s: float, what: str) -> int:
             if time.monotonic() > deadline:
                 holder = os.pread(fd, 100, 0).decode(errors="replace").strip() or "an unknown process"
                 os.close(fd)
-                raise LockTimeout(f"{what}: {path} has been held by {holder} for more than {timeout_s:.0f} s; if "
-                                  f"that process is stuck, stop it, then relaunch") from None
+                raise LockTimeout(
+                    f"{what}: {path} has been held by {holder} for more than {timeout_s:.0f} s; if "
+                    f"that process is stuck, stop it, then relaunch"
+                ) from None
             time.sleep(0.05)
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
@@ -229,7 +239,7 @@ def round_robin_by_run(items: Sequence[tuple[str, Any]], n: int) -> list:
     out: list = []
     depth = 0
     while len(out) < n and any(depth < len(v) for v in by_run.values()):
-        out += [v[depth] for _, v in sorted(by_run.items()) if depth < len(v)][:n - len(out)]
+        out += [v[depth] for _, v in sorted(by_run.items()) if depth < len(v)][: n - len(out)]
         depth += 1
     return out
 
@@ -261,10 +271,22 @@ class GcStreamingDataset(StreamingDataset):
     from a local folder (uncompressed shards are then read in place). `limit`: every epoch is a shuffle of the
     same seeded subset of `limit` clips (`subset_ids`) instead of the whole split."""
 
-    def __init__(self, data: str, split: str, cache_dir: str | Path, *, batch_size: int, seed: int = 0,
-                 vocab: str = "parts", dropouts: Dropouts = Dropouts(), shuffle: bool = True,
-                 num_canonical_nodes: int | None = 1, cache_limit: str | None = None,
-                 predownload: int | None = None, limit: int | None = None):
+    def __init__(
+        self,
+        data: str,
+        split: str,
+        cache_dir: str | Path,
+        *,
+        batch_size: int,
+        seed: int = 0,
+        vocab: str = "parts",
+        dropouts: Dropouts = Dropouts(),
+        shuffle: bool = True,
+        num_canonical_nodes: int | None = 1,
+        cache_limit: str | None = None,
+        predownload: int | None = None,
+        limit: int | None = None,
+    ):
         self.manifest = read_manifest(data)
         if split not in self.manifest["splits"]:
             raise BadInput(f"{data}: split {split!r} not in the manifest ({sorted(self.manifest['splits'])})")
@@ -277,8 +299,10 @@ class GcStreamingDataset(StreamingDataset):
         self.cache_folder = cache_dir / split
         self.text = TextTable(fetch_text_table(data, cache_dir))
         if len(self.text) != self.format.text_keys:
-            raise DamagedData(f"{self.text.path}: {len(self.text)} keys, the manifest says {self.format.text_keys}; "
-                              f"not the text table of this conversion — restore or reconvert it")
+            raise DamagedData(
+                f"{self.text.path}: {len(self.text)} keys, the manifest says {self.format.text_keys}; "
+                f"not the text table of this conversion — restore or reconvert it"
+            )
         self._epoch = 0
         index_url = storage.join(data, split, "index.json")
         try:
@@ -293,10 +317,17 @@ class GcStreamingDataset(StreamingDataset):
             # validate_hash: every shard is checked against the xxh64 that convert_data recorded when it enters
             # the cache (a damaged shard otherwise decompresses to garbage or kills the loader's thread)
             try:
-                super().__init__(remote=storage.join(data, split), local=str(self.cache_folder),
-                                 batch_size=batch_size, shuffle=shuffle, shuffle_seed=self.seed,
-                                 num_canonical_nodes=num_canonical_nodes, cache_limit=cache_limit,
-                                 predownload=predownload, validate_hash=SHARD_HASH)
+                super().__init__(
+                    remote=storage.join(data, split),
+                    local=str(self.cache_folder),
+                    batch_size=batch_size,
+                    shuffle=shuffle,
+                    shuffle_seed=self.seed,
+                    num_canonical_nodes=num_canonical_nodes,
+                    cache_limit=cache_limit,
+                    predownload=predownload,
+                    validate_hash=SHARD_HASH,
+                )
             except Exception as e:  # the cache's disk full, or Streaming refusing the (checked) index
                 fault = self._fault(index_url, e)
                 if isinstance(fault, DamagedData) and not isinstance(e, INDEX_DAMAGE):
@@ -322,7 +353,7 @@ class GcStreamingDataset(StreamingDataset):
             super().load_state_dict(obj)
             return
         data = json.dumps(obj, sort_keys=True).encode() + b"\0"  # as Streaming writes it: JSON, then a NUL
-        shm.buf[:len(data)] = data
+        shm.buf[: len(data)] = data
 
     def resample_streams(self, epoch: int, stream_id: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Streaming's epoch before its shuffle: (shuffle unit sizes, sample id of each slot). With a subset, the
@@ -350,8 +381,10 @@ class GcStreamingDataset(StreamingDataset):
             return full
         if is_unreachable(e):
             return storage.unavailable(f"{where} (split {self.split})", e)
-        return DamagedData(f"{where}: cannot be read ({type(e).__name__}: {e}); the file is damaged or changed "
-                           f"since convert_data wrote it (split {self.split}) — restore or reconvert it")
+        return DamagedData(
+            f"{where}: cannot be read ({type(e).__name__}: {e}); the file is damaged or changed "
+            f"since convert_data wrote it (split {self.split}) — restore or reconvert it"
+        )
 
     def prepare_shard(self, shard_id: int, blocking: bool = True) -> None:
         try:
@@ -396,18 +429,19 @@ class GcStreamingDataset(StreamingDataset):
         """The stored clip of `sample_id`, checked against the manifest (shards.SplitFormat) before anything is
         allocated from it."""
         with self._decoding(sample_id):
-            return self.format.decode(super().get_item(sample_id, retry), int(sample_id),
-                                      f"{self.data}, split {self.split}", empty)
+            return self.format.decode(
+                super().get_item(sample_id, retry), int(sample_id), f"{self.data}, split {self.split}", empty
+            )
 
     def get_item(self, sample_id: int, retry: int = 7) -> dict[str, Any]:
         rec = self.record(sample_id, _empty, retry)
         with self._decoding(sample_id):
             meta = rec.meta()
-        return self.make_sample(rec, int(sample_id), self._epoch, meta,
-                                decoding=lambda: self._decoding(sample_id))
+        return self.make_sample(rec, int(sample_id), self._epoch, meta, decoding=lambda: self._decoding(sample_id))
 
-    def make_sample(self, rec: ClipRecord, sample_id: int, epoch: int, meta: dict | None = None,
-                    decoding: Callable = nullcontext) -> dict[str, Any]:
+    def make_sample(
+        self, rec: ClipRecord, sample_id: int, epoch: int, meta: dict | None = None, decoding: Callable = nullcontext
+    ) -> dict[str, Any]:
         d = self.dropouts
         draw = draw_sample(self.seed, epoch, sample_id, d.text, d.cond, d.mask)
         ids = np.full(len(rec.context_ids), self.text.null_id, np.int64) if draw.drop_text else rec.context_ids
@@ -422,9 +456,15 @@ class GcStreamingDataset(StreamingDataset):
                 rec.sem_ids(out=sem)
             if draw.mask is not None:
                 meta = meta if meta is not None else rec.meta()
-                sem, mask_frac = apply_unknown_mask(sem, Cameras.from_meta(meta), np.asarray(meta["ground_z"], float),
-                                                    draw.mask, calibration=d.calibration,
-                                                    max_frame_coverage=d.max_frame_coverage, inplace=True)
+                sem, mask_frac = apply_unknown_mask(
+                    sem,
+                    Cameras.from_meta(meta),
+                    np.asarray(meta["ground_z"], float),
+                    draw.mask,
+                    calibration=d.calibration,
+                    max_frame_coverage=d.max_frame_coverage,
+                    inplace=True,
+                )
         if self.vocab == "ids":
             sem_t = torch.from_numpy(collapse_parts(sem))
         return {
@@ -486,9 +526,16 @@ class StallAt:
 WORKER_EXTRA_GRACE_S = 30.0
 
 
-def build_dataloader(dataset, batch_size: int, num_workers: int = 0, *, collate_fn: Callable = gc_collate,
-                     preemption_grace_s: float = PREEMPTION_GRACE_S, prefetch_factor: int | None = None,
-                     drop_last: bool = False):
+def build_dataloader(
+    dataset,
+    batch_size: int,
+    num_workers: int = 0,
+    *,
+    collate_fn: Callable = gc_collate,
+    preemption_grace_s: float = PREEMPTION_GRACE_S,
+    prefetch_factor: int | None = None,
+    drop_last: bool = False,
+):
     """The DataLoader of every gcc loader: a plain torch DataLoader (Composer saves/restores Streaming's
     position through `.dataset`) whose workers start once, from the forkserver, and live for the whole run
     (see gcc/data/workers.py). Streaming re-reads its resume state at each epoch's `__iter__`, persistent workers
@@ -498,10 +545,17 @@ def build_dataloader(dataset, batch_size: int, num_workers: int = 0, *, collate_
 
     if num_workers == 0:
         return DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, drop_last=drop_last)
-    dl = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_fn,
-                    persistent_workers=True, prefetch_factor=prefetch_factor, drop_last=drop_last,
-                    multiprocessing_context=worker_context(),
-                    worker_init_fn=LoaderWorkerInit(preemption_grace_s + WORKER_EXTRA_GRACE_S))
+    dl = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        num_workers=num_workers,
+        collate_fn=collate_fn,
+        persistent_workers=True,
+        prefetch_factor=prefetch_factor,
+        drop_last=drop_last,
+        multiprocessing_context=worker_context(),
+        worker_init_fn=LoaderWorkerInit(preemption_grace_s + WORKER_EXTRA_GRACE_S),
+    )
     _LOADERS.add(dl)
     atexit.unregister(stop_loader_workers)  # once, and after multiprocessing's exit handler: it runs before it
     atexit.register(stop_loader_workers)
@@ -527,4 +581,3 @@ def stop_loader_workers() -> None:
         if p.daemon:
             p.kill()
             p.join(5)
-

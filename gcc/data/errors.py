@@ -1,6 +1,7 @@
 """Errors of data and storage: `BadInput` (input that cannot be used), `DamagedData` (a shard or index that
 cannot be read back as written), `StorageUnavailable` (object storage that stops answering) and `DiskFull`
 (no space left on a local disk). Each message names the file, object or folder concerned."""
+
 from __future__ import annotations
 
 import errno
@@ -92,5 +93,7 @@ def disk_full(e: BaseException, folder: str | os.PathLike, what: str = "") -> Di
     if not no_space_errno(e) and (usage is None or usage.free >= NEARLY_FULL_BYTES or _transport_error(e)):
         return None
     room = f"{usage.free / 2**20:.1f} MB free of {usage.total / 2**30:.2f} GB" if usage else "size unknown"
-    return DiskFull(f"no space left on device writing {what or folder} ({type(e).__name__}: {str(e)[:300]}); "
-                    f"filesystem {mount}: {room}")
+    return DiskFull(
+        f"no space left on device writing {what or folder} ({type(e).__name__}: {str(e)[:300]}); "
+        f"filesystem {mount}: {room}"
+    )

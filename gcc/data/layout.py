@@ -1,6 +1,7 @@
 """The prepared layout (docs/design.md §4, docs/data_format.md), read and validated: `index/clips.jsonl`, per-clip
 `latents/`, `sem/`, `meta/`, the text table and `READY`. The counterpart of `gcc.data.synth`'s writer; used by the
 converter, `gcc.tools.sample` and the tests. Every error is a `BadInput` naming the file, clip and field."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,15 @@ from gcc.geometry import ORTHOGRAPHIC, PROJECTIONS, Geometry
 from gcc.names import UnsafeName, check_component, check_text_key
 from gcc.vocab import NULL_PROMPT, invalid_values
 
-INDEX_FIELDS = {"clip_id": str, "run": str, "subset": str, "scene": str, "split": str, "drop": bool,
-                "context_keys": list}
+INDEX_FIELDS = {
+    "clip_id": str,
+    "run": str,
+    "subset": str,
+    "scene": str,
+    "split": str,
+    "drop": bool,
+    "context_keys": list,
+}
 NAME_FIELDS = ("clip_id", "run", "subset", "scene")  # each names files (latents/<clip_id>..., raw/<subset>/...)
 
 
@@ -59,11 +67,14 @@ def read_index(src: Path) -> list[dict[str, Any]]:
             if name not in row:
                 errors.append(f"{where} (clip {row.get('clip_id', '?')}): field '{name}' missing")
             elif not isinstance(row[name], typ):
-                errors.append(f"{where} (clip {row.get('clip_id', '?')}): field '{name}' must be "
-                              f"{typ.__name__}, got {type(row[name]).__name__}")
+                errors.append(
+                    f"{where} (clip {row.get('clip_id', '?')}): field '{name}' must be "
+                    f"{typ.__name__}, got {type(row[name]).__name__}"
+                )
         if row.get("split") not in SPLITS and isinstance(row.get("split"), str):
-            errors.append(f"{where} (clip {row.get('clip_id')}): field 'split' must be one of {SPLITS}, "
-                          f"got {row['split']!r}")
+            errors.append(
+                f"{where} (clip {row.get('clip_id')}): field 'split' must be one of {SPLITS}, got {row['split']!r}"
+            )
         if isinstance(row.get("context_keys"), list) and not all(isinstance(k, str) for k in row["context_keys"]):
             errors.append(f"{where} (clip {row.get('clip_id')}): field 'context_keys' must be a list of str")
         for name in NAME_FIELDS:
@@ -92,8 +103,10 @@ def check_splits(rows: list[dict[str, Any]]) -> None:
     runs = {s: {r["run"] for r in by[s]} for s in SPLITS}
     shared_runs = sorted(runs["train"] & runs["val"])
     if shared_runs:
-        raise BadInput(f"train/val overlap: run(s) {shared_runs[:10]} have clips in both splits "
-                       f"({len(shared_runs)} runs); a run must belong to one split")
+        raise BadInput(
+            f"train/val overlap: run(s) {shared_runs[:10]} have clips in both splits "
+            f"({len(shared_runs)} runs); a run must belong to one split"
+        )
 
 
 def read_text_table(src: Path) -> tuple[list[str], tuple[int, int], str]:
@@ -157,14 +170,23 @@ def validate_meta(meta: Any, clip_id: str, geo: Geometry, where: str) -> None:
     if meta["dst_hw"] != [hgt, wid]:
         raise bad("dst_hw", f"{[hgt, wid]} (the sem ids' H, W)", meta["dst_hw"])
     gz = meta.get("ground_z")
-    if not (isinstance(gz, list) and len(gz) == n_frames and
-            all(isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isinf(v) for v in gz)):
-        raise bad("ground_z", f"a list of {n_frames} numbers (NaN allowed)",
-                  f"{type(gz).__name__} of length {len(gz) if isinstance(gz, list) else '-'}")
+    if not (
+        isinstance(gz, list)
+        and len(gz) == n_frames
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isinf(v) for v in gz)
+    ):
+        raise bad(
+            "ground_z",
+            f"a list of {n_frames} numbers (NaN allowed)",
+            f"{type(gz).__name__} of length {len(gz) if isinstance(gz, list) else '-'}",
+        )
     cams = meta.get("cameras")
     if not (isinstance(cams, list) and len(cams) == n_frames):
-        raise bad("cameras", f"a list of {n_frames} cameras",
-                  f"{type(cams).__name__} of length {len(cams) if isinstance(cams, list) else '-'}")
+        raise bad(
+            "cameras",
+            f"a list of {n_frames} cameras",
+            f"{type(cams).__name__} of length {len(cams) if isinstance(cams, list) else '-'}",
+        )
     for i, cam in enumerate(cams):
         f = f"cameras[{i}]"
         if not isinstance(cam, dict):
@@ -201,14 +223,16 @@ def _read_member(cid: str, path: Path, key: str):
     raise BadInput(f"clip {cid}: {path}: key '{key}' missing (has {keys[:5]})")
 
 
-def _check_array(cid: str, path: Path, key: str, dtype, shape: tuple, want_dtype, want_shape: tuple,
-                 shape_note: str) -> None:
+def _check_array(
+    cid: str, path: Path, key: str, dtype, shape: tuple, want_dtype, want_shape: tuple, shape_note: str
+) -> None:
     if dtype != want_dtype:
         name = str(want_dtype).replace("torch.", "").replace("<class 'numpy.", "").rstrip("'>")
         raise BadInput(f"clip {cid}: {path}: '{key}' dtype must be {name}, got {dtype}")
     if shape != tuple(want_shape):
-        raise BadInput(f"clip {cid}: {path}: '{key}' shape must be {list(want_shape)} ({shape_note}), "
-                       f"got {list(shape)}")
+        raise BadInput(
+            f"clip {cid}: {path}: '{key}' shape must be {list(want_shape)} ({shape_note}), got {list(shape)}"
+        )
 
 
 def load_clip(src: Path, row: dict[str, Any], geo: Geometry, ids_of: dict[str, int]) -> dict[str, Any]:
@@ -221,25 +245,44 @@ def load_clip(src: Path, row: dict[str, Any], geo: Geometry, ids_of: dict[str, i
             raise BadInput(f"clip {cid}: {kind} file {p} is missing")
     keys = row["context_keys"]
     if len(keys) != geo.T:
-        raise BadInput(f"clip {cid}: index field 'context_keys' must hold {geo.T} keys (one per "
-                       f"latent frame), got {len(keys)}")
+        raise BadInput(
+            f"clip {cid}: index field 'context_keys' must hold {geo.T} keys (one per latent frame), got {len(keys)}"
+        )
     unknown = sorted(set(keys) - set(ids_of))
     if unknown:
         raise BadInput(f"clip {cid}: index field 'context_keys' has keys not in the text table: {unknown[:5]}")
     lat = _read_member(cid, paths["latents"], "input_latents")
-    _check_array(cid, paths["latents"], "input_latents", lat.dtype, tuple(lat.shape), torch.bfloat16, geo.latent_shape,
-                 "the dataset geometry")
+    _check_array(
+        cid,
+        paths["latents"],
+        "input_latents",
+        lat.dtype,
+        tuple(lat.shape),
+        torch.bfloat16,
+        geo.latent_shape,
+        "the dataset geometry",
+    )
     finite = torch.isfinite(lat)
     if not bool(finite.all()):
-        raise BadInput(f"clip {cid}: {paths['latents']}: 'input_latents' must be finite, has "
-                       f"{int((~finite).sum())} NaN/inf values")
+        raise BadInput(
+            f"clip {cid}: {paths['latents']}: 'input_latents' must be finite, has {int((~finite).sum())} NaN/inf values"
+        )
     sem = _read_member(cid, paths["sem"], "ids")
-    _check_array(cid, paths["sem"], "ids", sem.dtype, tuple(sem.shape), np.uint8, geo.sem_shape,
-                 "F = 4·(T−1)+1, H, W = 16·latent h, w")
+    _check_array(
+        cid,
+        paths["sem"],
+        "ids",
+        sem.dtype,
+        tuple(sem.shape),
+        np.uint8,
+        geo.sem_shape,
+        "F = 4·(T−1)+1, H, W = 16·latent h, w",
+    )
     bad_vals = invalid_values(sem, "parts")
     if bad_vals:
-        raise BadInput(f"clip {cid}: {paths['sem']}: 'ids' holds values {bad_vals[:10]} outside the "
-                       f"vocabulary (0..6, 10..21, 255)")
+        raise BadInput(
+            f"clip {cid}: {paths['sem']}: 'ids' holds values {bad_vals[:10]} outside the vocabulary (0..6, 10..21, 255)"
+        )
     # meta
     meta_text = read_text(paths["meta"], f"clip {cid}: ")
     try:
@@ -251,8 +294,11 @@ def load_clip(src: Path, row: dict[str, Any], geo: Geometry, ids_of: dict[str, i
 
 
 def clip_files(src: Path, cid: str) -> dict[str, Path]:
-    return {"latents": src / "latents" / f"{cid}.safetensors", "sem": src / "sem" / f"{cid}.npz",
-            "meta": src / "meta" / f"{cid}.json"}
+    return {
+        "latents": src / "latents" / f"{cid}.safetensors",
+        "sem": src / "sem" / f"{cid}.npz",
+        "meta": src / "meta" / f"{cid}.json",
+    }
 
 
 def geometry_of(src: Path, clip_id: str, text_shape: tuple[int, int]) -> Geometry:

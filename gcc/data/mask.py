@@ -38,11 +38,12 @@ The pixel pass is one compare, one multiply, one count and one OR over uint8, a 
 `cap` costs more (≈30–60 ms): every frame whose coverage at τ exceeds the cap needs its own quantile
 (gcc/data/mask_cap.py).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -122,12 +123,12 @@ def static_cell_counts(ids: np.ndarray, chunk: int = 8) -> np.ndarray:
     f, h, w = ids.shape
     out = np.empty((f, h // CELL, w // CELL), dtype=np.int32)
     for a in range(0, f, chunk):
-        part = ids[a:a + chunk]
+        part = ids[a : a + chunk]
         s = np.less_equal(part, STATIC_MAX).view(np.uint8)  # 0/1 bytes
         # 4 horizontal bytes of a cell-row = one uint32: add the 4 rows, then sum the 4 bytes (each <= 4)
         rows = s.reshape(len(part), h // CELL, CELL, w).view(np.uint32)  # [k, h4, 4, w4]
         acc = rows.sum(axis=2, dtype=np.uint32)
-        out[a:a + chunk] = (acc * np.uint32(0x01010101)) >> np.uint32(24)
+        out[a : a + chunk] = (acc * np.uint32(0x01010101)) >> np.uint32(24)
     return out
 
 
@@ -151,16 +152,20 @@ class _Clip:
         self.ortho = np.asarray(cameras.orthographic, dtype=bool)
         self.L = cameras.location
         self.hgt = gz - self.L[:, 2]  # [F]
-        self.dmax = np.where(self.ortho, 1.0, np.sqrt(1.0 + self.half_w ** 2 + self.half_h ** 2))
+        self.dmax = np.where(self.ortho, 1.0, np.sqrt(1.0 + self.half_w**2 + self.half_h**2))
         fz = self.fwd[:, 2]
         # perspective: a lower bound of |D_z| over the sure-hit cells (corners when no horizon is in view)
         a_c = self.half_w[:, None] * self.ndcx[[0, -1]][None]  # [F, 2]
         b_c = self.b[:, [0, -1]]  # [F, 2]
-        dz_c = (fz[:, None, None] + self.up[:, 2, None, None] * b_c[:, :, None]
-                + self.right[:, 2, None, None] * a_c[:, None, :])
+        dz_c = (
+            fz[:, None, None]
+            + self.up[:, 2, None, None] * b_c[:, :, None]
+            + self.right[:, 2, None, None] * a_c[:, None, :]
+        )
         same = (dz_c > 0).all((1, 2)) | (dz_c < 0).all((1, 2))
-        self.dzmin = np.where(same, np.maximum(np.abs(dz_c).min((1, 2)) * (1 - 1e-9), _DELTA * self.dmax),
-                              _DELTA * self.dmax)
+        self.dzmin = np.where(
+            same, np.maximum(np.abs(dz_c).min((1, 2)) * (1 - 1e-9), _DELTA * self.dmax), _DELTA * self.dmax
+        )
         # orthographic frames with a (near) horizontal view: evaluate the whole frame exactly
         self.frame_exact = self.ortho & (np.abs(fz) < _DELTA)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -204,15 +209,29 @@ class _Clip:
             g0_p = (ft - k * fz)[:, None] + (ut - k * uz)[:, None] * self.b
             gx_p = (rt - k * rz) * self.half_w
             dm = self.dmax
-            tol_p = _SAFETY * 8 * _EPS * (dm * (dm / self.dzmin + 2.0 + np.abs(k))
-                                          + 2.0 * (lxy + np.abs(taum)) * dm / np.abs(hsafe))
+            tol_p = (
+                _SAFETY
+                * 8
+                * _EPS
+                * (dm * (dm / self.dzmin + 2.0 + np.abs(k)) + 2.0 * (lxy + np.abs(taum)) * dm / np.abs(hsafe))
+            )
             # orthographic: proj − τ = (L_θ − τ + r·h) + a·(r_θ − r·r_z) + b·(u_θ − r·u_z), r = f_θ / f_z
             r = ft * self.inv_fz
             g0_o = (Lt - taum + r * self.hgt)[:, None] + (ut - r * uz)[:, None] * self.b
             gx_o = (rt - r * rz) * self.half_w
-            tol_o = _SAFETY * 8 * _EPS * (lxy + np.abs(self.L[:, 2]) + abs(self.gz) + np.abs(taum)
-                                          + (self.half_w + self.half_h) * (1.0 + 2.0 * np.abs(self.inv_fz))
-                                          + 2.0 * np.abs(self.hgt * self.inv_fz))
+            tol_o = (
+                _SAFETY
+                * 8
+                * _EPS
+                * (
+                    lxy
+                    + np.abs(self.L[:, 2])
+                    + abs(self.gz)
+                    + np.abs(taum)
+                    + (self.half_w + self.half_h) * (1.0 + 2.0 * np.abs(self.inv_fz))
+                    + 2.0 * np.abs(self.hgt * self.inv_fz)
+                )
+            )
         o = self.ortho
         g0 = np.where(o[:, None], g0_o, g0_p)
         gx = np.where(o, gx_o, gx_p)
@@ -319,9 +338,19 @@ class _Clip:
         """Upper bound (with margin) of |fast − exact| projection for non-ambiguous cells of frame f."""
         lxy = abs(self.L[f, 0]) + abs(self.L[f, 1])
         if self.ortho[f]:
-            return float(_SAFETY * 8 * _EPS * (lxy + abs(self.L[f, 2]) + abs(self.gz) + tau_abs
-                                               + (self.half_w[f] + self.half_h[f]) * (1 + 2 * abs(self.inv_fz[f]))
-                                               + 2 * abs(self.hgt[f] * self.inv_fz[f])))
+            return float(
+                _SAFETY
+                * 8
+                * _EPS
+                * (
+                    lxy
+                    + abs(self.L[f, 2])
+                    + abs(self.gz)
+                    + tau_abs
+                    + (self.half_w[f] + self.half_h[f]) * (1 + 2 * abs(self.inv_fz[f]))
+                    + 2 * abs(self.hgt[f] * self.inv_fz[f])
+                )
+            )
         ratio = self.dmax[f] / self.dzmin[f]  # <= 1/δ: |D|/|D_z| over the sure-hit cells
         return float(_SAFETY * 8 * _EPS * (lxy + tau_abs + abs(self.hgt[f]) * ratio * (ratio + 2.0)))
 
@@ -372,9 +401,15 @@ def _row_sum(cw: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return d[..., 0].sum(1, dtype=np.int64)
 
 
-def unknown_cells(cameras: Cameras, gz: float, hw: tuple[int, int], params: MaskParams, weights: np.ndarray,
-                  calibration: str = "frame0", max_frame_coverage: float = DEFAULT_MAX_FRAME_COVERAGE,
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def unknown_cells(
+    cameras: Cameras,
+    gz: float,
+    hw: tuple[int, int],
+    params: MaskParams,
+    weights: np.ndarray,
+    calibration: str = "frame0",
+    max_frame_coverage: float = DEFAULT_MAX_FRAME_COVERAGE,
+) -> tuple[np.ndarray, np.ndarray]:
     """The mask on the pooled grid: masked cells bool [F, h4, w4] (a static pixel is masked iff its cell is)
     and the thresholds τ_f per frame and plane [F, K]. `weights`: static pixels per cell, [F, h4, w4]
     (for ``frame0`` only weights[0] is read, so [1, h4, w4] is enough)."""
@@ -388,8 +423,12 @@ def unknown_cells(cameras: Cameras, gz: float, hw: tuple[int, int], params: Mask
 
     hit_iv = clip.intervals(*clip.hit_function())
     # τ per plane: the exact weighted quantile of frame 0's static finite projections
-    tau = np.array([_frame_quantiles(clip, np.zeros(1, dtype=np.int64), thetas[k], weights, hit_iv, 1.0 - qs[k])[0]
-                    for k in range(K)])
+    tau = np.array(
+        [
+            _frame_quantiles(clip, np.zeros(1, dtype=np.int64), thetas[k], weights, hit_iv, 1.0 - qs[k])[0]
+            for k in range(K)
+        ]
+    )
     taus = np.broadcast_to(tau, (nf, K)).copy()
     if calibration == "cap":
         from gcc.data.mask_cap import cap_taus  # imported here: mask_cap builds on this module's helpers
@@ -411,8 +450,9 @@ def unknown_cells(cameras: Cameras, gz: float, hw: tuple[int, int], params: Mask
     return masked, taus
 
 
-def _frame_quantiles(clip: _Clip, frames: np.ndarray, theta: float, weights: np.ndarray, hit_iv, p: float,
-                     lower: float = -math.inf) -> np.ndarray:
+def _frame_quantiles(
+    clip: _Clip, frames: np.ndarray, theta: float, weights: np.ndarray, hit_iv, p: float, lower: float = -math.inf
+) -> np.ndarray:
     """Exact :func:`weighted_quantile` at p of the static finite projections of each frame in `frames`
     (+inf for a frame without any). weights: [F, h4, w4]; hit_iv: the hit intervals of all frames.
 
@@ -520,9 +560,15 @@ def _candidate(values: np.ndarray, weights: np.ndarray, t: float) -> float:
     return float(values[o[min(k, n - 1)]])
 
 
-def apply_unknown_mask(ids: np.ndarray, cameras: Cameras, ground_z: Sequence[float], params: MaskParams,
-                       calibration: str = "frame0", max_frame_coverage: float = DEFAULT_MAX_FRAME_COVERAGE,
-                       inplace: bool = False) -> tuple[np.ndarray, float]:
+def apply_unknown_mask(
+    ids: np.ndarray,
+    cameras: Cameras,
+    ground_z: Sequence[float],
+    params: MaskParams,
+    calibration: str = "frame0",
+    max_frame_coverage: float = DEFAULT_MAX_FRAME_COVERAGE,
+    inplace: bool = False,
+) -> tuple[np.ndarray, float]:
     """Apply the world-anchored UNKNOWN mask (docs/design.md §6) to raw parts ids uint8 [F, H, W] (H, W multiples of 4).
 
     cameras: one per frame (``Cameras.from_meta(meta)``), dst_hw == (H, W); ground_z: [F], NaN allowed.
@@ -536,8 +582,10 @@ def apply_unknown_mask(ids: np.ndarray, cameras: Cameras, ground_z: Sequence[flo
     if h % CELL or w % CELL:
         raise ValueError(f"H, W must be multiples of {CELL}, got {h}x{w}")
     if len(cameras) != nf or tuple(cameras.dst_hw) != (h, w) or len(ground_z) != nf:
-        raise ValueError(f"cameras ({len(cameras)}, dst_hw {cameras.dst_hw}) and ground_z ({len(ground_z)}) "
-                         f"must match ids {ids.shape}")
+        raise ValueError(
+            f"cameras ({len(cameras)}, dst_hw {cameras.dst_hw}) and ground_z ({len(ground_z)}) "
+            f"must match ids {ids.shape}"
+        )
     out = ids if inplace else ids.copy()
     if not out.flags.c_contiguous:
         raise ValueError("ids must be C-contiguous")
@@ -562,12 +610,12 @@ def _apply_cells(out: np.ndarray, cells: np.ndarray, chunk: int = 4) -> float:
     m = np.empty((min(chunk, nf), h, w), dtype=bool)
     n = 0
     for a in range(0, nf, chunk):
-        o = out[a:a + chunk]
-        mm = m[:len(o)]
+        o = out[a : a + chunk]
+        mm = m[: len(o)]
         np.less_equal(o, STATIC_MAX, out=mm)
         mu = mm.view(np.uint8)  # 0/1
         m4 = mu.reshape(len(o), h4, CELL, w)
-        np.multiply(m4, up[a:a + chunk], out=m4)  # 0/255: static pixel of a masked cell
+        np.multiply(m4, up[a : a + chunk], out=m4)  # 0/255: static pixel of a masked cell
         n += np.count_nonzero(mu)
         np.bitwise_or(o, mu, out=o)
     return n / out.size

@@ -7,6 +7,7 @@ coarse estimate on every 4th cell row/column, the bracket is verified with exact
 between the two thresholds are projected and sorted; a full sort of the frame (`mask._frame_quantiles`) remains
 as the fallback when the check fails. Every value equals the per-pixel definition exactly (gcc/data/mask.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,9 @@ import numpy as np
 from gcc.data.mask import _CHUNK, STATS, MaskParams, _Clip, _frame_quantiles, _row_sum, _runs_to_cells
 
 
-def _weights_beyond(clip: _Clip, theta: float, thr: np.ndarray, cw: np.ndarray, wflat: np.ndarray, hit_iv,
-                    hamb: np.ndarray):
+def _weights_beyond(
+    clip: _Clip, theta: float, thr: np.ndarray, cw: np.ndarray, wflat: np.ndarray, hit_iv, hamb: np.ndarray
+):
     """Exact per-frame weights [F] of the static finite cells (w_fin) and of those with projection > thr[f]
     (w_bey; thr = +inf: none), and the plane intervals at thr: sums over the sure runs, then the ambiguous
     cells corrected with their exact status."""
@@ -42,8 +44,9 @@ def _weights_beyond(clip: _Clip, theta: float, thr: np.ndarray, cw: np.ndarray, 
     return w_fin, w_bey, piv
 
 
-def cap_taus(clip: _Clip, params: MaskParams, weights: np.ndarray, tau: np.ndarray, hit_iv,
-              max_cov: float) -> np.ndarray:
+def cap_taus(
+    clip: _Clip, params: MaskParams, weights: np.ndarray, tau: np.ndarray, hit_iv, max_cov: float
+) -> np.ndarray:
     """τ_f = max(τ, weighted_quantile(frame f's static finite projections, 1 − max_cov)) per frame, plane."""
     nf, K = len(clip.cameras), len(tau)
     h4, w4 = clip.h4, clip.w4
@@ -69,7 +72,7 @@ def cap_taus(clip: _Clip, params: MaskParams, weights: np.ndarray, tau: np.ndarr
         STATS["cap_bracketed"] += int(ok.sum())
         STATS["cap_sorted"] += int(rest.size)
         for a in range(0, rest.size, _CHUNK):  # a few frames at a time: the temporaries stay in cache
-            fs = rest[a:a + _CHUNK]
+            fs = rest[a : a + _CHUNK]
             taus[fs, k] = _frame_quantiles(clip, fs, theta, weights, hit_iv, p, lower=float(tau[k]))
     return taus
 
@@ -78,8 +81,19 @@ _EST_STRIDE = 4  # coarse estimate: every 4th cell row and column
 _EST_EPS = 0.03  # bracket: the coarse quantiles at p ± 0.03
 
 
-def _bracketed_quantiles(clip: _Clip, frames: np.ndarray, theta: float, weights: np.ndarray, cw, wflat, hit_iv,
-                         hamb, p: float, tau: float, w_fin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _bracketed_quantiles(
+    clip: _Clip,
+    frames: np.ndarray,
+    theta: float,
+    weights: np.ndarray,
+    cw,
+    wflat,
+    hit_iv,
+    hamb,
+    p: float,
+    tau: float,
+    w_fin: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """Exact quantiles at p (> τ) of the given frames through a verified bracket: the quantiles at p ± ε of
     a coarse subgrid give (lo, hi]; the exact weight counts at lo and hi (row runs) check that the quantile
     lies inside; only the cells of the runs between the two thresholds are then projected and sorted, with
@@ -176,7 +190,7 @@ def _bracketed_quantiles(clip: _Clip, frames: np.ndarray, theta: float, weights:
         if not good[n]:
             state.append(None)
             continue
-        sl = srt[starts[n]:starts[n] + cnt[n]]
+        sl = srt[starts[n] : starts[n] + cnt[n]]
         v_n, w_n = vals[sl], wv[sl]
         tn = float(t[ok][n]) - float(c_lo[ok][n])
         o = np.argsort(v_n, kind="stable")

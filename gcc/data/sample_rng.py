@@ -11,6 +11,7 @@ visits or the resume point. The draw order is fixed:
 
 ``drop_text = u_text < p_text``, ``drop_cond = u_cond < p_cond``. The val split passes all probabilities 0.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,8 +42,9 @@ def sample_rng(seed: int, epoch: int, sample_id: int) -> np.random.Generator:
     return np.random.default_rng(key)
 
 
-def draw_sample(seed: int, epoch: int, sample_id: int, p_text: float = P_TEXT, p_cond: float = P_COND,
-                p_mask: float = P_MASK) -> SampleDraw:
+def draw_sample(
+    seed: int, epoch: int, sample_id: int, p_text: float = P_TEXT, p_cond: float = P_COND, p_mask: float = P_MASK
+) -> SampleDraw:
     """All random decisions of one sample (see the module docstring for the order)."""
     rng = sample_rng(seed, epoch, sample_id)
     u_text, u_cond, u_mask = (float(u) for u in rng.random(3))

@@ -16,6 +16,7 @@ pickled column is ever decoded; shard names must be the converter's; the sample 
 and decodes each sample through `SplitFormat.decode` (shapes and ids checked against the manifest before
 anything is allocated from them). The manifest itself is checked by `check_manifest` when it is read.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -114,11 +115,15 @@ def decode_sem(blob: bytes, shape, out: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
-def encode_clip(row: dict[str, Any], context_ids: np.ndarray, latents: torch.Tensor, sem_ids: np.ndarray,
-                meta_text: str) -> dict[str, Any]:
+def encode_clip(
+    row: dict[str, Any], context_ids: np.ndarray, latents: torch.Tensor, sem_ids: np.ndarray, meta_text: str
+) -> dict[str, Any]:
     """One MDS sample from a validated clip."""
     return {
-        "clip_id": row["clip_id"], "run": row["run"], "subset": row["subset"], "scene": row["scene"],
+        "clip_id": row["clip_id"],
+        "run": row["run"],
+        "subset": row["subset"],
+        "scene": row["scene"],
         "drop": int(bool(row["drop"])),
         "context_ids": np.asarray(context_ids, dtype=np.int64),
         "input_latents": bf16_to_bits(latents),
@@ -144,13 +149,19 @@ class ClipRecord:
     meta_text: str
 
     @staticmethod
-    def from_sample(s: dict[str, Any], empty=None) -> "ClipRecord":
+    def from_sample(s: dict[str, Any], empty=None) -> ClipRecord:
         """`empty(shape, dtype)` allocates the latents tensor (default torch.empty)."""
         return ClipRecord(
-            clip_id=s["clip_id"], run=s["run"], subset=s["subset"], scene=s["scene"], drop=bool(s["drop"]),
+            clip_id=s["clip_id"],
+            run=s["run"],
+            subset=s["subset"],
+            scene=s["scene"],
+            drop=bool(s["drop"]),
             context_ids=np.array(s["context_ids"], dtype=np.int64),
             input_latents=bits_to_bf16(s["input_latents"], empty),
-            sem_shape=tuple(int(v) for v in s["sem_shape"]), sem_zst=s["sem_zst"], meta_text=s["meta"],
+            sem_shape=tuple(int(v) for v in s["sem_shape"]),
+            sem_zst=s["sem_zst"],
+            meta_text=s["meta"],
         )
 
     def sem_ids(self, out: np.ndarray | None = None) -> np.ndarray:
@@ -166,16 +177,19 @@ MAX_ELEMENTS = {"latents": 1 << 28, "sem": 1 << 31, "text": 1 << 26}
 
 
 def _positive_ints(v: Any, n: int) -> bool:
-    return isinstance(v, list) and len(v) == n and all(isinstance(x, int) and not isinstance(x, bool) and x > 0
-                                                       for x in v)
+    return (
+        isinstance(v, list) and len(v) == n and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v)
+    )
 
 
 def check_manifest(m: Any, where: str) -> dict[str, Any]:
     """A manifest as convert_data writes it: the fields every reader relies on, with sane types, sizes and names
     (clip ids and runs are names from outside: gcc.names). Raises BadInput naming `where` and the field."""
+
     def bad(field: str, expected: str) -> BadInput:
-        return BadInput(f"{where}: field {field!r} must be {expected}; not a manifest that convert_data wrote "
-                        f"(reconvert the data)")
+        return BadInput(
+            f"{where}: field {field!r} must be {expected}; not a manifest that convert_data wrote (reconvert the data)"
+        )
 
     if not isinstance(m, dict):
         raise bad("(root)", "a JSON object")
@@ -223,8 +237,10 @@ def read_manifest(out: str) -> dict[str, Any]:
     missing, incomplete or not one of convert_data's."""
     url = storage.join(out, MANIFEST)
     if not storage.exists(url):
-        raise BadInput(f"{out}: no {MANIFEST} — not a finished conversion (run convert_data, or let a "
-                       f"killed conversion finish by rerunning it)")
+        raise BadInput(
+            f"{out}: no {MANIFEST} — not a finished conversion (run convert_data, or let a "
+            f"killed conversion finish by rerunning it)"
+        )
     return parse_manifest(storage.read_bytes(url), url)
 
 
@@ -245,9 +261,11 @@ def check_index(data: bytes, manifest: dict[str, Any], split: str, where: str) -
     exactly `COLUMNS`: nothing pickled is ever decoded), every shard name is the converter's (gcc.names), every
     shard carries the hash the loader verifies, and the sample counts add up to the manifest's. Raises
     DamagedData naming `where`."""
+
     def bad(what: str) -> DamagedData:
-        return DamagedData(f"{where}: {what}; not the index convert_data wrote (split {split}) — restore or "
-                           f"reconvert it")
+        return DamagedData(
+            f"{where}: {what}; not the index convert_data wrote (split {split}) — restore or reconvert it"
+        )
 
     try:
         index = json.loads(data)
@@ -263,14 +281,24 @@ def check_index(data: bytes, manifest: dict[str, Any], split: str, where: str) -
             if sh.get(k) != v:
                 raise bad(f"shard {n}: {k!r} must be {v!r}, got {str(sh.get(k))[:40]!r}")
         names, encodings = sh.get("column_names"), sh.get("column_encodings")
-        if not isinstance(names, list) or not isinstance(encodings, list) or len(names) != len(encodings) \
-                or dict(zip(names, encodings)) != COLUMNS or len(names) != len(COLUMNS):
-            raise bad(f"shard {n}: columns must be exactly {COLUMNS} (got {str(dict(zip(names or [], encodings or [])))[:300]})")
+        if (
+            not isinstance(names, list)
+            or not isinstance(encodings, list)
+            or len(names) != len(encodings)
+            or dict(zip(names, encodings)) != COLUMNS
+            or len(names) != len(COLUMNS)
+        ):
+            raise bad(
+                f"shard {n}: columns must be exactly {COLUMNS} (got {str(dict(zip(names or [], encodings or [])))[:300]})"
+            )
         if sh.get("compression") not in COMPRESSIONS:
             raise bad(f"shard {n}: compression must be one of {COMPRESSIONS}, got {str(sh.get('compression'))[:40]!r}")
         raw, zipped = sh.get("raw_data"), sh.get("zip_data")
-        if not isinstance(raw, dict) or (zipped is not None and not isinstance(zipped, dict)) \
-                or (zipped is None) != (sh["compression"] is None):
+        if (
+            not isinstance(raw, dict)
+            or (zipped is not None and not isinstance(zipped, dict))
+            or (zipped is None) != (sh["compression"] is None)
+        ):
             raise bad(f"shard {n}: raw_data/zip_data do not match its compression")
         for info, suffix in ((raw, ".mds"), (zipped, ".mds.zstd")):
             if info is None:
@@ -292,8 +320,10 @@ def check_index(data: bytes, manifest: dict[str, Any], split: str, where: str) -
         if total > manifest["counts"][split]:
             break
     if total != manifest["counts"][split]:
-        raise bad(f"its shards hold {total if total <= manifest['counts'][split] else 'more than ' + str(total)} "
-                  f"samples, the manifest {manifest['counts'][split]}")
+        raise bad(
+            f"its shards hold {total if total <= manifest['counts'][split] else 'more than ' + str(total)} "
+            f"samples, the manifest {manifest['counts'][split]}"
+        )
     return index
 
 
@@ -310,26 +340,37 @@ class SplitFormat:
     text_keys: int
 
     @classmethod
-    def of(cls, manifest: dict[str, Any], split: str) -> "SplitFormat":
+    def of(cls, manifest: dict[str, Any], split: str) -> SplitFormat:
         g = manifest["geometry"]
-        return cls(split, tuple(manifest["splits"][split]["clip_ids"]), tuple(g["latents"]), tuple(g["sem"]),
-                   int(manifest["text_keys"]))
+        return cls(
+            split,
+            tuple(manifest["splits"][split]["clip_ids"]),
+            tuple(g["latents"]),
+            tuple(g["sem"]),
+            int(manifest["text_keys"]),
+        )
 
     def decode(self, s: dict[str, Any], sample_id: int, where: str, empty=None) -> ClipRecord:
         """The sample as a ClipRecord, or ValueError naming the field and what the manifest expects."""
         want = self.clip_ids[sample_id] if 0 <= sample_id < len(self.clip_ids) else None
         if s.get("clip_id") != want:
-            raise ValueError(f"{where}: sample {sample_id} holds clip {str(s.get('clip_id'))[:80]!r}, the manifest "
-                             f"says {want!r}")
-        checks = (("input_latents", np.shape(s["input_latents"]), self.latents),
-                  ("sem_shape", tuple(int(v) for v in np.ravel(s["sem_shape"])), self.sem),
-                  ("context_ids", np.shape(s["context_ids"]), self.latents[1:2]))
+            raise ValueError(
+                f"{where}: sample {sample_id} holds clip {str(s.get('clip_id'))[:80]!r}, the manifest says {want!r}"
+            )
+        checks = (
+            ("input_latents", np.shape(s["input_latents"]), self.latents),
+            ("sem_shape", tuple(int(v) for v in np.ravel(s["sem_shape"])), self.sem),
+            ("context_ids", np.shape(s["context_ids"]), self.latents[1:2]),
+        )
         for field, got, expected in checks:
             if tuple(got) != tuple(expected):
-                raise ValueError(f"{where}: clip {want}: {field} is {list(got)}, the manifest's geometry says "
-                                 f"{list(expected)}")
+                raise ValueError(
+                    f"{where}: clip {want}: {field} is {list(got)}, the manifest's geometry says {list(expected)}"
+                )
         ids = np.asarray(s["context_ids"])
         if ids.size and (ids.min() < 0 or ids.max() >= self.text_keys):
-            raise ValueError(f"{where}: clip {want}: context_ids must be in [0, {self.text_keys}), got "
-                             f"{int(ids.min())}..{int(ids.max())}")
+            raise ValueError(
+                f"{where}: clip {want}: context_ids must be in [0, {self.text_keys}), got "
+                f"{int(ids.min())}..{int(ids.max())}"
+            )
         return ClipRecord.from_sample(s, empty)

@@ -8,15 +8,16 @@ Writes are atomic where the store allows: local files go through `atomic_path` (
 rename, fsync of the folder); an S3 PUT is atomic. Every file the project must never leave half-written goes
 through `atomic_path` / `atomic_write`.
 """
+
 from __future__ import annotations
 
 import hashlib
 import os
 import shutil
 import urllib.parse
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from gcc.data.errors import StorageUnavailable, disk_full, is_unreachable
 
@@ -107,8 +108,12 @@ def s3_config(read_timeout: float = 60, unsigned: bool = False):
     from botocore.config import Config
 
     extra = {"signature_version": UNSIGNED} if unsigned else {}
-    return Config(retries={"mode": "standard", "total_max_attempts": s3_attempts()},
-                  connect_timeout=S3_CONNECT_TIMEOUT_S, read_timeout=read_timeout, **extra)
+    return Config(
+        retries={"mode": "standard", "total_max_attempts": s3_attempts()},
+        connect_timeout=S3_CONNECT_TIMEOUT_S,
+        read_timeout=read_timeout,
+        **extra,
+    )
 
 
 def _s3():
@@ -119,8 +124,9 @@ def _s3():
 
 def unavailable(where: str, e: BaseException) -> StorageUnavailable:
     """The error for a store that did not answer while reading `where` (after botocore's retries)."""
-    return StorageUnavailable(f"{where}: object storage did not answer after {s3_attempts()} attempts "
-                              f"({type(e).__name__}: {e})")
+    return StorageUnavailable(
+        f"{where}: object storage did not answer after {s3_attempts()} attempts ({type(e).__name__}: {e})"
+    )
 
 
 @contextmanager
@@ -240,7 +246,7 @@ def list_prefix(url: str) -> list[str]:
     prefix = prefix.rstrip("/") + "/"
     with _unreachable_named(url):
         pages = _s3().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        return sorted(o["Key"][len(prefix):] for page in pages for o in page.get("Contents", []))
+        return sorted(o["Key"][len(prefix) :] for page in pages for o in page.get("Contents", []))
 
 
 def delete_keys(url: str, keys: list[str]) -> None:
@@ -250,8 +256,7 @@ def delete_keys(url: str, keys: list[str]) -> None:
     client = _s3()
     for i in range(0, len(keys), 1000):
         with _unreachable_named(url):
-            client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": prefix + k} for k in keys[i:i + 1000]]})
-
+            client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": prefix + k} for k in keys[i : i + 1000]]})
 
 
 # ---- conditional writes (S3 If-Match / If-None-Match): the checkpoint commit log (gcc/train/checkpoint_store.py)

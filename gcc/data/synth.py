@@ -32,6 +32,7 @@ Same seed => identical bytes of every file (fixed zip/tar timestamps, sorted mem
 Besides the prepared layout, the root holds `synth.json` (MARKER: generator, seed, clips, geometry): the explicit
 mark of this world's data, whose latents `gcc.data.synth_decode` turns back into classes without a VAE.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,8 +64,7 @@ CELL_CM = 400.0  # static region size
 # the marker of data made here: gcc-sample decodes such data with gcc.data.synth_decode, no VAE (docs/sample.md)
 MARKER = "synth.json"
 LAYOUT = ("index", "latents", "sem", "meta", "text", "raw", MARKER, "READY")
-PROMPT_KEYS = ("boss_fight_desert", "boss_fight_forest", "explore_village", "cross_river", "chase_path",
-               "idle_meadow")
+PROMPT_KEYS = ("boss_fight_desert", "boss_fight_forest", "explore_village", "cross_river", "chase_path", "idle_meadow")
 
 
 # ---- geometry presets ----------------------------------------------------------------------------------
@@ -143,7 +143,8 @@ def world_class(world: World, xy: np.ndarray) -> np.ndarray:
 
 # Characters: (part id, A, B, radius) in local cm, facing +X, Z up from the ground.
 PLAYER_CAPSULES = (
-    (13, (0, -25, 40), (0, -25, 150), 32), (13, (0, 25, 40), (0, 25, 150), 32),  # legs
+    (13, (0, -25, 40), (0, -25, 150), 32),
+    (13, (0, 25, 40), (0, 25, 150), 32),  # legs
     (11, (0, 0, 170), (0, 0, 260), 55),  # torso
     (10, (0, 0, 315), (0, 0, 330), 40),  # head
     (12, (0, -110, 255), (0, 110, 255), 26),  # arms
@@ -151,7 +152,8 @@ PLAYER_CAPSULES = (
     (15, (40, 110, 200), (160, 110, 360), 20),  # weapon
 )
 BOSS_CAPSULES = (
-    (19, (0, -60, 70), (0, -60, 260), 65), (19, (0, 60, 70), (0, 60, 260), 65),  # legs
+    (19, (0, -60, 70), (0, -60, 260), 65),
+    (19, (0, 60, 70), (0, 60, 260), 65),  # legs
     (17, (0, 0, 310), (0, 0, 480), 110),  # torso
     (16, (70, 0, 570), (100, 0, 590), 70),  # head
     (18, (0, -200, 450), (0, 200, 450), 45),  # arms
@@ -189,9 +191,12 @@ def make_scene(seed: int, i: int, geometry: str | Geometry) -> ClipScene:
     rng = np.random.default_rng([int(seed), int(i), 7])
     F = g.F
     gz = float(rng.uniform(-400.0, 400.0))
-    world = World(table=rng.integers(0, 6, size=(64, 64)).astype(np.uint8), warp_amp=float(rng.uniform(60.0, 160.0)),
-                  warp_freq=(float(rng.uniform(0.004, 0.01)), float(rng.uniform(0.004, 0.01))),
-                  warp_phase=(float(rng.uniform(0, 2 * np.pi)), float(rng.uniform(0, 2 * np.pi))))
+    world = World(
+        table=rng.integers(0, 6, size=(64, 64)).astype(np.uint8),
+        warp_amp=float(rng.uniform(60.0, 160.0)),
+        warp_freq=(float(rng.uniform(0.004, 0.01)), float(rng.uniform(0.004, 0.01))),
+        warp_phase=(float(rng.uniform(0, 2 * np.pi)), float(rng.uniform(0, 2 * np.pi))),
+    )
 
     # camera: travels `dist` cm along `heading`, pitched down
     ortho = i % 3 == 1
@@ -206,13 +211,24 @@ def make_scene(seed: int, i: int, geometry: str | Geometry) -> ClipScene:
     yaw_drift = float(rng.uniform(-15.0, 15.0))
     s = np.linspace(0.0, 1.0, F)
     start = rng.uniform(-5000.0, 5000.0, size=2)
-    loc = np.stack([start[0] + dist * s * math.cos(travel_dir) + 80.0 * np.sin(np.pi * s),
-                    start[1] + dist * s * math.sin(travel_dir),
-                    gz + height + 100.0 * s], -1)
+    loc = np.stack(
+        [
+            start[0] + dist * s * math.cos(travel_dir) + 80.0 * np.sin(np.pi * s),
+            start[1] + dist * s * math.sin(travel_dir),
+            gz + height + 100.0 * s,
+        ],
+        -1,
+    )
     rot = np.stack([pitch0 + 3.0 * np.sin(np.pi * s), yaw0 + yaw_drift * s, np.full(F, roll0)], -1)
-    cams = Cameras(location=loc, rotation=rot, orthographic=np.full(F, ortho),
-                   fov_deg=np.full(F, np.nan if ortho else fov), ortho_width=np.full(F, ortho_w if ortho else np.nan),
-                   src_hw=g.src_hw, dst_hw=g.dst_hw)
+    cams = Cameras(
+        location=loc,
+        rotation=rot,
+        orthographic=np.full(F, ortho),
+        fov_deg=np.full(F, np.nan if ortho else fov),
+        ortho_width=np.full(F, ortho_w if ortho else np.nan),
+        src_hw=g.src_hw,
+        dst_hw=g.dst_hw,
+    )
 
     kind = ground_z_kind(i)
     gzs = [gz] * F
@@ -220,8 +236,13 @@ def make_scene(seed: int, i: int, geometry: str | Geometry) -> ClipScene:
         gzs = [float("nan")] * F
     elif kind == "partial":
         gzs = [float("nan") if f % 3 == 0 else gz for f in range(F)]
-    meta = {"clip_id": clip_id(i), "src_hw": list(g.src_hw), "dst_hw": list(g.dst_hw), "ground_z": gzs,
-            "cameras": cams.to_meta()}
+    meta = {
+        "clip_id": clip_id(i),
+        "src_hw": list(g.src_hw),
+        "dst_hw": list(g.dst_hw),
+        "ground_z": gzs,
+        "cameras": cams.to_meta(),
+    }
     # render from what a reader of the meta json gets, so rays are bit-identical downstream
     cams = Cameras.from_meta(json.loads(json.dumps(meta)))
 
@@ -239,11 +260,15 @@ def make_scene(seed: int, i: int, geometry: str | Geometry) -> ClipScene:
         ph = float(rng.uniform(0, 2 * np.pi))
         head0 = float(rng.uniform(0, 360.0))
         spin = float(rng.uniform(-90.0, 90.0))
-        off = np.stack([rad * math.cos(ang) + wander * np.sin(2 * np.pi * s + ph),
-                        rad * math.sin(ang) + wander * np.cos(2 * np.pi * s + ph)], -1)
+        off = np.stack(
+            [
+                rad * math.cos(ang) + wander * np.sin(2 * np.pi * s + ph),
+                rad * math.sin(ang) + wander * np.cos(2 * np.pi * s + ph),
+            ],
+            -1,
+        )
         tracks.append((parts, scale, centre + off, head0 + spin * s))
-    capsules = [np.concatenate([_capsules_at(p, pos[f], hd[f], gz, sc) for p, sc, pos, hd in tracks])
-                for f in range(F)]
+    capsules = [np.concatenate([_capsules_at(p, pos[f], hd[f], gz, sc) for p, sc, pos, hd in tracks]) for f in range(F)]
 
     # text cells: one key per latent frame, sometimes changing mid-clip
     key0 = PROMPT_KEYS[int(rng.integers(len(PROMPT_KEYS)))]
@@ -362,8 +387,11 @@ def render_frame(scene: ClipScene, f: int) -> tuple[np.ndarray, np.ndarray]:
     tchar = np.full((H, W), np.inf)  # nearest character hit so far (characters may overlap on screen)
     caps_all = scene.capsules[f]
     # characters: big frames test each capsule in its own screen block, small ones each character's block
-    groups = ([caps_all[n:n + 1] for n in range(len(caps_all))] if H * W > 65536 else
-              [caps_all[caps_all[:, 7] < 16], caps_all[caps_all[:, 7] >= 16]])  # player, boss
+    groups = (
+        [caps_all[n : n + 1] for n in range(len(caps_all))]
+        if H * W > 65536
+        else [caps_all[caps_all[:, 7] < 16], caps_all[caps_all[:, 7] >= 16]]
+    )  # player, boss
     for group in groups:
         blk = _char_block(cam, group) if len(group) else None
         if blk is None:
@@ -412,7 +440,7 @@ def rgb_frame(ids: np.ndarray, shade: np.ndarray, src_hw: tuple[int, int]) -> np
 def latent_cell_fractions(ids: np.ndarray, T: int, h: int, w: int, vocab_name: str = "parts") -> np.ndarray:
     """ids uint8 [F, H, W] -> per latent cell class fractions float32 [T, h, w, V] (V = vocab + UNKNOWN).
     Latent frame 0 = pixel frame 0, latent frame k >= 1 = pixel frames 4k-3..4k; cell footprint H/h x W/w."""
-    F, H, W = ids.shape
+    _F, H, W = ids.shape
     V = vocab.num_classes(vocab_name)
     lut = vocab.CHANNEL_LUT[vocab_name].astype(np.int32)
     if vocab.invalid_values(ids, vocab_name):
@@ -462,8 +490,12 @@ def _safetensors_bytes(tensors: dict[str, np.ndarray]) -> bytes:
     import torch
     from safetensors.torch import save
 
-    return save({k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).to(torch.bfloat16)
-                 for k, v in sorted(tensors.items())})
+    return save(
+        {
+            k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).to(torch.bfloat16)
+            for k, v in sorted(tensors.items())
+        }
+    )
 
 
 def npz_bytes(arrays: dict[str, np.ndarray], compresslevel: int = 6) -> bytes:
@@ -503,8 +535,15 @@ def _tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
 def index_row(i: int, context_keys: list[str]) -> dict[str, Any]:
     r = run_of(i)
     subset, scene = run_location(r)
-    return {"clip_id": clip_id(i), "run": f"run{r:03d}", "subset": subset, "scene": scene, "split": split_of(i),
-            "drop": is_dropped(i), "context_keys": list(context_keys)}
+    return {
+        "clip_id": clip_id(i),
+        "run": f"run{r:03d}",
+        "subset": subset,
+        "scene": scene,
+        "split": split_of(i),
+        "drop": is_dropped(i),
+        "context_keys": list(context_keys),
+    }
 
 
 def write_clip(root: Path, seed: int, i: int, g: Geometry) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
@@ -520,8 +559,14 @@ def write_clip(root: Path, seed: int, i: int, g: Geometry) -> tuple[dict[str, An
     return index_row(i, scene.context_keys), members
 
 
-def write_prepared(out: str | os.PathLike, clips: int = 24, geometry: str | Geometry = "tiny", seed: int = 0,
-                   overwrite: bool = False, verbose: bool = False) -> Path:
+def write_prepared(
+    out: str | os.PathLike,
+    clips: int = 24,
+    geometry: str | Geometry = "tiny",
+    seed: int = 0,
+    overwrite: bool = False,
+    verbose: bool = False,
+) -> Path:
     """Write a synthetic dataset in the prepared layout under `out` (created); returns its root Path.
     Refuses a non-empty `out` unless `overwrite` (which removes the layout's entries first)."""
     g = get_geometry(geometry)
@@ -565,8 +610,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="gcc-synth", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="folder for the prepared layout (index/, latents/, ..., READY)")
     ap.add_argument("--clips", type=int, default=24, help="how many clips (train and val runs, round-robin)")
-    ap.add_argument("--geometry", choices=sorted(GEOMETRIES), default="tiny",
-                    help="clip shapes: tiny (CPU tests and demo) or the real run's")
+    ap.add_argument(
+        "--geometry",
+        choices=sorted(GEOMETRIES),
+        default="tiny",
+        help="clip shapes: tiny (CPU tests and demo) or the real run's",
+    )
     ap.add_argument("--seed", type=int, default=0, help="the synthetic world's seed (same seed, same bytes)")
     ap.add_argument("--overwrite", action="store_true", help="replace an existing dataset in --out")
     ap.add_argument("-v", "--verbose", action="store_true", help="print each clip as it is written")
@@ -597,6 +646,7 @@ def main(argv: list[str] | None = None) -> int:
             raise BadInput(f"--out {a.out}: not empty (pass --overwrite to replace the dataset there)") from None
         print(f"wrote {a.clips} {a.geometry} clips to {root} in {time.time() - t0:.1f}s")
         return 0
+
     return run_tool(p.prog, body)
 
 

@@ -12,13 +12,14 @@ A cell covers the 16x16 pixels of its footprint in the pixel frames of its laten
 frame k >= 1 = pixel frames 4k-3..4k, `gcc.geometry.latent_frame_spans`); `cells_to_pixels` paints it there.
 Data made by `gcc.data.synth` carries `synth.MARKER` in its prepared root (`is_synthetic`).
 """
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

@@ -4,6 +4,7 @@ Clips store only the ids of their context cells; a v10 embedding is 4 MB, so cop
 sample would be 88 MB a clip. The table file is mapped once per process and rows are copied out on demand;
 the OS page cache shares them between loader workers.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,9 @@ class TextTable:
 
     def _read_header(self) -> tuple[dict, int]:
         def damaged(what: str) -> DamagedData:
-            return DamagedData(f"{self.path}: not a text table (a safetensors file of BF16 [L, D] prompt "
-                               f"embeddings): {what}")
+            return DamagedData(
+                f"{self.path}: not a text table (a safetensors file of BF16 [L, D] prompt embeddings): {what}"
+            )
 
         try:
             size = self.path.stat().st_size
@@ -54,12 +56,17 @@ class TextTable:
         header.pop("__metadata__", None)
         if NULL_PROMPT not in header:
             raise damaged(f"key {NULL_PROMPT!r} missing (the empty-prompt embedding is required)")
-        if not all(isinstance(h, dict) and isinstance(h.get("shape"), list) and len(h["shape"]) == 2
-                   and all(isinstance(x, int) and x > 0 for x in h["shape"])
-                   and isinstance(h.get("data_offsets"), list) and len(h["data_offsets"]) == 2
-                   and all(isinstance(x, int) and 0 <= x <= size - 8 - n for x in h["data_offsets"])
-                   and h["data_offsets"][1] - h["data_offsets"][0] == 2 * h["shape"][0] * h["shape"][1]
-                   for h in header.values()):
+        if not all(
+            isinstance(h, dict)
+            and isinstance(h.get("shape"), list)
+            and len(h["shape"]) == 2
+            and all(isinstance(x, int) and x > 0 for x in h["shape"])
+            and isinstance(h.get("data_offsets"), list)
+            and len(h["data_offsets"]) == 2
+            and all(isinstance(x, int) and 0 <= x <= size - 8 - n for x in h["data_offsets"])
+            and h["data_offsets"][1] - h["data_offsets"][0] == 2 * h["shape"][0] * h["shape"][1]
+            for h in header.values()
+        ):
             raise damaged("an entry without a [L, D] shape and the data offsets of its bytes inside the file")
         shapes = {tuple(h["shape"]) for h in header.values()}
         dtypes = {h.get("dtype") for h in header.values()}
@@ -87,14 +94,14 @@ class TextTable:
     def row(self, idx: int) -> torch.Tensor:
         n = int(np.prod(self.shape))
         start = int(self._starts[idx])
-        block = np.array(self._map()[start:start + n], copy=True)
+        block = np.array(self._map()[start : start + n], copy=True)
         return torch.from_numpy(block).view(torch.bfloat16).reshape(self.shape)
 
     def read_into(self, idx: int, out: torch.Tensor) -> torch.Tensor:
         """Copy row `idx` straight from the mapped file into `out` (bf16 [L, D], contiguous); returns out."""
         n = int(np.prod(self.shape))
         start = int(self._starts[idx])
-        np.copyto(out.view(torch.uint16).numpy(), self._map()[start:start + n].reshape(self.shape))
+        np.copyto(out.view(torch.uint16).numpy(), self._map()[start : start + n].reshape(self.shape))
         return out
 
     def gather(self, ids, empty=None) -> torch.Tensor:
@@ -106,8 +113,10 @@ class TextTable:
         torch.empty; the loader passes a shared-memory allocator inside DataLoader workers)."""
         ids = [int(i) for i in ids]
         if empty is None:
+
             def empty(shape, dtype):
                 return torch.empty(shape, dtype=dtype)
+
         distinct = set(ids)
         if len(distinct) == 1:
             row = self.read_into(ids[0], empty(tuple(self.shape), torch.bfloat16))

@@ -26,6 +26,7 @@ rank 0) nothing ever unregisters them: when that rank ended, its tracker unlinke
 peers ("resource_tracker: There appear to be N leaked shared_memory objects"), and the creator's own cleanup
 then found them gone. `LoaderWorkerInit` takes these registrations back (`forget_attached_shm`).
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -188,8 +189,12 @@ class LoaderWorkerInit:
         if info is not None:
             forget_attached_shm(info.dataset)
         n = info.num_workers if info is not None else "?"
-        print(f"gcc.data: rank {self.rank} loader worker {worker_id}/{n} started: pid {os.getpid()}, "
-              f"parent {os.getppid()} ({_parent_name()})", file=sys.stderr, flush=True)
+        print(
+            f"gcc.data: rank {self.rank} loader worker {worker_id}/{n} started: pid {os.getpid()}, "
+            f"parent {os.getppid()} ({_parent_name()})",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _deferred_exit(self, signum, frame) -> None:
         if not self._armed:

@@ -14,6 +14,7 @@ DiffSynth also imports DeepSpeed when it is installed (the `legacy` extra), and 
 run), every `torch.cuda.is_available()` loads NVML again: ~55 us a call here, and Composer asks ~11 times a step.
 So the variable is removed again after the import unless the user had set it: torch's default check.
 """
+
 import os
 
 import torch._inductor.config as inductor_config
@@ -42,6 +43,18 @@ from diffsynth.utils.state_dict_converters.wan_video_vae import WanVideoVAEState
 if not _nvml_check_set_by_user:
     os.environ.pop(NVML_CHECK, None)
 
-__all__ = ["CrossAttention", "DiTBlock", "FlowMatchScheduler", "Head", "RMSNorm", "VideoVAE38_", "WanModel",
-           "WanVideoVAE38", "WanVideoVAEStateDictConverter", "load_state_dict", "precompute_freqs_cis_3d",
-           "sinusoidal_embedding_1d", "skip_model_initialization"]
+__all__ = [
+    "CrossAttention",
+    "DiTBlock",
+    "FlowMatchScheduler",
+    "Head",
+    "RMSNorm",
+    "VideoVAE38_",
+    "WanModel",
+    "WanVideoVAE38",
+    "WanVideoVAEStateDictConverter",
+    "load_state_dict",
+    "precompute_freqs_cis_3d",
+    "sinusoidal_embedding_1d",
+    "skip_model_initialization",
+]

@@ -6,6 +6,7 @@ Nothing of Wan is re-implemented; `gc_forward` only orchestrates Wan's own modul
 embedding/projection, text embedding, blocks, head) the way DiffSynth's TI2V `model_fn_wan_video` does, with three
 changes: per-token timesteps (latent frame 0 at t = 0), one text cell per latent frame, and the cond addition.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,15 @@ from safetensors import safe_open
 from torch.distributed.fsdp import FSDPModule
 
 from gcc.geometry import VAE_STRIDE_S, VAE_STRIDE_T, latent_frame_spans, pixel_frames
-from gcc.model.diffsynth_parts import (CrossAttention, DiTBlock, Head, RMSNorm, WanModel, precompute_freqs_cis_3d,
-                                       sinusoidal_embedding_1d)
+from gcc.model.diffsynth_parts import (
+    CrossAttention,
+    DiTBlock,
+    Head,
+    RMSNorm,
+    WanModel,
+    precompute_freqs_cis_3d,
+    sinusoidal_embedding_1d,
+)
 from gcc.model.fsdp import fill_local
 from gcc.model.seeds import stable_seed
 from gcc.vocab import CHANNEL_LUT, check_vocab, num_classes
@@ -35,6 +43,7 @@ WAN_SINGLE = "diffusion_pytorch_model.safetensors"
 @dataclass(frozen=True)
 class DiTConfig:
     """Everything that shapes the network. `vocab` fixes V, the width of the cond input."""
+
     dim: int
     ffn_dim: int
     num_heads: int
@@ -51,11 +60,23 @@ class DiTConfig:
     def wan_kwargs(self) -> dict:
         # The TI2V-5B flags of DiffSynth's model_configs.py (hash 1f5ab770...): separated timestep, first-frame
         # latents fused into the noisy latents (no VAE/CLIP embedding inputs).
-        return dict(dim=self.dim, in_dim=self.in_dim, ffn_dim=self.ffn_dim, out_dim=self.out_dim,
-                    text_dim=self.text_dim, freq_dim=self.freq_dim, eps=self.eps, patch_size=tuple(self.patch_size),
-                    num_heads=self.num_heads, num_layers=self.num_layers, has_image_input=False,
-                    seperated_timestep=True, require_vae_embedding=False, require_clip_embedding=False,
-                    fuse_vae_embedding_in_latents=True)
+        return dict(
+            dim=self.dim,
+            in_dim=self.in_dim,
+            ffn_dim=self.ffn_dim,
+            out_dim=self.out_dim,
+            text_dim=self.text_dim,
+            freq_dim=self.freq_dim,
+            eps=self.eps,
+            patch_size=tuple(self.patch_size),
+            num_heads=self.num_heads,
+            num_layers=self.num_layers,
+            has_image_input=False,
+            seperated_timestep=True,
+            require_vae_embedding=False,
+            require_clip_embedding=False,
+            fuse_vae_embedding_in_latents=True,
+        )
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -82,6 +103,7 @@ def model_config(name: str, **overrides) -> DiTConfig:
 
 # ---- the semantic condition ------------------------------------------------------------------------------
 
+
 def class_fractions(sem_ids: torch.Tensor, vocab: str, patch_size=(1, 2, 2)) -> torch.Tensor:
     """sem ids uint8 [B, F, H, W] -> float32 [B, T*gh*gw, V]: each token's class fractions over its footprint.
 
@@ -101,7 +123,7 @@ def class_fractions(sem_ids: torch.Tensor, vocab: str, patch_size=(1, 2, 2)) -> 
     # invalid values go to an extra channel V, checked once at the end (one host sync instead of T)
     lut = torch.as_tensor(CHANNEL_LUT[vocab], device=dev).clone()
     lut[lut < 0] = V
-    tok = ((torch.arange(H, device=dev) // ph)[:, None] * gw + (torch.arange(W, device=dev) // pw)[None, :])
+    tok = (torch.arange(H, device=dev) // ph)[:, None] * gw + (torch.arange(W, device=dev) // pw)[None, :]
     base = (torch.arange(B, device=dev) * n)[:, None, None, None]
     out = []
     for lo, hi in latent_frame_spans(T):
@@ -144,6 +166,7 @@ class FrameContext:
     """A batch's text context, one prompt per latent frame, held once per distinct prompt: `emb` [U, L, dim]
     (the embedded prompts), `index` [B*T] (each frame's prompt, frames of a sample consecutive). A clip repeats
     few prompts over its frames, and a prompt's keys and values do not depend on the frame."""
+
     emb: torch.Tensor
     index: torch.Tensor
 
@@ -165,8 +188,10 @@ class FramewiseCrossAttention(CrossAttention):
         B, S, D = x.shape
         T = y.index.numel() // B
         if T * B != y.index.numel() or S % T or self.has_image_input:
-            raise ValueError(f"context of {y.index.numel()} frames does not split tokens {tuple(x.shape)} into "
-                             f"frames (or the model has image input)")
+            raise ValueError(
+                f"context of {y.index.numel()} frames does not split tokens {tuple(x.shape)} into "
+                f"frames (or the model has image input)"
+            )
         q = self.norm_q(self.q(x.reshape(B * T, S // T, D)))
         k = self.norm_k(self.k(y.emb))[y.index]
         v = self.v(y.emb)[y.index]
@@ -226,14 +251,14 @@ class GcDiT(WanModel):
             elif isinstance(twin, RMSNorm):
                 twin.weight.fill_(1.0)
             elif isinstance(twin, (DiTBlock, Head)):
-                twin.modulation.normal_().div_(twin.dim ** 0.5)
+                twin.modulation.normal_().div_(twin.dim**0.5)
             elif hasattr(twin, "reset_parameters"):
                 twin.reset_parameters()
             else:
                 raise ValueError(f"{name} ({type(twin).__name__}): no initialisation known for its parameters")
         for n, p in own.items():
             full = twin._parameters[n]
-            fill_local(p, lambda sl: full[sl])
+            fill_local(p, lambda sl, full=full: full[sl])
 
     def reset_cond(self) -> None:
         """gc_sem_cond back to its initial values (zero output), as after construction."""
@@ -252,8 +277,9 @@ class GcDiT(WanModel):
         first = first.scatter_reduce(0, inv, pos, reduce="amin")
         return FrameContext(self.text_embedding(context.reshape(B * T, L, D)[first]), inv)
 
-    def time_features(self, timestep: torch.Tensor, batch: int, frames: int,
-                      first_frame_cond: bool = True) -> torch.Tensor:
+    def time_features(
+        self, timestep: torch.Tensor, batch: int, frames: int, first_frame_cond: bool = True
+    ) -> torch.Tensor:
         """float32 [batch, frames, freq_dim]: the sinusoidal features of each latent frame's timestep, from the
         exact float32 timesteps ([batch] or one value for all, scheduler units). With first_frame_cond the
         clean first frame (latent frame 0) gets timestep 0 (TI2V separated timestep)."""
@@ -262,9 +288,17 @@ class GcDiT(WanModel):
             t_frame[:, 0] = 0
         return sinusoidal_embedding_1d(self.freq_dim, t_frame.reshape(-1)).view(batch, frames, self.freq_dim)
 
-    def gc_forward(self, x_t: torch.Tensor, timestep: torch.Tensor, context: torch.Tensor,
-                   context_ids: torch.Tensor, sem_ids: torch.Tensor, first_frame_cond: bool = True,
-                   grad_ckpt: bool = False, aux: bool = False):
+    def gc_forward(
+        self,
+        x_t: torch.Tensor,
+        timestep: torch.Tensor,
+        context: torch.Tensor,
+        context_ids: torch.Tensor,
+        sem_ids: torch.Tensor,
+        first_frame_cond: bool = True,
+        grad_ckpt: bool = False,
+        aux: bool = False,
+    ):
         """x_t [B, C, T, h, w]; timestep [B] or a scalar (scheduler units, float32); context [B, T, L, D];
         context_ids [B, T]; sem_ids uint8 [B, 4(T-1)+1, 16h, 16w]. Returns the prediction [B, C, T, h, w] (and
         aux stats).
@@ -275,28 +309,41 @@ class GcDiT(WanModel):
         t_freq = self.time_features(timestep.to(x_t.device), x_t.shape[0], x_t.shape[2], first_frame_cond)
         return self(x_t, t_freq, context, context_ids, sem_ids, grad_ckpt=grad_ckpt, aux=aux)
 
-    def forward(self, x_t: torch.Tensor, t_freq: torch.Tensor, context: torch.Tensor, context_ids: torch.Tensor,
-                sem_ids: torch.Tensor, grad_ckpt: bool = False, aux: bool = False):
+    def forward(
+        self,
+        x_t: torch.Tensor,
+        t_freq: torch.Tensor,
+        context: torch.Tensor,
+        context_ids: torch.Tensor,
+        sem_ids: torch.Tensor,
+        grad_ckpt: bool = False,
+        aux: bool = False,
+    ):
         """`gc_forward` after the timestep features (t_freq [B, T, freq_dim]); see the class docstring."""
         B, _, T = x_t.shape[:3]
         if tuple(t_freq.shape) != (B, T, self.freq_dim):
-            raise ValueError(f"timestep features {tuple(t_freq.shape)}, expected {(B, T, self.freq_dim)}: call "
-                             f"gc_forward(x_t, timestep, ...), which makes them from the timesteps")
+            raise ValueError(
+                f"timestep features {tuple(t_freq.shape)}, expected {(B, T, self.freq_dim)}: call "
+                f"gc_forward(x_t, timestep, ...), which makes them from the timesteps"
+            )
         if context.shape[:2] != (B, T) or context_ids.shape != (B, T):
-            raise ValueError(f"context {tuple(context.shape)} / ids {tuple(context_ids.shape)} need one cell per "
-                             f"latent frame ({B}, {T})")
+            raise ValueError(
+                f"context {tuple(context.shape)} / ids {tuple(context_ids.shape)} need one cell per "
+                f"latent frame ({B}, {T})"
+            )
         dtype = x_t.dtype
         x = self.patch_embedding(x_t)
         f, gh, gw = x.shape[2:]
         n = gh * gw
         x = rearrange(x, "b c f h w -> b (f h w) c")
-        want = (B, pixel_frames(T), gh * VAE_STRIDE_S * self.patch_size[1],
-                gw * VAE_STRIDE_S * self.patch_size[2])
+        want = (B, pixel_frames(T), gh * VAE_STRIDE_S * self.patch_size[1], gw * VAE_STRIDE_S * self.patch_size[2])
         if tuple(sem_ids.shape) != want:
             raise ValueError(f"sem_ids {tuple(sem_ids.shape)} do not cover latents {tuple(x_t.shape)}: need {want}")
         cond = self.gc_sem_cond(class_fractions(sem_ids, self.vocab, self.patch_size).to(dtype))
-        stats = {"x_rms": x.detach().float().pow(2).mean().sqrt(),
-                 "sem_rms": cond.detach().float().pow(2).mean().sqrt()}
+        stats = {
+            "x_rms": x.detach().float().pow(2).mean().sqrt(),
+            "sem_rms": cond.detach().float().pow(2).mean().sqrt(),
+        }
         x = x + cond
 
         # separated timestep: embedded per latent frame (only 2 distinct values per sample), broadcast to tokens
@@ -308,11 +355,14 @@ class GcDiT(WanModel):
         ctx = self.embed_context(context.to(dtype), context_ids)
         # move the small per-axis RoPE tables, then expand on the device (not the [f*n] table)
         fr = [tab[:size].to(x.device) for tab, size in zip(self.freqs, (f, gh, gw))]
-        freqs = torch.cat([
-            fr[0].view(f, 1, 1, -1).expand(f, gh, gw, -1),
-            fr[1].view(1, gh, 1, -1).expand(f, gh, gw, -1),
-            fr[2].view(1, 1, gw, -1).expand(f, gh, gw, -1),
-        ], dim=-1).reshape(f * n, 1, -1)
+        freqs = torch.cat(
+            [
+                fr[0].view(f, 1, 1, -1).expand(f, gh, gw, -1),
+                fr[1].view(1, gh, 1, -1).expand(f, gh, gw, -1),
+                fr[2].view(1, 1, gw, -1).expand(f, gh, gw, -1),
+            ],
+            dim=-1,
+        ).reshape(f * n, 1, -1)
         for block in self.blocks:
             if grad_ckpt and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(block, x, ctx, t_mod, freqs, use_reentrant=False)
@@ -332,8 +382,11 @@ def _full_size_twin(module: nn.Module) -> nn.Module:
         cls = cls.__mro__[2]  # fully_shard's class is (FSDP<cls>, FSDPModule, cls, ...)
     twin = object.__new__(cls)
     twin.__dict__.update(module.__dict__)
-    twin.__dict__["_parameters"] = {n: nn.Parameter(torch.empty(tuple(p.shape), dtype=p.dtype), requires_grad=False)
-                                    for n, p in module._parameters.items() if p is not None}
+    twin.__dict__["_parameters"] = {
+        n: nn.Parameter(torch.empty(tuple(p.shape), dtype=p.dtype), requires_grad=False)
+        for n, p in module._parameters.items()
+        if p is not None
+    }
     twin.__dict__["_modules"] = {}
     twin.__dict__["_buffers"] = {}
     return twin
@@ -347,8 +400,13 @@ def materialize(model: GcDiT, device: str | torch.device = "cpu") -> GcDiT:
     return model
 
 
-def build_gc_dit(cfg: DiTConfig | str, device: str | torch.device | None = None,
-                 dtype: torch.dtype | None = None, init_seed: int = 0, **overrides) -> GcDiT:
+def build_gc_dit(
+    cfg: DiTConfig | str,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    init_seed: int = 0,
+    **overrides,
+) -> GcDiT:
     """Build from a preset name or config, initialised from `init_seed`. device="meta" allocates nothing (shapes,
     parameter counts, or a model that FSDP shards and initialises rank by rank)."""
     if isinstance(cfg, str):
@@ -374,6 +432,7 @@ def count_params(model: nn.Module) -> int:
 
 # ---- base weights ----------------------------------------------------------------------------------------
 
+
 def _wan_weight_map(model_dir: Path) -> dict[str, str]:
     """key -> shard file name, from the index of the published layout (or a single unsharded file)."""
     index = model_dir / WAN_INDEX
@@ -388,8 +447,9 @@ def _wan_weight_map(model_dir: Path) -> dict[str, str]:
     if single.is_file():
         with safe_open(str(single), "pt") as fh:
             return {k: WAN_SINGLE for k in fh.keys()}
-    raise FileNotFoundError(f"{model_dir}: neither {WAN_INDEX} nor {WAN_SINGLE} found (expected the published "
-                            f"Wan2.2-TI2V-5B layout)")
+    raise FileNotFoundError(
+        f"{model_dir}: neither {WAN_INDEX} nor {WAN_SINGLE} found (expected the published Wan2.2-TI2V-5B layout)"
+    )
 
 
 def write_wan_layout(state_dict: dict[str, torch.Tensor], folder: str | os.PathLike, n_shards: int = 1) -> None:
@@ -425,9 +485,11 @@ def load_wan_base(model: GcDiT, model_dir: str | os.PathLike, check_only: bool =
     unexpected = sorted(set(weight_map) - expected)
     missing = sorted(expected - set(weight_map))
     if unexpected or missing:
-        raise ValueError(f"{model_dir}: index does not match the model: missing {missing[:5]}"
-                         f"{'...' if len(missing) > 5 else ''} ({len(missing)}), unexpected {unexpected[:5]}"
-                         f"{'...' if len(unexpected) > 5 else ''} ({len(unexpected)})")
+        raise ValueError(
+            f"{model_dir}: index does not match the model: missing {missing[:5]}"
+            f"{'...' if len(missing) > 5 else ''} ({len(missing)}), unexpected {unexpected[:5]}"
+            f"{'...' if len(unexpected) > 5 else ''} ({len(unexpected)})"
+        )
     by_file: dict[str, list[str]] = {}
     for k, fname in weight_map.items():
         by_file.setdefault(fname, []).append(k)
@@ -444,5 +506,5 @@ def load_wan_base(model: GcDiT, model_dir: str | os.PathLike, check_only: bool =
                 if shape != tuple(params[k].shape):
                     raise ValueError(f"{path}: {k} has shape {shape}, model expects {tuple(params[k].shape)}")
                 if not check_only:
-                    fill_local(params[k], lambda sl: read_slice(fh, k, sl))
+                    fill_local(params[k], lambda sl, k=k: read_slice(fh, k, sl))
     return model

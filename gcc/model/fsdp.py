@@ -8,11 +8,12 @@ parameters become DTensors. What gcc adds around that, on GPU and on CPU (gloo) 
 * the gradient is a mean over the global batch on gloo too (`mean_gradients_on_gloo`);
 * Composer's meta-device initialisation on CPU (`meta_init_on`).
 """
+
 from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as tdist

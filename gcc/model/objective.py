@@ -5,9 +5,11 @@ frame 0 is the clean first frame and is excluded from the loss. Randomness never
 a training sample's (tid, eps) is a pure function of (seed, sample_id, epoch) and a validation clip's noise of
 (seed, clip_id, t), so a resumed run, any rank count and any worker count repeat the same draws.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from composer.models import ComposerModel
@@ -22,8 +24,9 @@ VAL_VARIANTS = ("cond", "uncond", "nulltext")
 VAL_ROW_FIELDS = ("timestep", "mse", "mse_uncond", "mse_nulltext", "gap_uncond", "gap_nulltext", "n")
 
 
-def train_draw(seed: int, sample_id: int, epoch: int, shape: Sequence[int],
-               num_timesteps: int = 1000) -> tuple[int, torch.Tensor]:
+def train_draw(
+    seed: int, sample_id: int, epoch: int, shape: Sequence[int], num_timesteps: int = 1000
+) -> tuple[int, torch.Tensor]:
     """(tid ~ U{0..num_timesteps-1}, eps ~ N(0, 1) float32 CPU) for one training sample, in that order."""
     g = torch.Generator().manual_seed(stable_seed("gcc.train", int(seed), int(sample_id), int(epoch)))
     tid = int(torch.randint(0, num_timesteps, (1,), generator=g))
@@ -68,8 +71,7 @@ class GcValMSE(Metric):
         super().__init__(**kwargs)
         self.timesteps = [float(t) for t in timesteps]
         nt = len(self.timesteps)
-        self.add_state("sums", default=torch.zeros(len(VAL_VARIANTS), nt, dtype=torch.float64),
-                       dist_reduce_fx="sum")
+        self.add_state("sums", default=torch.zeros(len(VAL_VARIANTS), nt, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("count", default=torch.zeros(nt, dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, mse: torch.Tensor, mse_uncond: torch.Tensor, mse_nulltext: torch.Tensor) -> None:
@@ -86,8 +88,17 @@ class GcValMSE(Metric):
         rows = []
         for j, t in enumerate(self.timesteps):
             m, mu, mn = means[0][j], means[1][j], means[2][j]
-            rows.append(dict(timestep=t, mse=m, mse_uncond=mu, mse_nulltext=mn, gap_uncond=mu - m,
-                             gap_nulltext=mn - m, n=int(self.count[j])))
+            rows.append(
+                dict(
+                    timestep=t,
+                    mse=m,
+                    mse_uncond=mu,
+                    mse_nulltext=mn,
+                    gap_uncond=mu - m,
+                    gap_nulltext=mn - m,
+                    n=int(self.count[j]),
+                )
+            )
         return rows
 
     def rows(self) -> list[dict]:
@@ -102,9 +113,19 @@ class GcTrainModel(ComposerModel):
     they are constructor inputs so the model never reads files.
     """
 
-    def __init__(self, dit: GcDiT, *, seed: int, null_context: torch.Tensor, null_id: int,
-                 val_timesteps: Sequence[float] = (200, 500, 800), grad_ckpt: bool = False,
-                 first_frame_cond: bool = True, num_train_timesteps: int = 1000, shift: float = 5.0):
+    def __init__(
+        self,
+        dit: GcDiT,
+        *,
+        seed: int,
+        null_context: torch.Tensor,
+        null_id: int,
+        val_timesteps: Sequence[float] = (200, 500, 800),
+        grad_ckpt: bool = False,
+        first_frame_cond: bool = True,
+        num_train_timesteps: int = 1000,
+        shift: float = 5.0,
+    ):
         super().__init__()
         self.dit = dit
         self.seed = int(seed)
@@ -130,18 +151,24 @@ class GcTrainModel(ComposerModel):
     def _run(self, x_t, timesteps, batch, context=None, context_ids=None, sem_ids=None, aux=False):
         dt = self._dtype()
         return self.dit.gc_forward(
-            x_t, timesteps,
+            x_t,
+            timesteps,
             (batch["context"] if context is None else context).to(dt),
             batch["context_ids"] if context_ids is None else context_ids,
             batch["sem_ids"] if sem_ids is None else sem_ids,
-            self.first_frame_cond, self.grad_ckpt and self.training, aux)
+            self.first_frame_cond,
+            self.grad_ckpt and self.training,
+            aux,
+        )
 
     # -- training
     def forward(self, batch: dict) -> dict:
         x0 = batch["input_latents"].to(self._dtype())
         B = x0.shape[0]
-        draws = [train_draw(self.seed, s, e, x0.shape[1:], len(self.scheduler.timesteps))
-                 for s, e in zip(batch["sample_id"].tolist(), batch["epoch"].tolist())]
+        draws = [
+            train_draw(self.seed, s, e, x0.shape[1:], len(self.scheduler.timesteps))
+            for s, e in zip(batch["sample_id"].tolist(), batch["epoch"].tolist())
+        ]
         tid = torch.tensor([d[0] for d in draws])
         eps = torch.stack([d[1] for d in draws]).to(x0.device, x0.dtype)
         timesteps = self.scheduler.timesteps[tid]  # CPU float32
@@ -149,15 +176,25 @@ class GcTrainModel(ComposerModel):
         target = self.scheduler.training_target(x0, eps, timesteps)
         weight = torch.stack([self.scheduler.training_weight(timesteps[i]) for i in range(B)])
         pred, aux = self._run(x_t, timesteps, batch, aux=True)
-        return {"pred": pred, "target": target, "weight": weight.to(x0.device), "tid": tid,
-                "timestep": timesteps, **aux}
+        return {
+            "pred": pred,
+            "target": target,
+            "weight": weight.to(x0.device),
+            "tid": tid,
+            "timestep": timesteps,
+            **aux,
+        }
 
     def loss(self, outputs: dict, batch: dict) -> torch.Tensor:
         mse = _per_sample_mse(outputs["pred"], outputs["target"], self.first_frame_cond)
         # a mean over the micro-batch: Composer scales each micro-batch loss by its share of the batch
         loss = (mse * outputs["weight"].float()).mean()
-        outputs["stats"] = {"mse": mse.detach().mean(), "timestep": outputs["timestep"].float().mean(),
-                            "sem_rms": outputs["sem_rms"], "x_rms": outputs["x_rms"]}
+        outputs["stats"] = {
+            "mse": mse.detach().mean(),
+            "timestep": outputs["timestep"].float().mean(),
+            "sem_rms": outputs["sem_rms"],
+            "x_rms": outputs["x_rms"],
+        }
         return loss
 
     # -- validation
@@ -177,14 +214,20 @@ class GcTrainModel(ComposerModel):
             timesteps = torch.full((B,), t, dtype=torch.float32)
             x_t = self._noisy(x0, eps, timesteps)
             target = self.scheduler.training_target(x0, eps, timesteps)
-            preds = {"cond": self._run(x_t, timesteps, batch),
-                     "uncond": self._run(x_t, timesteps, batch, sem_ids=uncond_ids),
-                     "nulltext": self._run(x_t, timesteps, batch, context=null_ctx, context_ids=null_ids)}
+            preds = {
+                "cond": self._run(x_t, timesteps, batch),
+                "uncond": self._run(x_t, timesteps, batch, sem_ids=uncond_ids),
+                "nulltext": self._run(x_t, timesteps, batch, context=null_ctx, context_ids=null_ids),
+            }
             for v in VAL_VARIANTS:
                 res[v].append(_per_sample_mse(preds[v], target, self.first_frame_cond))
         stacked = {v: torch.stack(res[v]) for v in VAL_VARIANTS}  # [n_t, B]
-        return {"timestep": torch.tensor([t for _, t in self.val_steps]), "mse": stacked["cond"],
-                "mse_uncond": stacked["uncond"], "mse_nulltext": stacked["nulltext"]}
+        return {
+            "timestep": torch.tensor([t for _, t in self.val_steps]),
+            "mse": stacked["cond"],
+            "mse_uncond": stacked["uncond"],
+            "mse_nulltext": stacked["nulltext"],
+        }
 
     def get_metrics(self, is_train: bool = False) -> dict[str, Metric]:
         return {} if is_train else {"val_mse": GcValMSE([t for _, t in self.val_steps])}

@@ -6,6 +6,7 @@ step s would come from the timestamp of step s-2 (and s=1 and s=2 share one). La
 the number of optimizer steps taken (it is stepped once per batch and saved/restored in Composer checkpoints), so
 step s uses lr · min(1, s / warmup). Pass it to the Trainer with `step_schedulers_every_batch=True`.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,13 +27,16 @@ def param_groups(model: torch.nn.Module, lr: float, cond_lr: float, weight_decay
         (cond if (name.startswith(COND_PREFIX) or f".{COND_PREFIX}" in name) else dit).append(p)
     if not cond:
         raise ValueError("model has no gc_sem_cond parameters")
-    return [{"params": dit, "lr": lr, "weight_decay": weight_decay, "name": "dit"},
-            {"params": cond, "lr": cond_lr, "weight_decay": weight_decay, "name": "gc_sem_cond"}]
+    return [
+        {"params": dit, "lr": lr, "weight_decay": weight_decay, "name": "dit"},
+        {"params": cond, "lr": cond_lr, "weight_decay": weight_decay, "name": "gc_sem_cond"},
+    ]
 
 
 def build_optimizer(model: torch.nn.Module, lr: float, cond_lr: float, weight_decay: float = 0.01) -> torch.optim.AdamW:
-    return torch.optim.AdamW(param_groups(model, lr, cond_lr, weight_decay), lr=lr, betas=BETAS,
-                             weight_decay=weight_decay)
+    return torch.optim.AdamW(
+        param_groups(model, lr, cond_lr, weight_decay), lr=lr, betas=BETAS, weight_decay=weight_decay
+    )
 
 
 def warmup_factor(step: int, warmup: int) -> float:

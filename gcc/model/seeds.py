@@ -1,4 +1,5 @@
 """Named seeds: every random draw of gcc comes from a generator seeded by a pure function of what it is for."""
+
 from __future__ import annotations
 
 import hashlib

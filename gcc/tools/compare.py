@@ -16,6 +16,7 @@ size sums in another order); the draws (step, epoch, clips, timestep, drops, n) 
 Prints the first step that differs and exits 1, or that they agree (exit 0); bad input (a folder without
 train_log.csv, a log or export that is not the trainer's) is exit 2 with one line naming it (gcc/cli.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,8 +61,10 @@ def read_log(run_dir: Path, name: str, columns: list[str], required: bool) -> di
             header = next(reader, [])
             missing = [c for c in columns if c not in header]
             if missing:
-                raise BadInput(f"{path}: no {', '.join(map(repr, missing[:4]))} column(s); not a {name}.csv that "
-                               f"gcc/train.py wrote")
+                raise BadInput(
+                    f"{path}: no {', '.join(map(repr, missing[:4]))} column(s); not a {name}.csv that "
+                    f"gcc/train.py wrote"
+                )
             for line, values in enumerate(reader, 2):
                 if len(values) != len(header):
                     raise BadInput(f"{path}:{line}: {len(values)} fields, the header has {len(header)}")
@@ -93,8 +96,9 @@ def _same(column: str, a: str, b: str, rtol: float) -> bool:
     return (math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=rtol, abs_tol=0.0)
 
 
-def diff_log(name: str, a: dict, b: dict, columns: list[str], lo: int, hi: int,
-             rtol: float) -> tuple[int, list[Difference]]:
+def diff_log(
+    name: str, a: dict, b: dict, columns: list[str], lo: int, hi: int, rtol: float
+) -> tuple[int, list[Difference]]:
     """(rows of RUN_A compared, each row that differs: its first differing column) over steps in [lo, hi]."""
     keys = sorted((k for k in {*a, *b} if lo <= k[0] <= hi), key=lambda k: (k[0], *map(str, k[1:])))
     out = []
@@ -104,8 +108,9 @@ def diff_log(name: str, a: dict, b: dict, columns: list[str], lo: int, hi: int,
             continue
         for c in columns:
             if not _same(c, a[k][c], b[k][c], rtol):
-                out.append(Difference(k[0], f"{name}.csv {_where(k)}: {c} {a[k][c][:80]} (RUN_A) != "
-                                            f"{b[k][c][:80]} (RUN_B)"))
+                out.append(
+                    Difference(k[0], f"{name}.csv {_where(k)}: {c} {a[k][c][:80]} (RUN_A) != {b[k][c][:80]} (RUN_B)")
+                )
                 break
     return sum(lo <= k[0] <= hi for k in a), out
 
@@ -114,7 +119,7 @@ def export_steps(run_dir: Path) -> dict[int, Path]:
     """The exports `step-N.safetensors` of a run folder by N (the trainer's names; anything else is ignored)."""
     out = {}
     for p in run_dir.glob("step-*.safetensors"):
-        n = p.name[len("step-"):-len(".safetensors")]
+        n = p.name[len("step-") : -len(".safetensors")]
         if n.isdigit() and str(int(n)) == n:
             out[int(n)] = p
     return out
@@ -135,21 +140,31 @@ def diff_export(a: Path, b: Path, step: int, rtol: float) -> Difference | None:
         ka, kb = set(fa.keys()), set(fb.keys())
         if ka != kb:
             only = sorted(ka - kb)[:3] or sorted(kb - ka)[:3]
-            return Difference(step, f"step-{step}.safetensors: tensor names differ ({only} only in "
-                                    f"{'RUN_A' if ka - kb else 'RUN_B'})")
+            return Difference(
+                step, f"step-{step}.safetensors: tensor names differ ({only} only in {'RUN_A' if ka - kb else 'RUN_B'})"
+            )
         for k in sorted(ka):
             try:
                 x, y = fa.get_tensor(k), fb.get_tensor(k)
             except (SafetensorError, TypeError) as e:  # a dtype torch does not know, say
                 raise BadInput(f"step-{step}.safetensors: tensor {k} cannot be read ({e})") from None
             if x.dtype != y.dtype or x.shape != y.shape:
-                return Difference(step, f"step-{step}.safetensors: tensor {k} is {x.dtype} {list(x.shape)} (RUN_A), "
-                                        f"{y.dtype} {list(y.shape)} (RUN_B)")
-            same = torch.equal(x, y) if rtol == 0 else torch.allclose(x.float(), y.float(), rtol=rtol, atol=0.0,
-                                                                       equal_nan=True)
+                return Difference(
+                    step,
+                    f"step-{step}.safetensors: tensor {k} is {x.dtype} {list(x.shape)} (RUN_A), "
+                    f"{y.dtype} {list(y.shape)} (RUN_B)",
+                )
+            same = (
+                torch.equal(x, y)
+                if rtol == 0
+                else torch.allclose(x.float(), y.float(), rtol=rtol, atol=0.0, equal_nan=True)
+            )
             if not same:
-                return Difference(step, f"step-{step}.safetensors: tensor {k} differs (max abs difference "
-                                        f"{(x.float() - y.float()).abs().max().item():.3g})")
+                return Difference(
+                    step,
+                    f"step-{step}.safetensors: tensor {k} differs (max abs difference "
+                    f"{(x.float() - y.float()).abs().max().item():.3g})",
+                )
     return None
 
 
@@ -189,18 +204,33 @@ def compare(a: Path, b: Path, lo: int = 0, hi: int = sys.maxsize, rtol: float = 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gcc-compare", description="Do two run folders hold the same training? "
-                                "Compares train_log.csv (timings skipped), val_log.csv and the exports both hold, "
-                                "step by step; exit 0 they agree, 1 they differ, 2 bad input.")
+    p = argparse.ArgumentParser(
+        prog="gcc-compare",
+        description="Do two run folders hold the same training? "
+        "Compares train_log.csv (timings skipped), val_log.csv and the exports both hold, "
+        "step by step; exit 0 they agree, 1 they differ, 2 bad input.",
+    )
     p.add_argument("run_a", help="a run folder (e.g. the run uninterrupted)")
     p.add_argument("run_b", help="another run folder (e.g. the same run, interrupted and relaunched)")
-    p.add_argument("--from", dest="from_step", type=int, default=0, metavar="STEP",
-                   help="compare only steps >= this (e.g. the step a relaunch on a fresh machine resumed at)")
-    p.add_argument("--to", dest="to_step", type=int, default=sys.maxsize, metavar="STEP",
-                   help="compare only steps <= this")
-    p.add_argument("--rtol", type=float, default=0.0, metavar="R",
-                   help="relative tolerance of the numbers (default 0: to the last digit; e.g. 1e-4 across world "
-                        "sizes); the draws (clips, timestep, drops) always compare exactly")
+    p.add_argument(
+        "--from",
+        dest="from_step",
+        type=int,
+        default=0,
+        metavar="STEP",
+        help="compare only steps >= this (e.g. the step a relaunch on a fresh machine resumed at)",
+    )
+    p.add_argument(
+        "--to", dest="to_step", type=int, default=sys.maxsize, metavar="STEP", help="compare only steps <= this"
+    )
+    p.add_argument(
+        "--rtol",
+        type=float,
+        default=0.0,
+        metavar="R",
+        help="relative tolerance of the numbers (default 0: to the last digit; e.g. 1e-4 across world "
+        "sizes); the draws (clips, timestep, drops) always compare exactly",
+    )
     return p
 
 
@@ -215,11 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         for run in (args.run_a, args.run_b):
             if not Path(run).is_dir():
-                raise BadInput(f"{run}: {'not found' if not Path(run).exists() else 'is a file'}, expected a run "
-                               f"folder")
+                raise BadInput(
+                    f"{run}: {'not found' if not Path(run).exists() else 'is a file'}, expected a run folder"
+                )
         ok, lines = compare(Path(args.run_a), Path(args.run_b), args.from_step, args.to_step, args.rtol)
         print("\n".join(f"gcc-compare: {line}" for line in lines), flush=True)
         return 0 if ok else EXIT_DIFFER
+
     return run_tool(p.prog, body)
 
 

@@ -19,6 +19,7 @@ starts at zero there). A reference line gives what repeating the given frame 0 w
 Rerunning reuses what is there: the converter is idempotent, the training resumes (or, finished, stops), and the
 sampling is redone (seconds).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -82,23 +83,46 @@ def validation_table(val: list[dict]) -> list[str]:
     for v in val:
         steps.setdefault(int(v["step"]), []).append(v)
     ts = ", ".join(f"{float(v['timestep']):.1f}" for v in next(iter(steps.values()), []))
-    out = [f"validation, the mean over t = {ts} (the condition helps when gap_uncond > 0, the text when "
-           f"gap_nulltext > 0):", f"  {'step':>6}  {'mse':>7}  {'gap_uncond':>10}  {'gap_nulltext':>12}"]
+    out = [
+        f"validation, the mean over t = {ts} (the condition helps when gap_uncond > 0, the text when "
+        f"gap_nulltext > 0):",
+        f"  {'step':>6}  {'mse':>7}  {'gap_uncond':>10}  {'gap_nulltext':>12}",
+    ]
     for step, vs in sorted(steps.items()):
         mean = {k: sum(float(v[k]) for v in vs) / len(vs) for k in ("mse", "gap_uncond", "gap_nulltext")}
-        out.append(f"  {step:>6}  {mean['mse']:7.4f}  {mean['gap_uncond']:+10.4f}  {mean['gap_nulltext']:+12.4f}"
-                   + ("   (the starting weights)" if step == 0 else ""))
+        out.append(
+            f"  {step:>6}  {mean['mse']:7.4f}  {mean['gap_uncond']:+10.4f}  {mean['gap_nulltext']:+12.4f}"
+            + ("   (the starting weights)" if step == 0 else "")
+        )
     return out
 
 
-def _sample_one(sample_cli, ckpt: Path, preset: str, prepared: Path, out: Path, clips: int, steps: int, seed: int,
-                extra: list[str]) -> dict | None:
+def _sample_one(
+    sample_cli, ckpt: Path, preset: str, prepared: Path, out: Path, clips: int, steps: int, seed: int, extra: list[str]
+) -> dict | None:
     """One gcc-sample run (its command line printed first); None on an error (printed)."""
     from gcc.tools.sample.errors import SampleError
 
-    argv = ["--ckpt", str(ckpt), "--model", preset, "--data_root", str(prepared), "--val_n", str(clips),
-            "--steps", str(steps), "--seed", str(seed), "--device", "cpu", "--out_dir", str(out), "--no_progress",
-            *extra]
+    argv = [
+        "--ckpt",
+        str(ckpt),
+        "--model",
+        preset,
+        "--data_root",
+        str(prepared),
+        "--val_n",
+        str(clips),
+        "--steps",
+        str(steps),
+        "--seed",
+        str(seed),
+        "--device",
+        "cpu",
+        "--out_dir",
+        str(out),
+        "--no_progress",
+        *extra,
+    ]
     print(f"  gcc-sample {' '.join(argv)}")
     try:
         return sample_cli.run(sample_cli.build_parser().parse_args(argv))
@@ -128,14 +152,33 @@ def sample_demo(run_dir: Path, prepared: Path, out: Path, clips: int, steps: int
     out.mkdir(parents=True, exist_ok=True)
     init = out / "initial.safetensors"
     init_note = initial_weights(run_dir, last, init)
-    variants = [(f"trained ({last.stem})", "trained", last, [], "the last export, default guidance"),
-                (f"trained, --sem_cfg {SEM_CFG:g}", "trained_sem_cfg", last, ["--sem_cfg", f"{SEM_CFG:g}"],
-                 "the same, the semantic condition's effect amplified by guidance"),
-                ("trained, --sem_mode unknown", "sem_unknown", last, ["--sem_mode", "unknown"],
-                 "the same model given ids all 255: the gap to the lines above is what the condition adds")]
+    variants = [
+        (f"trained ({last.stem})", "trained", last, [], "the last export, default guidance"),
+        (
+            f"trained, --sem_cfg {SEM_CFG:g}",
+            "trained_sem_cfg",
+            last,
+            ["--sem_cfg", f"{SEM_CFG:g}"],
+            "the same, the semantic condition's effect amplified by guidance",
+        ),
+        (
+            "trained, --sem_mode unknown",
+            "sem_unknown",
+            last,
+            ["--sem_mode", "unknown"],
+            "the same model given ids all 255: the gap to the lines above is what the condition adds",
+        ),
+    ]
     if init_note is not None:
-        variants.append(("step 0 (initial weights)", "step0", init, [],
-                         f"{init_note}; its condition path is zero, so --sem_cfg changes nothing"))
+        variants.append(
+            (
+                "step 0 (initial weights)",
+                "step0",
+                init,
+                [],
+                f"{init_note}; its condition path is zero, so --sem_cfg changes nothing",
+            )
+        )
     results, copy = [], None
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the tiny model gains nothing from a second thread, and on a busy machine it spins
@@ -148,10 +191,18 @@ def sample_demo(run_dir: Path, prepared: Path, out: Path, clips: int, steps: int
             copy = m["mean"]["class_agreement_copy_frame0"]  # the same clips every time
     finally:
         torch.set_num_threads(threads)
-    results.append(("reference: frame 0 repeated", copy, "the GT classes of the given frame 0 kept in every frame: "
-                                                          "what a model that only copies its first frame scores"))
-    print(f"\nclass agreement with the GT, per latent cell (latent frames 1..; {clips} val clips, {steps} steps, "
-          f"computed in {time.time() - t0:.0f} s):")
+    results.append(
+        (
+            "reference: frame 0 repeated",
+            copy,
+            "the GT classes of the given frame 0 kept in every frame: "
+            "what a model that only copies its first frame scores",
+        )
+    )
+    print(
+        f"\nclass agreement with the GT, per latent cell (latent frames 1..; {clips} val clips, {steps} steps, "
+        f"computed in {time.time() - t0:.0f} s):"
+    )
     width = max(len(r[0]) for r in results)
     for label, value, note in results:
         shown = "n/a" if value is None else f"{value:.3f}"
@@ -187,20 +238,34 @@ def main(argv=None) -> int:
     ds = GcStreamingDataset(str(shards), "train", out / "cache", batch_size=4, seed=args.seed)
     batch = next(iter(build_dataloader(ds, batch_size=4, num_workers=0)))
     geo = manifest["geometry"]
-    print(f"  train {manifest['counts']['train']} clips, val {manifest['counts']['val']} clips; "
-          f"latents {geo['latents']}, sem ids {geo['sem']}, text {geo['text']}")
+    print(
+        f"  train {manifest['counts']['train']} clips, val {manifest['counts']['val']} clips; "
+        f"latents {geo['latents']}, sem ids {geo['sem']}, text {geo['text']}"
+    )
     print(f"  first batch: clips {batch['clip_id']}")
-    print(f"    input_latents {list(batch['input_latents'].shape)} {batch['input_latents'].dtype}, "
-          f"context {list(batch['context'].shape)}, sem_ids {list(batch['sem_ids'].shape)}")
-    print(f"    text drop {batch['drop_text'].tolist()}, cond drop {batch['drop_cond'].tolist()}, "
-          f"mask fraction {[round(v, 3) for v in batch['mask_frac'].tolist()]}")
+    print(
+        f"    input_latents {list(batch['input_latents'].shape)} {batch['input_latents'].dtype}, "
+        f"context {list(batch['context'].shape)}, sem_ids {list(batch['sem_ids'].shape)}"
+    )
+    print(
+        f"    text drop {batch['drop_text'].tolist()}, cond drop {batch['drop_cond'].tolist()}, "
+        f"mask fraction {[round(v, 3) for v in batch['mask_frac'].tolist()]}"
+    )
     if args.no_train:
         print(f"done in {time.time() - t0:.0f} s. Prepared data: {prepared}  Shards: {shards}")
         return 0
     run_dir = out / "train"
     root = Path(__file__).resolve().parents[2]  # the repository: gcc/tools/demo.py -> .
-    cmd = [str(Path(sys.executable).with_name("composer")), "-n", str(args.gpus), str(root / "gcc" / "train.py"),
-           str(root / "yamls" / "tiny_cpu.yaml"), f"run_dir={run_dir}", f"data.path={shards}", "progress_bar=false"]
+    cmd = [
+        str(Path(sys.executable).with_name("composer")),
+        "-n",
+        str(args.gpus),
+        str(root / "gcc" / "train.py"),
+        str(root / "yamls" / "tiny_cpu.yaml"),
+        f"run_dir={run_dir}",
+        f"data.path={shards}",
+        "progress_bar=false",
+    ]
     print(f"[4/{n}] training: {' '.join(cmd[:1] + cmd[1:])}")
     del ds, batch  # release the loader's shared memory before the training's ranks start
     r = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"))

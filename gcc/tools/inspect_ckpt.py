@@ -6,6 +6,7 @@
 (also `python -m gcc.tools.inspect_ckpt`). Exit status 2 when the file cannot be read or the check fails, as
 every gcc tool's for bad input (gcc/cli.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,12 +64,12 @@ def inspect_model(name: str, vocab: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("file", nargs="?", help="a gc25d .safetensors export")
     ap.add_argument("--model", help="a model preset name, e.g. ti2v-5b or tiny")
-    ap.add_argument("--vocab", choices=VOCABS, default=None,
-                    help="expected vocab (file) / vocab to build (model; default parts)")
+    ap.add_argument(
+        "--vocab", choices=VOCABS, default=None, help="expected vocab (file) / vocab to build (model; default parts)"
+    )
     return ap
 
 

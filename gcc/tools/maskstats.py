@@ -22,6 +22,7 @@ static pixels over its static pixels, frames without static pixels are skipped):
                     point (sky rays are masked on top of the cap); `cap` bounds it by n_planes × cap
 Aggregated over clips: mean, median, p90 (numpy's linear-interpolation percentile) and max.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,9 @@ import math
 import shutil
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -50,8 +52,10 @@ MEASURES = {
 }
 STATS = ("mean", "median", "p90", "max")
 CALIBRATIONS = ("frame0", "cap")
-FORCED_NOTE = ("mask forced on: every clip uses its own draw_sample(seed, epoch 0, sample id) mask parameters "
-               "(p_text=p_cond=0, p_mask=1)")
+FORCED_NOTE = (
+    "mask forced on: every clip uses its own draw_sample(seed, epoch 0, sample id) mask parameters "
+    "(p_text=p_cond=0, p_mask=1)"
+)
 
 # contact sheet layout (pixels)
 PREVIEW_FRAMES, PREVIEW_CLIPS = 6, 8
@@ -109,8 +113,12 @@ def aggregate(values: Sequence[float]) -> dict[str, float | None]:
     v = np.asarray([x for x in values if not math.isnan(x)], dtype=np.float64)
     if v.size == 0:
         return {s: None for s in STATS}
-    return {"mean": float(v.mean()), "median": float(np.median(v)), "p90": float(np.percentile(v, 90)),
-            "max": float(v.max())}
+    return {
+        "mean": float(v.mean()),
+        "median": float(np.median(v)),
+        "p90": float(np.percentile(v, 90)),
+        "max": float(v.max()),
+    }
 
 
 # ---- reading ---------------------------------------------------------------------------------------------
@@ -120,9 +128,11 @@ class _Reader:
 
     def __init__(self, data: str, split: str, seed: int):
         from gcc.data.dataset import NO_DROPOUTS, GcStreamingDataset
+
         self._tmp = tempfile.mkdtemp(prefix="gcc_maskstats_")
-        self.ds = GcStreamingDataset(data, split, Path(self._tmp) / "cache", batch_size=1, seed=seed,
-                                     dropouts=NO_DROPOUTS, shuffle=False)
+        self.ds = GcStreamingDataset(
+            data, split, Path(self._tmp) / "cache", batch_size=1, seed=seed, dropouts=NO_DROPOUTS, shuffle=False
+        )
 
     def __len__(self) -> int:
         return len(self.ds)
@@ -134,8 +144,14 @@ class _Reader:
         shutil.rmtree(self._tmp, ignore_errors=True)
 
 
-def measure(data: str, split: str = "train", n: int = 100, seed: int = 0, max_frame_coverage: float = 0.4,
-            preview: str | Path | None = None) -> dict[str, Any]:
+def measure(
+    data: str,
+    split: str = "train",
+    n: int = 100,
+    seed: int = 0,
+    max_frame_coverage: float = 0.4,
+    preview: str | Path | None = None,
+) -> dict[str, Any]:
     """The coverage table (as written by --json); optionally also the PNG contact sheet."""
     from gcc.data.mask import apply_unknown_mask
     from gcc.geometry import Cameras
@@ -152,8 +168,14 @@ def measure(data: str, split: str = "train", n: int = 100, seed: int = 0, max_fr
             params = forced_mask_params(seed, i)
             raw = rec.sem_ids()
             ground = ground_cells(cams, gz, raw.shape[1:])
-            row: dict[str, Any] = {"sample_id": i, "clip_id": rec.clip_id, "thetas": list(params.thetas),
-                                   "qs": list(params.qs), "n_planes": params.n_planes, "ground": ground is not None}
+            row: dict[str, Any] = {
+                "sample_id": i,
+                "clip_id": rec.clip_id,
+                "thetas": list(params.thetas),
+                "qs": list(params.qs),
+                "n_planes": params.n_planes,
+                "ground": ground is not None,
+            }
             outs = {}
             for cal in CALIBRATIONS:
                 out, frac = apply_unknown_mask(raw, cams, gz, params, cal, max_frame_coverage)
@@ -169,11 +191,21 @@ def measure(data: str, split: str = "train", n: int = 100, seed: int = 0, max_fr
     measured = [r for r in per_clip if r["ground"]]
     table = {cal: {m: aggregate([r[cal][m] for r in measured]) for m in MEASURES} for cal in CALIBRATIONS}
     result = {
-        "data": str(data), "split": split, "seed": int(seed), "epoch": 0, "mask_forced": True,
-        "note": FORCED_NOTE, "max_frame_coverage": float(max_frame_coverage),
-        "clips": n, "clips_without_ground": n - len(measured), "clips_measured": len(measured),
+        "data": str(data),
+        "split": split,
+        "seed": int(seed),
+        "epoch": 0,
+        "mask_forced": True,
+        "note": FORCED_NOTE,
+        "max_frame_coverage": float(max_frame_coverage),
+        "clips": n,
+        "clips_without_ground": n - len(measured),
+        "clips_measured": len(measured),
         "two_plane_clips": sum(r["n_planes"] == 2 for r in measured),
-        "measures": MEASURES, "stats": list(STATS), "table": table, "per_clip": per_clip,
+        "measures": MEASURES,
+        "stats": list(STATS),
+        "table": table,
+        "per_clip": per_clip,
     }
     if preview is not None:
         write_preview(preview, sheet_rows)
@@ -201,8 +233,9 @@ def format_table(res: dict[str, Any]) -> str:
     for m, desc in MEASURES.items():
         a = res["table"]["frame0"][m]
         b = res["table"]["cap"][m]
-        lines.append(desc.ljust(w) + "| " + " ".join(cell(a[s]) for s in STATS) + " | "
-                     + " ".join(cell(b[s]) for s in STATS))
+        lines.append(
+            desc.ljust(w) + "| " + " ".join(cell(a[s]) for s in STATS) + " | " + " ".join(cell(b[s]) for s in STATS)
+        )
     return "\n".join(lines)
 
 
@@ -308,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.preview:
             print(f"wrote {a.preview}")
         return 0
+
     return run_tool(ap.prog, body)
 
 

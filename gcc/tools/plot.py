@@ -5,6 +5,7 @@ timestep (val) across every launch of the run (a relaunch trims the rows it trai
 plots as one continuous run. Panels: train loss (raw and smoothed), lr and cond_lr, grad_norm, sem_rms and
 x_rms, and the validation's mse, gap_uncond and gap_nulltext per timestep against step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,10 @@ def read_rows(path: Path, needs: tuple[str, ...] = ("step",)) -> list[dict[str, 
             reader = csv.DictReader(f)
             missing = [c for c in needs if c not in (reader.fieldnames or [])]
             if missing:
-                raise BadInput(f"{path}: no {', '.join(repr(c) for c in missing)} column(s) (header: "
-                               f"{','.join(reader.fieldnames or [])[:200]!r}); not a log that gcc/train.py wrote")
+                raise BadInput(
+                    f"{path}: no {', '.join(repr(c) for c in missing)} column(s) (header: "
+                    f"{','.join(reader.fieldnames or [])[:200]!r}); not a log that gcc/train.py wrote"
+                )
             for r in reader:
                 row = {}
                 for k, v in r.items():
@@ -56,7 +59,7 @@ def smooth(values: list[float], weight: float) -> list[float]:
     out, avg = [], 0.0
     for i, v in enumerate(values, 1):
         avg = weight * avg + (1 - weight) * v
-        out.append(avg / (1 - weight ** i) if weight < 1 else v)
+        out.append(avg / (1 - weight**i) if weight < 1 else v)
     return out
 
 
@@ -97,15 +100,22 @@ def plot_run(run_dir: Path, out: Path, smoothing: float = 0.9) -> Path:
         by_t[r["timestep"]].append(r)
     for ax, key in zip(axes[1, :3], ("mse", "gap_uncond", "gap_nulltext")):
         for t, rows in sorted(by_t.items()):
-            ax.plot([r["step"] for r in rows], [r.get(key, math.nan) for r in rows], marker="o", ms=3,
-                    label=f"t={t:.1f}")
+            ax.plot(
+                [r["step"] for r in rows], [r.get(key, math.nan) for r in rows], marker="o", ms=3, label=f"t={t:.1f}"
+            )
         if key.startswith("gap"):
             ax.axhline(0.0, color="gray", lw=0.8, ls=":")
         ax.set_title(f"val {key}" + ("" if val else " (no validation yet)"))
     axes[1, 3].axis("off")
-    axes[1, 3].text(0.0, 0.9, f"{run_dir}\nsteps {int(step[0])}..{int(step[-1])}, {len(val)} val rows\n\n"
-                    "gap_uncond = mse(cond UNKNOWN) - mse\ngap_nulltext = mse(null text) - mse\n"
-                    "above 0: the model uses the condition / the text", va="top", family="monospace")
+    axes[1, 3].text(
+        0.0,
+        0.9,
+        f"{run_dir}\nsteps {int(step[0])}..{int(step[-1])}, {len(val)} val rows\n\n"
+        "gap_uncond = mse(cond UNKNOWN) - mse\ngap_nulltext = mse(null text) - mse\n"
+        "above 0: the model uses the condition / the text",
+        va="top",
+        family="monospace",
+    )
     for ax in axes.flat[:7]:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -119,12 +129,17 @@ def plot_run(run_dir: Path, out: Path, smoothing: float = 0.9) -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gcc-plot", description="Write a run's curves (train_log.csv, val_log.csv) "
-                                "as one PNG.")
+    p = argparse.ArgumentParser(
+        prog="gcc-plot", description="Write a run's curves (train_log.csv, val_log.csv) as one PNG."
+    )
     p.add_argument("run_dir", help="the run folder (the yaml's run_dir)")
     p.add_argument("--out", default="", help="PNG to write (default: RUN_DIR/curves.png)")
-    p.add_argument("--smoothing", type=float, default=0.9,
-                   help="weight of the loss's exponential moving average, in [0, 1) (TensorBoard's slider)")
+    p.add_argument(
+        "--smoothing",
+        type=float,
+        default=0.9,
+        help="weight of the loss's exponential moving average, in [0, 1) (TensorBoard's slider)",
+    )
     return p
 
 
@@ -142,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             raise BadInput(f"--out {args.out}: {problem}")
         print(f"gcc-plot: wrote {plot_run(run_dir, out, args.smoothing)}")
         return 0
+
     return run_tool(p.prog, body)
 
 

@@ -7,6 +7,7 @@ checkpoint's epoch is skipped (logged with its count); Composer's clock moves to
 change is recorded in run.json's lineage (`global_batch_changes`). `max_steps`, the lr schedule, validation and
 exports count steps, so they continue as before. Without a change nothing here acts: the resume stays exact.
 """
+
 from __future__ import annotations
 
 import json
@@ -67,12 +68,16 @@ def continue_after_change(trainer, record: GlobalBatchRecord, run_dir: Path, sto
         state.timestamp = ts.to_next_epoch()
         trainer._rng_state = None  # Composer restores it at fit start whenever batch_in_epoch is 0
         skipped = max(0, ds.epoch_size - position["sample_in_epoch"])
-        logger.info(f"global batch changed from {old} (the checkpoint's) to {record.global_batch}: step "
-                    f"{change['step']} continues at the start of epoch {position['epoch'] + 1}; the rest of epoch "
-                    f"{position['epoch']}, {skipped} of its {ds.epoch_size} samples, is skipped")
+        logger.info(
+            f"global batch changed from {old} (the checkpoint's) to {record.global_batch}: step "
+            f"{change['step']} continues at the start of epoch {position['epoch'] + 1}; the rest of epoch "
+            f"{position['epoch']}, {skipped} of its {ds.epoch_size} samples, is skipped"
+        )
     else:
-        logger.info(f"global batch changed from {old} (the checkpoint's) to {record.global_batch}: step "
-                    f"{change['step']} is at the start of epoch {position['epoch']}; nothing is skipped")
+        logger.info(
+            f"global batch changed from {old} (the checkpoint's) to {record.global_batch}: step "
+            f"{change['step']} is at the start of epoch {position['epoch']}; nothing is skipped"
+        )
     if dist.get_global_rank() == 0:
         record_change(Path(run_dir), change, store)
     return change

@@ -1,4 +1,5 @@
 """Builders: config -> the parts of a Composer run (data, model, optimizer, callbacks, loggers, Trainer)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -12,8 +13,16 @@ from typing import Any
 from torch.utils.data import DataLoader, Dataset
 
 from gcc.data import storage
-from gcc.data.dataset import (Dropouts, GcStreamingDataset, StallAt, build_dataloader, fetch_text_table, gc_collate,
-                              release_stale_shm, round_robin_by_run)
+from gcc.data.dataset import (
+    Dropouts,
+    GcStreamingDataset,
+    StallAt,
+    build_dataloader,
+    fetch_text_table,
+    gc_collate,
+    release_stale_shm,
+    round_robin_by_run,
+)
 from gcc.data.shards import MANIFEST
 from gcc.data.text_table import TextTable
 from gcc.model.optim import BETAS
@@ -57,20 +66,34 @@ def run_signature(cfg: TrainConfig, manifest_bytes: bytes, known: dict[str, Any]
         index = Path(m.model_dir) / "diffusion_pytorch_model.safetensors.index.json"
         base = storage.sha256_file(index) if index.exists() else os.path.realpath(m.model_dir)
     init = file_digest(m.init_ckpt, known.get("model.init_ckpt")) if m.init_ckpt else ""
-    return redact({  # a credential in a path or URL never reaches run.json
-        "model.preset": m.preset, "model.overrides": json.dumps(m.overrides, sort_keys=True),
-        "model.vocab": m.vocab, "model.first_frame_cond": m.first_frame_cond,
-        "model.base_weights": base, "model.init_ckpt": init,
-        "model.legacy_zero_ckpt": os.path.realpath(m.legacy_zero_ckpt) if m.legacy_zero_ckpt else "",
-        "data.manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest(),
-        "data.text_dropout": d.text_dropout, "data.cond_dropout": d.cond_dropout, "data.mask_p": d.mask_p,
-        "data.mask_calibration": d.mask_calibration, "data.max_frame_coverage": d.max_frame_coverage,
-        "data.num_canonical_nodes": d.num_canonical_nodes, "data.limit": d.limit,
-        "seed": cfg.seed, "precision": cfg.precision,
-        "parallelism": cfg.parallelism,  # DDP and FSDP checkpoints differ in format
-        "optim.lr": o.lr, "optim.cond_lr": o.cond_lr, "optim.weight_decay": o.weight_decay,
-        "optim.warmup_steps": o.warmup_steps, "optim.grad_clip": o.grad_clip, "optim.betas": list(BETAS),
-    })
+    return redact(
+        {  # a credential in a path or URL never reaches run.json
+            "model.preset": m.preset,
+            "model.overrides": json.dumps(m.overrides, sort_keys=True),
+            "model.vocab": m.vocab,
+            "model.first_frame_cond": m.first_frame_cond,
+            "model.base_weights": base,
+            "model.init_ckpt": init,
+            "model.legacy_zero_ckpt": os.path.realpath(m.legacy_zero_ckpt) if m.legacy_zero_ckpt else "",
+            "data.manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest(),
+            "data.text_dropout": d.text_dropout,
+            "data.cond_dropout": d.cond_dropout,
+            "data.mask_p": d.mask_p,
+            "data.mask_calibration": d.mask_calibration,
+            "data.max_frame_coverage": d.max_frame_coverage,
+            "data.num_canonical_nodes": d.num_canonical_nodes,
+            "data.limit": d.limit,
+            "seed": cfg.seed,
+            "precision": cfg.precision,
+            "parallelism": cfg.parallelism,  # DDP and FSDP checkpoints differ in format
+            "optim.lr": o.lr,
+            "optim.cond_lr": o.cond_lr,
+            "optim.weight_decay": o.weight_decay,
+            "optim.warmup_steps": o.warmup_steps,
+            "optim.grad_clip": o.grad_clip,
+            "optim.betas": list(BETAS),
+        }
+    )
 
 
 def read_manifest_bytes(cfg: TrainConfig) -> bytes:
@@ -94,8 +117,13 @@ def node_cache(cfg: TrainConfig) -> TextTable:
 
 def dropouts(cfg: TrainConfig) -> Dropouts:
     d = cfg.data
-    return Dropouts(text=d.text_dropout, cond=d.cond_dropout, mask=d.mask_p, calibration=d.mask_calibration,
-                    max_frame_coverage=d.max_frame_coverage)
+    return Dropouts(
+        text=d.text_dropout,
+        cond=d.cond_dropout,
+        mask=d.mask_p,
+        calibration=d.mask_calibration,
+        max_frame_coverage=d.max_frame_coverage,
+    )
 
 
 def train_clips(manifest: dict, limit: int | None) -> int:
@@ -105,17 +133,32 @@ def train_clips(manifest: dict, limit: int | None) -> int:
 
 
 def build_train_loader(cfg: TrainConfig, per_rank_batch: int) -> DataLoader:
-    ds = GcStreamingDataset(cfg.data.path, "train", cache_dir(cfg), batch_size=per_rank_batch, seed=cfg.seed,
-                            vocab=cfg.model.vocab, dropouts=dropouts(cfg), shuffle=True,
-                            num_canonical_nodes=cfg.data.num_canonical_nodes,
-                            cache_limit=cfg.data.cache_limit or None, limit=cfg.data.limit)
+    ds = GcStreamingDataset(
+        cfg.data.path,
+        "train",
+        cache_dir(cfg),
+        batch_size=per_rank_batch,
+        seed=cfg.seed,
+        vocab=cfg.model.vocab,
+        dropouts=dropouts(cfg),
+        shuffle=True,
+        num_canonical_nodes=cfg.data.num_canonical_nodes,
+        cache_limit=cfg.data.cache_limit or None,
+        limit=cfg.data.limit,
+    )
     collate = gc_collate
     if cfg.inject_stall_step and env_int("RANK", 0) == cfg.inject_stall_rank:
         collate = StallAt(gc_collate, cfg.inject_stall_step)
     # every optimizer step sees the whole global batch: an epoch's partial tail is dropped (which samples that
     # are varies with the epoch's shuffle; docs/training.md, "Epochs")
-    return build_dataloader(ds, batch_size=per_rank_batch, num_workers=cfg.data.num_workers, collate_fn=collate,
-                            preemption_grace_s=cfg.preemption_grace_s, drop_last=True)
+    return build_dataloader(
+        ds,
+        batch_size=per_rank_batch,
+        num_workers=cfg.data.num_workers,
+        collate_fn=collate,
+        preemption_grace_s=cfg.preemption_grace_s,
+        drop_last=True,
+    )
 
 
 def select_val_ids(manifest: dict, n: int) -> list[int]:
@@ -148,11 +191,24 @@ def build_val_loader(cfg: TrainConfig) -> DataLoader | None:
         return None
     from composer.utils import dist
 
-    ds = GcStreamingDataset(cfg.data.path, "val", cache_dir(cfg), batch_size=cfg.val_batch, seed=cfg.seed,
-                            vocab=cfg.model.vocab, shuffle=False, num_canonical_nodes=cfg.data.num_canonical_nodes)
+    ds = GcStreamingDataset(
+        cfg.data.path,
+        "val",
+        cache_dir(cfg),
+        batch_size=cfg.val_batch,
+        seed=cfg.seed,
+        vocab=cfg.model.vocab,
+        shuffle=False,
+        num_canonical_nodes=cfg.data.num_canonical_nodes,
+    )
     clips = ValClips(ds, select_val_ids(ds.manifest, cfg.val_n))
-    return DataLoader(clips, batch_size=cfg.val_batch, sampler=dist.get_sampler(clips, shuffle=False),
-                      collate_fn=gc_collate, num_workers=0)
+    return DataLoader(
+        clips,
+        batch_size=cfg.val_batch,
+        sampler=dist.get_sampler(clips, shuffle=False),
+        collate_fn=gc_collate,
+        num_workers=0,
+    )
 
 
 # ---- model ----------------------------------------------------------------------------------------------
@@ -163,12 +219,23 @@ def build_model(cfg: TrainConfig, text: TextTable, fsdp: bool):
     from gcc.model.dit import build_gc_dit
     from gcc.model.objective import GcTrainModel
 
-    dit = build_gc_dit(cfg.model.preset, device="meta" if fsdp else "cpu", vocab=cfg.model.vocab,
-                       init_seed=cfg.seed, **cfg.model.overrides)
+    dit = build_gc_dit(
+        cfg.model.preset,
+        device="meta" if fsdp else "cpu",
+        vocab=cfg.model.vocab,
+        init_seed=cfg.seed,
+        **cfg.model.overrides,
+    )
     # with FSDP, Composer applies activation checkpointing to the blocks itself
-    return GcTrainModel(dit, seed=cfg.seed, null_context=text.row(text.null_id), null_id=text.null_id,
-                        val_timesteps=tuple(cfg.val_timesteps), grad_ckpt=cfg.model.grad_ckpt and not fsdp,
-                        first_frame_cond=cfg.model.first_frame_cond)
+    return GcTrainModel(
+        dit,
+        seed=cfg.seed,
+        null_context=text.row(text.null_id),
+        null_id=text.null_id,
+        val_timesteps=tuple(cfg.val_timesteps),
+        grad_ckpt=cfg.model.grad_ckpt and not fsdp,
+        first_frame_cond=cfg.model.first_frame_cond,
+    )
 
 
 def load_initial_weights(dit, cfg: TrainConfig) -> None:
@@ -197,9 +264,14 @@ def parallelism_config(cfg: TrainConfig) -> dict | None:
         return None
     from composer.utils.parallelism import FSDP2Config
 
-    return {"fsdp": FSDP2Config(reshard_after_forward=cfg.fsdp.reshard_after_forward,
-                                activation_checkpointing=cfg.model.grad_ckpt, mixed_precision="DEFAULT",
-                                state_dict_type="sharded")}
+    return {
+        "fsdp": FSDP2Config(
+            reshard_after_forward=cfg.fsdp.reshard_after_forward,
+            activation_checkpointing=cfg.model.grad_ckpt,
+            mixed_precision="DEFAULT",
+            state_dict_type="sharded",
+        )
+    }
 
 
 def steps_per_epoch(n_train: int, world: int, per_rank_batch: int) -> int:
@@ -210,10 +282,16 @@ def steps_per_epoch(n_train: int, world: int, per_rank_batch: int) -> int:
 
 def resolved_config(cfg: TrainConfig, manifest: dict, per_rank_batch: int) -> dict:
     steps = steps_per_epoch(train_clips(manifest, cfg.data.limit), world_size(), per_rank_batch)
-    return {"config": redact(asdict(cfg)), "world_size": world_size(), "per_rank_batch": per_rank_batch,
-            "grad_accum": cfg.accumulation(world_size()), "data_geometry": manifest["geometry"],
-            "data_counts": manifest["counts"], "steps_per_epoch": steps,
-            "samples_per_epoch": steps * cfg.global_batch}
+    return {
+        "config": redact(asdict(cfg)),
+        "world_size": world_size(),
+        "per_rank_batch": per_rank_batch,
+        "grad_accum": cfg.accumulation(world_size()),
+        "data_geometry": manifest["geometry"],
+        "data_counts": manifest["counts"],
+        "steps_per_epoch": steps,
+        "samples_per_epoch": steps * cfg.global_batch,
+    }
 
 
 # ---- the run's wiring -----------------------------------------------------------------------------------
@@ -223,13 +301,25 @@ def export_metadata(cfg: TrainConfig, run: dict[str, Any], step: int) -> dict[st
     from gcc.model.export import gc_metadata
 
     d, o = cfg.data, cfg.optim
-    return gc_metadata(vocab=cfg.model.vocab, data=data_name(cfg, run["manifest"]), data_root=redact_text(d.path),
-                       step=step, text_dropout=d.text_dropout, cond_dropout=d.cond_dropout, mask_p=d.mask_p, lr=o.lr,
-                       cond_lr=o.cond_lr, weight_decay=o.weight_decay, warmup_steps=o.warmup_steps,
-                       first_frame_cond=cfg.model.first_frame_cond, seed=cfg.seed,
-                       init_ckpt=run["lineage"]["init_ckpt"], model_dir=redact_text(cfg.model.model_dir),
-                       resumed_from=run["resumed_from"],
-                       resumed_step="" if run["resumed_step"] is None else run["resumed_step"])
+    return gc_metadata(
+        vocab=cfg.model.vocab,
+        data=data_name(cfg, run["manifest"]),
+        data_root=redact_text(d.path),
+        step=step,
+        text_dropout=d.text_dropout,
+        cond_dropout=d.cond_dropout,
+        mask_p=d.mask_p,
+        lr=o.lr,
+        cond_lr=o.cond_lr,
+        weight_decay=o.weight_decay,
+        warmup_steps=o.warmup_steps,
+        first_frame_cond=cfg.model.first_frame_cond,
+        seed=cfg.seed,
+        init_ckpt=run["lineage"]["init_ckpt"],
+        model_dir=redact_text(cfg.model.model_dir),
+        resumed_from=run["resumed_from"],
+        resumed_step="" if run["resumed_step"] is None else run["resumed_step"],
+    )
 
 
 def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch: int) -> dict[str, Any]:
@@ -238,19 +328,35 @@ def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch
     each save), and with `checkpoint_dir: s3://...` the upload."""
     from composer.utils import dist
 
-    from gcc.train.callbacks import (CheckpointRotation, CheckpointUpload, ConsoleLog, Export, GradClip,
-                                     NonFiniteGuard, Preemption, RunFiles, StepDeadline, StepSync, TrainStats,
-                                     ValidateAtStart, ValidationLog)
     from gcc.train.batch_change import GlobalBatchRecord
-    from gcc.train.checkpoint_store import store_for
+    from gcc.train.callbacks import (
+        CheckpointRotation,
+        CheckpointUpload,
+        ConsoleLog,
+        Export,
+        GradClip,
+        NonFiniteGuard,
+        Preemption,
+        RunFiles,
+        StepDeadline,
+        StepSync,
+        TrainStats,
+        ValidateAtStart,
+        ValidationLog,
+    )
     from gcc.train.callbacks.console_log import console_lines_wanted
+    from gcc.train.checkpoint_store import store_for
     from gcc.train.peer_fault import PEER_GRACE_S, announce, watch_peers
     from gcc.train.watchdog import StallWatchdog
 
     run_dir = Path(cfg.run_dir)
     rank = dist.get_global_rank()
-    watchdog = StallWatchdog(run_dir, rank, announce=lambda code, why: announce(rank, code, why),
-                             grace_s=PEER_GRACE_S if dist.get_world_size() > 1 else 0.0)
+    watchdog = StallWatchdog(
+        run_dir,
+        rank,
+        announce=lambda code, why: announce(rank, code, why),
+        grace_s=PEER_GRACE_S if dist.get_world_size() > 1 else 0.0,
+    )
     watch_peers(rank, watchdog.stop_for_peer)
     sync = StepSync(per_rank_batch)  # first at AFTER_TRAIN_BATCH: the guard, stats and preemption read its totals
     preemption = Preemption(watchdog, cfg.preemption_grace_s, sync)
@@ -260,25 +366,57 @@ def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch
     store = store_for(cfg.checkpoint_dir)
     after_saver = [rotation]
     if store is not None:
-        after_saver.append(CheckpointUpload(store, run["launch"], run_dir, cfg.keep_checkpoints,
-                                            cfg.inject_stop_after_commit_step))
-    export = Export(run_dir, model.dit, cfg.export_every, cfg.max_steps, lambda step: export_metadata(cfg, run, step),
-                    lambda: preemption.preempted_at is not None, store, run["launch"])
+        after_saver.append(
+            CheckpointUpload(store, run["launch"], run_dir, cfg.keep_checkpoints, cfg.inject_stop_after_commit_step)
+        )
+    export = Export(
+        run_dir,
+        model.dit,
+        cfg.export_every,
+        cfg.max_steps,
+        lambda step: export_metadata(cfg, run, step),
+        lambda: preemption.preempted_at is not None,
+        store,
+        run["launch"],
+    )
     guard = NonFiniteGuard(sync, cfg.inject_nonfinite_step, cfg.inject_nonfinite_rank)
     val = ValidationLog("val")
     global_batch = GlobalBatchRecord(cfg.global_batch)  # in every checkpoint: a resume sees a changed one
-    ordered = [global_batch, rotation.clock, sync, guard, grad_clip, stats, preemption,
-               StepDeadline(watchdog, cfg.stall_timeout_s, cfg.stall_floor_s), val, export,
-               RunFiles(run_dir, resolved_config(cfg, run["manifest"], per_rank_batch), stats)]
+    ordered = [
+        global_batch,
+        rotation.clock,
+        sync,
+        guard,
+        grad_clip,
+        stats,
+        preemption,
+        StepDeadline(watchdog, cfg.stall_timeout_s, cfg.stall_floor_s),
+        val,
+        export,
+        RunFiles(run_dir, resolved_config(cfg, run["manifest"], per_rank_batch), stats),
+    ]
     if cfg.console_log_every > 0:  # after stats, preemption and val; train.log gets the lines even under the bar
-        ordered.append(ConsoleLog(cfg.console_log_every, cfg.max_steps, stats, val, preemption,
-                                  console=console_lines_wanted(cfg.console_log_every, cfg.progress_bar)))
+        ordered.append(
+            ConsoleLog(
+                cfg.console_log_every,
+                cfg.max_steps,
+                stats,
+                val,
+                preemption,
+                console=console_lines_wanted(cfg.console_log_every, cfg.progress_bar),
+            )
+        )
     at_start = None
     if cfg.val_at_start and validates(cfg) and run["resumed_step"] is None:  # a resume never repeats it
         at_start = ValidateAtStart(preemption, cfg.inject_sigterm_at_val0)
         ordered.append(at_start)
-    return {"callbacks": ordered, "preemption": preemption, "after_saver": after_saver, "global_batch": global_batch,
-            "validate_at_start": at_start}
+    return {
+        "callbacks": ordered,
+        "preemption": preemption,
+        "after_saver": after_saver,
+        "global_batch": global_batch,
+        "validate_at_start": at_start,
+    }
 
 
 def build_loggers(cfg: TrainConfig) -> list:
@@ -310,8 +448,13 @@ def build_evaluators(cfg: TrainConfig, val_loader: DataLoader | None, preemption
             return preemption.preempted_at is None and step >= cfg.max_steps and step % cfg.val_every != 0
         return False
 
-    return [Evaluator(label="val", dataloader=DataSpec(val_loader, get_num_samples_in_batch=samples_in),
-                      eval_interval=eval_interval)]
+    return [
+        Evaluator(
+            label="val",
+            dataloader=DataSpec(val_loader, get_num_samples_in_batch=samples_in),
+            eval_interval=eval_interval,
+        )
+    ]
 
 
 class MicroBatch(dict):
@@ -321,12 +464,20 @@ class MicroBatch(dict):
     has none of; at full geometry that is a copy of ~35 MB of latents and sem ids per sample per micro-batch.
     """
 
-    def __deepcopy__(self, memo) -> "MicroBatch":
+    def __deepcopy__(self, memo) -> MicroBatch:
         return self
 
 
-def build_trainer(cfg: TrainConfig, device, model, train_loader: DataLoader, evaluators: list, callbacks: list,
-                  loggers: list, fsdp: dict | None):
+def build_trainer(
+    cfg: TrainConfig,
+    device,
+    model,
+    train_loader: DataLoader,
+    evaluators: list,
+    callbacks: list,
+    loggers: list,
+    fsdp: dict | None,
+):
     """Composer's Trainer with autoresume and batch-based checkpoints (an epoch-end save would lose Streaming's
     position). Under FSDP Composer shards the meta-device model and each rank initialises its shard."""
     import torch
@@ -341,17 +492,29 @@ def build_trainer(cfg: TrainConfig, device, model, train_loader: DataLoader, eva
     opt = build_optimizer(model, cfg.optim.lr, cfg.optim.cond_lr, cfg.optim.weight_decay)
     with meta_init_on("cuda" if torch.cuda.is_available() else "cpu"):
         trainer = Trainer(
-            model=model, run_name=Path(cfg.run_dir).name, device=device,
-            train_dataloader=DataSpec(train_loader, get_num_samples_in_batch=samples_in,
-                                      microbatch_transforms=MicroBatch),
-            eval_dataloader=evaluators or None, max_duration=f"{cfg.max_steps}ba", optimizers=opt,
+            model=model,
+            run_name=Path(cfg.run_dir).name,
+            device=device,
+            train_dataloader=DataSpec(
+                train_loader, get_num_samples_in_batch=samples_in, microbatch_transforms=MicroBatch
+            ),
+            eval_dataloader=evaluators or None,
+            max_duration=f"{cfg.max_steps}ba",
+            optimizers=opt,
             **trainer_schedule_kwargs(opt, cfg.optim.warmup_steps),
             device_train_microbatch_size=cfg.micro_batch,
-            precision="fp32" if cfg.precision == "fp32" else "amp_bf16", parallelism_config=fsdp,
-            save_folder=str(ckpt_dir(Path(cfg.run_dir))), save_interval=f"{cfg.checkpoint_every}ba",
+            precision="fp32" if cfg.precision == "fp32" else "amp_bf16",
+            parallelism_config=fsdp,
+            save_folder=str(ckpt_dir(Path(cfg.run_dir))),
+            save_interval=f"{cfg.checkpoint_every}ba",
             save_num_checkpoints_to_keep=-1,  # CheckpointRotation keeps N across restarts
-            autoresume=cfg.autoresume, loggers=loggers, callbacks=callbacks, progress_bar=cfg.progress_bar,
-            log_to_console=False, seed=cfg.seed, dist_timeout=cfg.dist_timeout,
+            autoresume=cfg.autoresume,
+            loggers=loggers,
+            callbacks=callbacks,
+            progress_bar=cfg.progress_bar,
+            log_to_console=False,
+            seed=cfg.seed,
+            dist_timeout=cfg.dist_timeout,
         )
     use_lean_engine(trainer)
     if fsdp is not None:

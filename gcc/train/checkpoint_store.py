@@ -25,6 +25,7 @@ file's size and sha256 match the manifest.
 A store that ignores conditional writes gets the write followed by a re-read of the head (`commit`); what that
 leaves open is in docs/training.md.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,7 @@ from typing import Any
 
 from gcc.data import storage
 from gcc.data.errors import StorageUnavailable
-from gcc.train.run_folder import (Refusal, checkpoint_step, ckpt_dir, disk_gb, point_latest, remove_checkpoint,
-                                  to_rotate)
+from gcc.train.run_folder import Refusal, checkpoint_step, ckpt_dir, disk_gb, point_latest, remove_checkpoint, to_rotate
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +66,10 @@ def checkpoint_of(key: str, where: str) -> str:
     or an absolute path, is a Refusal naming it: it is never fetched."""
     m = KEY_RE.fullmatch(key)
     if m is None:
-        raise Refusal(f"{where}/{key}: not an object of a gcc checkpoint (only {KEY_SHAPES}); the prefix was "
-                      f"written by something else. Remove the object, or use another checkpoint_dir")
+        raise Refusal(
+            f"{where}/{key}: not an object of a gcc checkpoint (only {KEY_SHAPES}); the prefix was "
+            f"written by something else. Remove the object, or use another checkpoint_dir"
+        )
     return key if m.group(2) == "-rank0.pt" else m.group(1)
 
 
@@ -79,10 +81,16 @@ def check_manifest(name: str, files: Any, where: str) -> dict[str, dict[str, Any
     for key, entry in files.items():
         m = KEY_RE.fullmatch(key)
         if m is None or checkpoint_of(key, where) != name:
-            raise Refusal(f"{where}: the manifest of {name} lists {key!r}, not one of its objects (only "
-                          f"{KEY_SHAPES} of {name})")
-        if not (isinstance(entry, dict) and isinstance(entry.get("size"), int) and entry["size"] >= 0
-                and isinstance(entry.get("sha256"), str) and SHA256_RE.fullmatch(entry["sha256"])):
+            raise Refusal(
+                f"{where}: the manifest of {name} lists {key!r}, not one of its objects (only {KEY_SHAPES} of {name})"
+            )
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("size"), int)
+            and entry["size"] >= 0
+            and isinstance(entry.get("sha256"), str)
+            and SHA256_RE.fullmatch(entry["sha256"])
+        ):
             raise Refusal(f"{where}: the manifest entry of {key} is not {{size: bytes, sha256: hex}}: {entry!r}")
     if not name.endswith(".pt") and f"{name}/.metadata" not in files:
         raise Refusal(f"{where}: the manifest of {name} lacks {name}/.metadata")
@@ -92,6 +100,7 @@ def check_manifest(name: str, files: Any, where: str) -> dict[str, dict[str, Any
 @dataclass(frozen=True)
 class Head:
     """<prefix>/checkpoints/latest: the launch that owns the prefix and the newest committed checkpoint."""
+
     launch: str
     owner: dict[str, Any]  # host, pid, started: for the messages
     checkpoint: str | None  # None: claimed, nothing committed yet
@@ -99,8 +108,17 @@ class Head:
     etag: str = ""  # as read: the precondition of the next write
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"format": HEAD_FORMAT, "launch": self.launch, "owner": self.owner,
-                           "checkpoint": self.checkpoint, "files": self.files}, indent=1, sort_keys=True).encode()
+        return json.dumps(
+            {
+                "format": HEAD_FORMAT,
+                "launch": self.launch,
+                "owner": self.owner,
+                "checkpoint": self.checkpoint,
+                "files": self.files,
+            },
+            indent=1,
+            sort_keys=True,
+        ).encode()
 
     def who(self) -> str:
         o = self.owner
@@ -111,19 +129,28 @@ def parse_head(data: bytes, etag: str, url: str) -> Head:
     """The head as read from `url`; a Refusal naming it when it is not one gcc writes."""
     text = data.decode(errors="replace").strip()
     if NAME_RE.fullmatch(text):
-        raise Refusal(f"{url} names {text} without a manifest: a checkpoint prefix written by an earlier gcc, whose "
-                      f"checkpoints this one cannot verify. Finish the run with the gcc that wrote it, or point "
-                      f"checkpoint_dir at a new prefix (the run then resumes from its run folder's checkpoints)")
+        raise Refusal(
+            f"{url} names {text} without a manifest: a checkpoint prefix written by an earlier gcc, whose "
+            f"checkpoints this one cannot verify. Finish the run with the gcc that wrote it, or point "
+            f"checkpoint_dir at a new prefix (the run then resumes from its run folder's checkpoints)"
+        )
     try:
         d = json.loads(text)
     except ValueError:
         d = None
-    if not (isinstance(d, dict) and d.get("format") == HEAD_FORMAT and isinstance(d.get("launch"), str)
-            and isinstance(d.get("owner"), dict) and isinstance(d.get("files"), dict)
-            and (d.get("checkpoint") is None or isinstance(d["checkpoint"], str))):
-        raise Refusal(f"{url}: unreadable (not the commit record gcc writes: JSON with format {HEAD_FORMAT}, launch, "
-                      f"owner, checkpoint, files), so which checkpoint is committed is unknown; nothing is deleted. "
-                      f"Restore it, or use another checkpoint_dir")
+    if not (
+        isinstance(d, dict)
+        and d.get("format") == HEAD_FORMAT
+        and isinstance(d.get("launch"), str)
+        and isinstance(d.get("owner"), dict)
+        and isinstance(d.get("files"), dict)
+        and (d.get("checkpoint") is None or isinstance(d["checkpoint"], str))
+    ):
+        raise Refusal(
+            f"{url}: unreadable (not the commit record gcc writes: JSON with format {HEAD_FORMAT}, launch, "
+            f"owner, checkpoint, files), so which checkpoint is committed is unknown; nothing is deleted. "
+            f"Restore it, or use another checkpoint_dir"
+        )
     name = d["checkpoint"]
     if name is not None:
         if not NAME_RE.fullmatch(name):
@@ -137,6 +164,7 @@ def parse_head(data: bytes, etag: str, url: str) -> Head:
 def _differing(pairs: list[tuple[Path, dict[str, Any]]]) -> list[Path]:
     """The files whose size or sha256 differs from their manifest entry (missing ones included); hashed in threads
     (hashlib releases the GIL), so a resume checks a sharded checkpoint at the disk's pace."""
+
     def differs(pair: tuple[Path, dict[str, Any]]) -> bool:
         path, entry = pair
         if not path.is_file() or path.stat().st_size != entry["size"]:
@@ -163,9 +191,11 @@ class CheckpointStore:
         if self._conditional is None:
             self._conditional = storage.honours_conditions(self._object(PROBE_OBJECT))
             if not self._conditional:
-                logger.warning(f"checkpoints: {self.url}: the store ignores conditional writes (If-Match); the "
-                               f"guard between two launches falls back to re-reading (docs/training.md, "
-                               f"\"Checkpoints on object storage\")")
+                logger.warning(
+                    f"checkpoints: {self.url}: the store ignores conditional writes (If-Match); the "
+                    f"guard between two launches falls back to re-reading (docs/training.md, "
+                    f'"Checkpoints on object storage")'
+                )
         return self._conditional
 
     # ---- run record ----------------------------------------------------------------------------------
@@ -200,8 +230,11 @@ class CheckpointStore:
         """Make this launch the prefix's owner, keeping the committed checkpoint; returns its id. Call it only once
         every identity check has passed: a refused launch must leave the prefix as it was."""
         launch = uuid.uuid4().hex
-        owner = {"host": socket.gethostname(), "pid": os.getpid(),
-                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        owner = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         for _ in range(CLAIM_ATTEMPTS):
             head = self.head()
             if head is None:
@@ -210,16 +243,20 @@ class CheckpointStore:
             if self._write_head(new, head):
                 return launch
             # a commit or another claim landed between the read and the write: read it again
-        raise Refusal(f"{self.head_url}: changed under each of {CLAIM_ATTEMPTS} attempts to claim it; another "
-                      f"launch is writing this prefix. Two live runs must not share a checkpoint_dir")
+        raise Refusal(
+            f"{self.head_url}: changed under each of {CLAIM_ATTEMPTS} attempts to claim it; another "
+            f"launch is writing this prefix. Two live runs must not share a checkpoint_dir"
+        )
 
     def _refuse_headless(self) -> None:
         """No head: fine on a fresh prefix; with checkpoints there, which one is committed is unknown."""
         names = list(self.checkpoints())
         if names:
-            raise Refusal(f"{self.head_url} is missing, but {self.ckpts} holds checkpoints ({', '.join(names)}): "
-                          f"which one is committed is unknown, so nothing is deleted or resumed. Restore it, or use "
-                          f"another checkpoint_dir")
+            raise Refusal(
+                f"{self.head_url} is missing, but {self.ckpts} holds checkpoints ({', '.join(names)}): "
+                f"which one is committed is unknown, so nothing is deleted or resumed. Restore it, or use "
+                f"another checkpoint_dir"
+            )
 
     def check_owner(self, launch: str) -> Head:
         """The head, if this launch still owns the prefix; TakenOver otherwise."""
@@ -227,9 +264,11 @@ class CheckpointStore:
         if head is None:
             raise TakenOver(f"{self.head_url} is gone; this launch commits nothing more and stops")
         if head.launch != launch:
-            raise TakenOver(f"{self.url}: another launch claimed this checkpoint prefix ({head.who()}); this launch "
-                            f"uploads and commits nothing more and stops. Two live runs must not share a "
-                            f"checkpoint_dir")
+            raise TakenOver(
+                f"{self.url}: another launch claimed this checkpoint prefix ({head.who()}); this launch "
+                f"uploads and commits nothing more and stops. Two live runs must not share a "
+                f"checkpoint_dir"
+            )
         return head
 
     def commit(self, name: str, files: dict[str, dict[str, Any]], launch: str) -> None:
@@ -242,8 +281,9 @@ class CheckpointStore:
         head = self.check_owner(launch)
         if not self._write_head(Head(launch, head.owner, name, files), head):
             self.check_owner(launch)
-            raise TakenOver(f"{self.head_url}: changed while this launch committed {name}; it commits nothing more "
-                            f"and stops")
+            raise TakenOver(
+                f"{self.head_url}: changed while this launch committed {name}; it commits nothing more and stops"
+            )
         if not self.conditional:
             self.check_owner(launch)
 
@@ -287,8 +327,10 @@ class CheckpointStore:
             self._refuse_headless()
             return None
         if head.launch != launch:
-            raise Refusal(f"{self.url}: another launch claimed this checkpoint prefix while this one was starting "
-                          f"({head.who()}). Two live runs must not share a checkpoint_dir")
+            raise Refusal(
+                f"{self.url}: another launch claimed this checkpoint prefix while this one was starting "
+                f"({head.who()}). Two live runs must not share a checkpoint_dir"
+            )
         committed = head.checkpoint
         newer = [n for n in ckpts if committed is None or checkpoint_step(n) > checkpoint_step(committed)]
         stray = [k for k in ckpts.get(committed, []) if k not in head.files]
@@ -309,8 +351,10 @@ class CheckpointStore:
             return check_manifest(name, files, self.head_url)
         head = self.head()
         if head is None or head.checkpoint != name:
-            raise Refusal(f"{self.head_url}: does not commit {name} (it commits "
-                          f"{head.checkpoint if head else 'nothing'}); another launch moved it")
+            raise Refusal(
+                f"{self.head_url}: does not commit {name} (it commits "
+                f"{head.checkpoint if head else 'nothing'}); another launch moved it"
+            )
         return head.files
 
     def whole_here(self, name: str, run_dir: Path, files: dict[str, dict[str, Any]] | None = None) -> bool:
@@ -320,8 +364,13 @@ class CheckpointStore:
         files = self._files(name, files)
         local = ckpt_dir(run_dir)
         top = local / name
-        have = ({f"{name}/{p.name}" for p in top.iterdir()} if top.is_dir() and not name.endswith(".pt")
-                else {name} if top.is_file() else set())
+        have = (
+            {f"{name}/{p.name}" for p in top.iterdir()}
+            if top.is_dir() and not name.endswith(".pt")
+            else {name}
+            if top.is_file()
+            else set()
+        )
         return have == set(files) and not _differing([(local / k, e) for k, e in files.items()])
 
     def fetch(self, name: str, run_dir: Path, files: dict[str, dict[str, Any]] | None = None) -> Path:
@@ -334,7 +383,7 @@ class CheckpointStore:
         t0 = time.perf_counter()
         got = []
         for key, entry in files.items():
-            rel = key[len(name):].lstrip("/")  # "" for a DDP file, the shard's name in a DCP folder
+            rel = key[len(name) :].lstrip("/")  # "" for a DDP file, the shard's name in a DCP folder
             target = tmp / rel if rel else tmp
             url = storage.join(self.ckpts, key)
             try:
@@ -345,21 +394,26 @@ class CheckpointStore:
                 if storage.error_code(e) not in ("404", "NoSuchKey", "NotFound"):
                     raise
                 remove_checkpoint(tmp)
-                raise Refusal(f"{url}: committed in {self.head_url} but missing; the prefix was changed after the "
-                              f"commit") from None
+                raise Refusal(
+                    f"{url}: committed in {self.head_url} but missing; the prefix was changed after the commit"
+                ) from None
             got.append((target, entry))
         bad = _differing(got)
         if bad:
             remove_checkpoint(tmp)
             keys = [f"{name}/{p.name}" if p != tmp else name for p in bad]
-            raise Refusal(f"{self.ckpts}: {', '.join(keys)} differ from the manifest committed in {self.head_url} "
-                          f"(size or sha256): replaced after the commit. Nothing was resumed from them")
+            raise Refusal(
+                f"{self.ckpts}: {', '.join(keys)} differ from the manifest committed in {self.head_url} "
+                f"(size or sha256): replaced after the commit. Nothing was resumed from them"
+            )
         if dest.exists():
             remove_checkpoint(dest)
         os.replace(tmp, dest)
         point_latest(run_dir, name)
-        logger.info(f"checkpoints: fetched {name} from {self.ckpts} ({disk_gb(dest):.3g} GB in "
-                    f"{time.perf_counter() - t0:.1f} s)")
+        logger.info(
+            f"checkpoints: fetched {name} from {self.ckpts} ({disk_gb(dest):.3g} GB in "
+            f"{time.perf_counter() - t0:.1f} s)"
+        )
         return dest
 
 

@@ -1,10 +1,29 @@
 """The columns of a run's `train_log.csv` and `val_log.csv` (docs/training.md, "train_log.csv columns"), and those a
 resumed run must reproduce to the last digit. One list, shared by the writers (gcc/train/callbacks), `gcc-compare`
 and the tests' own exactness check. Imports nothing, so that a tool reads it without loading the trainer."""
+
 from __future__ import annotations
 
-TRAIN_COLUMNS = ["step", "loss", "mse", "timestep", "lr", "cond_lr", "grad_norm", "sem_rms", "x_rms", "text_drop",
-                 "cond_drop", "mask_frac", "step_time", "data_time", "mem_gb", "epoch", "time", "clips"]
+TRAIN_COLUMNS = [
+    "step",
+    "loss",
+    "mse",
+    "timestep",
+    "lr",
+    "cond_lr",
+    "grad_norm",
+    "sem_rms",
+    "x_rms",
+    "text_drop",
+    "cond_drop",
+    "mask_frac",
+    "step_time",
+    "data_time",
+    "mem_gb",
+    "epoch",
+    "time",
+    "clips",
+]
 VAL_COLUMNS = ["step", "timestep", "mse", "mse_uncond", "mse_nulltext", "gap_uncond", "gap_nulltext", "n"]
 
 # wall-clock and memory measurements: they differ between any two launches

@@ -3,6 +3,7 @@
 Defaults are the v10 run (docs/design.md §8). Unknown keys, wrong types and inconsistent batch settings raise
 `ConfigError` naming the key; `gcc/train.py` turns that into a one-line message and exit code 2.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -132,17 +133,26 @@ class TrainConfig:
     def accumulation(self, world_size: int) -> int:
         per_rank, rem = divmod(self.global_batch, world_size * self.micro_batch)
         if rem or per_rank < 1:
-            raise ConfigError(f"global_batch={self.global_batch} is not a multiple of world_size × micro_batch = "
-                              f"{world_size} × {self.micro_batch}")
+            raise ConfigError(
+                f"global_batch={self.global_batch} is not a multiple of world_size × micro_batch = "
+                f"{world_size} × {self.micro_batch}"
+            )
         if self.grad_accum and self.grad_accum != per_rank:
-            raise ConfigError(f"grad_accum={self.grad_accum} disagrees with global_batch / (world_size × micro_batch)"
-                              f" = {self.global_batch} / ({world_size} × {self.micro_batch}) = {per_rank}")
+            raise ConfigError(
+                f"grad_accum={self.grad_accum} disagrees with global_batch / (world_size × micro_batch)"
+                f" = {self.global_batch} / ({world_size} × {self.micro_batch}) = {per_rank}"
+            )
         return per_rank
 
 
-CHOICES = {"model.vocab": ("parts", "ids"), "model.preset": ("ti2v-5b", "wide", "tiny"),
-           "data.mask_calibration": ("frame0", "cap"), "precision": ("amp_bf16", "fp32"),
-           "parallelism": ("fsdp", "ddp"), "log_level": ("DEBUG", "INFO", "WARNING", "ERROR")}
+CHOICES = {
+    "model.vocab": ("parts", "ids"),
+    "model.preset": ("ti2v-5b", "wide", "tiny"),
+    "data.mask_calibration": ("frame0", "cap"),
+    "precision": ("amp_bf16", "fp32"),
+    "parallelism": ("fsdp", "ddp"),
+    "log_level": ("DEBUG", "INFO", "WARNING", "ERROR"),
+}
 
 
 def _check_type(key: str, value: Any, typ: Any) -> Any:
@@ -161,7 +171,7 @@ def _check_type(key: str, value: Any, typ: Any) -> Any:
                 raise ConfigError(f"{key}: expected a finite number, got {value!r}")
             return number
     base = typing.get_origin(typ) or typ
-    if base is dict and isinstance(value, dict) or base is list and isinstance(value, list):
+    if (base is dict and isinstance(value, dict)) or (base is list and isinstance(value, list)):
         return value
     if isinstance(base, type) and isinstance(value, base) and not (base is int and isinstance(value, bool)):
         return value
@@ -238,8 +248,9 @@ def read_yaml(path: str | Path) -> dict:
     except OSError as e:
         raise ConfigError(f"config file {os_error_message(e)}") from None
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{p}: not a yaml config file (not UTF-8 text: byte {e.start} is {e.object[e.start]:#04x})"
-                          ) from None
+        raise ConfigError(
+            f"{p}: not a yaml config file (not UTF-8 text: byte {e.start} is {e.object[e.start]:#04x})"
+        ) from None
     try:
         tree = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -284,8 +295,16 @@ def validate(cfg: TrainConfig) -> None:
     for key, allowed in CHOICES.items():
         if _get(cfg, key) not in allowed:
             raise ConfigError(f"{key}: must be one of {allowed}, got {_get(cfg, key)!r}")
-    for key in ("global_batch", "micro_batch", "max_steps", "checkpoint_every", "keep_checkpoints",
-                "export_every", "val_every", "val_batch"):
+    for key in (
+        "global_batch",
+        "micro_batch",
+        "max_steps",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "export_every",
+        "val_every",
+        "val_batch",
+    ):
         if _get(cfg, key) < (0 if key in ("export_every", "val_every") else 1):
             raise ConfigError(f"{key}: must be positive, got {_get(cfg, key)}")
     if cfg.val_n < 0:
@@ -303,24 +322,38 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.data.num_workers < 0:
         raise ConfigError(f"data.num_workers: must be >= 0, got {cfg.data.num_workers}")
     if cfg.checkpoint_dir and not re.fullmatch(r"s3://[^/]+/.*[^/].*", cfg.checkpoint_dir):
-        raise ConfigError(f"checkpoint_dir: must be empty (checkpoints in <run_dir>/checkpoints) or "
-                          f"s3://bucket/prefix, got {cfg.checkpoint_dir!r}")
+        raise ConfigError(
+            f"checkpoint_dir: must be empty (checkpoints in <run_dir>/checkpoints) or "
+            f"s3://bucket/prefix, got {cfg.checkpoint_dir!r}"
+        )
     if cfg.grad_accum < 0:
         raise ConfigError(f"grad_accum: must be >= 0 (0 = derived), got {cfg.grad_accum}")
     if cfg.global_batch % cfg.micro_batch:
         raise ConfigError(f"global_batch={cfg.global_batch} is not a multiple of micro_batch={cfg.micro_batch}")
     if not 0 <= cfg.seed < 2**32:  # Composer's and Streaming's range
         raise ConfigError(f"seed: must be in [0, 2**32), got {cfg.seed}")
-    for key in ("optim.lr", "optim.cond_lr", "optim.weight_decay", "optim.grad_clip", "optim.warmup_steps",
-                "inject_nonfinite_step", "inject_nonfinite_rank", "inject_stall_step", "inject_stall_rank"):
+    for key in (
+        "optim.lr",
+        "optim.cond_lr",
+        "optim.weight_decay",
+        "optim.grad_clip",
+        "optim.warmup_steps",
+        "inject_nonfinite_step",
+        "inject_nonfinite_rank",
+        "inject_stall_step",
+        "inject_stall_rank",
+    ):
         if _get(cfg, key) < 0:
             raise ConfigError(f"{key}: must be >= 0, got {_get(cfg, key)}")
     if cfg.dist_timeout > MAX_TIMEOUT_S:
-        raise ConfigError(f"dist_timeout: must be at most {MAX_TIMEOUT_S:.3g} seconds (Python's timedelta), got "
-                          f"{cfg.dist_timeout}")
+        raise ConfigError(
+            f"dist_timeout: must be at most {MAX_TIMEOUT_S:.3g} seconds (Python's timedelta), got {cfg.dist_timeout}"
+        )
     if cfg.data.limit is not None and cfg.data.limit < 1:
-        raise ConfigError(f"data.limit: must be a positive number of train clips, or null (the whole train split), "
-                          f"got {cfg.data.limit}")
+        raise ConfigError(
+            f"data.limit: must be a positive number of train clips, or null (the whole train split), "
+            f"got {cfg.data.limit}"
+        )
     if cfg.data.num_canonical_nodes < 1:
         raise ConfigError(f"data.num_canonical_nodes: must be >= 1, got {cfg.data.num_canonical_nodes}")
     if cfg.data.cache_limit:
@@ -331,12 +364,15 @@ def validate(cfg: TrainConfig) -> None:
         except ValueError:
             limit = 0
         if limit <= 0:
-            raise ConfigError(f"data.cache_limit: must be empty (no limit) or a size such as 200gb, got "
-                              f"{cfg.data.cache_limit!r}")
+            raise ConfigError(
+                f"data.cache_limit: must be empty (no limit) or a size such as 200gb, got {cfg.data.cache_limit!r}"
+            )
     bad_t = [t for t in cfg.val_timesteps if _as_float(t) is None or not 0 <= _as_float(t) <= 1000]
     if bad_t or (not cfg.val_timesteps and cfg.val_every and cfg.val_n):
-        raise ConfigError(f"val_timesteps: must be a non-empty list of numbers in [0, 1000] (scheduler timesteps), "
-                          f"got {cfg.val_timesteps!r}")
+        raise ConfigError(
+            f"val_timesteps: must be a non-empty list of numbers in [0, 1000] (scheduler timesteps), "
+            f"got {cfg.val_timesteps!r}"
+        )
     _check_model_overrides(cfg.model.overrides)
     if cfg.loggers:  # last: it imports Composer (seconds)
         from gcc.train.loggers import check_logger_options
@@ -360,12 +396,16 @@ def _check_model_overrides(overrides: dict) -> None:
     for k, v in overrides.items():
         if k not in hints or k == "vocab":
             hint = " (set model.vocab instead)" if k == "vocab" else ""
-            raise ConfigError(f"model.overrides.{k}: not a field of the model config{hint}; known: "
-                              f"{sorted(set(hints) - {'vocab'})}")
+            raise ConfigError(
+                f"model.overrides.{k}: not a field of the model config{hint}; known: {sorted(set(hints) - {'vocab'})}"
+            )
         typ = hints[k]
         if typing.get_origin(typ) is tuple:
-            ok = isinstance(v, list) and len(v) == len(typing.get_args(typ)) and all(
-                isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v)
+            ok = (
+                isinstance(v, list)
+                and len(v) == len(typing.get_args(typ))
+                and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v)
+            )
             want = f"a list of {len(typing.get_args(typ))} positive integers"
         elif typ is float:
             ok = _as_float(v) is not None and math.isfinite(_as_float(v)) and _as_float(v) > 0
@@ -404,15 +444,19 @@ def check_inputs(cfg: TrainConfig) -> None:
     model = cfg.model
     if model.init_ckpt and Path(model.init_ckpt).is_dir():
         raise ConfigError(f"model.init_ckpt: {model.init_ckpt}: is a folder, expected a .safetensors export")
-    for key, wanted in (("model_dir", "the Wan2.2-TI2V-5B folder as published"),
-                        ("legacy_zero_ckpt", "a DeepSpeed ZeRO checkpoint folder")):
+    for key, wanted in (
+        ("model_dir", "the Wan2.2-TI2V-5B folder as published"),
+        ("legacy_zero_ckpt", "a DeepSpeed ZeRO checkpoint folder"),
+    ):
         path = getattr(model, key)
         if path and Path(path).exists() and not Path(path).is_dir():
             raise ConfigError(f"model.{key}: {path}: is a file, expected {wanted}")
     legacy = Path(model.legacy_zero_ckpt) if model.legacy_zero_ckpt else None
     if legacy is not None and legacy.is_dir() and not (legacy / "latest").is_file():
-        raise ConfigError(f"model.legacy_zero_ckpt: {legacy}: no 'latest' file (expected a DeepSpeed ZeRO "
-                          f"checkpoint folder as accelerate's save_state writes it)")
+        raise ConfigError(
+            f"model.legacy_zero_ckpt: {legacy}: no 'latest' file (expected a DeepSpeed ZeRO "
+            f"checkpoint folder as accelerate's save_state writes it)"
+        )
     _check_weights_fit(cfg)
 
 
@@ -428,11 +472,15 @@ def _check_weights_fit(cfg: TrainConfig) -> None:
         dit = build_gc_dit(cfg.model.preset, device="meta", vocab=cfg.model.vocab, **cfg.model.overrides)
         head_dim, rem = divmod(dit.config.dim, dit.config.num_heads)
         if rem or head_dim % 2 or head_dim // 3 % 2:  # Wan's 3D RoPE splits a head in three even parts
-            raise ValueError(f"dim={dit.config.dim} / num_heads={dit.config.num_heads} must give a head width d "
-                             f"with d and d // 3 even (Wan's 3D RoPE)")
+            raise ValueError(
+                f"dim={dit.config.dim} / num_heads={dit.config.num_heads} must give a head width d "
+                f"with d and d // 3 even (Wan's 3D RoPE)"
+            )
     except (ValueError, TypeError, AssertionError, RuntimeError) as e:
-        raise ConfigError(f"model.overrides: the {cfg.model.preset!r} preset with {cfg.model.overrides} cannot be "
-                          f"built ({type(e).__name__}: {e})") from None
+        raise ConfigError(
+            f"model.overrides: the {cfg.model.preset!r} preset with {cfg.model.overrides} cannot be "
+            f"built ({type(e).__name__}: {e})"
+        ) from None
     for key, check in (("model_dir", load_wan_base), ("init_ckpt", load_gc_weights)):
         path = getattr(cfg.model, key)
         if not (path and os.path.exists(path)):  # missing: rank 0 decides (a resume does not load it)
@@ -440,8 +488,9 @@ def _check_weights_fit(cfg: TrainConfig) -> None:
         try:
             check(dit, path, check_only=True)
         except (ValueError, OSError, SafetensorError) as e:  # GcCkptError is a ValueError; each names the file
-            raise ConfigError(f"model.{key}: {e} (the model: model.preset {cfg.model.preset!r}, model.vocab "
-                              f"{cfg.model.vocab!r})") from None
+            raise ConfigError(
+                f"model.{key}: {e} (the model: model.preset {cfg.model.preset!r}, model.vocab {cfg.model.vocab!r})"
+            ) from None
 
 
 def to_dict(cfg: TrainConfig) -> dict:

@@ -10,6 +10,7 @@ rank 0's console lines and every rank's own warnings and errors: the same record
 that every rank logs is there once (rank 0's). Records logged with `extra=RUN_LOG_ONLY` go there alone: the
 progress lines while Composer's bar draws on a terminal, and a rank's traceback (the console has Python's own).
 """
+
 from __future__ import annotations
 
 import logging
@@ -92,7 +93,7 @@ class RunLogHandler(logging.Handler):
     def write(self, text: str) -> None:
         data = text.encode("utf-8", "backslashreplace")
         while data:
-            data = data[os.write(self.fd, data):]
+            data = data[os.write(self.fd, data) :]
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.fd < 0:
@@ -101,8 +102,10 @@ class RunLogHandler(logging.Handler):
             self.write(self.format(record) + "\n")
         except OSError as e:  # a full or gone disk: the run deals with it; the log says so once and stops
             self.close()
-            sys.stderr.write(f"{PREFIX}rank {self.rank}: {self.path}: cannot be written ({e.strerror}); it gets no "
-                             f"more lines from this rank in this launch\n")
+            sys.stderr.write(
+                f"{PREFIX}rank {self.rank}: {self.path}: cannot be written ({e.strerror}); it gets no "
+                f"more lines from this rank in this launch\n"
+            )
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -118,12 +121,15 @@ def git_revision() -> str:
     if not (root / ".git").exists():
         return ""
     try:
-        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10)
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         if rev.returncode != 0:
             return ""
-        changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                                 capture_output=True, text=True, timeout=10)
+        changed = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return ""
     return rev.stdout.strip() + ("+modified" if changed.returncode == 0 and changed.stdout.strip() else "")
@@ -132,8 +138,10 @@ def git_revision() -> str:
 def launch_header(world: int) -> str:
     """The line that opens a launch in train.log: UTC time, host, world size, rank 0's pid, git revision."""
     rev = git_revision()
-    return (f"==== launch {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}  host {socket.gethostname()}  "
-            f"world {world}  pid {os.getpid()}" + (f"  git {rev}" if rev else "") + " ====")
+    return (
+        f"==== launch {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}  host {socket.gethostname()}  "
+        f"world {world}  pid {os.getpid()}" + (f"  git {rev}" if rev else "") + " ===="
+    )
 
 
 def open_run_log(run_dir: str | Path, rank: int, world: int) -> Path:
@@ -153,8 +161,10 @@ def open_run_log(run_dir: str | Path, rank: int, world: int) -> Path:
     try:
         fd = os.open(path, flags, 0o666)
     except OSError as e:
-        raise Refusal(f"{path}: cannot be opened as the run's log ({e.strerror}; a symbolic link or not a file?); "
-                      f"remove it and relaunch") from None
+        raise Refusal(
+            f"{path}: cannot be opened as the run's log ({e.strerror}; a symbolic link or not a file?); "
+            f"remove it and relaunch"
+        ) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise Refusal(f"{path}: not a regular file; remove it and relaunch")

@@ -10,6 +10,7 @@ files true:
   may hold are the step-0 validation's (gcc/train/run_folder.py), which this launch writes again (after FIT_START:
   gcc/train/callbacks/validation.py, ValidateAtStart).
 """
+
 from __future__ import annotations
 
 import csv
@@ -18,7 +19,7 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from composer.core import State
 from composer.loggers import Logger, LoggerDestination
@@ -85,12 +86,18 @@ class CSVLogger(LoggerDestination):
             keep = [rows[0]] + [r for r in rows[1:] if start and len(r) == len(columns) and int(float(r[0])) <= start]
             if len(keep) != len(rows):
                 atomic_write(path, _csv_text(keep))
-                log.info(f"{path.name}: removed {len(rows) - len(keep)} row(s) "
-                         + (f"after step {start} (from a launch that stopped before its next checkpoint)" if start else
-                            "of a start from step 0 that stopped before its first checkpoint (this one starts over)"))
+                log.info(
+                    f"{path.name}: removed {len(rows) - len(keep)} row(s) "
+                    + (
+                        f"after step {start} (from a launch that stopped before its next checkpoint)"
+                        if start
+                        else "of a start from step 0 that stopped before its first checkpoint (this one starts over)"
+                    )
+                )
 
-    def log_table(self, columns: list[str], rows: list[list[Any]], name: str = "Table",
-                  step: Optional[int] = None) -> None:
+    def log_table(
+        self, columns: list[str], rows: list[list[Any]], name: str = "Table", step: int | None = None
+    ) -> None:
         if name not in self.tables or dist.get_global_rank() != 0:
             return
         if name not in self._ready:

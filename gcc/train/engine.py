@@ -13,11 +13,11 @@ The list is built once per event and rebuilt when the trainer's callback list ch
 the trainer set a dataloader and a duration are left out (gcc's builder sets both). INIT, algorithms, the profiler
 and `ENGINE_DEBUG` take Composer's own path, unchanged.
 """
+
 from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from typing import Union
 
 from composer.core import Callback, Engine, Event
 from composer.loggers import LoggerDestination
@@ -33,11 +33,16 @@ def handles(cb: Callback, event: Event) -> bool:
 class LeanEngine(Engine):
     """Composer's Engine; `use_lean_engine` switches a built Trainer's engine to it."""
 
-    def run_event(self, event: Union[Event, str]):
+    def run_event(self, event: Event | str):
         event = Event(event)
         state = self.state
-        if (event == Event.INIT or self._is_closed or state.profiler is not None or state.algorithms
-                or os.environ.get("ENGINE_DEBUG")):
+        if (
+            event == Event.INIT
+            or self._is_closed
+            or state.profiler is not None
+            or state.algorithms
+            or os.environ.get("ENGINE_DEBUG")
+        ):
             return super().run_event(event)
         for cb in self._handlers(event):
             cb.run_event(event, state, self.logger)
@@ -49,8 +54,9 @@ class LeanEngine(Engine):
         if cache is None or cache[0] != callbacks:  # list equality: same callbacks, same order
             cache = self.__dict__["_lean_handlers"] = (list(callbacks), {})
         if event not in cache[1]:
-            ordered = ([cb for cb in callbacks if not isinstance(cb, LoggerDestination)]
-                       + [cb for cb in callbacks if isinstance(cb, LoggerDestination)])
+            ordered = [cb for cb in callbacks if not isinstance(cb, LoggerDestination)] + [
+                cb for cb in callbacks if isinstance(cb, LoggerDestination)
+            ]
             cache[1][event] = tuple(cb for cb in ordered if handles(cb, event))
         return cache[1][event]
 

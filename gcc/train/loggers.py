@@ -13,6 +13,7 @@ looks up the run by name (`resume: true`) in `tracking_uri`, `MLFLOW_TRACKING_UR
 `<run_dir>/mlruns`. Both use the
 run folder's name as the run name. System metrics (psutil / NVML sampling) are off unless asked for.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -72,8 +73,10 @@ def check_logger_options(loggers: dict[str, Any]) -> list[str]:
             continue
         params = set(inspect.signature(_composer_class(name).__init__).parameters) - {"self", "log_dir"}
         for key in sorted(set(options or {}) - params):
-            problems.append(f"loggers.{name}.{key}: not an option of Composer's {_composer_class(name).__name__} "
-                            f"({', '.join(sorted(params))})")
+            problems.append(
+                f"loggers.{name}.{key}: not an option of Composer's {_composer_class(name).__name__} "
+                f"({', '.join(sorted(params))})"
+            )
     return problems
 
 
@@ -92,15 +95,25 @@ def build_loggers(run_dir: str | Path, loggers: dict[str, Any], tables: dict[str
         if name == "tensorboard":
             out.append(LocalTensorboardLogger(log_dir=str(run_dir / "tensorboard"), **{"flush_interval": 10, **kw}))
         elif name == "wandb":
-            init = {"dir": str(run_dir), "id": wandb_run_id(run_dir), "resume": "allow",
-                    **(kw.pop("init_kwargs", None) or {})}
+            init = {
+                "dir": str(run_dir),
+                "id": wandb_run_id(run_dir),
+                "resume": "allow",
+                **(kw.pop("init_kwargs", None) or {}),
+            }
             Path(init["dir"]).mkdir(parents=True, exist_ok=True)
             out.append(TablelessWandBLogger(**{"name": run_dir.name, **kw, "init_kwargs": init}))
         elif name == "mlflow":
-            uri = str(kw.pop("tracking_uri", None) or os.environ.get("MLFLOW_TRACKING_URI")
-                      or (run_dir / "mlruns").resolve().as_uri())
+            uri = str(
+                kw.pop("tracking_uri", None)
+                or os.environ.get("MLFLOW_TRACKING_URI")
+                or (run_dir / "mlruns").resolve().as_uri()
+            )
             if uri.startswith("file:"):  # MLflow 3 refuses its file store unless asked; a local run folder has no DB
                 os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-            out.append(TablelessMLFlowLogger(**{"run_name": run_dir.name, "tracking_uri": uri, "resume": True,
-                                          "log_system_metrics": False, **kw}))
+            out.append(
+                TablelessMLFlowLogger(
+                    **{"run_name": run_dir.name, "tracking_uri": uri, "resume": True, "log_system_metrics": False, **kw}
+                )
+            )
     return out

@@ -15,12 +15,13 @@ of a launch): a daemon thread still inside a store call when the interpreter shu
 `pthread_exit`, whose unwinding through that call's C++ frames aborts the process ("terminate called without an
 active exception", exit -6, docs/training.md "How a launch ends").
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 KEY = "gcc/fault"
 PEER_GRACE_S = 3.0  # how long a rank that announced a missed deadline lives on, so that its peers see it

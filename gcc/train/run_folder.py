@@ -16,6 +16,7 @@ check never trips on one. Complete means: a torch.save file is a zip with its en
 a DCP folder has its `.metadata`, which DCP writes (to a temporary name, then renamed) only after every rank
 has written and fsynced its shard.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -54,15 +55,19 @@ class RunLock:
         try:  # never through a link: a planted one would make us truncate its target
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
         except OSError as e:
-            raise Refusal(f"{self.path}: cannot be opened as the run's lock file ({e.strerror}; a symbolic link or "
-                          f"not a file?); remove it and relaunch") from None
+            raise Refusal(
+                f"{self.path}: cannot be opened as the run's lock file ({e.strerror}; a symbolic link or "
+                f"not a file?); remove it and relaunch"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
             os.close(fd)
-            raise Refusal(f"{self.path.parent}: another live run holds {self.path} ({holder}); "
-                          f"wait for it to finish or stop it first") from None
+            raise Refusal(
+                f"{self.path.parent}: another live run holds {self.path} ({holder}); "
+                f"wait for it to finish or stop it first"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         self.fd = fd  # kept open for the life of the process; the kernel releases it on any exit
@@ -91,8 +96,10 @@ def file_digest(path: str, known: dict[str, Any] | None = None) -> dict[str, Any
 
 
 # signature fields added after some runs were recorded, with the value those runs had
-ADDED_FIELDS = {"parallelism": "ddp",  # before FSDP2 every CPU run (the only ones recorded) was DDP
-                "data.limit": None}  # the whole train split
+ADDED_FIELDS = {
+    "parallelism": "ddp",  # before FSDP2 every CPU run (the only ones recorded) was DDP
+    "data.limit": None,
+}  # the whole train split
 # fields that earlier runs recorded and that may now change on resume (gcc/train/batch_change.py)
 DROPPED_FIELDS = ("global_batch",)
 
@@ -100,14 +107,18 @@ DROPPED_FIELDS = ("global_batch",)
 def comparable(signature: dict[str, Any]) -> dict[str, Any]:
     """A signature as compared: a file digest (path, size, mtime, sha256) compares by its sha256 only."""
     signature = {**ADDED_FIELDS, **signature}
-    return {k: (v.get("sha256", "") if isinstance(v, dict) else v) for k, v in signature.items()
-            if k not in DROPPED_FIELDS}
+    return {
+        k: (v.get("sha256", "") if isinstance(v, dict) else v) for k, v in signature.items() if k not in DROPPED_FIELDS
+    }
 
 
 def diff_signatures(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     old, new = comparable(old), comparable(new)
-    return [f"{k}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}"
-            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    return [
+        f"{k}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}"
+        for k in sorted(set(old) | set(new))
+        if old.get(k) != new.get(k)
+    ]
 
 
 def stored_record(run_dir: Path) -> dict[str, Any] | None:
@@ -117,12 +128,18 @@ def stored_record(run_dir: Path) -> dict[str, Any] | None:
     try:
         record = json.loads(path.read_bytes())
     except (OSError, ValueError) as e:  # ValueError: not UTF-8 or not JSON
-        raise Refusal(f"{path}: not a run record gcc wrote ({type(e).__name__}: {e}); restore it, or use another "
-                      f"run_dir") from None
-    if not (isinstance(record, dict) and isinstance(record.get("signature"), dict)
-            and isinstance(record.get("lineage"), dict)):
-        raise Refusal(f"{path}: not a run record gcc wrote (expected an object with 'signature' and 'lineage'); "
-                      f"restore it, or use another run_dir")
+        raise Refusal(
+            f"{path}: not a run record gcc wrote ({type(e).__name__}: {e}); restore it, or use another run_dir"
+        ) from None
+    if not (
+        isinstance(record, dict)
+        and isinstance(record.get("signature"), dict)
+        and isinstance(record.get("lineage"), dict)
+    ):
+        raise Refusal(
+            f"{path}: not a run record gcc wrote (expected an object with 'signature' and 'lineage'); "
+            f"restore it, or use another run_dir"
+        )
     return record
 
 
@@ -131,19 +148,23 @@ def check_identity(run_dir: Path, signature: dict[str, Any], lineage: dict[str, 
     path = Path(run_dir) / "run.json"
     if not path.exists():
         if list_checkpoints(run_dir):
-            raise Refusal(f"{run_dir}: holds checkpoints but no run.json, so its run signature is unknown; "
-                          f"use another run_dir")
+            raise Refusal(
+                f"{run_dir}: holds checkpoints but no run.json, so its run signature is unknown; use another run_dir"
+            )
         record = {"signature": signature, "lineage": lineage}
         atomic_write(path, json.dumps(record, indent=1, sort_keys=True))
         return record
     record = stored_record(run_dir)
     diffs = diff_signatures(record["signature"], signature)
     if diffs:
-        raise Refusal(f"{run_dir}: holds a run with a different signature; these fields differ "
-                      f"(stored -> now):\n  " + "\n  ".join(diffs) +
-                      "\nOnly max_steps, the GPU/node count, the global batch (the run then continues at the next "
-                      "epoch), workers and logging may change on resume. Use another run_dir to start a different "
-                      "run.")
+        raise Refusal(
+            f"{run_dir}: holds a run with a different signature; these fields differ "
+            f"(stored -> now):\n  "
+            + "\n  ".join(diffs)
+            + "\nOnly max_steps, the GPU/node count, the global batch (the run then continues at the next "
+            "epoch), workers and logging may change on resume. Use another run_dir to start a different "
+            "run."
+        )
     return record
 
 
@@ -161,8 +182,11 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     d = ckpt_dir(run_dir)
     if not d.exists():
         return []
-    out = [(int(m.group(2)), p) for p in d.iterdir()
-           if (m := CKPT_RE.match(p.name)) and not p.is_symlink() and (p.is_dir() if m.group(3) is None else p.is_file())]
+    out = [
+        (int(m.group(2)), p)
+        for p in d.iterdir()
+        if (m := CKPT_RE.match(p.name)) and not p.is_symlink() and (p.is_dir() if m.group(3) is None else p.is_file())
+    ]
     return sorted(out)
 
 
@@ -217,7 +241,7 @@ def repair_checkpoints(run_dir: Path) -> Path | None:
 def to_rotate(ckpts: list, latest, keep: int) -> list:
     """Of checkpoints in step order (local paths or remote names), those rotation deletes: all but the `keep`
     newest up to `latest` (a newer one is a leftover that `repair` handles)."""
-    upto = ckpts[:ckpts.index(latest) + 1] if latest in ckpts else ckpts
+    upto = ckpts[: ckpts.index(latest) + 1] if latest in ckpts else ckpts
     return upto[:-keep] if keep > 0 else []
 
 
@@ -242,8 +266,17 @@ def point_latest(run_dir: Path, name: str) -> None:
 
 
 # ---- starting over ------------------------------------------------------------------------------------
-OUTPUTS = ("step-*.safetensors", "train_log*.csv", "val_log*.csv", "config.json", "done.json", "curves.png",
-           "tensorboard", "stacks", "checkpoints")
+OUTPUTS = (
+    "step-*.safetensors",
+    "train_log*.csv",
+    "val_log*.csv",
+    "config.json",
+    "done.json",
+    "curves.png",
+    "tensorboard",
+    "stacks",
+    "checkpoints",
+)
 REPLACED = "replaced"
 
 
@@ -264,8 +297,9 @@ def what_a_restart_loses(run_dir: Path) -> list[str]:
     run_dir = Path(run_dir)
     exports = sorted(run_dir.glob("step-*.safetensors"), key=lambda p: p.stat().st_mtime)
     found = [f"{len(exports)} export(s) (newest {exports[-1].name})"] if exports else []
-    found += [f"{name} with {n} row(s)" for name in ("train_log.csv", "val_log.csv")
-              if (n := _data_rows(run_dir / name))]
+    found += [
+        f"{name} with {n} row(s)" for name in ("train_log.csv", "val_log.csv") if (n := _data_rows(run_dir / name))
+    ]
     ckpts = list_checkpoints(run_dir)
     found += [f"{len(ckpts)} checkpoint(s) (newest {ckpts[-1][1].name})"] if ckpts else []
     return found

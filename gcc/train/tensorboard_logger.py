@@ -10,10 +10,10 @@ Composer writes each scalar as its own event (a protobuf, a queue put and a lock
 step, over 1 ms); here one `log_metrics` call is one event holding all its scalars, which TensorBoard reads the
 same way.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Optional
 
 from composer.core import State
 from composer.loggers import Logger, TensorboardLogger
@@ -30,7 +30,7 @@ class LocalTensorboardLogger(TensorboardLogger):
         else:
             super().init(state, logger)
 
-    def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         if self._silent():
             return
         from tensorboard.compat.proto.summary_pb2 import Summary

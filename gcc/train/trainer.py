@@ -14,6 +14,7 @@ rank missed a deadline; every thread's stack is in <run_dir>/stacks/), 6 damaged
 cannot be read back as convert_data wrote it), 7 object storage unavailable (after bounded retries), 8 disk full.
 On 6-8 the rank stops at once: nothing is checkpointed after the fault was seen, and nothing partial is kept.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,11 +53,16 @@ def check_data(manifest: dict, data: str, per_rank_batch: int = 1, world: int = 
     n = train_clips(manifest, limit)
     per_rank = -(-n // world)  # Streaming pads every rank to ceil(N / ranks) (docs/training.md)
     if per_rank < per_rank_batch:
-        what = f"data.limit={limit} clips of the train split" if n < len(tr["clip_ids"]) else \
-            f"the train split's {n} clips"
-        raise Refusal(f"data {data}: {what} give each of the {world} rank(s) {per_rank} samples an epoch, fewer than "
-                      f"its batch of {per_rank_batch} (global_batch / world_size): no step could be taken; lower "
-                      f"global_batch")
+        what = (
+            f"data.limit={limit} clips of the train split"
+            if n < len(tr["clip_ids"])
+            else f"the train split's {n} clips"
+        )
+        raise Refusal(
+            f"data {data}: {what} give each of the {world} rank(s) {per_rank} samples an epoch, fewer than "
+            f"its batch of {per_rank_batch} (global_batch / world_size): no step could be taken; lower "
+            f"global_batch"
+        )
     clips = sorted(set(tr["clip_ids"]) & set(va["clip_ids"]))
     runs = sorted(set(tr["runs"]) & set(va["runs"]))
     if clips or runs:
@@ -68,8 +74,7 @@ def prepare_run(cfg, lock) -> dict:
     from gcc.data.errors import StorageUnavailable
     from gcc.train.builders import read_manifest_bytes, run_signature
     from gcc.train.checkpoint_store import store_for
-    from gcc.train.run_folder import (checkpoint_step, repair_checkpoints, set_aside, stored_record,
-                                      what_a_restart_loses)
+    from gcc.train.run_folder import checkpoint_step, repair_checkpoints, set_aside, stored_record, what_a_restart_loses
 
     lock.acquire()
     try:
@@ -77,14 +82,21 @@ def prepare_run(cfg, lock) -> dict:
     except StorageUnavailable:
         raise
     except Exception as e:  # missing file (local or S3)
-        raise Refusal(f"data {cfg.data.path}: no readable manifest.json — not a finished convert_data output "
-                      f"({type(e).__name__}: {e})") from None
+        raise Refusal(
+            f"data {cfg.data.path}: no readable manifest.json — not a finished convert_data output "
+            f"({type(e).__name__}: {e})"
+        ) from None
     from gcc.data.shards import MANIFEST, parse_manifest
     from gcc.data.storage import join
 
     manifest = parse_manifest(manifest_bytes, join(cfg.data.path, MANIFEST))  # BadInput: a refusal (exit 3)
-    check_data(manifest, cfg.data.path, cfg.per_rank_batch(int(os.environ.get("WORLD_SIZE", 1))),
-               int(os.environ.get("WORLD_SIZE", 1)), cfg.data.limit)
+    check_data(
+        manifest,
+        cfg.data.path,
+        cfg.per_rank_batch(int(os.environ.get("WORLD_SIZE", 1))),
+        int(os.environ.get("WORLD_SIZE", 1)),
+        cfg.data.limit,
+    )
     run_dir = Path(cfg.run_dir)
     store, launch, committed_files = store_for(cfg.checkpoint_dir), "", None
     remote_record = adopt_remote_record(store, run_dir) if store is not None else None
@@ -114,8 +126,14 @@ def prepare_run(cfg, lock) -> dict:
         moved = set_aside(run_dir, time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
         logger.info(f"allow_existing: starting over in {run_dir}; what the run had written is now in {moved}")
     resumed_step = checkpoint_step(latest) if latest else None
-    return {"manifest": manifest, "lineage": record["lineage"], "launch": launch, "committed_files": committed_files,
-            "resumed_from": str(latest.resolve()) if latest else "", "resumed_step": resumed_step}
+    return {
+        "manifest": manifest,
+        "lineage": record["lineage"],
+        "launch": launch,
+        "committed_files": committed_files,
+        "resumed_from": str(latest.resolve()) if latest else "",
+        "resumed_step": resumed_step,
+    }
 
 
 def check_fresh_start(cfg, run_dir: Path, committed) -> None:
@@ -126,21 +144,30 @@ def check_fresh_start(cfg, run_dir: Path, committed) -> None:
     from gcc.train.run_folder import REPLACED, what_a_restart_loses
 
     m = cfg.model
-    for key, path, kind in (("model.init_ckpt", m.init_ckpt, "file"), ("model.model_dir", m.model_dir, "folder"),
-                            ("model.legacy_zero_ckpt", m.legacy_zero_ckpt, "folder")):
+    for key, path, kind in (
+        ("model.init_ckpt", m.init_ckpt, "file"),
+        ("model.model_dir", m.model_dir, "folder"),
+        ("model.legacy_zero_ckpt", m.legacy_zero_ckpt, "folder"),
+    ):
         if path and not (os.path.isfile(path) if kind == "file" else os.path.isdir(path)):
-            raise ConfigError(f"{key}: {path}: no such {kind}; a start from step 0 loads its weights (a resume "
-                              f"would not: {run_dir} has no checkpoint)")
+            raise ConfigError(
+                f"{key}: {path}: no such {kind}; a start from step 0 loads its weights (a resume "
+                f"would not: {run_dir} has no checkpoint)"
+            )
     if committed is not None and committed.checkpoint:
-        raise Refusal(f"{cfg.checkpoint_dir}: commits {committed.checkpoint} of this run, but autoresume is off, so "
-                      f"this launch would start from step 0 and its rotation would delete the committed checkpoints. "
-                      f"Set autoresume=true to continue the run, or use another checkpoint_dir")
+        raise Refusal(
+            f"{cfg.checkpoint_dir}: commits {committed.checkpoint} of this run, but autoresume is off, so "
+            f"this launch would start from step 0 and its rotation would delete the committed checkpoints. "
+            f"Set autoresume=true to continue the run, or use another checkpoint_dir"
+        )
     lost = what_a_restart_loses(run_dir)
     if lost and not cfg.allow_existing:
         why = "autoresume is off" if not cfg.autoresume else "it holds no checkpoint to resume from"
-        raise Refusal(f"{run_dir}: holds {', '.join(lost)}, and {why}: a start from step 0 would overwrite them. "
-                      f"Use another run_dir, or start over here on purpose with allow_existing=true (what the run "
-                      f"wrote is then moved to {run_dir}/{REPLACED}/<time>/)")
+        raise Refusal(
+            f"{run_dir}: holds {', '.join(lost)}, and {why}: a start from step 0 would overwrite them. "
+            f"Use another run_dir, or start over here on purpose with allow_existing=true (what the run "
+            f"wrote is then moved to {run_dir}/{REPLACED}/<time>/)"
+        )
 
 
 def adopt_remote_record(store, run_dir: Path) -> dict | None:
@@ -153,15 +180,20 @@ def adopt_remote_record(store, run_dir: Path) -> dict | None:
     remote, local = store.read_record(), stored_record(run_dir)
     if remote is None:
         if store.checkpoints():
-            raise Refusal(f"{store.url}: holds checkpoints but no run.json, so its run signature is unknown; use "
-                          f"another checkpoint_dir")
+            raise Refusal(
+                f"{store.url}: holds checkpoints but no run.json, so its run signature is unknown; use "
+                f"another checkpoint_dir"
+            )
         return None
     if local is None:
         atomic_write(run_dir / "run.json", json.dumps(remote, indent=1, sort_keys=True))
     elif diffs := diff_signatures(remote["signature"], local["signature"]):
-        raise Refusal(f"{run_dir} and checkpoint_dir {store.url} hold different runs; their run.json signatures "
-                      f"differ (prefix -> run folder):\n  " + "\n  ".join(diffs) +
-                      "\nPoint run_dir and checkpoint_dir at the same run")
+        raise Refusal(
+            f"{run_dir} and checkpoint_dir {store.url} hold different runs; their run.json signatures "
+            f"differ (prefix -> run folder):\n  "
+            + "\n  ".join(diffs)
+            + "\nPoint run_dir and checkpoint_dir at the same run"
+        )
     return remote
 
 
@@ -183,8 +215,10 @@ def fetch_on_this_node(cfg, info: dict) -> None:
         try:
             if files is None:  # rank 0 resumes from its own folder's checkpoint, newer than the committed one
                 if not is_complete(ckpt_dir(run_dir) / name):
-                    raise Refusal(f"rank 0 resumes from {name}, a checkpoint of its run folder never committed to "
-                                  f"{store.url}; this node's run folder {run_dir} lacks it")
+                    raise Refusal(
+                        f"rank 0 resumes from {name}, a checkpoint of its run folder never committed to "
+                        f"{store.url}; this node's run folder {run_dir} lacks it"
+                    )
             elif not store.whole_here(name, run_dir, files):
                 store.fetch(name, run_dir, files)
                 repair_checkpoints(run_dir)  # what this node wrote after `name` was never committed
@@ -234,12 +268,16 @@ def as_fault(e: BaseException, run_dir: str) -> tuple[int, str] | None:
     if isinstance(e, LockTimeout):
         return EXIT_STALLED, fault_message(e)
     if isinstance(e, StorageUnavailable):
-        return EXIT_STORAGE, (f"storage unavailable: {fault_message(e)}. Relaunch the same command once the store "
-                              f"answers: it resumes from the last complete checkpoint")
+        return EXIT_STORAGE, (
+            f"storage unavailable: {fault_message(e)}. Relaunch the same command once the store "
+            f"answers: it resumes from the last complete checkpoint"
+        )
     full = disk_full(e, run_dir, f"under {run_dir}")
     if full is not None:
-        return EXIT_DISK, (f"disk full: {fault_message(full)}. Free space there and relaunch the same command: "
-                           f"it resumes from the last complete checkpoint")
+        return EXIT_DISK, (
+            f"disk full: {fault_message(full)}. Free space there and relaunch the same command: "
+            f"it resumes from the last complete checkpoint"
+        )
     return None
 
 
@@ -299,20 +337,31 @@ def _run(cfg) -> int:
         return EXIT_REFUSED
     resumed = info["resumed_step"] is not None
     if resumed and info["resumed_step"] >= cfg.max_steps:
-        logger.info(f"nothing to do: {cfg.run_dir} is at step {info['resumed_step']} >= max_steps={cfg.max_steps} "
-                    f"(raise max_steps=... to train further)")
+        logger.info(
+            f"nothing to do: {cfg.run_dir} is at step {info['resumed_step']} >= max_steps={cfg.max_steps} "
+            f"(raise max_steps=... to train further)"
+        )
         return 0
     text = B.node_cache(cfg)
-    logger.info(f"{'resuming from ' + info['resumed_from'] if resumed else 'starting'}: world {world}, per-rank "
-                f"batch {per_rank} (micro {cfg.micro_batch} × accumulation {cfg.accumulation(world)}), "
-                f"global {cfg.global_batch}")
+    logger.info(
+        f"{'resuming from ' + info['resumed_from'] if resumed else 'starting'}: world {world}, per-rank "
+        f"batch {per_rank} (micro {cfg.micro_batch} × accumulation {cfg.accumulation(world)}), "
+        f"global {cfg.global_batch}"
+    )
     fsdp = B.parallelism_config(cfg)
     model = B.build_model(cfg, text, fsdp=fsdp is not None)
     parts = B.build_callbacks(cfg, info, model, per_rank)
     t_build = time.time()
-    trainer = B.build_trainer(cfg, device, model, B.build_train_loader(cfg, per_rank),
-                              B.build_evaluators(cfg, B.build_val_loader(cfg), parts["preemption"]),
-                              parts["callbacks"], B.build_loggers(cfg), fsdp)
+    trainer = B.build_trainer(
+        cfg,
+        device,
+        model,
+        B.build_train_loader(cfg, per_rank),
+        B.build_evaluators(cfg, B.build_val_loader(cfg), parts["preemption"]),
+        parts["callbacks"],
+        B.build_loggers(cfg),
+        fsdp,
+    )
     if resumed:
         from gcc.train.batch_change import continue_after_change
         from gcc.train.checkpoint_store import store_for
@@ -323,9 +372,12 @@ def _run(cfg) -> int:
         warnings.filterwarnings("ignore", message="No batches were trained for global rank", category=UserWarning)
     else:
         B.load_initial_weights(model.dit, cfg)
-    logger.info(f"rank {dist.get_global_rank()}: model ready, {count_params(model.dit) / 1e6:.1f} M parameters, "
-                f"{'FSDP2 over ' + str(world) + ' rank(s)' if fsdp is not None else 'not sharded'}; peak host RSS "
-                f"so far {peak_rss_gb():.2f} GB", extra=ALL_RANKS)
+    logger.info(
+        f"rank {dist.get_global_rank()}: model ready, {count_params(model.dit) / 1e6:.1f} M parameters, "
+        f"{'FSDP2 over ' + str(world) + ' rank(s)' if fsdp is not None else 'not sharded'}; peak host RSS "
+        f"so far {peak_rss_gb():.2f} GB",
+        extra=ALL_RANKS,
+    )
     trainer.state.callbacks.extend(parts["after_saver"])  # after Composer's CheckpointSaver
     if parts["validate_at_start"] is not None:
         parts["validate_at_start"].evaluate = trainer.eval
@@ -347,8 +399,10 @@ def _run(cfg) -> int:
     elif parts["preemption"].preempted_at is not None:
         logger.info(f"preempted: stopped after step {step} with a checkpoint; relaunch the same command to continue")
     else:
-        logger.info(f"done: step {step} in {time.time() - t0:.0f} s. Run folder {cfg.run_dir}: train_log.csv, "
-                    f"val_log.csv, tensorboard/, step-*.safetensors, checkpoints/")
+        logger.info(
+            f"done: step {step} in {time.time() - t0:.0f} s. Run folder {cfg.run_dir}: train_log.csv, "
+            f"val_log.csv, tensorboard/, step-*.safetensors, checkpoints/"
+        )
     lock.release()
     return 0
 
@@ -402,8 +456,11 @@ def _end_barrier(store, rank: int, world: int, timeout_s: float) -> bool:
             logger.error(f"rank {rank}: {fault[1]}", extra=ALL_RANKS)
             leave_now(fault[0])
         if time.monotonic() > deadline:
-            logger.warning(f"rank {rank}: {min(arrived, world)} of {world} ranks reached the end of the launch within "
-                           f"{timeout_s:g} s; closing the process group without the others", extra=ALL_RANKS)
+            logger.warning(
+                f"rank {rank}: {min(arrived, world)} of {world} ranks reached the end of the launch within "
+                f"{timeout_s:g} s; closing the process group without the others",
+                extra=ALL_RANKS,
+            )
             return False
         time.sleep(0.05)
         arrived = store.add(END_ARRIVED, 0)
@@ -446,8 +503,10 @@ def close_process_group(timeout_s: float = END_BARRIER_S) -> None:
             together = _end_barrier(_get_default_store(), rank, world, timeout_s)
     except Exception as e:  # the store's host, rank 0, is gone: it left on its own (its deadline passed)
         together = False
-        logger.warning(f"rank {rank}: the other ranks are gone ({type(e).__name__}: {e}); closing the process group "
-                       f"without them", extra=ALL_RANKS)
+        logger.warning(
+            f"rank {rank}: the other ranks are gone ({type(e).__name__}: {e}); closing the process group without them",
+            extra=ALL_RANKS,
+        )
     try:
         held = _drain_gloo_workers(tdist) if together else None
         tdist.destroy_process_group()
@@ -480,8 +539,9 @@ def end_launch(code: int) -> int:
     t0 = time.monotonic()
     close_process_group()
     took["process group"] = time.monotonic() - t0
-    logger.debug(f"rank {_rank()}: end of the launch (exit {code}): "
-                 + ", ".join(f"{k} {v:.2f} s" for k, v in took.items()))
+    logger.debug(
+        f"rank {_rank()}: end of the launch (exit {code}): " + ", ".join(f"{k} {v:.2f} s" for k, v in took.items())
+    )
     return code
 
 
@@ -497,8 +557,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(e, Exception):  # the console gets Python's own traceback; train.log gets it here
             from gcc.train.console import ALL_RANKS, RUN_LOG_ONLY
 
-            logger.error(f"rank {_rank()}: stopped on an unexpected error", exc_info=True,
-                         extra={**ALL_RANKS, **RUN_LOG_ONLY})
+            logger.error(
+                f"rank {_rank()}: stopped on an unexpected error", exc_info=True, extra={**ALL_RANKS, **RUN_LOG_ONLY}
+            )
         stop_threads()
         raise
     # Everything that needs closing is closed: the interpreter's last collection would only walk every object of
@@ -568,7 +629,9 @@ def _main(argv: list[str] | None) -> int:
     from gcc.train.config import to_dict
 
     for key in secret_keys(to_dict(cfg)):
-        logger.warning(f"{key}: holds a credential; gcc masks it in its own files and logs, but the yaml or the "
-                       f"command line, and the library it is passed to, may keep it: set it through the "
-                       f"environment instead (docs/training.md, \"Trust and safety\")")
+        logger.warning(
+            f"{key}: holds a credential; gcc masks it in its own files and logs, but the yaml or the "
+            f"command line, and the library it is passed to, may keep it: set it through the "
+            f'environment instead (docs/training.md, "Trust and safety")'
+        )
     return run(cfg)

@@ -11,6 +11,7 @@ grace). `arm`/`disarm` set deadlines by name from Python code (a progress deadli
 At the end of a launch the thread is stopped and joined (`stop_watchdogs`, from gcc.train.trainer) before the
 process group is closed: the end has its own bounded wait (docs/training.md "How a launch ends").
 """
+
 from __future__ import annotations
 
 import logging
@@ -21,8 +22,8 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from gcc.train.console import ALL_RANKS  # each rank's own line: on its console and in train.log
 
@@ -46,8 +47,7 @@ def dump_stacks(run_dir: str | Path, rank: int, reason: str) -> Path:
     """Append this process's stacks to `<run_dir>/stacks/rank<R>.txt` (fsynced: the process exits next)."""
     path = Path(run_dir) / STACKS_DIR / f"rank{rank}.txt"
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = (f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} rank {rank} pid {os.getpid()}: {reason}\n"
-            f"{stack_report()}\n")
+    text = f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} rank {rank} pid {os.getpid()}: {reason}\n{stack_report()}\n"
     with open(path, "a") as f:
         f.write(text)
         f.flush()
@@ -66,8 +66,14 @@ class StallWatchdog:
     thread (no deadline holds after it).
     """
 
-    def __init__(self, run_dir: str | Path, rank: int, poll_s: float = 0.5,
-                 announce: Callable[[int, str], None] | None = None, grace_s: float = 0.0):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        rank: int,
+        poll_s: float = 0.5,
+        announce: Callable[[int, str], None] | None = None,
+        grace_s: float = 0.0,
+    ):
         self.run_dir, self.rank, self.poll_s = Path(run_dir), rank, poll_s
         self.announce, self.grace_s = announce, grace_s
         self._due: dict[str, tuple[float, str]] = {}

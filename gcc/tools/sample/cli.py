@@ -14,6 +14,7 @@ Choices (docs/sample.md has the full description):
 * The vocab is the checkpoint's (metadata); `--vocab` with `--ckpt` is only an assertion.
 * PSNR of identical videos (MSE 0, PSNR infinite) is reported as `null` in every json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,9 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,11 +51,18 @@ def build_parser() -> argparse.ArgumentParser:
     w = ap.add_mutually_exclusive_group(required=True)
     w.add_argument("--ckpt", help="gc25d export (.safetensors); its metadata gives the vocab")
     w.add_argument("--base", action="store_true", help="base Wan weights from --model_dir with a zero cond")
-    ap.add_argument("--vocab", choices=VOCABS, default=None,
-                    help="with --base: the cond's vocab (default parts); with --ckpt: must equal the checkpoint's")
-    ap.add_argument("--model_dir", default=None,
-                    help="Wan2.2-TI2V-5B folder (sharded DiT + Wan2.2_VAE.pth); may be left out for data made by "
-                         "gcc.data.synth, which is then decoded by the synthetic world's own decoder")
+    ap.add_argument(
+        "--vocab",
+        choices=VOCABS,
+        default=None,
+        help="with --base: the cond's vocab (default parts); with --ckpt: must equal the checkpoint's",
+    )
+    ap.add_argument(
+        "--model_dir",
+        default=None,
+        help="Wan2.2-TI2V-5B folder (sharded DiT + Wan2.2_VAE.pth); may be left out for data made by "
+        "gcc.data.synth, which is then decoded by the synthetic world's own decoder",
+    )
     ap.add_argument("--model", default="ti2v-5b", help="model preset (ti2v-5b, tiny)")
     ap.add_argument("--data_root", required=True, help="prepared root or converted shards folder (local)")
     ap.add_argument("--raw_root", default=None, help="ground-truth tars (default <prepared root>/raw)")
@@ -64,17 +73,28 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--shift", type=float, default=5.0, help="the schedule's sigma shift (Wan2.2 TI2V uses 5)")
     ap.add_argument("--cfg", type=float, default=1.0, help="text guidance scale (uncond = NULL_PROMPT cells)")
     ap.add_argument("--sem_cfg", type=float, default=1.0, help="semantic guidance scale (uncond = ids all 255)")
-    ap.add_argument("--sem_mode", choices=("cond", "unknown"), default="cond",
-                    help="unknown: the model gets ids all 255")
+    ap.add_argument(
+        "--sem_mode", choices=("cond", "unknown"), default="cond", help="unknown: the model gets ids all 255"
+    )
     ap.add_argument("--seed", type=int, default=0, help="noise seed; a clip's noise depends on (seed, clip id) only")
-    ap.add_argument("--out_dir", required=True,
-                    help="folder for the mp4 panels (and PNG contact sheets without --model_dir) and the json files")
+    ap.add_argument(
+        "--out_dir",
+        required=True,
+        help="folder for the mp4 panels (and PNG contact sheets without --model_dir) and the json files",
+    )
     ap.add_argument("--no_ssim", action="store_true", help="skip SSIM (the slowest metric)")
-    ap.add_argument("--no_recon_ceiling", action="store_true",
-                    help="skip the VAE round trip of the ground truth (the metrics' ceiling)")
+    ap.add_argument(
+        "--no_recon_ceiling",
+        action="store_true",
+        help="skip the VAE round trip of the ground truth (the metrics' ceiling)",
+    )
     ap.add_argument("--device", default=None, help="default cuda if available, else cpu")
-    ap.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto",
-                    help="DiT and VAE dtype (auto: bf16 on cuda, fp32 on cpu)")
+    ap.add_argument(
+        "--dtype",
+        choices=("auto", "bf16", "fp32"),
+        default="auto",
+        help="DiT and VAE dtype (auto: bf16 on cuda, fp32 on cpu)",
+    )
     ap.add_argument("--vae_tiled", action="store_true", help="DiffSynth's tiled VAE encode/decode")
     ap.add_argument("--fps", type=int, default=FPS, help="frame rate of the written mp4 files")
     ap.add_argument("--no_progress", action="store_true", help="no per-step progress bar (the per-clip lines stay)")
@@ -94,8 +114,14 @@ class SetProgress:
     def clip_bar(self, n: int, cid: str, device) -> Callable[[], None]:
         from tqdm import tqdm
 
-        self._bar = tqdm(total=self.steps, desc=f"[{n + 1}/{self.n_clips}] {cid}", unit="step", leave=False,
-                         mininterval=1.0, file=sys.stderr)
+        self._bar = tqdm(
+            total=self.steps,
+            desc=f"[{n + 1}/{self.n_clips}] {cid}",
+            unit="step",
+            leave=False,
+            mininterval=1.0,
+            file=sys.stderr,
+        )
         t0, left_clips = time.perf_counter(), self.n_clips - n - 1
 
         def step() -> None:
@@ -106,6 +132,7 @@ class SetProgress:
             per_clip = _mean(self.clip_times) or per_step * self.steps
             left = (self.steps - bar.n) * per_step + left_clips * per_clip
             bar.set_postfix_str(f"set: {left_clips} clip(s) after this one, ~{left / 60:.1f} min left")  # drawn now
+
         return step
 
     def clip_done(self, seconds: float) -> None:
@@ -140,8 +167,9 @@ def check_args(a: argparse.Namespace) -> torch.device:
     except RuntimeError:
         raise SampleError(f"--device {a.device!r}: not a device (expected cpu, cuda or cuda:N)") from None
     if device.type == "cuda" and not (torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()):
-        raise SampleError(f"--device {a.device}: no such CUDA device here ({torch.cuda.device_count()} visible); "
-                          f"use --device cpu")
+        raise SampleError(
+            f"--device {a.device}: no such CUDA device here ({torch.cuda.device_count()} visible); use --device cpu"
+        )
     if device.type not in ("cpu", "cuda"):
         raise SampleError(f"--device {a.device!r}: only cpu and cuda are supported")
     return device
@@ -151,7 +179,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     t_start = time.perf_counter()
     device = check_args(a)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(
-        a.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32)
+        a.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32
+    )
 
     # everything that can be wrong with the inputs is checked before the models load
     from gcc.model.dit import PRESETS
@@ -163,15 +192,18 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     else:
         vocab, ckpt_kind = a.vocab or "parts", "base"
         if not a.model_dir:
-            raise SampleError("--base loads the Wan weights of --model_dir: pass --model_dir (the Wan2.2-TI2V-5B "
-                              "folder)")
+            raise SampleError(
+                "--base loads the Wan weights of --model_dir: pass --model_dir (the Wan2.2-TI2V-5B folder)"
+            )
     vae_path = find_vae_file(a.model_dir) if a.model_dir else None
     check_fits(a.model, vocab, ckpt=a.ckpt, model_dir=a.model_dir)
     src = open_source(a.data_root)
     if vae_path is None and not is_synthetic(src.prepared_root):
-        raise SampleError(f"--data_root {a.data_root}: no --model_dir, and the data is not gcc.data.synth's (its "
-                          f"prepared root {src.prepared_root} holds no {MARKER}), so there is no decoder: pass "
-                          f"--model_dir (the Wan2.2-TI2V-5B folder, whose VAE decodes)")
+        raise SampleError(
+            f"--data_root {a.data_root}: no --model_dir, and the data is not gcc.data.synth's (its "
+            f"prepared root {src.prepared_root} holds no {MARKER}), so there is no decoder: pass "
+            f"--model_dir (the Wan2.2-TI2V-5B folder, whose VAE decodes)"
+        )
     try:
         wanted = parse_clip_ids(a.clip_ids) if a.clip_ids else None
     except UnicodeDecodeError as e:  # an @file that is not text
@@ -211,16 +243,31 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 
         t0 = time.perf_counter()
         gen_lat = sample_latents(
-            dit, lat[:, 0:1].float(), src.table.gather(clip.context_ids),
-            torch.from_numpy(clip.context_ids), null_row.expand(geo.T, *null_row.shape),
-            torch.full((geo.T,), null_id, dtype=torch.int64), torch.from_numpy(np.ascontiguousarray(sem)),
-            clip_noise(a.seed, cid, geo.latent_shape), steps=a.steps, shift=a.shift, cfg=a.cfg, sem_cfg=a.sem_cfg,
-            on_step=None if a.no_progress else progress.clip_bar(n, cid, device))
+            dit,
+            lat[:, 0:1].float(),
+            src.table.gather(clip.context_ids),
+            torch.from_numpy(clip.context_ids),
+            null_row.expand(geo.T, *null_row.shape),
+            torch.full((geo.T,), null_id, dtype=torch.int64),
+            torch.from_numpy(np.ascontiguousarray(sem)),
+            clip_noise(a.seed, cid, geo.latent_shape),
+            steps=a.steps,
+            shift=a.shift,
+            cfg=a.cfg,
+            sem_cfg=a.sem_cfg,
+            on_step=None if a.no_progress else progress.clip_bar(n, cid, device),
+        )
         sync(device)
         t1 = time.perf_counter()
         m, hw, times = judge.compare(out, clip, geo, gen_lat, ref, sem)
-        row = {**m, "num_frames": int(geo.F), "hw": hw, "run": clip.run, "split": rows[cid]["split"],
-               "timings": {"data": t0 - t_data, "sampling": t1 - t0, **times}}
+        row = {
+            **m,
+            "num_frames": int(geo.F),
+            "hw": hw,
+            "run": clip.run,
+            "split": rows[cid]["split"],
+            "timings": {"data": t0 - t_data, "sampling": t1 - t0, **times},
+        }
         per_clip[cid] = row
         progress.clip_done(time.perf_counter() - t_data)
         for k in tot:
@@ -228,12 +275,28 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         logger.info("[%d/%d] %s: %s (%.1fs sampling)", n + 1, len(clip_ids), cid, judge.describe(row), t1 - t0)
 
     metrics = {
-        "ckpt": str(a.ckpt) if a.ckpt else "", "weights": ckpt_kind, "vocab": vocab, "model": a.model,
-        **judge.header(), "decoder": judge.name, "data_root": str(a.data_root),
-        "data_kind": src.kind, "raw_root": str(raw_root) if raw_root is not None else "",
-        "settings": {"steps": a.steps, "shift": a.shift, "cfg": a.cfg, "sem_cfg": a.sem_cfg, "sem_mode": a.sem_mode,
-                     "seed": a.seed, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-                     "ssim": not a.no_ssim, "recon_ceiling": not a.no_recon_ceiling, "vae_tiled": a.vae_tiled},
+        "ckpt": str(a.ckpt) if a.ckpt else "",
+        "weights": ckpt_kind,
+        "vocab": vocab,
+        "model": a.model,
+        **judge.header(),
+        "decoder": judge.name,
+        "data_root": str(a.data_root),
+        "data_kind": src.kind,
+        "raw_root": str(raw_root) if raw_root is not None else "",
+        "settings": {
+            "steps": a.steps,
+            "shift": a.shift,
+            "cfg": a.cfg,
+            "sem_cfg": a.sem_cfg,
+            "sem_mode": a.sem_mode,
+            "seed": a.seed,
+            "device": str(device),
+            "dtype": str(dtype).replace("torch.", ""),
+            "ssim": not a.no_ssim,
+            "recon_ceiling": not a.no_recon_ceiling,
+            "vae_tiled": a.vae_tiled,
+        },
         "clip_ids": clip_ids,
         "mean": {k: _mean(r[k] for r in per_clip.values()) for k in judge.mean_keys},
         "clips": per_clip,
@@ -259,4 +322,5 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(m["summary"])
         print(json.dumps({"out_dir": a.out_dir, "mean": m["mean"], "timings": m["timings"]}))
         return 0
+
     return run_tool(p.prog, body, bad=(SampleError,))

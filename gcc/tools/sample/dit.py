@@ -1,4 +1,5 @@
 """The DiT to sample with: a checkpoint's vocab and kind, and loading its weights (or the base Wan weights)."""
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,9 @@ def ckpt_vocab(path: str | os.PathLike, requested: str | None) -> tuple[str, str
     except GcCkptError as e:
         raise SampleError(str(e)) from None
     if requested is not None and info["vocab"] != requested:
-        raise SampleError(f"--ckpt {path} has vocab {info['vocab']!r} (metadata), but --vocab {requested!r} was "
-                          f"requested")
+        raise SampleError(
+            f"--ckpt {path} has vocab {info['vocab']!r} (metadata), but --vocab {requested!r} was requested"
+        )
     return info["vocab"], "gc25d"
 
 

@@ -5,6 +5,7 @@ Both serve the one per-clip loop of `gcc.tools.sample.cli.run`: `reference` read
 (counted as the clip's data time), `compare` decodes the sampled latents, measures and writes the clip's files.
 docs/sample.md describes both.
 """
+
 from __future__ import annotations
 
 import time
@@ -73,8 +74,12 @@ class VaeJudge:
             for fr, rf in zip(frames, rm.pop("frames")):
                 fr["recon_psnr"], fr["recon_ssim"] = rf["psnr"], rf["ssim"]
         write_json(out / f"{cid}.frames.json", {"clip_id": cid, "frames": frames})
-        row = {**m, "recon_psnr": rm["psnr"] if rm else None, "recon_ssim": rm["ssim"] if rm else None,
-               "recon_psnr_frame0": rm["psnr_frame0"] if rm else None}
+        row = {
+            **m,
+            "recon_psnr": rm["psnr"] if rm else None,
+            "recon_ssim": rm["ssim"] if rm else None,
+            "recon_psnr_frame0": rm["psnr_frame0"] if rm else None,
+        }
         return row, [int(gt.shape[1]), int(gt.shape[2])], {"decode": t2 - t1, "recon": t3 - t2, "metrics": t4 - t3}
 
     @staticmethod
@@ -100,8 +105,10 @@ class SynthJudge:
 
         keys = set(table.keys) - {NULL_PROMPT}
         if not keys <= set(synth.PROMPT_KEYS):
-            raise SampleError(f"--data_root {a.data_root}: marked as gcc.data.synth's ({synth.MARKER}), but its text "
-                              f"table has keys that world does not write: {sorted(keys - set(synth.PROMPT_KEYS))}")
+            raise SampleError(
+                f"--data_root {a.data_root}: marked as gcc.data.synth's ({synth.MARKER}), but its text "
+                f"table has keys that world does not write: {sorted(keys - set(synth.PROMPT_KEYS))}"
+            )
         self.a, self.keys, self.vocab = a, table.keys, vocab
 
     def header(self) -> dict[str, Any]:
@@ -123,43 +130,65 @@ class SynthJudge:
         t1 = time.perf_counter()
         gen = decode_classes(gen_lat, [self.keys[int(i)] for i in clip.context_ids], self.vocab)
         t2 = time.perf_counter()
-        frames = [{"latent_frame": k, "pixel_frames": [lo, hi - 1],
-                   "class_agreement": agreement(gen[k:k + 1], gt[k:k + 1], first=0)}
-                  for k, (lo, hi) in enumerate(latent_frame_spans(geo.T))]
+        frames = [
+            {
+                "latent_frame": k,
+                "pixel_frames": [lo, hi - 1],
+                "class_agreement": agreement(gen[k : k + 1], gt[k : k + 1], first=0),
+            }
+            for k, (lo, hi) in enumerate(latent_frame_spans(geo.T))
+        ]
         # a reference, not the model: the agreement of a video that only repeats the given frame 0
         copy = agreement(np.broadcast_to(gt[:1], gt.shape), gt)
-        row = {"class_agreement": agreement(gen, gt), "class_agreement_frame0": agreement(gen[:1], gt[:1], first=0),
-               "class_agreement_copy_frame0": copy, "cells": int(gt[1:].size)}
-        panels = [colorize(cells_to_pixels(gt), self.vocab), colorize(cells_to_pixels(gen), self.vocab),
-                  colorize(sem, self.vocab)]
+        row = {
+            "class_agreement": agreement(gen, gt),
+            "class_agreement_frame0": agreement(gen[:1], gt[:1], first=0),
+            "class_agreement_copy_frame0": copy,
+            "cells": int(gt[1:].size),
+        }
+        panels = [
+            colorize(cells_to_pixels(gt), self.vocab),
+            colorize(cells_to_pixels(gen), self.vocab),
+            colorize(sem, self.vocab),
+        ]
         write_panels_mp4(out / f"{cid}.mp4", *panels, fps=self.a.fps)
         spans, labels, sheet = latent_frame_spans(geo.T), [], []
         for k in _sheet_rows(geo.T):
-            lo, hi = spans[k]
+            _lo, hi = spans[k]
             shown = hi - 1  # the last pixel frame of the latent frame: the condition as the model saw it there
             sheet.append([p[shown] for p in panels])
             what = "given" if k == 0 else f"agreement {_fmt(frames[k]['class_agreement'], 2)}"
             labels.append(f"latent frame {k}\npixel frame {shown}\n{what}")
         present = np.unique(np.concatenate([gt.ravel(), gen.ravel(), np.unique(sem)]))
-        write_contact_sheet(out / f"{cid}.png", sheet, ["GT classes", "generated classes", "condition (model input)"],
-                            labels, f"{cid}: class agreement {_fmt(row['class_agreement'], 3)} (latent frames 1..)",
-                            present, self.vocab)
+        write_contact_sheet(
+            out / f"{cid}.png",
+            sheet,
+            ["GT classes", "generated classes", "condition (model input)"],
+            labels,
+            f"{cid}: class agreement {_fmt(row['class_agreement'], 3)} (latent frames 1..)",
+            present,
+            self.vocab,
+        )
         write_json(out / f"{cid}.frames.json", {"clip_id": cid, "latent_frames": frames})
         t3 = time.perf_counter()
         return row, [int(sem.shape[1]), int(sem.shape[2])], {"decode": t2 - t1, "metrics": t3 - t2}
 
     @staticmethod
     def describe(row: dict[str, Any]) -> str:
-        return (f"class agreement {_fmt(row['class_agreement'], 3)} (latent frame 0: "
-                f"{_fmt(row['class_agreement_frame0'], 3)})")
+        return (
+            f"class agreement {_fmt(row['class_agreement'], 3)} (latent frame 0: "
+            f"{_fmt(row['class_agreement_frame0'], 3)})"
+        )
 
     @staticmethod
     def summary(metrics: dict[str, Any]) -> str:
         per = ", ".join(f"{c} {_fmt(r['class_agreement'], 2)}" for c, r in metrics["clips"].items())
         mean = metrics["mean"]
-        return (f"class agreement, generated vs GT class per latent cell (latent frames 1..): mean "
-                f"{_fmt(mean['class_agreement'], 3)} over {len(metrics['clips'])} clip(s) ({per}); repeating the "
-                f"given frame 0 would score {_fmt(mean['class_agreement_copy_frame0'], 3)}")
+        return (
+            f"class agreement, generated vs GT class per latent cell (latent frames 1..): mean "
+            f"{_fmt(mean['class_agreement'], 3)} over {len(metrics['clips'])} clip(s) ({per}); repeating the "
+            f"given frame 0 would score {_fmt(mean['class_agreement_copy_frame0'], 3)}"
+        )
 
 
 def _sheet_rows(T: int, most: int = 4) -> list[int]:

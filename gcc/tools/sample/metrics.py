@@ -1,4 +1,5 @@
 """PSNR / SSIM of a generated video against the ground truth (torchmetrics, uint8 RGB scaled to [0, 1])."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -25,7 +26,7 @@ def psnr(pred: np.ndarray, target: np.ndarray, device="cpu") -> float | None:
         return None
     m = PeakSignalNoiseRatio(data_range=1.0).to(device)
     for i in range(0, len(pred), METRIC_CHUNK):
-        m.update(_f01(pred[i:i + METRIC_CHUNK], device), _f01(target[i:i + METRIC_CHUNK], device))
+        m.update(_f01(pred[i : i + METRIC_CHUNK], device), _f01(target[i : i + METRIC_CHUNK], device))
     return float(m.compute())
 
 
@@ -35,9 +36,12 @@ def ssim_frames(pred: np.ndarray, target: np.ndarray, device="cpu") -> list[floa
 
     out = []
     for i in range(0, len(pred), METRIC_CHUNK):
-        v = structural_similarity_index_measure(_f01(pred[i:i + METRIC_CHUNK], device),
-                                                _f01(target[i:i + METRIC_CHUNK], device),
-                                                data_range=1.0, reduction="none")
+        v = structural_similarity_index_measure(
+            _f01(pred[i : i + METRIC_CHUNK], device),
+            _f01(target[i : i + METRIC_CHUNK], device),
+            data_range=1.0,
+            reduction="none",
+        )
         out += [float(x) for x in v.reshape(-1).cpu()]
     return out
 
@@ -48,9 +52,13 @@ def video_metrics(pred: np.ndarray, target: np.ndarray, ssim: bool = True, devic
     if pred.shape != target.shape:
         raise ValueError(f"videos differ in shape: {pred.shape} vs {target.shape}")
     s = ssim_frames(pred, target, device) if ssim else [None] * len(pred)
-    frames = [{"frame": f, "psnr": psnr(pred[f:f + 1], target[f:f + 1], device), "ssim": s[f]}
-              for f in range(len(pred))]
+    frames = [
+        {"frame": f, "psnr": psnr(pred[f : f + 1], target[f : f + 1], device), "ssim": s[f]} for f in range(len(pred))
+    ]
     rest = s[1:]
-    return {"psnr": psnr(pred[1:], target[1:], device) if len(pred) > 1 else None,
-            "ssim": float(np.mean(rest)) if ssim and rest else None,
-            "psnr_frame0": frames[0]["psnr"], "frames": frames}
+    return {
+        "psnr": psnr(pred[1:], target[1:], device) if len(pred) > 1 else None,
+        "ssim": float(np.mean(rest)) if ssim and rest else None,
+        "psnr_frame0": frames[0]["psnr"],
+        "frames": frames,
+    }

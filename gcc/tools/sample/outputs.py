@@ -1,4 +1,5 @@
 """What the tool writes: the GT | generated | cond mp4, the contact sheet PNG and the json files, each atomically."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,16 @@ def write_panels_mp4(path: Path, gt: np.ndarray, gen: np.ndarray, cond_rgb: np.n
 
     frames = np.concatenate([gt, gen, cond_rgb], axis=2)
     with atomic_path(path, suffix=".mp4") as tmp:  # ffmpeg picks the container by the extension
-        w = imageio.get_writer(str(tmp), format="FFMPEG", fps=fps, codec="libx264", quality=9,
-                               macro_block_size=1, pixelformat="yuv420p", ffmpeg_log_level="error")
+        w = imageio.get_writer(
+            str(tmp),
+            format="FFMPEG",
+            fps=fps,
+            codec="libx264",
+            quality=9,
+            macro_block_size=1,
+            pixelformat="yuv420p",
+            ffmpeg_log_level="error",
+        )
         try:
             for f in frames:
                 w.append_data(f)
@@ -41,8 +50,16 @@ def _font(size: int):
         return ImageFont.load_default()
 
 
-def write_contact_sheet(path: Path, rows: list[list[np.ndarray]], titles: list[str], row_labels: list[str],
-                        caption: str, classes: np.ndarray, vocab: str, min_width: int = 192) -> None:
+def write_contact_sheet(
+    path: Path,
+    rows: list[list[np.ndarray]],
+    titles: list[str],
+    row_labels: list[str],
+    caption: str,
+    classes: np.ndarray,
+    vocab: str,
+    min_width: int = 192,
+) -> None:
     """A PNG grid: one row per shown frame (`rows[r]` = its panels, uint8 [H, W, 3] each, upscaled by an integer
     factor so a tiny clip stays readable), column `titles` on top, `row_labels` on the left, a legend of the
     `classes` present (palette colour + name) below."""
@@ -57,8 +74,9 @@ def write_contact_sheet(path: Path, rows: list[list[np.ndarray]], titles: list[s
     swatch_w = 150
     per_line = max(1, (left + cols * (W * s + gap)) // swatch_w)
     legend_h = line * -(-len(classes) // per_line) + gap
-    img = Image.new("RGB", (left + cols * (W * s + gap), top + len(rows) * (H * s + gap) + legend_h + gap),
-                    (32, 32, 32))
+    img = Image.new(
+        "RGB", (left + cols * (W * s + gap), top + len(rows) * (H * s + gap) + legend_h + gap), (32, 32, 32)
+    )
     d = ImageDraw.Draw(img)
     d.text((gap, 4), caption, fill=(235, 235, 235), font=font)
     for c, t in enumerate(titles):

@@ -7,9 +7,10 @@
   text and ids, e_nulltext NULL_PROMPT in every cell, e_unknown ids all 255. A scale of 1 skips its forward
   (cfg alone reduces to DiffSynth's e_u + cfg (e_c - e_u)); the variants of one step run as one batch.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -38,10 +39,21 @@ def clip_noise(seed: int, clip_id: str, shape: Sequence[int]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sample_latents(dit, first: torch.Tensor, context: torch.Tensor, context_ids: torch.Tensor,
-                   null_context: torch.Tensor, null_ids: torch.Tensor, sem: torch.Tensor, noise: torch.Tensor,
-                   steps: int = 50, shift: float = 5.0, cfg: float = 1.0, sem_cfg: float = 1.0,
-                   on_step: Callable[[], None] | None = None) -> torch.Tensor:
+def sample_latents(
+    dit,
+    first: torch.Tensor,
+    context: torch.Tensor,
+    context_ids: torch.Tensor,
+    null_context: torch.Tensor,
+    null_ids: torch.Tensor,
+    sem: torch.Tensor,
+    noise: torch.Tensor,
+    steps: int = 50,
+    shift: float = 5.0,
+    cfg: float = 1.0,
+    sem_cfg: float = 1.0,
+    on_step: Callable[[], None] | None = None,
+) -> torch.Tensor:
     """TI2V flow-matching sampling of one clip. first [C, 1, h, w] clean frame-0 latent; context [T, L, D],
     ids [T]; sem uint8 [F, H, W] (what the model sees); noise [C, T, h, w]. Returns the latents [C, T, h, w] (fp32).
 
@@ -69,8 +81,9 @@ def sample_latents(dit, first: torch.Tensor, context: torch.Tensor, context_ids:
     sem_b = torch.stack(sems)
     for t in sched.timesteps:
         ts = t.reshape(1).expand(B).to(dev, torch.float32)
-        pred = dit.gc_forward(x.to(dt).unsqueeze(0).expand(B, *x.shape), ts, ctx_b, cid_b, sem_b,
-                              first_frame_cond=True).float()
+        pred = dit.gc_forward(
+            x.to(dt).unsqueeze(0).expand(B, *x.shape), ts, ctx_b, cid_b, sem_b, first_frame_cond=True
+        ).float()
         e = pred[0]
         k = 1
         if use_text:

@@ -1,15 +1,15 @@
 """Where the clips come from: the prepared layout or a local conversion (shards), the clip selection, and the
 ground-truth frames. Both sources return clips as `gcc.data.shards.ClipRecord`; a clip's split comes from the
 source's index rows (`rows_for`)."""
+
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import tarfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -118,8 +118,14 @@ class ShardSource:
             self._fmt[split] = SplitFormat.of(self.manifest, split)
             for i in range(len(ds)):
                 rec = self._decode(split, i)
-                self._rows[rec.clip_id] = {"clip_id": rec.clip_id, "run": rec.run, "subset": rec.subset,
-                                           "scene": rec.scene, "split": split, "drop": rec.drop}
+                self._rows[rec.clip_id] = {
+                    "clip_id": rec.clip_id,
+                    "run": rec.run,
+                    "subset": rec.subset,
+                    "scene": rec.scene,
+                    "split": split,
+                    "drop": rec.drop,
+                }
                 self._pos[rec.clip_id] = (split, i)
         except SampleError:
             raise
@@ -137,14 +143,19 @@ class ShardSource:
         except SampleError:
             raise
         except Exception as e:  # a damaged shard: Streaming's decoders raise anything
-            raise SampleError(f"{where}: cannot be decoded ({type(e).__name__}: {e}); the shard is damaged or "
-                              f"not convert_data's — reconvert it") from None
+            raise SampleError(
+                f"{where}: cannot be decoded ({type(e).__name__}: {e}); the shard is damaged or "
+                f"not convert_data's — reconvert it"
+            ) from None
         return rec
 
     def rows_for(self, clip_ids: Sequence[str] | None = None) -> dict[str, dict]:
         """Index rows of the splits holding `clip_ids` (None: the val split)."""
-        splits = ([s for s, ids in self.split_ids.items() if ids & set(clip_ids)] if clip_ids is not None
-                  else [s for s in self.split_ids if s == "val"])
+        splits = (
+            [s for s, ids in self.split_ids.items() if ids & set(clip_ids)]
+            if clip_ids is not None
+            else [s for s in self.split_ids if s == "val"]
+        )
         for s in splits:
             self._open(s)
         return self._rows
@@ -155,15 +166,18 @@ class ShardSource:
 
 def open_source(data_root: str | os.PathLike):
     if str(data_root).startswith("s3://"):
-        raise SampleError(f"--data_root {data_root}: object-store shards are not read by gcc.tools.sample; use the "
-                          f"prepared root or a local copy of the shards")
+        raise SampleError(
+            f"--data_root {data_root}: object-store shards are not read by gcc.tools.sample; use the "
+            f"prepared root or a local copy of the shards"
+        )
     root = Path(data_root)
     if (root / "manifest.json").is_file():
         return ShardSource(root)
     if (root / "index" / "clips.jsonl").is_file():
         return PreparedSource(root)
-    raise SampleError(f"--data_root {root}: neither a prepared root (index/clips.jsonl) nor a converted shards "
-                      f"folder (manifest.json)")
+    raise SampleError(
+        f"--data_root {root}: neither a prepared root (index/clips.jsonl) nor a converted shards folder (manifest.json)"
+    )
 
 
 CLIP_IDS_FILE_MAX = 16 << 20
@@ -176,8 +190,9 @@ def parse_clip_ids(spec: str) -> list[str]:
         if not path.is_file():
             raise SampleError(f"--clip_ids {spec}: file {path} not found")
         if path.stat().st_size > CLIP_IDS_FILE_MAX:
-            raise SampleError(f"--clip_ids {spec}: {path} is larger than {CLIP_IDS_FILE_MAX >> 20} MB; expected a "
-                              f"list of clip ids")
+            raise SampleError(
+                f"--clip_ids {spec}: {path} is larger than {CLIP_IDS_FILE_MAX >> 20} MB; expected a list of clip ids"
+            )
         text = "\n".join(line.split("#", 1)[0] for line in path.read_text().splitlines())
         items = [s for line in text.splitlines() for s in line.split(",")]
     else:

@@ -1,4 +1,5 @@
 """The Wan2.2 VAE: finding and loading the file, pixels to/from the VAE's range, encode and decode."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,10 @@ def find_vae_file(model_dir: str | os.PathLike) -> Path:
     for name in VAE_FILES:
         if (d / name).is_file():
             return d / name
-    raise SampleError(f"--model_dir {d}: no VAE file ({' or '.join(VAE_FILES)}); the Wan2.2-TI2V-5B folder as "
-                      f"published holds Wan2.2_VAE.pth")
+    raise SampleError(
+        f"--model_dir {d}: no VAE file ({' or '.join(VAE_FILES)}); the Wan2.2-TI2V-5B folder as "
+        f"published holds Wan2.2_VAE.pth"
+    )
 
 
 def load_vae(path: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
@@ -33,8 +36,13 @@ def load_vae(path: str | os.PathLike, device: str | torch.device = "cpu", dtype:
     `WanVideoVAE38(z_dim, dim)` builds; another decoder width (tiny test VAEs) swaps in DiffSynth's
     `VideoVAE38_(dim, z_dim, dec_dim)` as `.model`.
     """
-    from gcc.model.diffsynth_parts import (VideoVAE38_, WanVideoVAE38, WanVideoVAEStateDictConverter, load_state_dict,
-                                           skip_model_initialization)
+    from gcc.model.diffsynth_parts import (
+        VideoVAE38_,
+        WanVideoVAE38,
+        WanVideoVAEStateDictConverter,
+        load_state_dict,
+        skip_model_initialization,
+    )
 
     path = str(path)
     try:
@@ -53,8 +61,9 @@ def load_vae(path: str | os.PathLike, device: str | torch.device = "cpu", dtype:
     try:
         vae.load_state_dict(sd, assign=True, strict=True)
     except RuntimeError as e:
-        raise SampleError(f"{path}: does not fit WanVideoVAE38(z_dim={z_dim}, dim={dim}, dec_dim={dec_dim}): "
-                          f"{e}") from None
+        raise SampleError(
+            f"{path}: does not fit WanVideoVAE38(z_dim={z_dim}, dim={dim}, dec_dim={dec_dim}): {e}"
+        ) from None
     return vae.to(device=device, dtype=dtype).eval()
 
 

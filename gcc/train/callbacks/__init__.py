@@ -1,4 +1,5 @@
 """Composer callbacks of the gc25d run, one concept per module."""
+
 from gcc.train.callbacks.checkpoint_rotation import CheckpointRotation
 from gcc.train.callbacks.checkpoint_upload import CheckpointUpload
 from gcc.train.callbacks.console_log import ConsoleLog
@@ -12,6 +13,22 @@ from gcc.train.callbacks.step_sync import StepSync
 from gcc.train.callbacks.train_stats import TRAIN_COLUMNS, TrainStats
 from gcc.train.callbacks.validation import VAL_COLUMNS, ValidateAtStart, ValidationLog
 
-__all__ = ["CheckpointRotation", "CheckpointUpload", "ConsoleLog", "Export", "GradClip", "NonFiniteGuard",
-           "NonFiniteLoss", "PreemptedBeforeFirstStep", "Preemption", "RunFiles", "StepDeadline", "StepSync",
-           "TRAIN_COLUMNS", "TrainStats", "VAL_COLUMNS", "ValidateAtStart", "ValidationLog"]
+__all__ = [
+    "TRAIN_COLUMNS",
+    "VAL_COLUMNS",
+    "CheckpointRotation",
+    "CheckpointUpload",
+    "ConsoleLog",
+    "Export",
+    "GradClip",
+    "NonFiniteGuard",
+    "NonFiniteLoss",
+    "PreemptedBeforeFirstStep",
+    "Preemption",
+    "RunFiles",
+    "StepDeadline",
+    "StepSync",
+    "TrainStats",
+    "ValidateAtStart",
+    "ValidationLog",
+]

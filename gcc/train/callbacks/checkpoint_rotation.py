@@ -1,5 +1,6 @@
 """Keep N checkpoints across restarts (Composer's own rotation only knows this process's saves), and say what each
 save cost: `checkpoint ep0-ba6: 3.1 s, 0.42 GB`."""
+
 from __future__ import annotations
 
 import logging
@@ -40,8 +41,7 @@ class CheckpointRotation(Callback):
             return
         latest = latest_checkpoint(self.run_dir)
         if latest is not None and latest != self._last:
-            log.info(f"checkpoint {latest.name}: {time.perf_counter() - self.clock.t0:.1f} s, "
-                     f"{disk_gb(latest):.3g} GB")
+            log.info(f"checkpoint {latest.name}: {time.perf_counter() - self.clock.t0:.1f} s, {disk_gb(latest):.3g} GB")
             self._last = latest
         rotate_checkpoints(self.run_dir, self.keep)
 

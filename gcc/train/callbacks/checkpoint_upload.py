@@ -8,6 +8,7 @@ stops on all ranks at the same step (`TakenOver`, exit code 3).
 The upload is synchronous: the next step starts once the checkpoint is safe remotely, and a preemption's
 checkpoint is uploaded within `preemption_grace_s`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,8 +23,15 @@ from composer.loggers import Logger
 from composer.utils import dist
 
 from gcc.train.checkpoint_store import CheckpointStore, TakenOver, checkpoint_of
-from gcc.train.run_folder import (DCP_METADATA, Refusal, checkpoint_step, ckpt_dir, list_checkpoints,
-                                  remove_checkpoint, to_rotate)
+from gcc.train.run_folder import (
+    DCP_METADATA,
+    Refusal,
+    checkpoint_step,
+    ckpt_dir,
+    list_checkpoints,
+    remove_checkpoint,
+    to_rotate,
+)
 
 log = logging.getLogger(__name__)  # not `logger`: Composer passes its Logger under that name
 
@@ -56,8 +64,12 @@ class CheckpointUpload(Callback):
 
     def _after_save(self, state: State) -> None:
         batch = int(state.timestamp.batch)
-        if self.saver is None or self.saver.last_checkpoint_batch is None or batch == self.done_batch \
-                or int(self.saver.last_checkpoint_batch) != batch:
+        if (
+            self.saver is None
+            or self.saver.last_checkpoint_batch is None
+            or batch == self.done_batch
+            or int(self.saver.last_checkpoint_batch) != batch
+        ):
             return
         self.done_batch = batch
         t0 = time.perf_counter()
@@ -96,8 +108,10 @@ class CheckpointUpload(Callback):
             raise Refusal(f"checkpoint upload: the ranks uploaded files of {names or 'no checkpoint'}, not of one")
         self.store.commit(names[0], manifest, self.launch)
         gone = self.store.rotate(self.keep)
-        log.info(f"checkpoint {names[0]} committed to {self.store.ckpts} in {time.perf_counter() - t0:.1f} s"
-                 + (f"; rotated out {', '.join(gone)}" if gone else ""))
+        log.info(
+            f"checkpoint {names[0]} committed to {self.store.ckpts} in {time.perf_counter() - t0:.1f} s"
+            + (f"; rotated out {', '.join(gone)}" if gone else "")
+        )
         return names[0]
 
     def _stop_if_injected(self, batch: int) -> None:

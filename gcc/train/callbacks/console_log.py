@@ -7,6 +7,7 @@ launch's elapsed time and the estimated time to max_steps at that pace. After ea
 timestep with mse, gap_uncond and gap_nulltext. Composer's progress bar is for a terminal; with it on and
 stdout a terminal, these lines stay off the console and go to `<run_dir>/train.log` alone (gcc/train/console.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,8 +40,15 @@ def console_lines_wanted(every: int, progress_bar: bool) -> bool:
 
 
 class ConsoleLog(Callback):
-    def __init__(self, every: int, max_steps: int, stats: TrainStats, val: ValidationLog, preemption: Preemption,
-                 console: bool = True):
+    def __init__(
+        self,
+        every: int,
+        max_steps: int,
+        stats: TrainStats,
+        val: ValidationLog,
+        preemption: Preemption,
+        console: bool = True,
+    ):
         self.every, self.max_steps, self.stats, self.val = every, max_steps, stats, val
         self.preemption = preemption
         self.extra = None if console else RUN_LOG_ONLY  # console False: the lines go to train.log alone
@@ -61,16 +69,21 @@ class ConsoleLog(Callback):
         now = time.time()
         per_step = (now - self._t_line) / len(self._window)
         w, self._window, self._t_line = self._window, [], now
-        log.info(f"step {step}/{self.max_steps}  loss {statistics.fmean(r['loss'] for r in w):.4f}  "
-                 f"lr {row['lr']:.2e}  grad_norm {row['grad_norm']:.3f}  {per_step:.2f} s/step  "
-                 f"data {statistics.fmean(r['data_time'] for r in w):.3f} s/step  sem_rms {row['sem_rms']:.4f}  "
-                 f"elapsed {duration(now - self._t_start)}  "
-                 f"eta {duration(max(self.max_steps - step, 0) * per_step)}", extra=self.extra)
+        log.info(
+            f"step {step}/{self.max_steps}  loss {statistics.fmean(r['loss'] for r in w):.4f}  "
+            f"lr {row['lr']:.2e}  grad_norm {row['grad_norm']:.3f}  {per_step:.2f} s/step  "
+            f"data {statistics.fmean(r['data_time'] for r in w):.3f} s/step  sem_rms {row['sem_rms']:.4f}  "
+            f"elapsed {duration(now - self._t_start)}  "
+            f"eta {duration(max(self.max_steps - step, 0) * per_step)}",
+            extra=self.extra,
+        )
 
     def eval_end(self, state: State, logger: Logger) -> None:
         if dist.get_global_rank() != 0:
             return
         for r in self.val.last:
-            log.info(f"val step {r['step']}  t={r['timestep']:.1f}  mse {r['mse']:.4f}  "
-                     f"gap_uncond {r['gap_uncond']:+.4f}  gap_nulltext {r['gap_nulltext']:+.4f}  (n {r['n']})",
-                     extra=self.extra)
+            log.info(
+                f"val step {r['step']}  t={r['timestep']:.1f}  mse {r['mse']:.4f}  "
+                f"gap_uncond {r['gap_uncond']:+.4f}  gap_nulltext {r['gap_nulltext']:+.4f}  (n {r['n']})",
+                extra=self.extra,
+            )

@@ -1,11 +1,12 @@
 """`step-N.safetensors` every `export_every` steps and at the end of training (docs/design.md §9.9), also uploaded
 beside the checkpoints when they are on object storage, as long as this launch owns that prefix (a launch that lost
 it to another stops on every rank: `TakenOver`, exit code 3)."""
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from composer.core import Callback, State
@@ -21,9 +22,17 @@ log = logging.getLogger(__name__)  # not `logger`: Composer passes its Logger un
 
 
 class Export(Callback):
-    def __init__(self, run_dir: str | Path, dit: torch.nn.Module, every: int, max_steps: int,
-                 metadata: Callable[[int], dict], is_preempted: Callable[[], bool] = lambda: False,
-                 store: CheckpointStore | None = None, launch: str = ""):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        dit: torch.nn.Module,
+        every: int,
+        max_steps: int,
+        metadata: Callable[[int], dict],
+        is_preempted: Callable[[], bool] = lambda: False,
+        store: CheckpointStore | None = None,
+        launch: str = "",
+    ):
         self.run_dir, self.dit, self.every, self.max_steps = Path(run_dir), dit, every, max_steps
         self.metadata, self.is_preempted, self.store, self.launch = metadata, is_preempted, store, launch
         self.last_step = -1
@@ -53,6 +62,9 @@ class Export(Callback):
 
     def fit_end(self, state: State, logger: Logger) -> None:
         # the end of training, not a preemption (a preempted run's relaunch exports when it really ends)
-        if int(state.timestamp.batch) != self.last_step and int(state.timestamp.batch) >= self.max_steps \
-                and not self.is_preempted():
+        if (
+            int(state.timestamp.batch) != self.last_step
+            and int(state.timestamp.batch) >= self.max_steps
+            and not self.is_preempted()
+        ):
             self.export(state)

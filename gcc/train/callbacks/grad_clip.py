@@ -1,4 +1,5 @@
 """Global gradient-norm clipping that also reports the norm (Composer's GradientClipping discards it)."""
+
 from __future__ import annotations
 
 import math

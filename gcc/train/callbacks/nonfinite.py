@@ -4,6 +4,7 @@ The check runs at AFTER_TRAIN_BATCH, inside Composer's optimizer closure, so rai
 the optimizer and every checkpoint as they were after the last good step. The count of non-finite micro-batch
 losses travels in the step's one reduction (`StepSync`, which runs first), so every rank raises at the same step.
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,8 +36,11 @@ class NonFiniteGuard(Callback):
         self._losses, self._clips = [], []
 
     def after_loss(self, state: State, logger: Logger) -> None:
-        if self.inject_step and int(state.timestamp.batch) + 1 == self.inject_step \
-                and dist.get_global_rank() == self.inject_rank:
+        if (
+            self.inject_step
+            and int(state.timestamp.batch) + 1 == self.inject_step
+            and dist.get_global_rank() == self.inject_rank
+        ):
             state.loss = state.loss * float("nan")  # fault injection (tests): poisons this rank's backward
         loss = state.loss["total"] if isinstance(state.loss, dict) else state.loss
         self._losses.append(loss.detach().reshape(-1))
@@ -48,5 +52,7 @@ class NonFiniteGuard(Callback):
             per_rank = dist.all_gather_object((dist.get_global_rank(), finite, self._clips))
             bad_ranks = [f"rank {r}: clips {';'.join(c)}" for r, ok, c in per_rank if not ok]
             step = int(state.timestamp.batch) + 1
-            raise NonFiniteLoss(f"non-finite loss at step {step} ({'; '.join(bad_ranks)}); training stopped "
-                                f"before the update, the last checkpoint is the last good state")
+            raise NonFiniteLoss(
+                f"non-finite loss at step {step} ({'; '.join(bad_ranks)}); training stopped "
+                f"before the update, the last checkpoint is the last good state"
+            )

@@ -14,6 +14,7 @@ would never get there. The signal therefore also arms a deadline of `grace_s` on
 which a thread keeps: a rank that has not checkpointed and exited by then writes every thread's stack to the
 run folder and exits non-zero (gcc/train/watchdog.py).
 """
+
 from __future__ import annotations
 
 import signal
@@ -46,8 +47,12 @@ class Preemption(Callback):
     def fit_start(self, state: State, logger: Logger) -> None:
         for s in PREEMPTION_SIGNALS:
             self._old[s] = signal.signal(s, self._handler)
-            self.watchdog.on_signal(s, self.grace_s, f"{signal.Signals(s).name} received, and the rank did not "
-                                    f"checkpoint and exit within preemption_grace_s={self.grace_s:g} s")
+            self.watchdog.on_signal(
+                s,
+                self.grace_s,
+                f"{signal.Signals(s).name} received, and the rank did not "
+                f"checkpoint and exit within preemption_grace_s={self.grace_s:g} s",
+            )
 
     def stop_before_first_step(self, state: State) -> None:
         """Raise PreemptedBeforeFirstStep on every rank if any rank received a signal so far (a collective: every
@@ -57,9 +62,11 @@ class Preemption(Callback):
             dist.all_reduce(flag, reduce_operation="SUM")
         if flag.item() > 0:
             self.preempted_at = int(state.timestamp.batch)
-            raise PreemptedBeforeFirstStep(f"preempted: stopped before step {self.preempted_at + 1}, after the "
-                                           f"step-{self.preempted_at} validation; nothing was trained, so there is no "
-                                           f"checkpoint: relaunch the same command to start the run")
+            raise PreemptedBeforeFirstStep(
+                f"preempted: stopped before step {self.preempted_at + 1}, after the "
+                f"step-{self.preempted_at} validation; nothing was trained, so there is no "
+                f"checkpoint: relaunch the same command to start the run"
+            )
 
     def batch_end(self, state: State, logger: Logger) -> None:
         if self.sync.totals.get("preempt", 0.0) > 0 and self.preempted_at is None:

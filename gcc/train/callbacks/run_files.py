@@ -1,4 +1,5 @@
 """`config.json` at the start and `done.json` at the end of each launch (docs/design.md §9.10)."""
+
 from __future__ import annotations
 
 import json
@@ -27,13 +28,20 @@ class RunFiles(Callback):
 
     def fit_end(self, state: State, logger: Logger) -> None:
         ds = getattr(state.train_dataloader, "dataset", None)
-        position = ds.state_dict(num_samples=int(state.timestamp.sample_in_epoch), from_beginning=True) \
-            if ds is not None and hasattr(ds, "state_dict") else None
+        position = (
+            ds.state_dict(num_samples=int(state.timestamp.sample_in_epoch), from_beginning=True)
+            if ds is not None and hasattr(ds, "state_dict")
+            else None
+        )
         if dist.get_global_rank() == 0:
             st, dt = self.stats.step_times, self.stats.data_times
-            _write_json(self.run_dir / "done.json", {
-                "step": int(state.timestamp.batch), "steps_this_launch": len(st),
-                "s_per_step_mean": mean(st) if st else None,
-                "data_s_per_step_mean": mean(dt) if dt else None,
-                "data_position": position,
-            })
+            _write_json(
+                self.run_dir / "done.json",
+                {
+                    "step": int(state.timestamp.batch),
+                    "steps_this_launch": len(st),
+                    "s_per_step_mean": mean(st) if st else None,
+                    "data_s_per_step_mean": mean(dt) if dt else None,
+                    "data_position": position,
+                },
+            )

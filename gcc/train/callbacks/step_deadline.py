@@ -7,6 +7,7 @@ The deadline is `stall_timeout_s` (generous: model build, the first steps, compi
 have been timed, then `max(stall_floor_s, FACTOR × median step time)`, capped by `stall_timeout_s`. Validation
 and the end of a launch get `stall_timeout_s` again. 0 turns it off.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -28,8 +29,12 @@ class StepDeadline(Callback):
 
     def _arm(self, seconds: float) -> None:
         if self.timeout_s > 0:
-            self.watchdog.arm("step", seconds, f"no step completed within {seconds:.0f} s (stall_timeout_s="
-                              f"{self.timeout_s:g}, stall_floor_s={self.floor_s:g})")
+            self.watchdog.arm(
+                "step",
+                seconds,
+                f"no step completed within {seconds:.0f} s (stall_timeout_s="
+                f"{self.timeout_s:g}, stall_floor_s={self.floor_s:g})",
+            )
 
     def deadline(self) -> float:
         if len(self.times) < WARMUP:

@@ -14,9 +14,10 @@ work to appending references and compute their share once per step (a few kernel
 micro-batch). Each of these was its own collective before (plus an all_gather_object of the clip ids); on a
 small step that fixed cost showed (docs/performance.md, trainer overhead).
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from composer.core import Callback, State
@@ -58,15 +59,16 @@ class StepSync(Callback):
         dev = local.device
         idx = [i for where, _ in self._sources for i in where]
         if idx:  # each name has one source: one copy into place
-            values = torch.cat([torch.as_tensor(read(), dtype=torch.float64).to(dev).reshape(-1)
-                                for _, read in self._sources])
+            values = torch.cat(
+                [torch.as_tensor(read(), dtype=torch.float64).to(dev).reshape(-1) for _, read in self._sources]
+            )
             local.index_copy_(0, torch.tensor(idx, device=dev), values)
         ids = torch.cat([t.to(dev) for t in self._ids]) if self._ids else local.new_zeros(0)
         slots = local.new_zeros(world, self.per_rank)  # id + 1; 0 = no sample in that slot
-        slots[rank, :len(ids)] = ids.to(torch.float64) + 1
+        slots[rank, : len(ids)] = ids.to(torch.float64) + 1
         buf = torch.cat([local, slots.flatten()])
         if world > 1:
             dist.all_reduce(buf, reduce_operation="SUM")
         values = buf.tolist()  # the step's one device-to-host copy
-        self.totals = dict(zip(SUMMED, values[:len(SUMMED)]))
-        self.sample_ids = [int(v) - 1 for v in values[len(SUMMED):] if v > 0]
+        self.totals = dict(zip(SUMMED, values[: len(SUMMED)]))
+        self.sample_ids = [int(v) - 1 for v in values[len(SUMMED) :] if v > 0]

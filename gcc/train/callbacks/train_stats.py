@@ -7,6 +7,7 @@ rank's clip ids in rank order, named on rank 0 from the sample ids with the mani
 validation and checkpointing excluded); `data_time` is the loader-wait part; `time`
 is the Unix time at the end of the step (differences of consecutive rows: the true period, everything included).
 """
+
 from __future__ import annotations
 
 import time
@@ -22,6 +23,7 @@ from gcc.data.errors import DamagedData
 from gcc.train.callbacks.grad_clip import GradClip
 from gcc.train.callbacks.step_sync import StepSync
 from gcc.train.columns import TRAIN_COLUMNS
+
 _STATS = ["mse", "timestep", "sem_rms", "x_rms"]  # the objective's micro-batch means
 _PER_CLIP = ["drop_text", "drop_cond", "mask_frac"]  # the batch's per-clip values, logged as their means
 _MEANS = _STATS + ["text_drop", "cond_drop", "mask_frac"]
@@ -68,12 +70,17 @@ class TrainStats(Callback):
             return torch.zeros(len(_MEANS) + 1)
         counts = [len(b["epoch"]) for _, b in self._micro]
         dev = self._micro[0][0]["mse"].device
-        means = torch.stack([torch.stack([torch.as_tensor(st[k], device=dev).float().reshape(()) for k in _STATS])
-                             for st, _ in self._micro]).double()  # [micro-batches, stats]
+        means = torch.stack(
+            [
+                torch.stack([torch.as_tensor(st[k], device=dev).float().reshape(()) for k in _STATS])
+                for st, _ in self._micro
+            ]
+        ).double()  # [micro-batches, stats]
         weighted = (means * torch.tensor(counts, device=dev, dtype=torch.float64)[:, None]).sum(0)
         drops = [torch.cat([b[k].reshape(-1) for _, b in self._micro]).to(dev).double().sum() for k in _PER_CLIP]
-        return torch.cat([weighted, torch.stack(drops), torch.tensor([float(sum(counts))], device=dev,
-                                                                     dtype=torch.float64)])
+        return torch.cat(
+            [weighted, torch.stack(drops), torch.tensor([float(sum(counts))], device=dev, dtype=torch.float64)]
+        )
 
     def before_dataloader(self, state: State, logger: Logger) -> None:
         self._t0 = time.perf_counter()
@@ -102,18 +109,25 @@ class TrainStats(Callback):
         n = max(tot["n"], 1.0)
         mean = {k: tot[k] / n for k in _MEANS}
         clips = [self.clip_ids[i] for i in self.sync.sample_ids]
-        if clips[:len(self._own_clips)] != self._own_clips:  # rank 0's own slots come first
-            raise DamagedData(f"train split: sample ids name {clips[:len(self._own_clips)]} by the manifest's "
-                              f"train clip_ids, but the shards hold {self._own_clips}: manifest.json and the shards "
-                              f"disagree")
+        if clips[: len(self._own_clips)] != self._own_clips:  # rank 0's own slots come first
+            raise DamagedData(
+                f"train split: sample ids name {clips[: len(self._own_clips)]} by the manifest's "
+                f"train clip_ids, but the shards hold {self._own_clips}: manifest.json and the shards "
+                f"disagree"
+            )
         epochs = torch.cat([b["epoch"] for _, b in self._micro]) if self._micro else None
         row = {
             "step": int(state.timestamp.batch),
             "loss": float(state.total_loss_dict.get("loss/train/total", float("nan"))),
             **mean,
-            "lr": self._lrs[0], "cond_lr": self._lrs[1], "grad_norm": self.grad_clip.last_norm,
-            "step_time": step_time, "data_time": self._t_data, "mem_gb": memory_gb(),
-            "epoch": int(epochs.min()) if epochs is not None else int(state.timestamp.epoch), "time": time.time(),
+            "lr": self._lrs[0],
+            "cond_lr": self._lrs[1],
+            "grad_norm": self.grad_clip.last_norm,
+            "step_time": step_time,
+            "data_time": self._t_data,
+            "mem_gb": memory_gb(),
+            "epoch": int(epochs.min()) if epochs is not None else int(state.timestamp.epoch),
+            "time": time.time(),
             "clips": ";".join(clips),
         }
         self.last_row = row

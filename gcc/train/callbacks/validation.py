@@ -4,19 +4,20 @@ and the step-0 validation of the starting weights (`val_at_start`).
 The numbers come from the objective's `val_mse` metric (torchmetrics, synced over ranks), so any world size
 gives the same rows.
 """
+
 from __future__ import annotations
 
 import os
 import signal
-from typing import Callable
+from collections.abc import Callable
 
 from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
 from gcc.train.callbacks.preemption import Preemption
-
 from gcc.train.columns import VAL_COLUMNS
+
 _VALUES = ["mse", "mse_uncond", "mse_nulltext", "gap_uncond", "gap_nulltext"]
 
 
