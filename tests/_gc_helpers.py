@@ -14,6 +14,30 @@ from gcc.vocab import VOCAB_VALUES
 L_TXT, D_TXT = 16, 64  # tiny synthetic text: L tokens of width D
 
 
+def export_metadata(**fields) -> dict:
+    """A gc25d export's metadata for tests: sft_v10's hyperparameters, a synthetic dataset, `fields` on top."""
+    from gcc.model.export import gc_metadata
+
+    base = dict(
+        vocab="parts",
+        data="synth",
+        data_root="",
+        step=1,
+        text_dropout=0.1,
+        cond_dropout=0.05,
+        mask_p=0.5,
+        lr=1e-5,
+        cond_lr=1e-4,
+        weight_decay=0.01,
+        warmup_steps=500,
+        first_frame_cond=True,
+        seed=0,
+        init_ckpt="",
+        model_dir="",
+    )
+    return gc_metadata(**{**base, **fields})
+
+
 def tiny_dit(vocab: str = "parts", seed: int = 0, **overrides):
     return build_gc_dit("tiny", vocab=vocab, init_seed=seed, **overrides)
 

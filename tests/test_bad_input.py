@@ -95,27 +95,11 @@ class World:
 
     def tiny_export(self) -> str:
         """A gc25d export of the tiny preset."""
-        from _gc_helpers import tiny_dit
+        from _gc_helpers import export_metadata, tiny_dit
 
-        from gcc.model.export import gc_metadata, save_gc
+        from gcc.model.export import save_gc
 
-        meta = gc_metadata(
-            vocab="parts",
-            data="synth",
-            data_root="",
-            step=1,
-            text_dropout=0.1,
-            cond_dropout=0.05,
-            mask_p=0.5,
-            lr=1e-5,
-            cond_lr=1e-4,
-            weight_decay=0.01,
-            warmup_steps=1,
-            first_frame_cond=True,
-            seed=0,
-            init_ckpt="",
-            model_dir="",
-        )
+        meta = export_metadata()
         return str(save_gc(tiny_dit(seed=3).state_dict(), self.tmp / "step-1.safetensors", meta))
 
     @property

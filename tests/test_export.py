@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _gc_helpers import make_batch, null_embedding, randomize_cond, tiny_dit
+from _gc_helpers import export_metadata, make_batch, null_embedding, randomize_cond, tiny_dit
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -24,7 +24,6 @@ from gcc.model.export import (
     GcCkptError,
     check_gc_ckpt,
     gc_key_set,
-    gc_metadata,
     load_gc_weights,
     load_state_dict_gc,
     save_gc,
@@ -35,26 +34,10 @@ from gcc.tools.inspect_ckpt import main as inspect_main
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _meta(vocab="parts", step=1000, **kw):
-    base = dict(
-        vocab=vocab,
-        data="v10",
-        data_root="/data/gc25d_v10",
-        step=step,
-        text_dropout=0.1,
-        cond_dropout=0.05,
-        mask_p=0.5,
-        lr=1e-5,
-        cond_lr=1e-4,
-        weight_decay=0.01,
-        warmup_steps=500,
-        first_frame_cond=True,
-        seed=0,
-        init_ckpt="",
-        model_dir="/models/Wan2.2-TI2V-5B",
+def _meta(vocab="parts", step=1000):
+    return export_metadata(
+        vocab=vocab, data="v10", data_root="/data/gc25d_v10", step=step, model_dir="/models/Wan2.2-TI2V-5B"
     )
-    base.update(kw)
-    return gc_metadata(**base)
 
 
 def _trained_state(vocab="parts", seed=0):

@@ -13,12 +13,12 @@ import imageio.v2 as imageio
 import numpy as np
 import pytest
 import torch
-from _gc_helpers import randomize_cond, tiny_dit
+from _gc_helpers import export_metadata, randomize_cond, tiny_dit
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from gcc.model.dit import wan_keys
-from gcc.model.export import gc_metadata, save_gc
+from gcc.model.export import save_gc
 from gcc.tools.sample import cli
 from gcc.tools.sample import dit as D
 from gcc.tools.sample import metrics as M
@@ -34,23 +34,7 @@ VAL_RR = ["clip00008", "clip00020", "clip00010", "clip00021"]  # prepared_tiny: 
 
 
 def _meta(vocab: str, model_dir: str) -> dict:
-    return gc_metadata(
-        vocab=vocab,
-        data="synth",
-        data_root="",
-        step=1,
-        text_dropout=0.1,
-        cond_dropout=0.05,
-        mask_p=0.5,
-        lr=1e-5,
-        cond_lr=1e-4,
-        weight_decay=0.01,
-        warmup_steps=1,
-        first_frame_cond=True,
-        seed=0,
-        init_ckpt="",
-        model_dir=model_dir,
-    )
+    return export_metadata(vocab=vocab, model_dir=model_dir)
 
 
 @pytest.fixture(scope="module")
