@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from _gc_helpers import tiny_dit
+from _gc_helpers import export_metadata, tiny_dit
 
-from gcc.model.export import gc_metadata, save_gc
+from gcc.model.export import save_gc
 from gcc.tools.compare import main
 from gcc.train.callbacks import TRAIN_COLUMNS, VAL_COLUMNS
 from gcc.train.columns import EXACT_TRAIN, TIMING_COLUMNS
@@ -65,22 +65,12 @@ def val_rows(step: int) -> list[dict]:
 
 def export_of(step: int, resumed_step: int | None):
     dit = tiny_dit(seed=step)  # weights a function of the step
-    meta = gc_metadata(
-        vocab="parts",
-        data="synth",
+    meta = export_metadata(
         data_root="shards",
         step=step,
-        text_dropout=0.1,
-        cond_dropout=0.05,
-        mask_p=0.5,
         lr=1e-3,
         cond_lr=1e-2,
-        weight_decay=0.01,
         warmup_steps=4,
-        first_frame_cond=True,
-        seed=0,
-        init_ckpt="",
-        model_dir="",
         resumed_from="" if resumed_step is None else "ckpt",
         resumed_step="" if resumed_step is None else resumed_step,
     )
