@@ -303,7 +303,8 @@ def test_a_changed_global_batch_continues_at_the_next_epoch(reference, e2e_shard
     train = json.loads((e2e_shards / "manifest.json").read_text())["splits"]["train"]["clip_ids"]
     assert len(clips) == 22 and sorted(clips) == sorted(train)
     assert {float(x["lr"]) for x in after} == {1e-3}  # past the warmup by step (a restart would give 2.5e-4)
-    assert [(int(x["step"]), int(x["n"])) for x in rows(run_dir, "val_log")][6:] == [(18, 4)] * 3 + [(23, 4)] * 3
+    val = [(int(x["step"]), int(x["n"])) for x in rows(run_dir, "val_log")]
+    assert [v for v in val if v[0] > 12] == [(18, 4)] * 3 + [(23, 4)] * 3
     meta = {n: export_tensors(run_dir / f"step-{n}.safetensors")[1] for n in (18, 23)}
     assert {(m["step"], m["resumed_step"]) for m in meta.values()} == {("18", "12"), ("23", "12")}
     lineage = json.loads((run_dir / "run.json").read_text())["lineage"]
@@ -471,6 +472,7 @@ def test_learning_uses_the_condition(e2e_shards, tmp_path):
     first, last = [float(x["mse"]) for x in r[:20]], [float(x["mse"]) for x in r[-20:]]
     assert sum(last) / 20 < 0.8 * sum(first) / 20
     v = rows(run_dir, "val_log")
-    gaps = [float(x["gap_uncond"]) for x in v]
-    # at initialisation |gap_uncond| ~ 1e-4 (the zero-initialised condition); learned, it is ~1e-2
-    assert all(g > 0.003 for g in gaps) and sum(gaps) / len(gaps) > 0.005, v
+    gaps = {s: [float(x["gap_uncond"]) for x in v if int(x["step"]) == s] for s in (0, 300)}
+    # at initialisation (the step-0 rows) |gap_uncond| ~ 1e-4: the condition is zero-initialised; learned, ~1e-2
+    assert all(abs(g) < 0.001 for g in gaps[0]), v
+    assert all(g > 0.003 for g in gaps[300]) and sum(gaps[300]) / len(gaps[300]) > 0.005, v
