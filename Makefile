@@ -32,7 +32,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -n $(JOBS) -q -rs tests
+	$(BIN)/python -m pytest -n $(JOBS) -q -rs --durations=25 tests
 
 bench: $(STAMP)
 	$(BIN)/python bench/convert.py
