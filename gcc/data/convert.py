@@ -34,14 +34,7 @@ from gcc import __version__
 from gcc.cli import EXIT_BAD_INPUT, folder_problem, run_tool  # noqa: F401  (EXIT_BAD_INPUT: the tests' name)
 from gcc.data import storage
 from gcc.data.errors import BadInput
-from gcc.data.layout import (
-    check_splits,
-    clip_files,
-    geometry_of,
-    load_clip,
-    read_index,
-    read_text_table,
-)
+from gcc.data.layout import check_splits, clip_files, geometry_of, load_clip, read_index, read_text_table
 from gcc.data.shards import COLUMNS, FORMAT_VERSION, MANIFEST, SHARD_HASHES, SPLITS, TEXT_TABLE
 from gcc.data.workers import pool_worker_init, worker_context
 from gcc.geometry import Geometry
