@@ -31,8 +31,12 @@ BASE = [
     "optim.warmup_steps=4",
     "progress_bar=false",
     "loggers={}",
-    "data.num_workers=1",
+    # no loader worker: a worker's start (a forkserver that imports Streaming, ~10 s of CPU per rank) is most of a
+    # short launch's cost; the tests about the worker path (signals, faults met in a worker, teardown, the
+    # reference run) add WORKER. Rows are the same either way (the loader's samples do not depend on workers).
+    "data.num_workers=0",
 ]
+WORKER = "data.num_workers=1"
 
 
 def cmd(
@@ -65,12 +69,7 @@ def launch(run_dir, shards, *overrides, n=2, timeout=900, launcher=()) -> subpro
     with subprocess.Popen(
         args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     ) as p:
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
-            raise
+        out, err = finish(p, timeout, run_dir, both=True)
     return subprocess.CompletedProcess(args, p.returncode, out, err)
 
 
@@ -84,6 +83,59 @@ def start_bg(run_dir, shards, *overrides, n=2, launcher=(), prefix=()) -> subpro
         text=True,
         start_new_session=True,
     )
+
+
+def session_processes(sid: int) -> list[tuple[int, str]]:
+    """(pid, name) of the live processes of session `sid` (a launch started in a session of its own: the launcher
+    and all it started)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # gone meanwhile
+            continue
+        head, tail = text.rsplit(")", 1)
+        fields = tail.split()  # after "pid (comm)": state ppid pgrp session ...
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pid, name = head.split(" (", 1)
+            found.append((int(pid), name))
+    return found
+
+
+def hang_report(sid: int, run_dir: Path | None) -> str:
+    """What a launch that does not end is doing: every process's Python stacks (py-spy, a dev dependency) and the
+    tail of the run's train.log. A hang on a loaded CI machine then says where it was."""
+    parts = []
+    if run_dir is not None and (run_dir / "train.log").is_file():
+        parts.append("--- train.log (tail)\n" + "\n".join((run_dir / "train.log").read_text().splitlines()[-30:]))
+    spy = Path(sys.executable).with_name("py-spy")
+    for pid, name in session_processes(sid):
+        if not spy.exists():
+            parts.append(f"--- {pid} ({name}): py-spy not installed, no stacks")
+            continue
+        try:
+            r = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+            parts.append(f"--- {pid} ({name})\n{r.stdout}{r.stderr}")
+        except subprocess.TimeoutExpired:
+            parts.append(f"--- {pid} ({name}): py-spy took more than 60 s")
+    return "\n".join(parts)
+
+
+def finish(p: subprocess.Popen, timeout: float, run_dir: Path | None = None, both: bool = False):
+    """The output of a launch started in a session of its own (`start_bg`), once it has ended. A launch still running
+    after `timeout` is a hang: the failure carries its stacks and train.log (hang_report), and the whole session is
+    killed (ranks left behind would burn the CPU that the other tests share). `both`: (stdout, stderr)."""
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        report = hang_report(p.pid, run_dir)
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        tail = out[-3000:] if isinstance(out, str) else out.decode(errors="replace")[-3000:]
+        raise AssertionError(
+            f"the launch did not end within {timeout} s\n{report}\n--- its output (tail)\n{tail}"
+        ) from None
+    return (out, err) if both else out
 
 
 def ok(r: subprocess.CompletedProcess) -> subprocess.CompletedProcess:

@@ -68,11 +68,12 @@ def e2e_shards(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def reference(e2e_shards, tmp_path_factory):
-    """One uninterrupted 12-step DDP run on 2 ranks (tests/_launch.py BASE); interrupted runs must reproduce it."""
-    from _launch import launch, ok
+    """One uninterrupted 12-step DDP run on 2 ranks (tests/_launch.py BASE) with a loader worker per rank;
+    interrupted runs, mostly without one, must reproduce it."""
+    from _launch import WORKER, launch, ok
 
     run_dir = tmp_path_factory.mktemp("ref") / "run"
-    ok(launch(run_dir, e2e_shards))
+    ok(launch(run_dir, e2e_shards, WORKER))
     return run_dir
 
 

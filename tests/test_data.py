@@ -311,6 +311,38 @@ def test_refuses_data_without_manifest(shards, tmp_path):
         GcStreamingDataset(str(broken), "train", tmp_path / "cache", batch_size=2)
 
 
+def test_a_shard_whose_fetch_failed_is_handed_back_so_the_next_reader_fails_too_instead_of_waiting(shards, tmp_path):
+    """Streaming marks a shard as being fetched before it fetches it, and left the mark when the fetch failed: the
+    next reader of that shard (this worker's next sample, a download thread, the node's other ranks) waited for it
+    forever, without a word (a CI run hung so when its object store went away). Now each reader fails, naming it."""
+    import shutil
+    import threading
+
+    from gcc.data.errors import DamagedData
+
+    data = tmp_path / "shards"
+    shutil.copytree(shards, data)
+    ds = GcStreamingDataset(str(data), "train", tmp_path / "cache", batch_size=2)
+    shard_id, _ = ds.spanner[0]
+    raw, _ = ds.shards[shard_id].file_pairs[0]
+    (data / "train" / raw.basename).unlink()  # not there when it is fetched
+    for reader in ("first", "second"):
+        got: list = []
+        t = threading.Thread(target=lambda out=got: out.append(_raised(ds.get_item, 0)), daemon=True)
+        t.start()
+        t.join(60)
+        assert not t.is_alive(), f"the {reader} reader of a shard whose fetch failed is still waiting after 60 s"
+        assert isinstance(got[0], DamagedData) and raw.basename in str(got[0]), got
+
+
+def _raised(f, *args) -> BaseException | None:
+    try:
+        f(*args)
+    except BaseException as e:
+        return e
+    return None
+
+
 def test_collate(shards):
     ds = new_ds(shards, dropouts=HEAVY)
     samples = [ds[i] for i in range(3)]

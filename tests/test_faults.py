@@ -11,7 +11,7 @@ import subprocess
 import time
 
 import pytest
-from _launch import exact, launch, ok, rows, start_bg, wait_for
+from _launch import WORKER, exact, finish, launch, ok, rows, start_bg, wait_for
 
 from gcc.data import convert as C
 from gcc.data.synth import make_prepared
@@ -43,7 +43,7 @@ def test_damaged_shard_stops_the_run_naming_it_and_the_repaired_data_resumes_exa
         bad.unlink()
     run_dir = tmp_path / "run"
     t0 = time.time()
-    r = launch(run_dir, shards, timeout=300)
+    r = launch(run_dir, shards, WORKER, timeout=300)  # met in the loader worker
     took = time.time() - t0
     out = r.stdout + r.stderr
     assert r.returncode == 6, out[-3000:]  # the launcher's code is the faulting rank's, not a peer's collateral
@@ -65,6 +65,7 @@ def test_a_rank_that_completes_no_step_leaves_every_stack_and_exits_5(e2e_shards
     r = launch(
         run_dir,
         e2e_shards,
+        WORKER,
         "max_steps=40",
         "inject_stall_step=15",
         "inject_stall_rank=1",
@@ -160,11 +161,11 @@ def test_object_storage_going_away_stops_the_run_naming_the_object_and_the_relau
         bucket = server.new_bucket()
         remote = server.upload_tree(local, bucket, "shards")
         run_dir = tmp_path / "run"
-        p = start_bg(run_dir, remote, *steps)
+        p = start_bg(run_dir, remote, WORKER, *steps)  # the downloads fail in the loader worker
         wait_for(lambda: (run_dir / "checkpoints" / "latest-rank0.pt").exists(), p, "the first checkpoint")
         server.stop()
         t0 = time.time()
-        out, _ = p.communicate(timeout=300)
+        out = finish(p, 300, run_dir)
         assert p.returncode == 7, out[-3000:]
         assert f"storage unavailable: {remote}/train/" in out, out[-3000:]  # names the object
         assert "Traceback" not in out, out[-3000:]

@@ -17,9 +17,11 @@ import torch
 from _gc_helpers import save_wan_layout
 from _launch import (
     CLIP,
+    WORKER,
     assert_grad_norm_logged_before_clipping,
     exact,
     export_tensors,
+    finish,
     launch,
     ok,
     rows,
@@ -83,7 +85,7 @@ def test_fsdp_trains_as_ddp_and_writes_sharded_checkpoints(fsdp_reference, refer
 
 def test_fsdp_exact_resume_after_sigkill_never_reads_a_partial_checkpoint(fsdp_reference, e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
-    p = start_bg(run_dir, e2e_shards, FSDP, AC)
+    p = start_bg(run_dir, e2e_shards, WORKER, FSDP, AC)
     wait_for_step(run_dir, 8, p)  # past the step-6 checkpoint, before step 9's
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
@@ -109,10 +111,10 @@ def test_fsdp_exact_resume_after_sigkill_never_reads_a_partial_checkpoint(fsdp_r
 
 def test_fsdp_preemption_checkpoints_and_resumes(fsdp_reference, e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
-    p = start_bg(run_dir, e2e_shards, FSDP, AC)
+    p = start_bg(run_dir, e2e_shards, WORKER, FSDP, AC)
     wait_for_step(run_dir, 4, p)
     os.killpg(p.pid, signal.SIGTERM)
-    out, _ = p.communicate(timeout=600)
+    out = finish(p, 600, run_dir)
     assert "preempted: stopped after step" in out, out[-4000:]
     stopped = int(out.split("preempted: stopped after step ")[1].split()[0])
     assert latest_step(run_dir) == stopped and (ckpt_folders(run_dir)[-1] / ".metadata").is_file()

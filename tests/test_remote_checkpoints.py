@@ -17,7 +17,7 @@ from contextlib import contextmanager, suppress
 
 import pytest
 import torch
-from _launch import exact, export_tensors, launch, ok, rows, start_bg, wait_for
+from _launch import WORKER, exact, export_tensors, finish, launch, ok, rows, start_bg, wait_for
 
 from gcc.data import storage
 from gcc.train.checkpoint_store import CheckpointStore
@@ -36,7 +36,7 @@ def stopped(p: subprocess.Popen) -> bool:
 def frozen_after_commit(run_dir, shards, step: int, *overrides):
     """A launch in the background that stops itself right after committing `step`'s checkpoint: what is committed
     is then known exactly. Yields it stopped; killed with its whole process group if the block fails."""
-    p = start_bg(run_dir, shards, f"inject_stop_after_commit_step={step}", *overrides)
+    p = start_bg(run_dir, shards, WORKER, f"inject_stop_after_commit_step={step}", *overrides)
     try:
         wait_for(lambda: stopped(p), p, f"the stop after step {step}'s commit")
         yield p
@@ -136,7 +136,7 @@ def test_a_launch_that_lost_its_prefix_uploads_nothing_more_and_stops_with_3(
         before = storage.list_prefix(remote)
         second = CheckpointStore(remote).claim()  # what a second launch on the same prefix does first
         os.killpg(p.pid, signal.SIGCONT)
-        out, _ = p.communicate(timeout=300)
+        out = finish(p, 300)
     assert p.returncode == 3, out[-3000:]
     assert f"{remote}: another launch claimed this checkpoint prefix" in out, out[-3000:]
     assert "Traceback" not in out, out[-3000:]

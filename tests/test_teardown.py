@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _launch import ROOT, cmd, env
+from _launch import ROOT, WORKER, cmd, env, finish, session_processes
 
 pytestmark = pytest.mark.slow
 
@@ -29,24 +29,10 @@ SHORT = [
     "val_n=2",
     "val_batch=2",
     "optim.warmup_steps=1",
-    "data.num_workers=1",
+    WORKER,
 ]
 # what an unclean end prints: the abort of a thread unwound through C++, the tracker cleaning up after a rank
 UNCLEAN = ("terminate called", "resource_tracker", "Traceback")
-
-
-def _session(sid: int) -> list[str]:
-    """The processes of session `sid` (a launch started in a session of its own: the launcher and all it started)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # gone meanwhile
-            continue
-        fields = text.rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp session ...
-        if int(fields[3]) == sid and fields[0] != "Z":
-            found.append(text.split(")", 1)[0] + ")")
-    return found
 
 
 def launch_to_the_end(run_dir: Path, shards: Path, *overrides: str, timeout: float = 300) -> tuple[int, str]:
@@ -64,14 +50,9 @@ def launch_to_the_end(run_dir: Path, shards: Path, *overrides: str, timeout: flo
     with subprocess.Popen(
         args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     ) as p:
-        try:
-            out, _ = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
-            raise
+        out = finish(p, timeout, run_dir)
     deadline = time.time() + 30
-    while (left := _session(p.pid)) and time.time() < deadline:
+    while (left := session_processes(p.pid)) and time.time() < deadline:
         time.sleep(0.2)
     for f in sorted(logs.iterdir()):
         out += f"\n--- {f.name}\n{f.read_text()}"

@@ -21,9 +21,11 @@ import pytest
 import torch
 from _launch import (
     CLIP,
+    WORKER,
     assert_grad_norm_logged_before_clipping,
     exact,
     export_tensors,
+    finish,
     launch,
     ok,
     rows,
@@ -110,7 +112,7 @@ def test_every_step_has_the_full_global_batch_and_a_resume_at_an_epochs_end_is_e
 
 def test_exact_resume_after_sigkill(reference, e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
-    p = start_bg(run_dir, e2e_shards)
+    p = start_bg(run_dir, e2e_shards, WORKER)
     wait_for_step(run_dir, 8, p)  # past the step-6 checkpoint, before step 9's
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
@@ -143,10 +145,10 @@ def test_preemption_by_sigterm_then_sigusr1_checkpoints_and_resumes(reference, e
             "--stderr",
             str(tmp_path / f"{sig.name}.rank{{rank}}.err"),
         ]  # not the dying launcher's temp folder
-        p = start_bg(run_dir, e2e_shards, launcher=logs)
+        p = start_bg(run_dir, e2e_shards, WORKER, launcher=logs)
         wait_for_step(run_dir, stopped + 3, p)
         os.killpg(p.pid, sig)
-        out, _ = p.communicate(timeout=600)  # EOF once rank 0 exited
+        out = finish(p, 600, run_dir)  # EOF once rank 0 exited
         assert "preempted: stopped after step" in out, out[-4000:]
         assert p.returncode == (0 if sig == signal.SIGTERM else -signal.SIGUSR1), out[-4000:]
         at = int(out.split("preempted: stopped after step ")[1].split()[0])
@@ -180,11 +182,11 @@ def test_preemption_delivered_to_the_launcher_alone(pid1, reference, e2e_shards,
         if probe.returncode != 0:
             pytest.skip(f"a PID namespace needs the right to create one (root): unshare said {probe.stderr.strip()!r}")
     run_dir = tmp_path / "run"
-    p = start_bg(run_dir, e2e_shards, "max_steps=1000", prefix=UNSHARE if pid1 else ())
+    p = start_bg(run_dir, e2e_shards, WORKER, "max_steps=1000", prefix=UNSHARE if pid1 else ())
     wait_for_step(run_dir, 4, p)
     target = psutil.Process(p.pid).children()[0].pid if pid1 else p.pid  # the launcher (unshare forks it)
     os.kill(target, signal.SIGTERM)
-    out, _ = p.communicate(timeout=300)
+    out = finish(p, 300, run_dir)
     assert p.returncode == 0 and "preempted: stopped after step" in out, out[-4000:]
     stopped = int(out.split("preempted: stopped after step ")[1].split()[0])
     assert checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt")) == stopped
@@ -200,8 +202,8 @@ def test_two_launches_on_one_machine_at_once_both_succeed(e2e_shards, tmp_path):
     workers side by side), three times in a row: both finish, each with the rows the other got."""
     for attempt in range(3):
         runs = [tmp_path / f"try{attempt}" / name for name in ("a", "b")]
-        procs = [start_bg(r, e2e_shards, "max_steps=6", "checkpoint_every=2") for r in runs]
-        outs = [p.communicate(timeout=600)[0] for p in procs]
+        procs = [start_bg(r, e2e_shards, WORKER, "max_steps=6", "checkpoint_every=2") for r in runs]
+        outs = [finish(p, 600, r) for p, r in zip(procs, runs)]
         for p, out in zip(procs, outs):
             assert p.returncode == 0, f"attempt {attempt}: {out[-4000:]}"
         assert exact(rows(runs[0])) == exact(rows(runs[1]))
@@ -217,6 +219,7 @@ def test_loader_workers_start_once_per_rank_from_the_forkserver(e2e_shards, tmp_
             run_dir,
             e2e_shards,
             f"max_steps={2 * per_epoch + 1}",
+            WORKER,
             "val_every=0",
             "export_every=0",
             launcher=["--stderr", str(tmp_path / "rank{rank}.stderr")],
@@ -238,6 +241,7 @@ def test_sigterm_while_a_rank_waits_for_data_stops_the_run_with_stacks(reference
     p = start_bg(
         run_dir,
         e2e_shards,
+        WORKER,
         "inject_stall_step=5",
         "inject_stall_rank=1",
         f"preemption_grace_s={grace}",
@@ -251,7 +255,7 @@ def test_sigterm_while_a_rank_waits_for_data_stops_the_run_with_stacks(reference
     time.sleep(2)
     t0 = time.monotonic()
     os.killpg(p.pid, signal.SIGTERM)
-    out, _ = p.communicate(timeout=grace + 120)  # EOF: every process of the launch has exited
+    out = finish(p, grace + 120, run_dir)  # EOF: every process of the launch has exited
     assert grace - 1 < time.monotonic() - t0 < grace + 45, out[-3000:]
     assert p.returncode != 0
     stacks = (run_dir / "stacks" / "rank1.txt").read_text()

@@ -390,12 +390,30 @@ class GcStreamingDataset(StreamingDataset):
         try:
             super().prepare_shard(shard_id, blocking)
         except Exception as e:
+            self._release_claim(shard_id)
             # drop the bad copy from the cache: a relaunch after the data is repaired fetches it again
             stream = self.streams[self.stream_per_shard[shard_id]]
             for info in self.shards[shard_id].file_pairs[0]:
                 if info is not None:  # only ever an entry of the cache (a checked name, resolved inside it)
                     inside(Path(stream.local, stream.split or ""), info.basename, "shard").unlink(missing_ok=True)
             raise self._fault(self._shard_name(shard_id), e) from None
+
+    def _release_claim(self, shard_id: int) -> None:
+        """Streaming marks a shard PREPARING (in the node's shared memory) before it fetches it and leaves the mark
+        when the fetch raises; every later reader of that shard (this worker's next sample, a download thread, the
+        node's other ranks and workers) would then wait for it forever, without a word. A failed fetch hands the
+        shard back (REMOTE): the next reader fetches it itself, and meets the error itself. Only the caller whose
+        fetch raised holds the mark: Streaming's waiting branch never raises."""
+        from streaming.base.dataset import _ShardState
+
+        with contextlib.suppress(Exception):  # the error being raised is the one to report
+            lock = self._cache_filelock
+            lock.acquire()
+            try:
+                if self._shard_states[shard_id] == _ShardState.PREPARING:
+                    self._shard_states[shard_id] = _ShardState.REMOTE
+            finally:
+                lock.release()
 
     def on_exception(self, future) -> None:
         # Streaming's download threads report here (its own version re-raises into the executor, which only
