@@ -136,7 +136,7 @@ def test_a_launch_that_lost_its_prefix_uploads_nothing_more_and_stops_with_3(
         before = storage.list_prefix(remote)
         second = CheckpointStore(remote).claim()  # what a second launch on the same prefix does first
         os.killpg(p.pid, signal.SIGCONT)
-        out = finish(p, 300)
+        out = finish(p, 300, run_dir)
     assert p.returncode == 3, out[-3000:]
     assert f"{remote}: another launch claimed this checkpoint prefix" in out, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
@@ -187,14 +187,12 @@ def two_nodes(run_dir, shards, *overrides) -> tuple[str, str]:
     outs = []
     try:
         for p in (node1, node0):
-            try:
-                outs.append(p.communicate(timeout=600)[0])
-            except subprocess.TimeoutExpired:
-                for q in (node0, node1):
-                    os.killpg(q.pid, signal.SIGKILL)
-                raise
+            outs.append(finish(p, 600))
             assert p.returncode == 0, outs[-1][-4000:]
     finally:
+        for q in (node0, node1):  # the other node, when one failed or did not end
+            with suppress(ProcessLookupError):
+                os.killpg(q.pid, signal.SIGKILL)
         shutil.rmtree(tmp1, ignore_errors=True)
     return outs[1], outs[0]
 
