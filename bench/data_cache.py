@@ -76,8 +76,8 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="gcc-data-cache-", dir=a.tmp))
     shards = a.shards
     if shards is None:
-        from gcc.data import synth
         from gcc.data.convert import convert
+        from gcc.synth import world as synth
 
         t0 = time.perf_counter()
         synth.write_prepared(tmp / "prepared", clips=a.clips, geometry="full", seed=0)

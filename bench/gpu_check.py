@@ -68,8 +68,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from gcc.data.convert import convert
-    from gcc.data.synth import write_prepared
     from gcc.model.dit import build_gc_dit, count_params
+    from gcc.synth.world import write_prepared
 
     n = 2 if args.cpu else torch.cuda.device_count()
     if n == 0:

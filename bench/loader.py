@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD python bench/loader.py [--clips 6] [--epochs 8] [--prepared DIR]
                                                              [--mask-reps 6] [--ref-frames 1] [--tmp DIR]
 
-Writes `--clips` full-geometry clips with `gcc.data.synth.write_prepared` (or reuses `--prepared`), converts them,
+Writes `--clips` full-geometry clips with `gcc.synth.world.write_prepared` (or reuses `--prepared`), converts them,
 then prints, all measured in this run:
 1. one loader worker's samples/s with the default probabilities (decode + text gather + mask + collate):
    `build_dataloader(GcStreamingDataset(...), batch_size=1, num_workers=1)` (its persistent worker) over
@@ -187,9 +187,9 @@ def main():
     import streaming  # noqa: F401
     import torch
 
-    from gcc.data import synth
     from gcc.data.convert import convert
     from gcc.data.shards import read_manifest
+    from gcc.synth import world as synth
 
     torch.set_num_threads(1)
     print(

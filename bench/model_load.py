@@ -86,9 +86,9 @@ def main() -> None:
     import torch
 
     from gcc.data.convert import convert
-    from gcc.data.synth import write_prepared
     from gcc.model.diffsynth_parts import WanModel
     from gcc.model.dit import count_params, model_config, write_wan_layout
+    from gcc.synth.world import write_prepared
 
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         work = Path(tmp)

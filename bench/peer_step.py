@@ -77,11 +77,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 B = 2
 SEED = 0
-FULL = dict(T=21, h=30, w=52, L=512)  # v10 (gcc/data/synth.py GEOMETRIES["full"])
+FULL = dict(T=21, h=30, w=52, L=512)  # v10 (gcc/synth/world.py GEOMETRIES["full"])
 
 
 def pick_geometry(args, cfg) -> dict:
-    from gcc.data.synth import GEOMETRIES
+    from gcc.synth.world import GEOMETRIES
 
     name = args.geometry or ("tiny" if args.preset == "tiny" else "full")
     g = GEOMETRIES[name]
@@ -329,7 +329,7 @@ def main() -> None:
         "--geometry",
         default=None,
         choices=("tiny", "wide", "full"),
-        help="shapes from gcc/data/synth.py (default: tiny for the tiny preset, else full = v10: "
+        help="shapes from gcc/synth/world.py (default: tiny for the tiny preset, else full = v10: "
         "21 latent frames of 30x52 cells, 8,190 tokens, text 512 rows)",
     )
     ap.add_argument("--frames", type=int, default=None, help="latent frames T (overrides the geometry)")

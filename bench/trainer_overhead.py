@@ -85,7 +85,7 @@ def bare_loop(cfg, steps: int, turns: Turns, turn: int):
     from gcc.data.dataset import fetch_text_table
     from gcc.data.text_table import TextTable
     from gcc.model.optim import build_optimizer, warmup_scheduler
-    from gcc.train.builders import build_model, build_train_loader, cache_dir
+    from gcc.training.builders import build_model, build_train_loader, cache_dir
 
     torch.set_num_threads(os.cpu_count() or 1)
     text = TextTable(fetch_text_table(cfg.data.path, cache_dir(cfg)))
@@ -146,10 +146,10 @@ def profiled_train(out: str, read_fd: int, write_fd: int, turn: int, argv: list[
     from composer.trainer import Trainer
 
     from gcc.model.objective import GcTrainModel
-    from gcc.train import builders
-    from gcc.train.callbacks.grad_clip import GradClip
-    from gcc.train.engine import LeanEngine
-    from gcc.train.trainer import main
+    from gcc.training import builders
+    from gcc.training.callbacks.grad_clip import GradClip
+    from gcc.training.engine import LeanEngine
+    from gcc.training.trainer import main
 
     totals: dict[str, float] = collections.defaultdict(float)
     marks: dict[str, dict[str, float]] = {}  # totals as BATCH_END begins: at step WARM, and at the latest step
@@ -283,7 +283,7 @@ def main() -> None:
     ap.add_argument("--shards", default="", help="a converted dataset (default: synthesize 48 tiny clips)")
     args = ap.parse_args()
 
-    from gcc.train.config import load_config
+    from gcc.training.config import load_config
 
     sides = ("bare PyTorch", "gcc/train.py")
     times = {side: {"period": [], "step": [], "data": []} for side in sides}
@@ -293,8 +293,8 @@ def main() -> None:
         tmp = Path(tmp)
         shards = args.shards
         if not shards:
-            from gcc.data import synth
             from gcc.data.convert import convert
+            from gcc.synth import world as synth
 
             src = synth.write_prepared(tmp / "prepared", clips=48, geometry="tiny", seed=0)
             shards = str(tmp / "shards")

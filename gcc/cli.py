@@ -2,7 +2,7 @@
 `<prog>: error: <message>` on stderr, argparse's own convention (`parser.error`), that names the input (a file,
 a flag, a key) and says what was expected; never a traceback.
 
-Input is checked where it is read, and a failure is converted there into `gcc.data.errors.BadInput` naming the
+Input is checked where it is read, and a failure is converted there into `gcc.errors.BadInput` naming the
 file. `run_tool` is the net around a tool's body: BadInput (and the tool's own error type) becomes the message;
 an OSError names its file (missing, a folder where a file was expected, ...); a non-UTF-8 or non-JSON input
 that no reader caught still gives a message; object storage that does not answer exits 7 and a full disk 8,
@@ -18,9 +18,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-EXIT_BAD_INPUT = 2
-EXIT_STORAGE = 7  # object storage that did not answer after the retries (gcc.data.storage)
-EXIT_DISK = 8  # no space left where the tool writes
+from gcc import exit_codes
+
+EXIT_BAD_INPUT, EXIT_STORAGE, EXIT_DISK = exit_codes.CONFIG, exit_codes.STORAGE, exit_codes.DISK
 
 _ERRNO_WORDS = {
     errno.ENOENT: "not found",
@@ -85,7 +85,7 @@ def input_file_problem(path: str | os.PathLike) -> str | None:
 
 def run_tool(prog: str, body: Callable[[], int], bad: tuple[type[BaseException], ...] = ()) -> int:
     """`body()`'s exit code, or the message and exit code of an input error it raised (module docstring)."""
-    from gcc.data.errors import BadInput, DiskFull, StorageUnavailable
+    from gcc.errors import BadInput, DiskFull, StorageUnavailable
 
     try:
         from botocore.exceptions import BotoCoreError, ClientError

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from gcc.train.columns import EXACT_TRAIN
+from gcc.training.columns import EXACT_TRAIN
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSER = str(Path(sys.executable).with_name("composer"))
@@ -158,7 +158,7 @@ CLIP = 0.5  # an `optim.grad_clip` under most steps' gradient norm in these runs
 
 def assert_grad_norm_logged_before_clipping(got: list[dict]) -> None:
     """For a run with `optim.grad_clip=CLIP`: train_log.csv's grad_norm is the norm before clipping (after it, no
-    norm is above CLIP). That the gradient is then at CLIP: tests/test_model_fsdp.py, under DDP and FSDP."""
+    norm is above CLIP). That the gradient is then at CLIP: tests/model/test_model_fsdp.py, under DDP and FSDP."""
     assert sum(float(x["grad_norm"]) > CLIP for x in got) >= 2, [x["grad_norm"] for x in got]
 
 

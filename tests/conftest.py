@@ -1,5 +1,5 @@
 """Shared fixtures. `prepared_tiny` is a session-wide synthetic dataset in the prepared layout (docs/design.md §4):
-24 tiny clips, seed 0 (which clips are val/dropped/NaN-ground is documented in gcc/data/synth.py). Treat it as
+24 tiny clips, seed 0 (which clips are val/dropped/NaN-ground is documented in gcc/synth/world.py). Treat it as
 read-only; a test that modifies data writes its own copy with `make_prepared(tmp_path, clips=..., seed=...)`."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests' own helper modules (s3server)
 
-from gcc.data.synth import make_prepared
+from gcc.synth.world import make_prepared
 
 PREPARED_TINY_CLIPS = 24
 PREPARED_TINY_SEED = 0

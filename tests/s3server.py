@@ -1,7 +1,7 @@
 """A real S3 server (moto's standalone `moto_server`) on loopback, one per test session and xdist worker.
 
 Tests talk to it over HTTP exactly as production talks to an S3-compatible store with a custom endpoint:
-through `S3_ENDPOINT_URL`, which both gcc.data.storage and Streaming's downloaders read.
+through `S3_ENDPOINT_URL`, which both gcc.storage and Streaming's downloaders read.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One command-line convention for every tool: console scripts, snake_case flags (old spellings as aliases),
 help text on every flag, the `python -m` forms still working, and errors as `<prog>: error: ...` with exit 2
-(docs/training.md, Tools; the cases of bad input: tests/test_bad_input.py)."""
+(docs/training.md, Tools; the cases of bad input: tests/tools/test_bad_input.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 MODULES = {
     "convert_data": "convert_data",
-    "gcc-synth": "gcc.data.synth",
+    "gcc-synth": "gcc.synth.world",
     "gcc-sample": "gcc.tools.sample",
     "gcc-maskstats": "gcc.tools.maskstats",
     "gcc-inspect": "gcc.tools.inspect_ckpt",

@@ -1,4 +1,4 @@
-"""Worker processes (gcc/data/workers.py) and the stall watchdog (gcc/train/watchdog.py): no fork of a threaded process, no
+"""Worker processes (gcc/workers.py) and the stall watchdog (gcc/training/watchdog.py): no fork of a threaded process, no
 idle compile pool, persistent loader workers from the forkserver, deadlines that end a blocked process."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gcc.data.dataset import GcStreamingDataset, build_dataloader, gc_collate
-from gcc.train.watchdog import EXIT_STALLED
+from gcc.training.watchdog import EXIT_STALLED
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,7 @@ def test_importing_the_model_starts_no_thread_and_no_process():
 FORKSERVER_MASK = """
 import signal
 from multiprocessing import forkserver
-from gcc.data.workers import PREEMPTION_SIGNALS, worker_context
+from gcc.workers import PREEMPTION_SIGNALS, worker_context
 
 worker_context()
 status = open(f"/proc/{forkserver._forkserver._forkserver_pid}/status").read()
@@ -147,7 +147,7 @@ def test_a_killed_rank_leaves_no_worker_and_no_forkserver(shards, tmp_path):
 
 WATCHDOG_SCRIPT = """
 import signal, sys, time
-from gcc.train.watchdog import StallWatchdog
+from gcc.training.watchdog import StallWatchdog
 
 wd = StallWatchdog(sys.argv[1], rank=3, poll_s=0.1)
 if sys.argv[2] == "signal":

@@ -30,16 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gcc import __version__
+from gcc import __version__, storage
 from gcc.cli import EXIT_BAD_INPUT, folder_problem, run_tool  # noqa: F401  (EXIT_BAD_INPUT: the tests' name)
-from gcc.data import storage
-from gcc.data.errors import BadInput
 from gcc.data.layout import check_splits, clip_files, geometry_of, load_clip, read_index, read_text_table
 from gcc.data.shards import COLUMNS, FORMAT_VERSION, MANIFEST, SHARD_HASHES, SPLITS, TEXT_TABLE
-from gcc.data.workers import pool_worker_init, worker_context
+from gcc.errors import BadInput
 from gcc.geometry import Geometry
 from gcc.names import UnsafeName, check_component
 from gcc.vocab import key_to_id
+from gcc.workers import pool_worker_init, worker_context
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +179,7 @@ def default_name(src: str | os.PathLike) -> str:
     """The dataset's name when `--name` is not given: `synth` for data gcc-synth made (its root holds the synth
     marker), else the source folder's name without a leading `gc25d_` and a trailing `_mds` (`/data/gc25d_v10` ->
     `v10`)."""
-    from gcc.data.synth_decode import is_synthetic
+    from gcc.synth.decode import is_synthetic
 
     if is_synthetic(src):
         return "synth"
@@ -272,7 +271,7 @@ def convert(
     results, errors = [], []
     bar = tqdm(total=sum(len(t[3]) for t in todo), unit="clip", disable=not progress, file=sys.stderr)
     if workers > 1 and len(todo) > 1:
-        # forkserver, not fork: tqdm's monitor thread and boto3's threads live in this process (gcc/data/workers.py)
+        # forkserver, not fork: tqdm's monitor thread and boto3's threads live in this process (gcc/workers.py)
         with ProcessPoolExecutor(
             max_workers=workers,
             mp_context=worker_context(),

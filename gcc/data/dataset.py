@@ -29,16 +29,16 @@ from streaming import StreamingDataset
 from streaming.base.storage import download as streaming_download
 from torch.utils.data import get_worker_info
 
-from gcc.data import storage
-from gcc.data.errors import BadInput, DamagedData, LockTimeout, StorageUnavailable, disk_full, is_unreachable
+from gcc import storage
 from gcc.data.mask import apply_unknown_mask
 from gcc.data.sample_rng import draw_sample
 from gcc.data.shards import SHARD_HASH, TEXT_TABLE, ClipRecord, SplitFormat, check_index, read_manifest
 from gcc.data.text_table import TextTable
-from gcc.data.workers import PREEMPTION_GRACE_S, LoaderWorkerInit, worker_context
+from gcc.errors import BadInput, DamagedData, LockTimeout, StorageUnavailable, disk_full, is_unreachable
 from gcc.geometry import Cameras
 from gcc.names import inside
 from gcc.vocab import UNKNOWN, check_vocab, collapse_parts
+from gcc.workers import PREEMPTION_GRACE_S, LoaderWorkerInit, worker_context
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ INDEX_DAMAGE = (json.JSONDecodeError, OSError, KeyError, TypeError)
 
 class BoundedS3Downloader(streaming_download.S3Downloader):
     """Streaming's S3 shard downloader with the project's retry policy (botocore's standard mode, a bounded
-    number of attempts: gcc.data.storage.s3_config) in place of Streaming's adaptive mode."""
+    number of attempts: gcc.storage.s3_config) in place of Streaming's adaptive mode."""
 
     def _create_s3_client(self, unsigned: bool = False, timeout: float = 60) -> None:
         from boto3.session import Session
@@ -344,9 +344,9 @@ class GcStreamingDataset(StreamingDataset):
     def load_state_dict(self, obj: dict[str, Any]) -> None:
         """Streaming's resume state, for the workers' next `__iter__` (kept as `resume_state` too: the node's
         segment is shared with the node's other ranks). Called again (a changed global batch moves the position a
-        checkpoint loaded: gcc/train/batch_change.py), it rewrites the segment it created the first time.
+        checkpoint loaded: gcc/training/batch_change.py), it rewrites the segment it created the first time.
         Streaming would attach a second copy of it, which the loader worker then takes back from the resource
-        tracker (gcc/data/workers.py), so the creator's own cleanup fails at exit."""
+        tracker (gcc/workers.py), so the creator's own cleanup fails at exit."""
         self.resume_state = dict(obj)
         shm = getattr(self, "_resume_shm", None)
         if shm is None:
@@ -556,7 +556,7 @@ def build_dataloader(
 ):
     """The DataLoader of every gcc loader: a plain torch DataLoader (Composer saves/restores Streaming's
     position through `.dataset`) whose workers start once, from the forkserver, and live for the whole run
-    (see gcc/data/workers.py). Streaming re-reads its resume state at each epoch's `__iter__`, persistent workers
+    (see gcc/workers.py). Streaming re-reads its resume state at each epoch's `__iter__`, persistent workers
     included. `drop_last`: an epoch's last, partial batch is not yielded (every rank has the same number of
     samples per epoch, so every rank drops it at the same step)."""
     from torch.utils.data import DataLoader
@@ -586,7 +586,7 @@ _LOADERS: weakref.WeakSet = weakref.WeakSet()
 
 def stop_loader_workers() -> None:
     """Stop the persistent workers of every loader of this process the DataLoader's own way (a `None` on each
-    index queue, then join). Called by a launch's end (gcc.train.trainer) and at interpreter exit: otherwise
+    index queue, then join). Called by a launch's end (gcc.training.trainer) and at interpreter exit: otherwise
     multiprocessing's exit handler, which runs before the loader is collected, stops them with SIGTERM, which a
     loader worker defers by its preemption grace (LoaderWorkerInit)."""
     for loader in list(_LOADERS):

@@ -1,5 +1,5 @@
 """The prepared layout (docs/design.md §4, docs/data_format.md), read and validated: `index/clips.jsonl`, per-clip
-`latents/`, `sem/`, `meta/`, the text table and `READY`. The counterpart of `gcc.data.synth`'s writer; used by the
+`latents/`, `sem/`, `meta/`, the text table and `READY`. The counterpart of `gcc.synth.world`'s writer; used by the
 converter, `gcc.tools.sample` and the tests. Every error is a `BadInput` naming the file, clip and field."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
-from gcc.data import storage
-from gcc.data.errors import BadInput
+from gcc import storage
 from gcc.data.shards import SPLITS, encode_clip
+from gcc.errors import BadInput
 from gcc.geometry import ORTHOGRAPHIC, PROJECTIONS, Geometry
 from gcc.names import UnsafeName, check_component, check_text_key
 from gcc.vocab import NULL_PROMPT, invalid_values

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 import zstd
 
-from gcc.data import storage
-from gcc.data.errors import BadInput, DamagedData
+from gcc import storage
+from gcc.errors import BadInput, DamagedData
 from gcc.names import UnsafeName, check_component, check_shard_basename
 
 FORMAT_VERSION = 2  # 2: manifest lists each clip's run

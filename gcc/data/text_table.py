@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gcc.data.errors import DamagedData
+from gcc.errors import DamagedData
 from gcc.vocab import NULL_PROMPT, key_to_id
 
 

@@ -2,7 +2,7 @@
 
 An export is the GcDiT state dict (Wan keys + gc_sem_cond.*) in BF16 with string metadata. It only "counts" once
 it is complete on disk and re-read: writes go to `<path>.tmp<pid>`, are checked and fsynced, then renamed
-(`gcc.data.storage.atomic_path`), so a crash at any instant leaves either no `step-N.safetensors` or a complete, checked one.
+(`gcc.storage.atomic_path`), so a crash at any instant leaves either no `step-N.safetensors` or a complete, checked one.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from gcc import __version__
-from gcc.data.storage import atomic_path
 from gcc.model.dit import COND_PREFIX, GcDiT, build_gc_dit, model_config, read_slice, wan_keys
 from gcc.model.fsdp import fill_local
+from gcc.storage import atomic_path
 from gcc.vocab import VOCABS, num_classes
 
 # docs/design.md §9.9, in order

@@ -2,7 +2,7 @@
 
 Made to prove a resume exact (docs/training.md, "Checking a resume"): a run that was interrupted and relaunched
 against the same run uninterrupted. Compared, step by step, over the steps in [--from, --to]:
-* `train_log.csv` on the columns a resumed run reproduces (`gcc.train.columns.EXACT_TRAIN`: the step's clips,
+* `train_log.csv` on the columns a resumed run reproduces (`gcc.training.columns.EXACT_TRAIN`: the step's clips,
   epoch, timestep, drops and mask, loss, mse, lr, grad_norm, ...; the timing and memory columns are skipped);
 * `val_log.csv` on every column (`EXACT_VAL`), row by (step, timestep); when both folders hold one;
 * the exports both folders hold (`step-N.safetensors`), tensor by tensor (names, dtypes, shapes, values); their
@@ -26,11 +26,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from gcc import exit_codes
 from gcc.cli import run_tool
-from gcc.data.errors import BadInput
-from gcc.train.columns import EXACT_TRAIN, EXACT_VAL
+from gcc.errors import BadInput
+from gcc.training.columns import EXACT_TRAIN, EXACT_VAL
 
-EXIT_DIFFER = 1
+EXIT_DIFFER = exit_codes.DIFFER
 # the draws and the identity of a row: equal or not, never within a tolerance
 IDENTITY = {"step", "epoch", "clips", "timestep", "text_drop", "cond_drop", "n"}
 LOGS = (("train_log", EXACT_TRAIN, True), ("val_log", EXACT_VAL, False))  # (name, columns, required)

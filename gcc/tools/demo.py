@@ -8,7 +8,7 @@ After the training it prints the validation table: a line per validation, step 0
 before the first step) first, so that each gap shows beside the baseline it started from.
 
 The last step samples `--sample_n` val clips with the last export, without a Wan VAE: the synthetic world's own
-decoder (gcc.data.synth_decode, docs/sample.md) turns the generated latents into a class per latent cell. It
+decoder (gcc.synth.decode, docs/sample.md) turns the generated latents into a class per latent cell. It
 writes, per clip, an mp4 and a PNG contact sheet (GT classes | generated classes | condition) and prints the
 per-cell class agreement with the GT (latent frames 1..) for: the trained model, with the default guidance and
 with `--sem_cfg 3`; the same model with `--sem_mode unknown` (ids all 255: what the semantic condition adds); and
@@ -216,8 +216,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     prepared, shards = out / "prepared", out / "shards"
 
-    from gcc.data import synth
     from gcc.data.convert import convert
+    from gcc.synth import world as synth
 
     t0 = time.time()
     n = 5 if args.sample_n > 0 else 4  # steps shown as [i/n]

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from gcc.data.storage import atomic_path, atomic_write
+from gcc.storage import atomic_path, atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -322,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= a.seed < 2**32:  # the loader's (Streaming's) range
         ap.error(f"--seed must be in [0, 2**32), got {a.seed}")
     from gcc.cli import file_problem, run_tool
-    from gcc.data.errors import BadInput
-    from gcc.data.storage import bucket_problem, is_remote
+    from gcc.errors import BadInput
+    from gcc.storage import bucket_problem, is_remote
 
     def body() -> int:
         for flag, path in (("--json", a.json), ("--preview", a.preview)):  # before the clips are read

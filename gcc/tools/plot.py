@@ -16,8 +16,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from gcc.cli import EXIT_BAD_INPUT, file_problem, os_error_message, run_tool
-from gcc.data.errors import BadInput
-from gcc.data.storage import atomic_path
+from gcc.errors import BadInput
+from gcc.storage import atomic_path
 
 EXIT_NO_LOG = EXIT_BAD_INPUT
 

@@ -6,7 +6,7 @@
 
 Choices (docs/sample.md has the full description):
 * With --model_dir the Wan2.2 VAE decodes and PSNR/SSIM compare with the GT frames. Without it the data must be
-  `gcc.data.synth`'s (its prepared root holds `synth.json`): the synthetic world's own decoder turns the latents
+  `gcc.synth.world`'s (its prepared root holds `synth.json`): the synthetic world's own decoder turns the latents
   into classes, compared cell by cell with the clip's sem ids (`gcc.tools.sample.judges`).
 * The clean first frame is latent frame 0 of the clip's `input_latents` (what the model was trained with; the
   prep writes the VAE encoding of the same frames), not a re-encoding of the GT jpg.
@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from gcc.data.synth import MARKER
-from gcc.data.synth_decode import is_synthetic
+from gcc import exit_codes
 from gcc.geometry import Geometry
+from gcc.synth.decode import is_synthetic
+from gcc.synth.world import MARKER
 from gcc.tools.sample.dit import check_fits, ckpt_vocab, load_dit
 from gcc.tools.sample.errors import SampleError
 from gcc.tools.sample.judges import SynthJudge, VaeJudge
@@ -43,7 +44,7 @@ from gcc.vocab import UNKNOWN, VOCABS, collapse_parts
 
 logger = logging.getLogger(__name__)
 
-EXIT_ERROR = 2
+EXIT_ERROR = exit_codes.CONFIG
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--model_dir",
         default=None,
         help="Wan2.2-TI2V-5B folder (sharded DiT + Wan2.2_VAE.pth); may be left out for data made by "
-        "gcc.data.synth, which is then decoded by the synthetic world's own decoder",
+        "gcc.synth.world, which is then decoded by the synthetic world's own decoder",
     )
     ap.add_argument("--model", default="ti2v-5b", help="model preset (ti2v-5b, tiny)")
     ap.add_argument("--data_root", required=True, help="prepared root or converted shards folder (local)")
@@ -200,7 +201,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     src = open_source(a.data_root)
     if vae_path is None and not is_synthetic(src.prepared_root):
         raise SampleError(
-            f"--data_root {a.data_root}: no --model_dir, and the data is not gcc.data.synth's (its "
+            f"--data_root {a.data_root}: no --model_dir, and the data is not gcc.synth.world's (its "
             f"prepared root {src.prepared_root} holds no {MARKER}), so there is no decoder: pass "
             f"--model_dir (the Wan2.2-TI2V-5B folder, whose VAE decodes)"
         )

@@ -1,5 +1,5 @@
 """How a sampled clip is turned into pictures and numbers: the Wan2.2 VAE against the ground-truth frames, or, for
-data made by `gcc.data.synth` (no VAE), the synthetic world's own decoder against the clip's sem ids.
+data made by `gcc.synth.world` (no VAE), the synthetic world's own decoder against the clip's sem ids.
 
 Both serve the one per-clip loop of `gcc.tools.sample.cli.run`: `reference` reads what the sample is compared with
 (counted as the clip's data time), `compare` decodes the sampled latents, measures and writes the clip's files.
@@ -92,7 +92,7 @@ class VaeJudge:
 
 
 class SynthJudge:
-    """The synthetic world's decoder (`gcc.data.synth_decode`): sampled latents -> class per latent cell, compared
+    """The synthetic world's decoder (`gcc.synth.decode`): sampled latents -> class per latent cell, compared
     with the majority class of the clip's sem ids in each cell; writes the GT | generated | condition mp4 and PNG
     contact sheet."""
 
@@ -101,12 +101,12 @@ class SynthJudge:
     mean_keys = ("class_agreement", "class_agreement_frame0", "class_agreement_copy_frame0")
 
     def __init__(self, a, table, vocab: str):
-        from gcc.data import synth
+        from gcc.synth import world as synth
 
         keys = set(table.keys) - {NULL_PROMPT}
         if not keys <= set(synth.PROMPT_KEYS):
             raise SampleError(
-                f"--data_root {a.data_root}: marked as gcc.data.synth's ({synth.MARKER}), but its text "
+                f"--data_root {a.data_root}: marked as gcc.synth.world's ({synth.MARKER}), but its text "
                 f"table has keys that world does not write: {sorted(keys - set(synth.PROMPT_KEYS))}"
             )
         self.a, self.keys, self.vocab = a, table.keys, vocab
@@ -118,13 +118,13 @@ class SynthJudge:
         pass  # the decoder is a fixed matrix
 
     def reference(self, clip, geo: Geometry, sem_ids: np.ndarray) -> np.ndarray:
-        from gcc.data.synth_decode import gt_cell_classes
+        from gcc.synth.decode import gt_cell_classes
 
         return gt_cell_classes(sem_ids, geo.T, geo.h, geo.w, self.vocab)
 
     def compare(self, out: Path, clip, geo: Geometry, gen_lat: torch.Tensor, gt: np.ndarray, sem: np.ndarray):
         """gt: the majority class per latent cell [T, h, w] -> (metrics row, [H, W], timings {decode, metrics})."""
-        from gcc.data.synth_decode import agreement, cells_to_pixels, decode_classes
+        from gcc.synth.decode import agreement, cells_to_pixels, decode_classes
 
         cid = clip.clip_id
         t1 = time.perf_counter()

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from gcc.data.storage import atomic_path, atomic_write
+from gcc.storage import atomic_path, atomic_write
 
 FPS = 16
 

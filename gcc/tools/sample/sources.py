@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gcc.data.errors import BadInput
 from gcc.data.shards import ClipRecord
+from gcc.errors import BadInput
 from gcc.tools.sample.errors import SampleError
 
 logger = logging.getLogger(__name__)
@@ -96,8 +96,8 @@ class ShardSource:
         from streaming.base.compression import decompress
 
         from gcc.data.shards import SplitFormat, check_index
-        from gcc.data.storage import atomic_write
         from gcc.names import inside
+        from gcc.storage import atomic_write
 
         if split in self._ds:
             return

@@ -1,0 +1,654 @@
+"""A synthetic world written in the prepared layout (docs/design.md §4, docs/data_format.md).
+
+    python -m gcc.synth.world --out DIR --clips N --geometry tiny|wide|full --seed S [--overwrite]
+
+The world of clip i (a pure function of (seed, i), independent of N):
+* a ground plane Z = gz (per clip) painted with static classes 0..5 as world-anchored blobs (a domain-warped
+  grid of 400 cm cells, `world_class`); sky (6) where a pixel's ray misses the ground;
+* a player (parts 10..15) and, in most clips, a boss (parts 16..21), each a group of capsules (one part id
+  per capsule) that walk around the camera's look-at point; nearest hit (ground or capsule) wins;
+* a camera that travels several metres, pitched down, with yaw drift and (some clips) roll; perspective
+  (horizontal FOV) or orthographic (every third clip: i % 3 == 1).
+
+Sem ids are ray-cast at dst_hw from the meta's cameras (the maths of `Cameras.rays` / `ground_points`,
+evaluated separably per row and column for speed, so a reader of the meta json gets the same ground points
+up to float rounding). RGB ground truth is the palette colour with light shading, resized to
+src_hw, stored as jpg in the run's tar.
+
+Latents are a deterministic function of the scene so a model can learn to use the semantic condition:
+for latent cell (k, i, j) (latent frame 0 = pixel frame 0, latent frame k >= 1 = pixel frames 4k-3..4k,
+16x16 pixel footprint) `latent = fractions @ CLASS_PROJ + TEXT_SCALE * text_vector(context_key[k]) +
+NOISE_SCALE * noise`, where fractions are the cell's class fractions over the `parts` vocabulary (+ UNKNOWN)
+and CLASS_PROJ [V, 48] and the per-key text vectors are fixed (global, not per seed or clip).
+
+Deterministic per-clip features (tests rely on these; i = clip index, clip_id = f"clip{i:05d}"):
+* run r = i // CLIPS_PER_RUN (4 clips per run); runs with r % 3 == 2 are `val`, the rest `train`;
+* drop = (i % 10 == 9);
+* ground_z: i % 12 == 5 -> no finite entry at all; i % 6 == 2 -> ground_z[0] and every third frame NaN;
+* orthographic when i % 3 == 1; shallow pitch (sky visible) when i % 5 == 0; roll when i % 4 == 0;
+  no boss when i % 7 == 3; context keys change mid-clip when i % 4 == 2.
+Same seed => identical bytes of every file (fixed zip/tar timestamps, sorted members).
+
+Besides the prepared layout, the root holds `synth.json` (MARKER: generator, seed, clips, geometry): the explicit
+mark of this world's data, whose latents `gcc.synth.decode` turns back into classes without a VAE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import shutil
+import sys
+import tarfile
+import time
+import zipfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gcc import vocab
+from gcc.geometry import LATENT_C, Cameras, Geometry, ground_points, latent_frame_spans, rotation_axes
+from gcc.storage import atomic_write
+
+CLIPS_PER_RUN = 4
+GLOBAL_SEED = 20250101  # CLASS_PROJ and text vectors: fixed whatever --seed is
+TEXT_SCALE = 0.5
+NOISE_SCALE = 0.05
+CELL_CM = 400.0  # static region size
+# the marker of data made here: gcc-sample decodes such data with gcc.synth.decode, no VAE (docs/sample.md)
+MARKER = "synth.json"
+LAYOUT = ("index", "latents", "sem", "meta", "text", "raw", MARKER, "READY")
+PROMPT_KEYS = ("boss_fight_desert", "boss_fight_forest", "explore_village", "cross_river", "chase_path", "idle_meadow")
+
+
+# ---- geometry presets ----------------------------------------------------------------------------------
+GEOMETRIES: dict[str, Geometry] = {
+    "full": Geometry(T=21, h=30, w=52, src_hw=(720, 1248), text_L=512, text_D=4096),  # v10
+    "tiny": Geometry(T=3, h=4, w=6, src_hw=(96, 144), text_L=16, text_D=64),
+    # tiny frames with the real text width, for the `wide` model preset (the real TI2V-5B layer shapes)
+    "wide": Geometry(T=3, h=4, w=6, src_hw=(96, 144), text_L=16, text_D=4096),
+}
+
+
+def get_geometry(geometry: str | Geometry) -> Geometry:
+    if isinstance(geometry, Geometry):
+        return geometry
+    if geometry not in GEOMETRIES:
+        raise ValueError(f"geometry must be one of {sorted(GEOMETRIES)}, got {geometry!r}")
+    return GEOMETRIES[geometry]
+
+
+# ---- deterministic clip features (documented in the module docstring) ----------------------------------
+def clip_id(i: int) -> str:
+    return f"clip{i:05d}"
+
+
+def run_of(i: int) -> int:
+    return i // CLIPS_PER_RUN
+
+
+def split_of(i: int) -> str:
+    return "val" if run_of(i) % 3 == 2 else "train"
+
+
+def is_dropped(i: int) -> bool:
+    return i % 10 == 9
+
+
+def ground_z_kind(i: int) -> str:
+    """'none' (no finite entry), 'partial' (ground_z[0] and every third frame NaN) or 'finite'."""
+    if i % 12 == 5:
+        return "none"
+    if i % 6 == 2:
+        return "partial"
+    return "finite"
+
+
+def run_location(r: int) -> tuple[str, str]:
+    """(subset, scene) of run r."""
+    return ("synth_" + ("desert", "forest")[r % 2], f"scene{(r // 2) % 3}")
+
+
+# ---- the world -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class World:
+    """Static classes painted on the ground: a domain-warped grid of CELL_CM cells."""
+
+    table: np.ndarray  # [64, 64] uint8 class of each cell (mod 64: the pattern repeats every 256 m)
+    warp_amp: float
+    warp_freq: tuple[float, float]
+    warp_phase: tuple[float, float]
+
+
+def world_class(world: World, xy: np.ndarray) -> np.ndarray:
+    """World XY [..., 2] (cm) -> static class 0..5 (uint8); NaN points -> 6 (sky)."""
+    xy = np.asarray(xy, dtype=np.float64)
+    x, y = xy[..., 0], xy[..., 1]
+    fa, fb = world.warp_freq
+    pa, pb = world.warp_phase
+    finite = np.isfinite(x) & np.isfinite(y)
+    x0, y0 = np.where(finite, x, 0.0), np.where(finite, y, 0.0)
+    qx = x0 + world.warp_amp * np.sin(y0 * fa + pa)
+    qy = y0 + world.warp_amp * np.sin(x0 * fb + pb)
+    ix = np.floor(qx / CELL_CM).astype(np.int64) & 63
+    iy = np.floor(qy / CELL_CM).astype(np.int64) & 63
+    return np.where(finite, world.table[ix, iy], np.uint8(6)).astype(np.uint8)
+
+
+# Characters: (part id, A, B, radius) in local cm, facing +X, Z up from the ground.
+PLAYER_CAPSULES = (
+    (13, (0, -25, 40), (0, -25, 150), 32),
+    (13, (0, 25, 40), (0, 25, 150), 32),  # legs
+    (11, (0, 0, 170), (0, 0, 260), 55),  # torso
+    (10, (0, 0, 315), (0, 0, 330), 40),  # head
+    (12, (0, -110, 255), (0, 110, 255), 26),  # arms
+    (14, (-55, 0, 130), (-55, 0, 265), 35),  # cape
+    (15, (40, 110, 200), (160, 110, 360), 20),  # weapon
+)
+BOSS_CAPSULES = (
+    (19, (0, -60, 70), (0, -60, 260), 65),
+    (19, (0, 60, 70), (0, 60, 260), 65),  # legs
+    (17, (0, 0, 310), (0, 0, 480), 110),  # torso
+    (16, (70, 0, 570), (100, 0, 590), 70),  # head
+    (18, (0, -200, 450), (0, 200, 450), 45),  # arms
+    (20, (-110, 0, 220), (-380, 0, 70), 50),  # tail
+    (21, (70, 200, 380), (230, 200, 680), 35),  # weapon
+)
+
+
+@dataclass
+class ClipScene:
+    index: int
+    gz: float
+    world: World
+    meta: dict[str, Any]
+    cameras: Cameras
+    capsules: list[np.ndarray] = field(default_factory=list)  # per frame [K, 8]: A(3) B(3) r id
+    context_keys: list[str] = field(default_factory=list)
+
+
+def _capsules_at(parts, pos: np.ndarray, heading_deg: float, gz: float, scale: float) -> np.ndarray:
+    c, s = math.cos(math.radians(heading_deg)), math.sin(math.radians(heading_deg))
+    rot = np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
+    base = np.array([pos[0], pos[1], gz])
+    rows = []
+    for pid, a, b, r in parts:
+        wa = base + rot @ (np.array(a, dtype=np.float64) * scale)
+        wb = base + rot @ (np.array(b, dtype=np.float64) * scale)
+        rows.append([*wa, *wb, r * scale, pid])
+    return np.array(rows, dtype=np.float64)
+
+
+def make_scene(seed: int, i: int, geometry: str | Geometry) -> ClipScene:
+    """The world, cameras, characters and text cells of clip i: a pure function of (seed, i, geometry)."""
+    g = get_geometry(geometry)
+    rng = np.random.default_rng([int(seed), int(i), 7])
+    F = g.F
+    gz = float(rng.uniform(-400.0, 400.0))
+    world = World(
+        table=rng.integers(0, 6, size=(64, 64)).astype(np.uint8),
+        warp_amp=float(rng.uniform(60.0, 160.0)),
+        warp_freq=(float(rng.uniform(0.004, 0.01)), float(rng.uniform(0.004, 0.01))),
+        warp_phase=(float(rng.uniform(0, 2 * np.pi)), float(rng.uniform(0, 2 * np.pi))),
+    )
+
+    # camera: travels `dist` cm along `heading`, pitched down
+    ortho = i % 3 == 1
+    pitch0 = float(rng.uniform(-28.0, -18.0)) if (i % 5 == 0 and not ortho) else float(rng.uniform(-70.0, -40.0))
+    yaw0 = float(rng.uniform(0.0, 360.0))
+    roll0 = float(rng.choice([-1, 1]) * rng.uniform(5.0, 20.0)) if i % 4 == 0 else 0.0
+    height = float(rng.uniform(900.0, 1500.0))
+    dist = float(rng.uniform(300.0, 1200.0))
+    travel_dir = math.radians(yaw0 + float(rng.uniform(-60.0, 60.0)))
+    fov = float(rng.uniform(60.0, 90.0))
+    ortho_w = float(rng.uniform(2000.0, 3500.0))
+    yaw_drift = float(rng.uniform(-15.0, 15.0))
+    s = np.linspace(0.0, 1.0, F)
+    start = rng.uniform(-5000.0, 5000.0, size=2)
+    loc = np.stack(
+        [
+            start[0] + dist * s * math.cos(travel_dir) + 80.0 * np.sin(np.pi * s),
+            start[1] + dist * s * math.sin(travel_dir),
+            gz + height + 100.0 * s,
+        ],
+        -1,
+    )
+    rot = np.stack([pitch0 + 3.0 * np.sin(np.pi * s), yaw0 + yaw_drift * s, np.full(F, roll0)], -1)
+    cams = Cameras(
+        location=loc,
+        rotation=rot,
+        orthographic=np.full(F, ortho),
+        fov_deg=np.full(F, np.nan if ortho else fov),
+        ortho_width=np.full(F, ortho_w if ortho else np.nan),
+        src_hw=g.src_hw,
+        dst_hw=g.dst_hw,
+    )
+
+    kind = ground_z_kind(i)
+    gzs = [gz] * F
+    if kind == "none":
+        gzs = [float("nan")] * F
+    elif kind == "partial":
+        gzs = [float("nan") if f % 3 == 0 else gz for f in range(F)]
+    meta = {
+        "clip_id": clip_id(i),
+        "src_hw": list(g.src_hw),
+        "dst_hw": list(g.dst_hw),
+        "ground_z": gzs,
+        "cameras": cams.to_meta(),
+    }
+    # render from what a reader of the meta json gets, so rays are bit-identical downstream
+    cams = Cameras.from_meta(json.loads(json.dumps(meta)))
+
+    # characters walk around the look-at point of the image centre
+    centre = ground_points(cams, np.array([[g.dst_hw[1] / 2.0 - 0.5, g.dst_hw[0] / 2.0 - 0.5]]), gz)[:, 0]
+    centre = np.where(np.isfinite(centre), centre, loc[:, :2])
+    chars = [(PLAYER_CAPSULES, float(rng.uniform(0.9, 1.2)))]
+    if i % 7 != 3:
+        chars.append((BOSS_CAPSULES, float(rng.uniform(0.9, 1.2))))
+    tracks = []
+    for n, (parts, scale) in enumerate(chars):
+        ang = float(rng.uniform(0, 2 * np.pi))
+        rad = float(rng.uniform(100.0, 400.0)) * (1 + n)
+        wander = float(rng.uniform(100.0, 300.0))
+        ph = float(rng.uniform(0, 2 * np.pi))
+        head0 = float(rng.uniform(0, 360.0))
+        spin = float(rng.uniform(-90.0, 90.0))
+        off = np.stack(
+            [
+                rad * math.cos(ang) + wander * np.sin(2 * np.pi * s + ph),
+                rad * math.sin(ang) + wander * np.cos(2 * np.pi * s + ph),
+            ],
+            -1,
+        )
+        tracks.append((parts, scale, centre + off, head0 + spin * s))
+    capsules = [np.concatenate([_capsules_at(p, pos[f], hd[f], gz, sc) for p, sc, pos, hd in tracks]) for f in range(F)]
+
+    # text cells: one key per latent frame, sometimes changing mid-clip
+    key0 = PROMPT_KEYS[int(rng.integers(len(PROMPT_KEYS)))]
+    keys = [key0] * g.T
+    if i % 4 == 2 and g.T > 1:
+        key1 = PROMPT_KEYS[(PROMPT_KEYS.index(key0) + 1 + int(rng.integers(len(PROMPT_KEYS) - 1))) % len(PROMPT_KEYS)]
+        keys = [key0] * ((g.T + 1) // 2) + [key1] * (g.T - (g.T + 1) // 2)
+    return ClipScene(index=i, gz=gz, world=world, meta=meta, cameras=cams, capsules=capsules, context_keys=keys)
+
+
+# ---- rendering -----------------------------------------------------------------------------------------
+_LIGHT = np.array([0.35, 0.25, 0.9]) / np.linalg.norm([0.35, 0.25, 0.9])
+
+
+def _ray_capsules(o: np.ndarray, d: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rays o, d [P, 3] (d unit) vs capsules [K, 8] -> nearest positive hit distance [P] (inf = none) and
+    capsule index [P]. Inigo Quilez's capsule intersection, vectorised over capsules x rays."""
+    ox, oy, oz = (o[None, :, n] for n in range(3))
+    dx, dy, dz = (d[None, :, n] for n in range(3))
+    ax, ay, az, bx, by, bz, r = (caps[:, n, None] for n in range(7))
+    bax, bay, baz = bx - ax, by - ay, bz - az
+    oax, oay, oaz = ox - ax, oy - ay, oz - az
+    baba = bax * bax + bay * bay + baz * baz
+    bard = bax * dx + bay * dy + baz * dz
+    baoa = bax * oax + bay * oay + baz * oaz
+    rdoa = dx * oax + dy * oay + dz * oaz
+    oaoa = oax * oax + oay * oay + oaz * oaz
+    a = baba - bard * bard
+    b = baba * rdoa - baoa * bard
+    c = baba * oaoa - baoa * baoa - r * r * baba
+    h = b * b - a * c
+    with np.errstate(invalid="ignore", divide="ignore"):
+        t_body = (-b - np.sqrt(h)) / a
+        y = baoa + t_body * bard
+        body = (h >= 0) & (a > 1e-12) & (y > 0) & (y < baba)
+        low = y <= 0  # the cap on A's side, else B's
+        ocx, ocy, ocz = np.where(low, oax, ox - bx), np.where(low, oay, oy - by), np.where(low, oaz, oz - bz)
+        b2 = dx * ocx + dy * ocy + dz * ocz
+        h2 = b2 * b2 - (ocx * ocx + ocy * ocy + ocz * ocz - r * r)
+        t_cap = -b2 - np.sqrt(h2)
+    t = np.where(body, t_body, np.where(h2 > 0, t_cap, np.inf))
+    t = np.where(t > 0, t, np.inf)
+    k = np.argmin(t, 0)
+    return t[k, np.arange(t.shape[1])], k
+
+
+def _axis_offsets(cam: Cameras, u0: int, u1: int, v0: int, v1: int):
+    """Image-plane offsets of one camera's pixel columns u0..u1-1 [nu, 3] and rows v0..v1-1 [nv, 3] (as in
+    `Cameras.rays`: right * ndc_x * half_w and up * ndc_y * half_h), plus its location and forward axis."""
+    us, vs = np.arange(u0, u1, dtype=np.float64), np.arange(v0, v1, dtype=np.float64)
+    ndc_x = cam.dst_to_ndc(np.stack([us, np.zeros_like(us)], -1))[:, 0]
+    ndc_y = cam.dst_to_ndc(np.stack([np.zeros_like(vs), vs], -1))[:, 1]
+    fwd, right, up = rotation_axes(cam.rotation)[0]
+    half_w, half_h = (float(e[0]) for e in cam._half_extents())
+    return right[None, :] * (ndc_x * half_w)[:, None], up[None, :] * (ndc_y * half_h)[:, None], cam.location[0], fwd
+
+
+def _ground_hits(cam: Cameras, gz: float) -> np.ndarray:
+    """`ground_points` of every dst pixel of one camera, [H*W, 2] (NaN = miss), computed per row and column
+    (the ray offsets are separable in u and v; the ray's length cancels in the hit point)."""
+    H, W = cam.dst_hw
+    cols, rows, loc, fwd = _axis_offsets(cam, 0, W, 0, H)
+    grid = [rows[:, None, k] + cols[None, :, k] for k in range(3)]  # [H, W] per world axis
+    if cam.orthographic[0]:
+        o = [loc[k] + grid[k] for k in range(3)]
+        d = [np.full((1, 1), fwd[k]) for k in range(3)]
+    else:
+        o = [np.full((1, 1), loc[k]) for k in range(3)]
+        d = [fwd[k] + grid[k] for k in range(3)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = (gz - o[2]) / d[2]
+        hit = np.isfinite(t) & (t > 0) & (np.abs(d[2]) > 1e-12)
+        x = np.where(hit, o[0] + d[0] * t, np.nan)
+        y = np.where(hit, o[1] + d[1] * t, np.nan)
+    return np.stack([x.ravel(), y.ravel()], -1)
+
+
+def _block_rays(cam: Cameras, u0: int, u1: int, v0: int, v1: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rays of one camera through the dst pixel block rows v0..v1-1 x cols u0..u1-1 (row-major): origins and
+    unit directions [n, 3], as `Cameras.rays` computes them, evaluated per row and column."""
+    cols, rows, loc, fwd = _axis_offsets(cam, u0, u1, v0, v1)
+    offs = (rows[:, None, :] + cols[None, :, :]).reshape(-1, 3)
+    if cam.orthographic[0]:
+        return loc + offs, np.broadcast_to(fwd, offs.shape)
+    d = fwd + offs
+    return np.broadcast_to(loc, offs.shape), d / np.sqrt(np.einsum("pk,pk->p", d, d))[:, None]
+
+
+def _char_block(cam: Cameras, caps: np.ndarray) -> tuple[int, int, int, int] | None:
+    """The dst pixel block (u0, u1, v0, v1) that may see the capsules: the projection of their 3D bounding
+    box (whole frame when a corner is behind the camera), clipped to the frame; None when off screen."""
+    H, W = cam.dst_hw
+    lo = np.minimum(caps[:, 0:3], caps[:, 3:6]).min(0) - caps[:, 6].max()
+    hi = np.maximum(caps[:, 0:3], caps[:, 3:6]).max(0) + caps[:, 6].max()
+    corners = np.array([[x, y, z] for x in (lo[0], hi[0]) for y in (lo[1], hi[1]) for z in (lo[2], hi[2])])
+    uv = cam.project(corners)[0][0]
+    if not np.all(np.isfinite(uv)):
+        return 0, W, 0, H
+    u0, v0 = (max(0, int(np.floor(x)) - 2) for x in uv.min(0))
+    u1, v1 = (int(np.ceil(x)) + 2 for x in uv.max(0))
+    u1, v1 = min(W, u1), min(H, v1)
+    return (u0, u1, v0, v1) if (u1 > u0 and v1 > v0) else None
+
+
+def render_frame(scene: ClipScene, f: int) -> tuple[np.ndarray, np.ndarray]:
+    """Frame f at dst_hw: sem ids uint8 [H, W] and a shade factor float32 [H, W]."""
+    H, W = scene.cameras.dst_hw
+    cam = scene.cameras[f]
+    gxy = _ground_hits(cam, scene.gz)
+    hitg = np.isfinite(gxy[:, 0])
+    ids = world_class(scene.world, gxy).reshape(H, W)
+    # light world-anchored texture on the ground, flat sky
+    with np.errstate(invalid="ignore"):
+        chk = (np.floor(gxy[:, 0] / 150.0) + np.floor(gxy[:, 1] / 150.0)) % 2
+    shade = np.where(hitg, 0.88 + 0.12 * np.nan_to_num(chk), 1.0).astype(np.float32).reshape(H, W)
+    tchar = np.full((H, W), np.inf)  # nearest character hit so far (characters may overlap on screen)
+    caps_all = scene.capsules[f]
+    # characters: big frames test each capsule in its own screen block, small ones each character's block
+    groups = (
+        [caps_all[n : n + 1] for n in range(len(caps_all))]
+        if H * W > 65536
+        else [caps_all[caps_all[:, 7] < 16], caps_all[caps_all[:, 7] >= 16]]
+    )  # player, boss
+    for group in groups:
+        blk = _char_block(cam, group) if len(group) else None
+        if blk is None:
+            continue
+        u0, u1, v0, v1 = blk
+        bo, bd = _block_rays(cam, u0, u1, v0, v1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tg = (scene.gz - bo[:, 2]) / bd[:, 2]
+        tg = np.where(np.isfinite(tg) & (tg > 0), tg, np.inf)  # the ground, along the unit ray
+        tc, k = _ray_capsules(bo, bd, group)
+        hit = tc < np.minimum(tg, tchar[v0:v1, u0:u1].ravel())
+        if not hit.any():
+            continue
+        hk, ht = k[hit], tc[hit]
+        p = bo[hit] + bd[hit] * ht[:, None]
+        a, b, r = group[hk, 0:3], group[hk, 3:6], group[hk, 6]
+        ba = b - a
+        u = np.clip(np.einsum("pk,pk->p", p - a, ba) / np.einsum("pk,pk->p", ba, ba), 0.0, 1.0)
+        n = (p - (a + ba * u[:, None])) / r[:, None]
+        lam = np.clip(n @ _LIGHT, 0.0, 1.0)
+        for arr, val in ((ids, group[hk, 7].astype(np.uint8)), (shade, 0.55 + 0.45 * lam), (tchar, ht)):
+            blkv = arr[v0:v1, u0:u1].reshape(-1).copy()
+            blkv[hit] = val
+            arr[v0:v1, u0:u1] = blkv.reshape(v1 - v0, u1 - u0)
+    return ids, shade
+
+
+def render_clip(scene: ClipScene) -> tuple[np.ndarray, np.ndarray]:
+    """All frames: ids uint8 [F, H, W], shade float32 [F, H, W]."""
+    out = [render_frame(scene, f) for f in range(len(scene.cameras))]
+    return np.stack([o[0] for o in out]), np.stack([o[1] for o in out])
+
+
+def rgb_frame(ids: np.ndarray, shade: np.ndarray, src_hw: tuple[int, int]) -> np.ndarray:
+    """Palette colour x shade at dst, bilinearly resized to src_hw: uint8 [h, w, 3]."""
+    from PIL import Image
+
+    rgb = (vocab.PALETTE["parts"][ids] * shade[..., None]).astype(np.uint8)  # no UNKNOWN in the world
+    img = Image.fromarray(rgb)
+    if img.size != (src_hw[1], src_hw[0]):
+        img = img.resize((src_hw[1], src_hw[0]), Image.BILINEAR)
+    return np.asarray(img)
+
+
+# ---- latents -------------------------------------------------------------------------------------------
+def latent_cell_fractions(ids: np.ndarray, T: int, h: int, w: int, vocab_name: str = "parts") -> np.ndarray:
+    """ids uint8 [F, H, W] -> per latent cell class fractions float32 [T, h, w, V] (V = vocab + UNKNOWN).
+    Latent frame 0 = pixel frame 0, latent frame k >= 1 = pixel frames 4k-3..4k; cell footprint H/h x W/w."""
+    _F, H, W = ids.shape
+    V = vocab.num_classes(vocab_name)
+    lut = vocab.CHANNEL_LUT[vocab_name].astype(np.int32)
+    if vocab.invalid_values(ids, vocab_name):
+        raise ValueError(f"invalid sem values {vocab.invalid_values(ids, vocab_name)}")
+    cell = ((np.arange(H) // (H // h))[:, None] * w + (np.arange(W) // (W // w))[None, :]).astype(np.int32) * V
+    out = np.zeros((T, h * w, V), dtype=np.float32)
+    for k, (lo, hi) in enumerate(latent_frame_spans(T)):
+        frames = ids[lo:hi]
+        counts = np.bincount((cell[None] + lut[frames]).ravel(), minlength=h * w * V).reshape(h * w, V)
+        out[k] = counts / counts.sum(-1, keepdims=True)
+    return out.reshape(T, h, w, V)
+
+
+def class_projection(vocab_name: str = "parts") -> np.ndarray:
+    """The fixed [V, 48] matrix mapping class fractions to latent channels (global, seed-independent)."""
+    rng = np.random.default_rng([GLOBAL_SEED, 1])
+    return rng.standard_normal((vocab.num_classes(vocab_name), LATENT_C)).astype(np.float32)
+
+
+def text_vector(key: str) -> np.ndarray:
+    """The fixed [48] latent offset of a prompt key (global, seed-independent)."""
+    rng = np.random.default_rng([GLOBAL_SEED, 2, zlib.crc32(key.encode())])
+    return rng.standard_normal(LATENT_C).astype(np.float32)
+
+
+def make_latents(ids: np.ndarray, context_keys: list[str], g: Geometry, rng: np.random.Generator) -> np.ndarray:
+    """float32 [48, T, h, w]: class fractions @ CLASS_PROJ + text term + small noise."""
+    frac = latent_cell_fractions(ids, g.T, g.h, g.w)  # [T, h, w, V]
+    lat = frac @ class_projection()  # [T, h, w, C]
+    lat += TEXT_SCALE * np.stack([text_vector(k) for k in context_keys])[:, None, None, :]
+    lat += NOISE_SCALE * rng.standard_normal(lat.shape).astype(np.float32)
+    return np.ascontiguousarray(lat.transpose(3, 0, 1, 2))
+
+
+def make_text_table(g: Geometry, seed: int) -> dict[str, np.ndarray]:
+    """prompt key -> float32 [L, D] (stored as bf16), includes NULL_PROMPT."""
+    out = {}
+    for n, key in enumerate(sorted((*PROMPT_KEYS, vocab.NULL_PROMPT))):
+        rng = np.random.default_rng([int(seed), 3, n])
+        scale = 0.02 if key == vocab.NULL_PROMPT else 0.15
+        out[key] = (scale * rng.standard_normal(g.text_shape)).astype(np.float32)
+    return out
+
+
+# ---- deterministic file writers ------------------------------------------------------------------------
+def _safetensors_bytes(tensors: dict[str, np.ndarray]) -> bytes:
+    import torch
+    from safetensors.torch import save
+
+    return save(
+        {
+            k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).to(torch.bfloat16)
+            for k, v in sorted(tensors.items())
+        }
+    )
+
+
+def npz_bytes(arrays: dict[str, np.ndarray], compresslevel: int = 6) -> bytes:
+    """Like np.savez_compressed but byte-reproducible: fixed zip timestamps and attributes, sorted names."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name in sorted(arrays):
+            info = zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.create_system = 3
+            info.external_attr = 0o644 << 16
+            arr = io.BytesIO()
+            np.lib.format.write_array(arr, np.ascontiguousarray(arrays[name]), allow_pickle=False)
+            zf.writestr(info, arr.getvalue(), compress_type=zipfile.ZIP_DEFLATED, compresslevel=compresslevel)
+    return buf.getvalue()
+
+
+def _jpeg_bytes(rgb: np.ndarray) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+def _tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for name, data in sorted(members):
+            ti = tarfile.TarInfo(name)
+            ti.size, ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = len(data), 0, 0o644, 0, 0, "", ""
+            tf.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
+
+
+# ---- the prepared layout -------------------------------------------------------------------------------
+def index_row(i: int, context_keys: list[str]) -> dict[str, Any]:
+    r = run_of(i)
+    subset, scene = run_location(r)
+    return {
+        "clip_id": clip_id(i),
+        "run": f"run{r:03d}",
+        "subset": subset,
+        "scene": scene,
+        "split": split_of(i),
+        "drop": is_dropped(i),
+        "context_keys": list(context_keys),
+    }
+
+
+def write_clip(root: Path, seed: int, i: int, g: Geometry) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+    """Write latents/sem/meta of clip i; return its index row and its raw tar members."""
+    scene = make_scene(seed, i, g)
+    ids, shade = render_clip(scene)
+    cid = clip_id(i)
+    lat = make_latents(ids, scene.context_keys, g, np.random.default_rng([int(seed), int(i), 11]))
+    atomic_write(root / "latents" / f"{cid}.safetensors", _safetensors_bytes({"input_latents": lat}))
+    atomic_write(root / "sem" / f"{cid}.npz", npz_bytes({"ids": ids}))
+    atomic_write(root / "meta" / f"{cid}.json", (json.dumps(scene.meta) + "\n").encode())
+    members = [(f"{cid}/{f:03d}.jpg", _jpeg_bytes(rgb_frame(ids[f], shade[f], g.src_hw))) for f in range(g.F)]
+    return index_row(i, scene.context_keys), members
+
+
+def write_prepared(
+    out: str | os.PathLike,
+    clips: int = 24,
+    geometry: str | Geometry = "tiny",
+    seed: int = 0,
+    overwrite: bool = False,
+    verbose: bool = False,
+) -> Path:
+    """Write a synthetic dataset in the prepared layout under `out` (created); returns its root Path.
+    Refuses a non-empty `out` unless `overwrite` (which removes the layout's entries first)."""
+    g = get_geometry(geometry)
+    if clips < 1:
+        raise ValueError("clips must be >= 1")
+    root = Path(out)
+    if root.exists() and any(root.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"{root} is not empty (pass overwrite=True / --overwrite)")
+        for name in ("READY", *LAYOUT):
+            p = root / name
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()
+    root.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    rows, tars = [], {}
+    for i in range(clips):
+        row, members = write_clip(root, seed, i, g)
+        rows.append(row)
+        tars.setdefault((row["subset"], row["scene"], row["run"]), []).extend(members)
+        if verbose:
+            print(f"[synth] {row['clip_id']} {time.time() - t0:.1f}s", file=sys.stderr)
+    for (subset, scene, run), members in sorted(tars.items()):
+        atomic_write(root / "raw" / subset / scene / f"{run}.tar", _tar_bytes(members))
+    atomic_write(root / "text" / "table.safetensors", _safetensors_bytes(make_text_table(g, seed)))
+    atomic_write(root / "index" / "clips.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+    marker = {"generator": "gcc.synth.world", "seed": int(seed), "clips": int(clips), "geometry": g.as_dict()}
+    atomic_write(root / MARKER, (json.dumps(marker) + "\n").encode())
+    atomic_write(root / "READY", b"")
+    return root
+
+
+def make_prepared(tmp_path: str | os.PathLike, clips: int = 24, seed: int = 0, geometry: str = "tiny") -> Path:
+    """Tests' helper: a fresh tiny dataset under tmp_path/prepared."""
+    return write_prepared(Path(tmp_path) / "prepared", clips=clips, geometry=geometry, seed=seed)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="gcc-synth", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="folder for the prepared layout (index/, latents/, ..., READY)")
+    ap.add_argument("--clips", type=int, default=24, help="how many clips (train and val runs, round-robin)")
+    ap.add_argument(
+        "--geometry",
+        choices=sorted(GEOMETRIES),
+        default="tiny",
+        help="clip shapes: tiny (CPU tests and demo) or the real run's",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="the synthetic world's seed (same seed, same bytes)")
+    ap.add_argument("--overwrite", action="store_true", help="replace an existing dataset in --out")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print each clip as it is written")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gcc.cli import folder_problem, run_tool
+    from gcc.errors import BadInput
+
+    p = build_parser()
+    a = p.parse_args(argv)
+
+    def body() -> int:
+        if a.clips < 1:
+            raise BadInput(f"--clips must be >= 1, got {a.clips}")
+        if a.seed < 0:
+            raise BadInput(f"--seed must be >= 0, got {a.seed}")
+        if "://" in a.out:
+            raise BadInput(f"--out {a.out}: a local folder is needed (gcc-synth writes no object storage)")
+        problem = folder_problem(a.out)
+        if problem:
+            raise BadInput(f"--out {a.out}: {problem}")
+        t0 = time.time()
+        try:
+            root = write_prepared(a.out, a.clips, a.geometry, a.seed, overwrite=a.overwrite, verbose=a.verbose)
+        except FileExistsError:
+            raise BadInput(f"--out {a.out}: not empty (pass --overwrite to replace the dataset there)") from None
+        print(f"wrote {a.clips} {a.geometry} clips to {root} in {time.time() - t0:.1f}s")
+        return 0
+
+    return run_tool(p.prog, body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,522 @@
+"""Builders: config -> the parts of a Composer run (data, model, optimizer, callbacks, loggers, Trainer)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader, Dataset
+
+from gcc import storage
+from gcc.data.dataset import (
+    Dropouts,
+    GcStreamingDataset,
+    StallAt,
+    build_dataloader,
+    fetch_text_table,
+    gc_collate,
+    release_stale_shm,
+    round_robin_by_run,
+)
+from gcc.data.shards import MANIFEST
+from gcc.data.text_table import TextTable
+from gcc.model.optim import BETAS
+from gcc.redact import redact, redact_text
+from gcc.training.config import TrainConfig
+from gcc.training.run_folder import file_digest
+
+logger = logging.getLogger(__name__)
+
+
+# ---- where things live ---------------------------------------------------------------------------------
+def env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def world_size() -> int:
+    return env_int("WORLD_SIZE", 1)
+
+
+def cache_dir(cfg: TrainConfig) -> Path:
+    """Per-node shard cache, shared by the node's ranks (Streaming's download/lock protocol needs that)."""
+    base = Path(cfg.data.cache_dir) if cfg.data.cache_dir else Path(cfg.run_dir) / "cache"
+    return base / f"node{env_int('NODE_RANK', 0)}"
+
+
+def data_name(cfg: TrainConfig, manifest: dict[str, Any]) -> str:
+    """The data's name for export metadata (`data`): the manifest's `name` (convert_data --name, checked when the
+    manifest was read); a manifest of an earlier convert_data has none, and then the conversion folder's name."""
+    return manifest.get("name") or cfg.data.path.rstrip("/").rsplit("/", 1)[-1]
+
+
+# ---- identity ------------------------------------------------------------------------------------------
+def run_signature(cfg: TrainConfig, manifest_bytes: bytes, known: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything that makes two launches the same run (docs/design.md §9.3). Absent on purpose: max_steps, GPU/node
+    count, global batch (a change continues at the next epoch: gcc/training/batch_change.py), micro-batch/accumulation
+    split, workers, logging, export/checkpoint/validation cadence."""
+    m, d, o = cfg.model, cfg.data, cfg.optim
+    known = known or {}
+    base = ""
+    if m.model_dir:
+        index = Path(m.model_dir) / "diffusion_pytorch_model.safetensors.index.json"
+        base = storage.sha256_file(index) if index.exists() else os.path.realpath(m.model_dir)
+    init = file_digest(m.init_ckpt, known.get("model.init_ckpt")) if m.init_ckpt else ""
+    return redact(
+        {  # a credential in a path or URL never reaches run.json
+            "model.preset": m.preset,
+            "model.overrides": json.dumps(m.overrides, sort_keys=True),
+            "model.vocab": m.vocab,
+            "model.first_frame_cond": m.first_frame_cond,
+            "model.base_weights": base,
+            "model.init_ckpt": init,
+            "model.legacy_zero_ckpt": os.path.realpath(m.legacy_zero_ckpt) if m.legacy_zero_ckpt else "",
+            "data.manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest(),
+            "data.text_dropout": d.text_dropout,
+            "data.cond_dropout": d.cond_dropout,
+            "data.mask_p": d.mask_p,
+            "data.mask_calibration": d.mask_calibration,
+            "data.max_frame_coverage": d.max_frame_coverage,
+            "data.num_canonical_nodes": d.num_canonical_nodes,
+            "data.limit": d.limit,
+            "seed": cfg.seed,
+            "precision": cfg.precision,
+            "parallelism": cfg.parallelism,  # DDP and FSDP checkpoints differ in format
+            "optim.lr": o.lr,
+            "optim.cond_lr": o.cond_lr,
+            "optim.weight_decay": o.weight_decay,
+            "optim.warmup_steps": o.warmup_steps,
+            "optim.grad_clip": o.grad_clip,
+            "optim.betas": list(BETAS),
+        }
+    )
+
+
+def read_manifest_bytes(cfg: TrainConfig) -> bytes:
+    return storage.read_bytes(storage.join(cfg.data.path, MANIFEST))
+
+
+# ---- data ----------------------------------------------------------------------------------------------
+def node_cache(cfg: TrainConfig) -> TextTable:
+    """The node's shard cache, made ready by its local rank 0 (stale shared memory of a killed launch of this run
+    released: the run lock is held; the text table fetched once), then the text table on every rank."""
+    from composer.utils import dist
+
+    cache = cache_dir(cfg)
+    if dist.get_local_rank() == 0:
+        cache.mkdir(parents=True, exist_ok=True)
+        release_stale_shm([cache / "train", cache / "val"])
+        fetch_text_table(cfg.data.path, cache)
+    dist.barrier()
+    return TextTable(fetch_text_table(cfg.data.path, cache))
+
+
+def dropouts(cfg: TrainConfig) -> Dropouts:
+    d = cfg.data
+    return Dropouts(
+        text=d.text_dropout,
+        cond=d.cond_dropout,
+        mask=d.mask_p,
+        calibration=d.mask_calibration,
+        max_frame_coverage=d.max_frame_coverage,
+    )
+
+
+def train_clips(manifest: dict, limit: int | None) -> int:
+    """The clips an epoch of training draws from: the train split's, or its `data.limit` subset's."""
+    n = len(manifest["splits"]["train"]["clip_ids"])
+    return min(n, limit) if limit else n
+
+
+def build_train_loader(cfg: TrainConfig, per_rank_batch: int) -> DataLoader:
+    ds = GcStreamingDataset(
+        cfg.data.path,
+        "train",
+        cache_dir(cfg),
+        batch_size=per_rank_batch,
+        seed=cfg.seed,
+        vocab=cfg.model.vocab,
+        dropouts=dropouts(cfg),
+        shuffle=True,
+        num_canonical_nodes=cfg.data.num_canonical_nodes,
+        cache_limit=cfg.data.cache_limit or None,
+        limit=cfg.data.limit,
+    )
+    collate = gc_collate
+    if cfg.inject_stall_step and env_int("RANK", 0) == cfg.inject_stall_rank:
+        collate = StallAt(gc_collate, cfg.inject_stall_step)
+    # every optimizer step sees the whole global batch: an epoch's partial tail is dropped (which samples that
+    # are varies with the epoch's shuffle; docs/training.md, "Epochs")
+    return build_dataloader(
+        ds,
+        batch_size=per_rank_batch,
+        num_workers=cfg.data.num_workers,
+        collate_fn=collate,
+        preemption_grace_s=cfg.preemption_grace_s,
+        drop_last=True,
+    )
+
+
+def select_val_ids(manifest: dict, n: int) -> list[int]:
+    """The fixed validation clips: sample ids taken round-robin over the val runs."""
+    runs = manifest["splits"]["val"]["clip_runs"]  # sample id i is the split's clip i
+    return sorted(round_robin_by_run([(run, i) for i, run in enumerate(runs)], n))
+
+
+class ValClips(Dataset):
+    """A fixed set of val samples, map-style, so any world size evaluates exactly these clips (Composer drops
+    the DistributedSampler's padding in evaluation)."""
+
+    def __init__(self, ds: GcStreamingDataset, ids: list[int]):
+        self.ds, self.ids = ds, ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.ds[self.ids[i]]
+
+
+def validates(cfg: TrainConfig) -> bool:
+    """Whether the run validates at all: `val_every` 0 or `val_n` 0 turn every validation off (step 0's too)."""
+    return cfg.val_n > 0 and cfg.val_every > 0
+
+
+def build_val_loader(cfg: TrainConfig) -> DataLoader | None:
+    if not validates(cfg):
+        return None
+    from composer.utils import dist
+
+    ds = GcStreamingDataset(
+        cfg.data.path,
+        "val",
+        cache_dir(cfg),
+        batch_size=cfg.val_batch,
+        seed=cfg.seed,
+        vocab=cfg.model.vocab,
+        shuffle=False,
+        num_canonical_nodes=cfg.data.num_canonical_nodes,
+    )
+    clips = ValClips(ds, select_val_ids(ds.manifest, cfg.val_n))
+    return DataLoader(
+        clips,
+        batch_size=cfg.val_batch,
+        sampler=dist.get_sampler(clips, shuffle=False),
+        collate_fn=gc_collate,
+        num_workers=0,
+    )
+
+
+# ---- model ----------------------------------------------------------------------------------------------
+def build_model(cfg: TrainConfig, text: TextTable, fsdp: bool):
+    """GcTrainModel around a GcDiT whose initial values are a pure function of the seed. Under FSDP the DiT stays
+    on the meta device: Composer shards it and each rank initialises only its shard. Base / warm-start weights
+    come after the Trainer is built (`load_initial_weights`), into the sharded model."""
+    from gcc.model.dit import build_gc_dit
+    from gcc.model.objective import GcTrainModel
+
+    dit = build_gc_dit(
+        cfg.model.preset,
+        device="meta" if fsdp else "cpu",
+        vocab=cfg.model.vocab,
+        init_seed=cfg.seed,
+        **cfg.model.overrides,
+    )
+    # with FSDP, Composer applies activation checkpointing to the blocks itself
+    return GcTrainModel(
+        dit,
+        seed=cfg.seed,
+        null_context=text.row(text.null_id),
+        null_id=text.null_id,
+        val_timesteps=tuple(cfg.val_timesteps),
+        grad_ckpt=cfg.model.grad_ckpt and not fsdp,
+        first_frame_cond=cfg.model.first_frame_cond,
+    )
+
+
+def load_initial_weights(dit, cfg: TrainConfig) -> None:
+    """Base Wan weights, then a warm start, into the model as it is (each rank reads only the rows it holds
+    when sharded). Not called on resume: the checkpoint brings the weights."""
+    from gcc.model.dit import load_wan_base
+    from gcc.model.export import load_gc_weights, load_legacy_zero
+
+    if cfg.model.model_dir:
+        load_wan_base(dit, cfg.model.model_dir)
+        logger.info(f"model: base Wan weights from {cfg.model.model_dir}")
+    if cfg.model.legacy_zero_ckpt:
+        load_legacy_zero(dit, cfg.model.legacy_zero_ckpt)
+        logger.info(f"model: warm start from DeepSpeed ZeRO checkpoint {cfg.model.legacy_zero_ckpt}")
+    if cfg.model.init_ckpt:
+        load_gc_weights(dit, cfg.model.init_ckpt)
+        logger.info(f"model: warm start from {cfg.model.init_ckpt}")
+
+
+def parallelism_config(cfg: TrainConfig) -> dict | None:
+    """`parallelism: fsdp` is Composer's FSDP2 on GPU and CPU alike, at any world size (a sharded checkpoint
+    needs it to be read, also on one rank): each DiT block a unit with activation checkpointing, bf16 compute
+    with fp32 master weights and fp32 reduction under amp_bf16, sharded (DCP) checkpoints. `ddp`: None (Composer
+    uses DDP when there is more than one rank)."""
+    if cfg.parallelism != "fsdp":
+        return None
+    from composer.utils.parallelism import FSDP2Config
+
+    return {
+        "fsdp": FSDP2Config(
+            reshard_after_forward=cfg.fsdp.reshard_after_forward,
+            activation_checkpointing=cfg.model.grad_ckpt,
+            mixed_precision="DEFAULT",
+            state_dict_type="sharded",
+        )
+    }
+
+
+def steps_per_epoch(n_train: int, world: int, per_rank_batch: int) -> int:
+    """Streaming gives every rank ceil(n / world) samples an epoch (it pads with repeats); the partial last batch
+    is dropped (build_train_loader)."""
+    return -(-n_train // world) // per_rank_batch
+
+
+def resolved_config(cfg: TrainConfig, manifest: dict, per_rank_batch: int) -> dict:
+    steps = steps_per_epoch(train_clips(manifest, cfg.data.limit), world_size(), per_rank_batch)
+    return {
+        "config": redact(asdict(cfg)),
+        "world_size": world_size(),
+        "per_rank_batch": per_rank_batch,
+        "grad_accum": cfg.accumulation(world_size()),
+        "data_geometry": manifest["geometry"],
+        "data_counts": manifest["counts"],
+        "steps_per_epoch": steps,
+        "samples_per_epoch": steps * cfg.global_batch,
+    }
+
+
+# ---- the run's wiring -----------------------------------------------------------------------------------
+def export_metadata(cfg: TrainConfig, run: dict[str, Any], step: int) -> dict[str, str]:
+    """The metadata of the export at `step`, from the config, the data's manifest and the launch's lineage (`run`:
+    prepare_run's `manifest`, `lineage`, `resumed_from`, `resumed_step`)."""
+    from gcc.model.export import gc_metadata
+
+    d, o = cfg.data, cfg.optim
+    return gc_metadata(
+        vocab=cfg.model.vocab,
+        data=data_name(cfg, run["manifest"]),
+        data_root=redact_text(d.path),
+        step=step,
+        text_dropout=d.text_dropout,
+        cond_dropout=d.cond_dropout,
+        mask_p=d.mask_p,
+        lr=o.lr,
+        cond_lr=o.cond_lr,
+        weight_decay=o.weight_decay,
+        warmup_steps=o.warmup_steps,
+        first_frame_cond=cfg.model.first_frame_cond,
+        seed=cfg.seed,
+        init_ckpt=run["lineage"]["init_ckpt"],
+        model_dir=redact_text(cfg.model.model_dir),
+        resumed_from=run["resumed_from"],
+        resumed_step="" if run["resumed_step"] is None else run["resumed_step"],
+    )
+
+
+def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch: int) -> dict[str, Any]:
+    """The run's callbacks by name, in Composer's order (`callbacks` list); `after_saver` are appended after the
+    Trainer exists (they must follow Composer's CheckpointSaver): the rotation, whose clock goes first (it times
+    each save), and with `checkpoint_dir: s3://...` the upload."""
+    from composer.utils import dist
+
+    from gcc.training.batch_change import GlobalBatchRecord
+    from gcc.training.callbacks import (
+        CheckpointRotation,
+        CheckpointUpload,
+        ConsoleLog,
+        Export,
+        GradClip,
+        NonFiniteGuard,
+        Preemption,
+        RunFiles,
+        StepDeadline,
+        StepSync,
+        TrainStats,
+        ValidateAtStart,
+        ValidationLog,
+    )
+    from gcc.training.callbacks.console_log import console_lines_wanted
+    from gcc.training.checkpoint_store import store_for
+    from gcc.training.peer_fault import PEER_GRACE_S, announce, watch_peers
+    from gcc.training.watchdog import StallWatchdog
+
+    run_dir = Path(cfg.run_dir)
+    rank = dist.get_global_rank()
+    watchdog = StallWatchdog(
+        run_dir,
+        rank,
+        announce=lambda code, why: announce(rank, code, why),
+        grace_s=PEER_GRACE_S if dist.get_world_size() > 1 else 0.0,
+    )
+    watch_peers(rank, watchdog.stop_for_peer)
+    sync = StepSync(per_rank_batch)  # first at AFTER_TRAIN_BATCH: the guard, stats and preemption read its totals
+    preemption = Preemption(watchdog, cfg.preemption_grace_s, sync)
+    grad_clip = GradClip(cfg.optim.grad_clip)
+    stats = TrainStats(grad_clip, sync, run["manifest"]["splits"]["train"]["clip_ids"])
+    rotation = CheckpointRotation(run_dir, cfg.keep_checkpoints)
+    store = store_for(cfg.checkpoint_dir)
+    after_saver = [rotation]
+    if store is not None:
+        after_saver.append(
+            CheckpointUpload(store, run["launch"], run_dir, cfg.keep_checkpoints, cfg.inject_stop_after_commit_step)
+        )
+    export = Export(
+        run_dir,
+        model.dit,
+        cfg.export_every,
+        cfg.max_steps,
+        lambda step: export_metadata(cfg, run, step),
+        lambda: preemption.preempted_at is not None,
+        store,
+        run["launch"],
+    )
+    guard = NonFiniteGuard(sync, cfg.inject_nonfinite_step, cfg.inject_nonfinite_rank)
+    val = ValidationLog("val")
+    global_batch = GlobalBatchRecord(cfg.global_batch)  # in every checkpoint: a resume sees a changed one
+    ordered = [
+        global_batch,
+        rotation.clock,
+        sync,
+        guard,
+        grad_clip,
+        stats,
+        preemption,
+        StepDeadline(watchdog, cfg.stall_timeout_s, cfg.stall_floor_s),
+        val,
+        export,
+        RunFiles(run_dir, resolved_config(cfg, run["manifest"], per_rank_batch), stats),
+    ]
+    if cfg.console_log_every > 0:  # after stats, preemption and val; train.log gets the lines even under the bar
+        ordered.append(
+            ConsoleLog(
+                cfg.console_log_every,
+                cfg.max_steps,
+                stats,
+                val,
+                preemption,
+                console=console_lines_wanted(cfg.console_log_every, cfg.progress_bar),
+            )
+        )
+    at_start = None
+    if cfg.val_at_start and validates(cfg) and run["resumed_step"] is None:  # a resume never repeats it
+        at_start = ValidateAtStart(preemption, cfg.inject_sigterm_at_val0)
+        ordered.append(at_start)
+    return {
+        "callbacks": ordered,
+        "preemption": preemption,
+        "after_saver": after_saver,
+        "global_batch": global_batch,
+        "validate_at_start": at_start,
+    }
+
+
+def build_loggers(cfg: TrainConfig) -> list:
+    """CSV tables always, then the yaml's `loggers:` (gcc/training/loggers.py)."""
+    from gcc.training import loggers
+    from gcc.training.callbacks import TRAIN_COLUMNS, VAL_COLUMNS
+
+    return loggers.build_loggers(cfg.run_dir, cfg.loggers, {"train_log": TRAIN_COLUMNS, "val_log": VAL_COLUMNS})
+
+
+def samples_in(batch) -> int:
+    return len(batch["clip_id"])
+
+
+def build_evaluators(cfg: TrainConfig, val_loader: DataLoader | None, preemption) -> list:
+    """Validation every `val_every` steps, and once more at the end of training (not after a preemption) when
+    the last step is not a multiple of it. The step-0 one (`val_at_start`) runs the same evaluators, from
+    ValidateAtStart."""
+    if val_loader is None:
+        return []
+    from composer import Evaluator
+    from composer.core import DataSpec, Event
+
+    def eval_interval(state, event) -> bool:
+        step = int(state.timestamp.batch)
+        if event == Event.BATCH_END:
+            return step % cfg.val_every == 0
+        if event == Event.FIT_END:
+            return preemption.preempted_at is None and step >= cfg.max_steps and step % cfg.val_every != 0
+        return False
+
+    return [
+        Evaluator(
+            label="val",
+            dataloader=DataSpec(val_loader, get_num_samples_in_batch=samples_in),
+            eval_interval=eval_interval,
+        )
+    ]
+
+
+class MicroBatch(dict):
+    """A micro-batch that Composer's trainer does not deep-copy.
+
+    Composer 0.32.1 `_train_microbatch` deep-copies every micro-batch only to feed train metrics, which this model
+    has none of; at full geometry that is a copy of ~35 MB of latents and sem ids per sample per micro-batch.
+    """
+
+    def __deepcopy__(self, memo) -> MicroBatch:
+        return self
+
+
+def build_trainer(
+    cfg: TrainConfig,
+    device,
+    model,
+    train_loader: DataLoader,
+    evaluators: list,
+    callbacks: list,
+    loggers: list,
+    fsdp: dict | None,
+):
+    """Composer's Trainer with autoresume and batch-based checkpoints (an epoch-end save would lose Streaming's
+    position). Under FSDP Composer shards the meta-device model and each rank initialises its shard."""
+    import torch
+    from composer import Trainer
+    from composer.core import DataSpec
+
+    from gcc.model.fsdp import mean_gradients_on_gloo, meta_init_on
+    from gcc.model.optim import build_optimizer, trainer_schedule_kwargs
+    from gcc.training.engine import use_lean_engine
+    from gcc.training.run_folder import ckpt_dir
+
+    opt = build_optimizer(model, cfg.optim.lr, cfg.optim.cond_lr, cfg.optim.weight_decay)
+    with meta_init_on("cuda" if torch.cuda.is_available() else "cpu"):
+        trainer = Trainer(
+            model=model,
+            run_name=Path(cfg.run_dir).name,
+            device=device,
+            train_dataloader=DataSpec(
+                train_loader, get_num_samples_in_batch=samples_in, microbatch_transforms=MicroBatch
+            ),
+            eval_dataloader=evaluators or None,
+            max_duration=f"{cfg.max_steps}ba",
+            optimizers=opt,
+            **trainer_schedule_kwargs(opt, cfg.optim.warmup_steps),
+            device_train_microbatch_size=cfg.micro_batch,
+            precision="fp32" if cfg.precision == "fp32" else "amp_bf16",
+            parallelism_config=fsdp,
+            save_folder=str(ckpt_dir(Path(cfg.run_dir))),
+            save_interval=f"{cfg.checkpoint_every}ba",
+            save_num_checkpoints_to_keep=-1,  # CheckpointRotation keeps N across restarts
+            autoresume=cfg.autoresume,
+            loggers=loggers,
+            callbacks=callbacks,
+            progress_bar=cfg.progress_bar,
+            log_to_console=False,
+            seed=cfg.seed,
+            dist_timeout=cfg.dist_timeout,
+        )
+    use_lean_engine(trainer)
+    if fsdp is not None:
+        mean_gradients_on_gloo(model)
+    return trainer

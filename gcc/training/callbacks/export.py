@@ -1,0 +1,70 @@
+"""`step-N.safetensors` every `export_every` steps and at the end of training (docs/design.md §9.9), also uploaded
+beside the checkpoints when they are on object storage, as long as this launch owns that prefix (a launch that lost
+it to another stops on every rank: `TakenOver`, exit code 3)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from composer.core import Callback, State
+from composer.loggers import Logger
+from composer.utils import dist
+
+from gcc.model.export import EXPORT_DTYPE, save_gc
+from gcc.model.fsdp import full_state_dict
+from gcc.training.checkpoint_store import CheckpointStore, TakenOver
+from gcc.training.run_folder import Refusal
+
+log = logging.getLogger(__name__)  # not `logger`: Composer passes its Logger under that name
+
+
+class Export(Callback):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        dit: torch.nn.Module,
+        every: int,
+        max_steps: int,
+        metadata: Callable[[int], dict],
+        is_preempted: Callable[[], bool] = lambda: False,
+        store: CheckpointStore | None = None,
+        launch: str = "",
+    ):
+        self.run_dir, self.dit, self.every, self.max_steps = Path(run_dir), dit, every, max_steps
+        self.metadata, self.is_preempted, self.store, self.launch = metadata, is_preempted, store, launch
+        self.last_step = -1
+
+    def export(self, state: State) -> None:
+        step = int(state.timestamp.batch)
+        # under FSDP a collective per tensor; the full bf16 state lands on rank 0's CPU
+        sd = full_state_dict(self.dit, EXPORT_DTYPE, keep=dist.get_global_rank() == 0)
+        taken_over = [""]
+        if dist.get_global_rank() == 0:
+            path = save_gc(sd, self.run_dir / f"step-{step}.safetensors", self.metadata(step))
+            log.info(f"export: {path}")
+            if self.store is not None:
+                try:
+                    self.store.upload_export(path, self.launch)
+                    log.info(f"export: uploaded to {self.store.url}/{path.name}")
+                except (TakenOver, Refusal) as e:
+                    taken_over[0] = str(e)
+        self.last_step = step
+        dist.broadcast_object_list(taken_over, src=0)  # also the barrier: every rank stops here on a TakenOver
+        if taken_over[0]:
+            raise TakenOver(taken_over[0])
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        if self.every and int(state.timestamp.batch) % self.every == 0:
+            self.export(state)
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        # the end of training, not a preemption (a preempted run's relaunch exports when it really ends)
+        if (
+            int(state.timestamp.batch) != self.last_step
+            and int(state.timestamp.batch) >= self.max_steps
+            and not self.is_preempted()
+        ):
+            self.export(state)

@@ -1,0 +1,138 @@
+"""One `train_log.csv` row and TensorBoard `train/*` scalars per optimizer step (docs/design.md §9.10).
+
+Per micro-batch (AFTER_LOSS) it adds the objective's stats and the batch's dropouts to the step's one
+reduction (`StepSync`, on the device), so every number describes the whole global batch. `clips` lists every
+rank's clip ids in rank order, named on rank 0 from the sample ids with the manifest's train clip_ids.
+`step_time` is wall time from asking the loader for the batch to the end of the step (data wait included,
+validation and checkpointing excluded); `data_time` is the loader-wait part; `time`
+is the Unix time at the end of the step (differences of consecutive rows: the true period, everything included).
+"""
+
+from __future__ import annotations
+
+import time
+from functools import lru_cache
+
+import psutil
+import torch
+from composer.core import Callback, State
+from composer.loggers import Logger
+from composer.utils import dist
+
+from gcc.errors import DamagedData
+from gcc.training.callbacks.grad_clip import GradClip
+from gcc.training.callbacks.step_sync import StepSync
+from gcc.training.columns import TRAIN_COLUMNS
+
+_STATS = ["mse", "timestep", "sem_rms", "x_rms"]  # the objective's micro-batch means
+_PER_CLIP = ["drop_text", "drop_cond", "mask_frac"]  # the batch's per-clip values, logged as their means
+_MEANS = _STATS + ["text_drop", "cond_drop", "mask_frac"]
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident memory (host), GB."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+
+
+@lru_cache(maxsize=1)
+def _this_process() -> psutil.Process:
+    return psutil.Process()
+
+
+def memory_gb() -> float:
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 1e9
+    return _this_process().memory_info().rss / 1e9
+
+
+class TrainStats(Callback):
+    def __init__(self, grad_clip: GradClip, sync: StepSync, clip_ids: list[str]):
+        self.grad_clip, self.sync, self.clip_ids = grad_clip, sync, clip_ids
+        self.step_times: list[float] = []
+        self.data_times: list[float] = []
+        self.last_row: dict | None = None  # rank 0: the step's train_log row
+        sync.source(_MEANS + ["n"], self._sums)
+        self._reset()
+
+    def _reset(self) -> None:
+        # per micro-batch of the step: (the objective's stats, the batch's per-clip values and epochs); small
+        # tensors only, not the batch, which would keep every micro-batch's inputs alive until the step's end
+        self._micro: list[tuple[dict, dict]] = []
+        self._own_clips: list[str] = []
+        self._lrs = (float("nan"), float("nan"))
+
+    def _sums(self) -> torch.Tensor:
+        """This rank's sums for the step's reduce, in the order of _MEANS + n: the objective's per-micro-batch means
+        weighted by the micro-batch's clip count, the per-clip dropouts summed. A few kernels per step."""
+        if not self._micro:
+            return torch.zeros(len(_MEANS) + 1)
+        counts = [len(b["epoch"]) for _, b in self._micro]
+        dev = self._micro[0][0]["mse"].device
+        means = torch.stack(
+            [
+                torch.stack([torch.as_tensor(st[k], device=dev).float().reshape(()) for k in _STATS])
+                for st, _ in self._micro
+            ]
+        ).double()  # [micro-batches, stats]
+        weighted = (means * torch.tensor(counts, device=dev, dtype=torch.float64)[:, None]).sum(0)
+        drops = [torch.cat([b[k].reshape(-1) for _, b in self._micro]).to(dev).double().sum() for k in _PER_CLIP]
+        return torch.cat(
+            [weighted, torch.stack(drops), torch.tensor([float(sum(counts))], device=dev, dtype=torch.float64)]
+        )
+
+    def before_dataloader(self, state: State, logger: Logger) -> None:
+        self._t0 = time.perf_counter()
+
+    def after_dataloader(self, state: State, logger: Logger) -> None:
+        self._t_data = time.perf_counter() - self._t0
+
+    def after_loss(self, state: State, logger: Logger) -> None:
+        b = state.batch
+        self._micro.append((state.outputs["stats"], {k: b[k] for k in (*_PER_CLIP, "epoch")}))
+        self._own_clips += b["clip_id"]
+
+    def after_train_batch(self, state: State, logger: Logger) -> None:
+        # the lr the optimizer is about to apply for this step (the scheduler steps after BATCH_END's prelude)
+        groups = state.optimizers[0].param_groups
+        self._lrs = (groups[0]["lr"], groups[1]["lr"] if len(groups) > 1 else float("nan"))
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        step_time = time.perf_counter() - self._t0
+        self.step_times.append(step_time)
+        self.data_times.append(self._t_data)
+        if dist.get_global_rank() != 0:  # the loggers write on rank 0 only
+            self._reset()
+            return
+        tot = self.sync.totals
+        n = max(tot["n"], 1.0)
+        mean = {k: tot[k] / n for k in _MEANS}
+        clips = [self.clip_ids[i] for i in self.sync.sample_ids]
+        if clips[: len(self._own_clips)] != self._own_clips:  # rank 0's own slots come first
+            raise DamagedData(
+                f"train split: sample ids name {clips[: len(self._own_clips)]} by the manifest's "
+                f"train clip_ids, but the shards hold {self._own_clips}: manifest.json and the shards "
+                f"disagree"
+            )
+        epochs = torch.cat([b["epoch"] for _, b in self._micro]) if self._micro else None
+        row = {
+            "step": int(state.timestamp.batch),
+            "loss": float(state.total_loss_dict.get("loss/train/total", float("nan"))),
+            **mean,
+            "lr": self._lrs[0],
+            "cond_lr": self._lrs[1],
+            "grad_norm": self.grad_clip.last_norm,
+            "step_time": step_time,
+            "data_time": self._t_data,
+            "mem_gb": memory_gb(),
+            "epoch": int(epochs.min()) if epochs is not None else int(state.timestamp.epoch),
+            "time": time.time(),
+            "clips": ";".join(clips),
+        }
+        self.last_row = row
+        logger.log_table(TRAIN_COLUMNS, [[row[c] for c in TRAIN_COLUMNS]], name="train_log")
+        scalars = {f"train/{k}": row[k] for k in TRAIN_COLUMNS if k not in ("step", "time", "clips")}
+        scalars["train/sem_over_x"] = row["sem_rms"] / row["x_rms"] if row["x_rms"] else float("nan")
+        logger.log_metrics(scalars)
+        self._reset()

@@ -1,0 +1,185 @@
+"""What a launch prints: Python `logging` for every `gcc.*` module, configured once per process, and the run
+folder's own copy of it, `<run_dir>/train.log`.
+
+Rank 0 speaks for the run (`gcc.train: <message>`, warnings and errors on stderr); other ranks stay quiet
+except for records logged with `extra=ALL_RANKS` (a per-rank figure such as the memory a rank used to load the
+model). The level is the yaml's `log_level` (DEBUG, INFO, WARNING, ERROR).
+
+`train.log` (docs/training.md, "The run folder") gets, appended launch after launch, a header line per launch,
+rank 0's console lines and every rank's own warnings and errors: the same records as the console, so a verdict
+that every rank logs is there once (rank 0's). Records logged with `extra=RUN_LOG_ONLY` go there alone: the
+progress lines while Composer's bar draws on a terminal, and a rank's traceback (the console has Python's own).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gcc.redact import RedactingFilter
+
+PREFIX = "gcc.train: "
+ALL_RANKS = {"all_ranks": True}
+RUN_LOG_ONLY = {"run_log_only": True}
+RUN_LOG = "train.log"
+
+
+class _RankFilter(logging.Filter):
+    def __init__(self, rank: int):
+        super().__init__()
+        self.rank = rank
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.rank == 0 or getattr(record, "all_ranks", False)
+
+
+class _Below(logging.Filter):
+    def __init__(self, level: int):
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < self.level
+
+
+def _not_run_log_only(record: logging.LogRecord) -> bool:
+    return not getattr(record, "run_log_only", False)
+
+
+def _gcc_logger() -> logging.Logger:
+    return logging.getLogger("gcc")
+
+
+def configure_logging(level: str = "INFO", rank: int = 0) -> None:
+    """Route the `gcc` logger to stdout (below WARNING) and stderr (WARNING and up), flushed per line. A run log
+    opened before (`open_run_log`) stays."""
+    root = _gcc_logger()
+    for h in list(root.handlers):
+        if not isinstance(h, RunLogHandler):
+            root.removeHandler(h)
+    fmt = logging.Formatter(PREFIX + "%(message)s")
+    out = logging.StreamHandler(sys.stdout)
+    out.addFilter(_Below(logging.WARNING))
+    err = logging.StreamHandler(sys.stderr)
+    err.setLevel(logging.WARNING)
+    for h in (out, err):
+        h.setFormatter(fmt)
+        h.addFilter(_RankFilter(rank))
+        h.addFilter(_not_run_log_only)
+        h.addFilter(RedactingFilter())  # a credential in a URL or path never reaches the job log
+        root.addHandler(h)
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
+class RunLogHandler(logging.Handler):
+    """Appends each record as one write() to a file opened with O_APPEND: the ranks of a node append to one file
+    without cutting into each other's lines (on NFS, which emulates O_APPEND, lines from several nodes could still
+    clash; the other ranks write only their rare warnings)."""
+
+    def __init__(self, fd: int, path: Path, rank: int):
+        super().__init__()
+        self.fd, self.path, self.rank = fd, path, rank
+        fmt = logging.Formatter(f"%(asctime)s rank {rank} %(levelname)s {PREFIX}%(message)s", "%Y-%m-%dT%H:%M:%SZ")
+        fmt.converter = time.gmtime
+        self.setFormatter(fmt)
+
+    def write(self, text: str) -> None:
+        data = text.encode("utf-8", "backslashreplace")
+        while data:
+            data = data[os.write(self.fd, data) :]
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.fd < 0:
+            return
+        try:
+            self.write(self.format(record) + "\n")
+        except OSError as e:  # a full or gone disk: the run deals with it; the log says so once and stops
+            self.close()
+            sys.stderr.write(
+                f"{PREFIX}rank {self.rank}: {self.path}: cannot be written ({e.strerror}); it gets no "
+                f"more lines from this rank in this launch\n"
+            )
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        super().close()
+
+
+def git_revision() -> str:
+    """The commit of the code this launch runs, `+modified` when tracked files differ from it; "" when the code is
+    not a git checkout (an installed package) or git cannot say."""
+    root = Path(__file__).resolve().parents[2]  # gcc/training/console.py -> the repository
+    if not (root / ".git").exists():
+        return ""
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if rev.returncode != 0:
+            return ""
+        changed = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return rev.stdout.strip() + ("+modified" if changed.returncode == 0 and changed.stdout.strip() else "")
+
+
+def launch_header(world: int) -> str:
+    """The line that opens a launch in train.log: UTC time, host, world size, rank 0's pid, git revision."""
+    rev = git_revision()
+    return (
+        f"==== launch {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}  host {socket.gethostname()}  "
+        f"world {world}  pid {os.getpid()}" + (f"  git {rev}" if rev else "") + " ===="
+    )
+
+
+def open_run_log(run_dir: str | Path, rank: int, world: int) -> Path:
+    """Append this rank's share of the console to `<run_dir>/train.log` from now on (see the module's docstring);
+    rank 0 first writes the launch's header line. The file is created with the user's umask and never opened
+    through a link; anything but a regular file there is a Refusal naming it, a run_dir that cannot be created a
+    ConfigError."""
+    from gcc.training.config import ConfigError
+    from gcc.training.run_folder import Refusal
+
+    path = Path(run_dir) / RUN_LOG
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"run_dir: {run_dir}: cannot be created ({e.strerror})") from None
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO: no wait
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        raise Refusal(
+            f"{path}: cannot be opened as the run's log ({e.strerror}; a symbolic link or not a file?); "
+            f"remove it and relaunch"
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Refusal(f"{path}: not a regular file; remove it and relaunch")
+    os.set_blocking(fd, True)
+    handler = RunLogHandler(fd, path, rank)
+    if rank == 0:
+        handler.write(launch_header(world) + "\n")
+    else:
+        handler.setLevel(logging.WARNING)  # the other ranks' own warnings and errors
+    handler.addFilter(_RankFilter(rank))
+    handler.addFilter(RedactingFilter())
+    root = _gcc_logger()
+    for h in list(root.handlers):  # one run log per process (a second launch in one process: tests)
+        if isinstance(h, RunLogHandler):
+            root.removeHandler(h)
+            h.close()
+    root.addHandler(handler)
+    return path

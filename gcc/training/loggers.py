@@ -1,0 +1,119 @@
+"""The run's loggers, chosen in yaml (`loggers:`), built from Composer's own logger classes (docs/training.md).
+
+    loggers:
+      tensorboard: {}                      # the default: one event file per launch in <run_dir>/tensorboard/
+      wandb: {project: gc25d, entity: me}  # Composer's WandBLogger; any of its arguments
+      mlflow: {experiment_name: gc25d}     # Composer's MLFlowLogger; any of its arguments
+
+`train_log.csv` and `val_log.csv` are always written (gcc/training/csv_logger.py). Every logger receives the same
+`train/*` and `val/*` scalars. The CSV rows reach the loggers as Composer tables: only the CSV logger keeps
+them (W&B and MLflow would store one table artifact per step). Defaults that make a relaunch continue the
+same run: W&B gets a run id fixed by the run folder (`resume: allow`, files under `<run_dir>/wandb/`), MLflow
+looks up the run by name (`resume: true`) in `tracking_uri`, `MLFLOW_TRACKING_URI` or else the file store
+`<run_dir>/mlruns`. Both use the
+run folder's name as the run name. System metrics (psutil / NVML sampling) are off unless asked for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+from pathlib import Path
+from typing import Any
+
+from composer.loggers import MLFlowLogger, WandBLogger
+
+from gcc.training.csv_logger import CSVLogger
+from gcc.training.tensorboard_logger import LocalTensorboardLogger
+
+LOGGERS = ("tensorboard", "wandb", "mlflow")
+
+
+class TablelessWandBLogger(WandBLogger):
+    def init(self, state, logger) -> None:
+        import wandb
+
+        # Composer 0.32.1 reads the run's URL with Run.get_url(), which wandb removed (0.20) for Run.url; the
+        # wandb that installs beside this project's protobuf is newer (tests/training/test_loggers.py runs it for real)
+        if not hasattr(wandb.Run, "get_url"):
+            wandb.Run.get_url = lambda run: run.url
+        super().init(state, logger)
+
+    def log_table(self, *args, **kwargs) -> None:  # the CSV logger keeps the per-step rows
+        pass
+
+    # Checkpoints live in the run folder, never in W&B: Composer's autoresume would otherwise ask W&B's API for
+    # a checkpoint artifact (an error offline or without an API key)
+    def can_upload_files(self) -> bool:
+        return False
+
+    def download_file(self, remote_file_name: str, *args, **kwargs) -> None:
+        raise FileNotFoundError(f"{remote_file_name}: gcc keeps checkpoints in the run folder, not in W&B")
+
+
+class TablelessMLFlowLogger(MLFlowLogger):
+    def log_table(self, *args, **kwargs) -> None:  # the CSV logger keeps the per-step rows
+        pass
+
+
+def _composer_class(name: str):
+    return {"tensorboard": LocalTensorboardLogger, "wandb": WandBLogger, "mlflow": MLFlowLogger}[name]
+
+
+def check_logger_options(loggers: dict[str, Any]) -> list[str]:
+    """Problems with the yaml's `loggers:` section, each naming the key (empty: fine). Needs no logger package."""
+    problems = []
+    for name, options in loggers.items():
+        if name not in LOGGERS:
+            problems.append(f"loggers.{name}: unknown logger; choose from {', '.join(LOGGERS)}")
+            continue
+        if options is not None and not isinstance(options, dict):
+            problems.append(f"loggers.{name}: expected a mapping of options (or {{}}), got {options!r}")
+            continue
+        params = set(inspect.signature(_composer_class(name).__init__).parameters) - {"self", "log_dir"}
+        for key in sorted(set(options or {}) - params):
+            problems.append(
+                f"loggers.{name}.{key}: not an option of Composer's {_composer_class(name).__name__} "
+                f"({', '.join(sorted(params))})"
+            )
+    return problems
+
+
+def wandb_run_id(run_dir: str | Path) -> str:
+    """A W&B run id that stays the same for every launch of one run folder."""
+    path = str(Path(run_dir).resolve())
+    return f"{Path(path).name[:40]}-{hashlib.sha1(path.encode()).hexdigest()[:10]}"
+
+
+def build_loggers(run_dir: str | Path, loggers: dict[str, Any], tables: dict[str, list[str]]) -> list:
+    """CSV tables always, then the yaml's loggers in its order."""
+    run_dir = Path(run_dir)
+    out: list = [CSVLogger(run_dir, tables)]
+    for name, options in loggers.items():
+        kw = dict(options or {})
+        if name == "tensorboard":
+            out.append(LocalTensorboardLogger(log_dir=str(run_dir / "tensorboard"), **{"flush_interval": 10, **kw}))
+        elif name == "wandb":
+            init = {
+                "dir": str(run_dir),
+                "id": wandb_run_id(run_dir),
+                "resume": "allow",
+                **(kw.pop("init_kwargs", None) or {}),
+            }
+            Path(init["dir"]).mkdir(parents=True, exist_ok=True)
+            out.append(TablelessWandBLogger(**{"name": run_dir.name, **kw, "init_kwargs": init}))
+        elif name == "mlflow":
+            uri = str(
+                kw.pop("tracking_uri", None)
+                or os.environ.get("MLFLOW_TRACKING_URI")
+                or (run_dir / "mlruns").resolve().as_uri()
+            )
+            if uri.startswith("file:"):  # MLflow 3 refuses its file store unless asked; a local run folder has no DB
+                os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            out.append(
+                TablelessMLFlowLogger(
+                    **{"run_name": run_dir.name, "tracking_uri": uri, "resume": True, "log_system_metrics": False, **kw}
+                )
+            )
+    return out

@@ -1,0 +1,316 @@
+"""The run folder: one live run at a time, one run identity per folder, and checkpoints that are never half-read.
+
+    <run_dir>/.lock                 flock held by global rank 0 while the run lives (freed by the OS on any death)
+    <run_dir>/run.json              the run signature (docs/design.md §9.3) and lineage (init_ckpt), written at first
+                                    start; a changed global batch is appended to the lineage (batch_change.py)
+    <run_dir>/checkpoints/          Composer checkpoints + latest-rank0.pt symlink to the newest:
+                                    DDP: one file ep{E}-ba{B}-rank0.pt; FSDP: a folder ep{E}-ba{B}/ of torch DCP
+                                    shards (__<rank>_0.distcp, one per rank) and its .metadata
+    <run_dir>/step-N.safetensors    exports (docs/design.md §9.9)
+
+Composer writes a checkpoint in place and then replaces the `latest` symlink (remove + create). A SIGKILL can
+therefore leave a truncated file or a partial folder newer than `latest`, or no `latest` at all.
+`repair_checkpoints` runs before the Trainer starts: it points `latest` at the newest complete checkpoint and
+deletes anything newer, so a partial checkpoint is never loaded and Composer's "newer checkpoint in folder"
+check never trips on one. Complete means: a torch.save file is a zip with its end-of-central-directory record;
+a DCP folder has its `.metadata`, which DCP writes (to a temporary name, then renamed) only after every rank
+has written and fsynced its shard.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from gcc.storage import atomic_write, sha256_file
+
+logger = logging.getLogger(__name__)
+
+CKPT_RE = re.compile(r"^ep(\d+)-ba(\d+)(-rank0\.pt)?$")  # a DDP checkpoint file or an FSDP (DCP) folder
+DCP_METADATA = ".metadata"
+LATEST = "latest-rank0.pt"
+
+
+class Refusal(Exception):
+    """The run must not start (docs/design.md §9.5): exit code 3 with this message."""
+
+
+# ---- lock ---------------------------------------------------------------------------------------------
+class RunLock:
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / ".lock"
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:  # never through a link: a planted one would make us truncate its target
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        except OSError as e:
+            raise Refusal(
+                f"{self.path}: cannot be opened as the run's lock file ({e.strerror}; a symbolic link or "
+                f"not a file?); remove it and relaunch"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
+            os.close(fd)
+            raise Refusal(
+                f"{self.path.parent}: another live run holds {self.path} ({holder}); "
+                f"wait for it to finish or stop it first"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        self.fd = fd  # kept open for the life of the process; the kernel releases it on any exit
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+# ---- identity -----------------------------------------------------------------------------------------
+def file_digest(path: str, known: dict[str, Any] | None = None) -> dict[str, Any]:
+    """sha256 of a (possibly 10 GB) file, reusing a stored digest when path, size and mtime are unchanged."""
+    if not path:
+        return {"path": "", "sha256": ""}
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if known and known.get("sha256") and known.get("path") == os.path.realpath(path):
+            return known  # moved since the launch that recorded it: that digest stands (a resume does not read it)
+        raise
+    stamp = {"path": os.path.realpath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    if known and all(known.get(k) == v for k, v in stamp.items()):
+        return known
+    return {**stamp, "sha256": sha256_file(path)}
+
+
+# signature fields added after some runs were recorded, with the value those runs had
+ADDED_FIELDS = {
+    "parallelism": "ddp",  # before FSDP2 every CPU run (the only ones recorded) was DDP
+    "data.limit": None,
+}  # the whole train split
+# fields that earlier runs recorded and that may now change on resume (gcc/training/batch_change.py)
+DROPPED_FIELDS = ("global_batch",)
+
+
+def comparable(signature: dict[str, Any]) -> dict[str, Any]:
+    """A signature as compared: a file digest (path, size, mtime, sha256) compares by its sha256 only."""
+    signature = {**ADDED_FIELDS, **signature}
+    return {
+        k: (v.get("sha256", "") if isinstance(v, dict) else v) for k, v in signature.items() if k not in DROPPED_FIELDS
+    }
+
+
+def diff_signatures(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    old, new = comparable(old), comparable(new)
+    return [
+        f"{k}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}"
+        for k in sorted(set(old) | set(new))
+        if old.get(k) != new.get(k)
+    ]
+
+
+def stored_record(run_dir: Path) -> dict[str, Any] | None:
+    path = Path(run_dir) / "run.json"
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_bytes())
+    except (OSError, ValueError) as e:  # ValueError: not UTF-8 or not JSON
+        raise Refusal(
+            f"{path}: not a run record gcc wrote ({type(e).__name__}: {e}); restore it, or use another run_dir"
+        ) from None
+    if not (
+        isinstance(record, dict)
+        and isinstance(record.get("signature"), dict)
+        and isinstance(record.get("lineage"), dict)
+    ):
+        raise Refusal(
+            f"{path}: not a run record gcc wrote (expected an object with 'signature' and 'lineage'); "
+            f"restore it, or use another run_dir"
+        )
+    return record
+
+
+def check_identity(run_dir: Path, signature: dict[str, Any], lineage: dict[str, Any]) -> dict[str, Any]:
+    """First start: record signature + lineage. Relaunch: the signature must match (exit 3 otherwise)."""
+    path = Path(run_dir) / "run.json"
+    if not path.exists():
+        if list_checkpoints(run_dir):
+            raise Refusal(
+                f"{run_dir}: holds checkpoints but no run.json, so its run signature is unknown; use another run_dir"
+            )
+        record = {"signature": signature, "lineage": lineage}
+        atomic_write(path, json.dumps(record, indent=1, sort_keys=True))
+        return record
+    record = stored_record(run_dir)
+    diffs = diff_signatures(record["signature"], signature)
+    if diffs:
+        raise Refusal(
+            f"{run_dir}: holds a run with a different signature; these fields differ "
+            f"(stored -> now):\n  "
+            + "\n  ".join(diffs)
+            + "\nOnly max_steps, the GPU/node count, the global batch (the run then continues at the next "
+            "epoch), workers and logging may change on resume. Use another run_dir to start a different "
+            "run."
+        )
+    return record
+
+
+# ---- checkpoints --------------------------------------------------------------------------------------
+def ckpt_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def checkpoint_step(path: str | Path) -> int:
+    """The optimizer step B of a checkpoint named ep{E}-ba{B}-rank0.pt (DDP) or ep{E}-ba{B} (FSDP folder)."""
+    return int(CKPT_RE.match(Path(path).name).group(2))
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    d = ckpt_dir(run_dir)
+    if not d.exists():
+        return []
+    out = [
+        (int(m.group(2)), p)
+        for p in d.iterdir()
+        if (m := CKPT_RE.match(p.name)) and not p.is_symlink() and (p.is_dir() if m.group(3) is None else p.is_file())
+    ]
+    return sorted(out)
+
+
+def is_complete(path: Path) -> bool:
+    if path.is_dir():
+        return (path / DCP_METADATA).is_file()
+    return zipfile.is_zipfile(path)
+
+
+def remove_checkpoint(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def disk_gb(path: Path) -> float:
+    """Size of a checkpoint (a file, or a folder of shards), GB."""
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    return sum(p.stat().st_size for p in files) / 1e9
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    link = ckpt_dir(run_dir) / LATEST
+    if link.is_symlink() or link.exists():
+        target = link.resolve()
+        return target if target.exists() else None
+    return None
+
+
+def repair_checkpoints(run_dir: Path) -> Path | None:
+    """Point `latest` at the newest complete checkpoint; delete partial/newer leftovers. Returns it."""
+    ckpts = list_checkpoints(run_dir)
+    link = ckpt_dir(run_dir) / LATEST
+    latest = latest_checkpoint(run_dir)
+    if latest is None or not is_complete(latest):
+        complete = [p for _, p in ckpts if is_complete(p)]
+        latest = complete[-1] if complete else None
+        if latest is not None:
+            point_latest(run_dir, latest.name)
+            logger.info(f"checkpoints: 'latest' repaired -> {latest.name}")
+        elif link.is_symlink() or link.exists():
+            link.unlink()
+    latest_batch = checkpoint_step(latest) if latest is not None else -1
+    for batch, p in ckpts:
+        if batch > latest_batch or (p != latest and not is_complete(p)):
+            logger.info(f"checkpoints: removing incomplete/stale {p.name}")
+            remove_checkpoint(p)
+    return latest
+
+
+def to_rotate(ckpts: list, latest, keep: int) -> list:
+    """Of checkpoints in step order (local paths or remote names), those rotation deletes: all but the `keep`
+    newest up to `latest` (a newer one is a leftover that `repair` handles)."""
+    upto = ckpts[: ckpts.index(latest) + 1] if latest in ckpts else ckpts
+    return upto[:-keep] if keep > 0 else []
+
+
+def rotate_checkpoints(run_dir: Path, keep: int) -> list[Path]:
+    """Keep the `keep` newest checkpoints up to `latest` (across restarts); returns what was deleted."""
+    latest = latest_checkpoint(run_dir)
+    if latest is None:
+        return []
+    doomed = to_rotate([p for _, p in list_checkpoints(run_dir)], latest, keep)
+    for p in doomed:
+        remove_checkpoint(p)
+    return doomed
+
+
+def point_latest(run_dir: Path, name: str) -> None:
+    """`latest` -> checkpoints/<name> (replaced atomically: a symlink under a temporary name, renamed)."""
+    link = ckpt_dir(run_dir) / LATEST
+    tmp = link.with_name(f"{LATEST}.tmp{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.symlink(name, tmp)
+    os.replace(tmp, link)
+
+
+# ---- starting over ------------------------------------------------------------------------------------
+OUTPUTS = (
+    "step-*.safetensors",
+    "train_log*.csv",
+    "val_log*.csv",
+    "config.json",
+    "done.json",
+    "curves.png",
+    "tensorboard",
+    "stacks",
+    "checkpoints",
+)
+REPLACED = "replaced"
+
+
+def _data_rows(path: Path) -> int:
+    """The rows of a CSV log, but for the header and the step-0 validation's: a start from step 0 writes those
+    again (the same numbers: the same starting weights), so they do not make a folder used."""
+    try:
+        with open(path, "rb") as f:
+            lines = [line for line in f if line.strip()][1:]  # the header
+    except OSError:
+        return 0
+    return sum(1 for line in lines if line.split(b",", 1)[0].strip() != b"0")
+
+
+def what_a_restart_loses(run_dir: Path) -> list[str]:
+    """What a start from step 0 in `run_dir` would overwrite or drop: exports, logged rows (but step 0's),
+    checkpoints. train.log is never lost: every launch appends to it."""
+    run_dir = Path(run_dir)
+    exports = sorted(run_dir.glob("step-*.safetensors"), key=lambda p: p.stat().st_mtime)
+    found = [f"{len(exports)} export(s) (newest {exports[-1].name})"] if exports else []
+    found += [
+        f"{name} with {n} row(s)" for name in ("train_log.csv", "val_log.csv") if (n := _data_rows(run_dir / name))
+    ]
+    ckpts = list_checkpoints(run_dir)
+    found += [f"{len(ckpts)} checkpoint(s) (newest {ckpts[-1][1].name})"] if ckpts else []
+    return found
+
+
+def set_aside(run_dir: Path, stamp: str) -> Path:
+    """Start over on purpose (`allow_existing: true`): move everything a run wrote into
+    `<run_dir>/replaced/<stamp>/`, so that nothing is lost; run.json (the same signature) and the cache stay."""
+    run_dir = Path(run_dir)
+    dest = run_dir / REPLACED / stamp
+    dest.mkdir(parents=True, exist_ok=False)
+    for pattern in OUTPUTS:
+        for p in sorted(run_dir.glob(pattern)):
+            os.replace(p, dest / p.name)
+    return dest

@@ -1,0 +1,415 @@
+"""The ComposerModel objective, validation variants, param groups and warmup (docs/design.md §7, §9.8)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _gc_helpers import make_batch, null_embedding, randomize_cond, tiny_dit
+from torch.utils.data import DataLoader, Dataset
+
+from gcc.model.objective import GcTrainModel, GcValMSE, make_scheduler, resolve_timesteps, train_draw, val_noise
+from gcc.model.optim import BETAS, build_optimizer, param_groups, trainer_schedule_kwargs
+
+
+def _model(seed=0, dit_seed=0, **kw):
+    return GcTrainModel(tiny_dit(seed=dit_seed), seed=seed, null_context=null_embedding(), null_id=3, **kw)
+
+
+def test_loss_equals_hand_computation():
+    model = _model(seed=42)
+    randomize_cond(model.dit)
+    b = make_batch(B=2, sample_ids=[17, 5], epochs=[0, 3])
+    loss = model.loss(model(b), b)
+
+    sched = make_scheduler(1000, 5.0)
+    x0 = b["input_latents"].float()
+    expect = []
+    for i in range(2):
+        tid, eps = train_draw(42, int(b["sample_id"][i]), int(b["epoch"][i]), x0.shape[1:])
+        sigma, t = sched.sigmas[tid], sched.timesteps[tid]
+        x_t = (1 - sigma) * x0[i] + sigma * eps
+        x_t[:, 0] = x0[i, :, 0]  # clean first frame
+        with torch.no_grad():
+            pred = model.dit.gc_forward(
+                x_t[None],
+                t[None],
+                b["context"][i : i + 1].float(),
+                b["context_ids"][i : i + 1],
+                b["sem_ids"][i : i + 1],
+            )[0]
+        target = eps - x0[i]
+        mse = (pred[:, 1:] - target[:, 1:]).pow(2).mean()
+        expect.append(mse * sched.linear_timesteps_weights[tid])
+    torch.testing.assert_close(loss.detach(), torch.stack(expect).mean(), rtol=1e-5, atol=1e-6)
+
+
+def test_frame0_excluded_from_loss():
+    model = _model()
+    b = make_batch(B=2)
+    out = model(b)
+    loss = model.loss(out, b).item()
+    out["target"][:, :, 0] += 100.0
+    assert model.loss(out, b).item() == loss
+    out["target"][:, :, 1] += 1.0
+    assert model.loss(out, b).item() != loss
+
+
+def test_noise_and_tid_are_pure_functions_of_seed_sample_epoch():
+    shape = (48, 3, 4, 4)
+    torch.manual_seed(0)
+    tid, eps = train_draw(7, 123, 2, shape)
+    torch.manual_seed(999)
+    torch.randn(1000)  # global RNG state must not matter
+    tid2, eps2 = train_draw(7, 123, 2, shape)
+    assert tid == tid2 and torch.equal(eps, eps2)
+    for other in [(8, 123, 2), (7, 124, 2), (7, 123, 3)]:
+        _t3, e3 = train_draw(*other, shape)
+        assert not torch.equal(e3, eps)
+    tids = {train_draw(7, s, 0, (1,))[0] for s in range(200)}
+    assert min(tids) >= 0 and max(tids) <= 999 and len(tids) > 150
+
+
+def test_training_draws_do_not_depend_on_batch_composition_or_rng():
+    # same sample in a micro-batch of 2 or alone, global RNG disturbed: the same (t, eps) and the same loss term
+    model = _model(seed=3)
+    b = make_batch(B=2, sample_ids=[10, 11], epochs=[1, 1], seed=4)
+    out2 = model(b)
+    torch.manual_seed(12345)
+    single = {k: v[1:] for k, v in b.items()}
+    out1 = model(single)
+    assert out2["tid"][1] == out1["tid"][0]
+    torch.testing.assert_close(out2["target"][1:], out1["target"])
+    torch.testing.assert_close(out2["pred"][1:], out1["pred"], rtol=1e-4, atol=1e-5)
+
+
+def test_sem_rms_zero_at_init_and_grows_after_one_step():
+    model = _model()
+    b = make_batch(B=2)
+    model.train()
+    out = model(b)
+    assert out["sem_rms"].item() == 0.0
+    opt = build_optimizer(model, lr=1e-4, cond_lr=1e-2)
+    model.loss(out, b).backward()
+    opt.step()
+    opt.zero_grad()
+    assert model(b)["sem_rms"].item() > 0.0
+
+
+def test_param_groups():
+    model = _model()
+    groups = param_groups(model, lr=1e-5, cond_lr=1e-4, weight_decay=0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert [g["lr"] for g in groups] == [1e-5, 1e-4]
+    assert all(names[id(p)].startswith("dit.gc_sem_cond.") for p in groups[1]["params"])
+    assert not any("gc_sem_cond" in names[id(p)] for p in groups[0]["params"])
+    assert len(groups[0]["params"]) + len(groups[1]["params"]) == len(names) and len(groups[1]["params"]) == 6
+    opt = build_optimizer(model, lr=1e-5, cond_lr=1e-4)
+    assert isinstance(opt, torch.optim.AdamW)
+    assert all(g["betas"] == BETAS == (0.9, 0.999) and g["weight_decay"] == 0.01 for g in opt.param_groups)
+
+
+class _Batches(Dataset):
+    def __init__(self, n):
+        self.items = [make_batch(B=1, seed=i, sample_ids=[i]) for i in range(n)]
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return {k: v[0] for k, v in self.items[i].items()}
+
+
+def test_warmup_lr_applied_by_a_real_composer_trainer(tmp_path, monkeypatch):
+    from composer import Trainer
+
+    monkeypatch.chdir(tmp_path)
+    model = _model()
+    lr, cond_lr, warmup = 1e-3, 1e-2, 4
+    opt = build_optimizer(model, lr=lr, cond_lr=cond_lr)
+    applied = []  # the lr of each group when an update was actually taken
+    opt.register_step_post_hook(lambda o, args, kwargs: applied.append([g["lr"] for g in o.param_groups]))
+    trainer = Trainer(
+        model=model,
+        train_dataloader=DataLoader(_Batches(6), batch_size=2),
+        eval_dataloader=DataLoader(_Batches(3), batch_size=2),
+        eval_interval="3ba",
+        max_duration="3ba",
+        optimizers=opt,
+        **trainer_schedule_kwargs(opt, warmup),
+        device="cpu",
+        progress_bar=False,
+        log_to_console=False,
+        loggers=[],
+        save_folder=None,
+        run_name="warmup_test",
+    )
+    trainer.fit()
+    expect = [[lr * s / warmup, cond_lr * s / warmup] for s in (1, 2, 3)]
+    assert len(applied) == 3
+    for got, want in zip(applied, expect):
+        assert got == pytest.approx(want, rel=1e-9)
+    # validation ran through Composer: per timestep, 3 val clips
+    metric = trainer.state.eval_metrics["eval"]["val_mse"]
+    rows = metric.rows()
+    assert [round(r["timestep"], 1) for r in rows] == [201.3, 500.6, 799.7]
+    assert all(r["n"] == 3 for r in rows)
+    trainer.close()
+
+
+def test_micro_batches_are_not_deep_copied(tmp_path, monkeypatch):
+    """Composer deep-copies each micro-batch for train metrics; the model has none, so MicroBatch skips the copy."""
+    import composer.trainer.trainer as composer_trainer
+    from composer import Trainer
+    from composer.core import DataSpec
+
+    from gcc.training.builders import MicroBatch
+
+    monkeypatch.chdir(tmp_path)
+    model = _model()
+    assert model.get_metrics(is_train=True) == {}  # nothing would ever read the copy
+    copies = []
+    real = composer_trainer.deepcopy
+    monkeypatch.setattr(
+        composer_trainer, "deepcopy", lambda x, *a: copies.append((type(x), (y := real(x, *a)) is x)) or y
+    )
+    opt = build_optimizer(model, lr=1e-3, cond_lr=1e-3)
+    trainer = Trainer(
+        model=model,
+        train_dataloader=DataSpec(DataLoader(_Batches(4), batch_size=4), microbatch_transforms=MicroBatch),
+        device_train_microbatch_size=2,
+        max_duration="1ba",
+        optimizers=opt,
+        device="cpu",
+        progress_bar=False,
+        log_to_console=False,
+        loggers=[],
+        save_folder=None,
+        run_name="copy_test",
+    )
+    trainer.fit()
+    trainer.close()
+    assert [c for c in copies if c[0] is MicroBatch] == [(MicroBatch, True)] * 2  # two micro-batches, same objects
+
+
+def test_tensorboard_one_event_file_per_launch(tmp_path, monkeypatch):
+    """Composer's logger starts a new event file at every flush; ours keeps one file, holding every step."""
+    from composer import Trainer
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from gcc.training.tensorboard_logger import LocalTensorboardLogger
+
+    monkeypatch.chdir(tmp_path)
+    model = _model()
+    opt = build_optimizer(model, lr=1e-3, cond_lr=1e-3)
+    trainer = Trainer(
+        model=model,
+        train_dataloader=DataLoader(_Batches(4), batch_size=2),
+        max_duration="4ba",
+        optimizers=opt,
+        device="cpu",
+        progress_bar=False,
+        log_to_console=False,
+        save_folder=None,
+        loggers=[LocalTensorboardLogger(log_dir=str(tmp_path / "tb"), flush_interval=1)],
+        run_name="tb_test",
+    )  # 2 batches per epoch: flushes at every step and epoch end
+    trainer.fit()
+    trainer.close()
+    files = list((tmp_path / "tb" / "tb_test").glob("events.out.tfevents.*"))
+    assert len(files) == 1, files
+    acc = EventAccumulator(str(files[0]))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss/train/total")] == [0, 1, 2, 3]  # Composer logs the 0-based batch
+
+
+def test_tensorboard_writes_one_event_per_log_call_with_every_number(tmp_path):
+    """One event holds all of a call's scalars (Composer writes one per scalar); non-numbers are skipped."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    from gcc.training.tensorboard_logger import LocalTensorboardLogger
+
+    tb = LocalTensorboardLogger(log_dir=str(tmp_path))
+    tb.run_name = "run"
+    tb._initialize_summary_writer()
+    tb.log_metrics({"a": 1.5, "b": torch.tensor(2.25), "c": "text", "d": torch.ones(2)}, step=3)
+    tb.log_metrics({"a": 0.5}, step=4)
+    tb.close(None, None)
+    events = [
+        Event.FromString(r)
+        for f in (tmp_path / "run").glob("events.out.tfevents.*")
+        for r in RawEventFileLoader(str(f)).Load()
+    ]
+    events = [e for e in events if e.HasField("summary")]
+    assert [(e.step, {v.tag: v.simple_value for v in e.summary.value}) for e in events] == [
+        (3, {"a": 1.5, "b": 2.25}),
+        (4, {"a": 0.5}),
+    ]
+
+
+def _engine_calls(tmp_path, lean: bool) -> tuple[list, dict]:
+    """What a real Trainer's events call on three kinds of callback and a logger, with Composer's engine or
+    LeanEngine; and which of them LeanEngine would visit for BEFORE_FORWARD."""
+    from composer import Trainer
+    from composer.core import Callback, Event
+    from composer.loggers import LoggerDestination
+
+    from gcc.training.engine import use_lean_engine
+
+    calls = []
+
+    class Methods(Callback):  # overrides two event methods
+        def after_loss(self, state, logger):
+            calls.append(("after_loss", "Methods"))
+
+        def batch_end(self, state, logger):
+            calls.append(("batch_end", "Methods"))
+
+    class Everything(Callback):  # overrides run_event: sees every event
+        def run_event(self, event, state, logger):
+            calls.append((event.value, "Everything"))
+
+    class Log(LoggerDestination):  # loggers run after the other callbacks
+        def batch_end(self, state, logger):
+            calls.append(("batch_end", "Log"))
+
+    instance = Callback()  # an instance attribute, not a method of its class
+    instance.fit_end = lambda state, logger: calls.append(("fit_end", "instance"))
+    model = _model()
+    trainer = Trainer(
+        model=model,
+        train_dataloader=DataLoader(_Batches(4), batch_size=4),
+        device_train_microbatch_size=2,
+        max_duration="2ba",
+        device="cpu",
+        optimizers=build_optimizer(model, lr=1e-3, cond_lr=1e-3),
+        progress_bar=False,
+        log_to_console=False,
+        loggers=[Log()],
+        callbacks=[Methods(), Everything(), instance],
+        save_folder=None,
+        run_name="engine_test",
+    )
+    if lean:
+        use_lean_engine(trainer)
+    trainer.fit()
+    visited = {}
+    if lean:
+        visited = {
+            e: [type(c).__name__ for c in trainer.engine._handlers(e)] for e in (Event.BEFORE_FORWARD, Event.BATCH_END)
+        }
+    trainer.close()
+    return calls, visited
+
+
+def test_lean_engine_calls_what_composers_engine_calls_and_visits_only_handlers(tmp_path, monkeypatch):
+    from composer.core import Event
+
+    monkeypatch.chdir(tmp_path)
+    composer_calls, _ = _engine_calls(tmp_path, lean=False)
+    lean_calls, visited = _engine_calls(tmp_path, lean=True)
+    assert lean_calls == composer_calls
+    assert composer_calls.count(("after_loss", "Methods")) == 4  # 2 steps x 2 micro-batches
+    assert ("fit_end", "instance") in composer_calls
+    step_end = [c for c in composer_calls if c[0] == "batch_end"]
+    assert step_end[:3] == [("batch_end", "Methods"), ("batch_end", "Everything"), ("batch_end", "Log")]
+    assert visited[Event.BEFORE_FORWARD] == ["Everything"]
+    assert visited[Event.BATCH_END] == ["Methods", "Everything", "Log"]
+
+
+def test_the_nvml_check_deepspeed_sets_is_undone_unless_the_user_set_it():
+    """DeepSpeed (imported by DiffSynth when installed) sets PYTORCH_NVML_BASED_CUDA_CHECK=1 for the process,
+    which makes every torch.cuda.is_available() load NVML again; a user's own setting is kept."""
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        "import os, sys; import gcc.model.diffsynth_parts; "
+        "print('deepspeed' in sys.modules, os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
+    for user, want in ((None, "True None"), ("1", "True 1")):
+        e = env if user is None else dict(env, PYTORCH_NVML_BASED_CUDA_CHECK=user)
+        out = subprocess.run([sys.executable, "-c", probe], env=e, capture_output=True, text=True, check=True)
+        assert out.stdout.split("\n")[-2] == want, out
+
+
+def test_val_timesteps_resolve_to_scheduler_timesteps():
+    got = resolve_timesteps(make_scheduler(1000, 5.0), [200, 500, 800])
+    assert [round(t, 1) for _, t in got] == [201.3, 500.6, 799.7]
+    sched = make_scheduler(1000, 5.0)
+    assert all(float(sched.timesteps[i]) == t for i, t in got)
+
+
+def test_val_noise_pure():
+    torch.manual_seed(1)
+    a = val_noise(0, "clip_a", 952, (2, 3))
+    torch.manual_seed(2)
+    assert torch.equal(a, val_noise(0, "clip_a", 952, (2, 3)))
+    assert not torch.equal(a, val_noise(0, "clip_b", 952, (2, 3)))
+    assert not torch.equal(a, val_noise(0, "clip_a", 833, (2, 3)))
+    assert not torch.equal(a, val_noise(1, "clip_a", 952, (2, 3)))
+
+
+def test_val_variants_share_noise_and_differ_as_expected():
+    model = _model()
+    model.eval()
+    b = make_batch(B=2, seed=9)
+    out = model.eval_forward(b)
+    assert out["mse"].shape == (3, 2)
+    # zero-initialised cond: ids cannot matter, so with the same noise uncond == cond exactly
+    torch.testing.assert_close(out["mse_uncond"], out["mse"], rtol=0, atol=0)
+    assert (out["mse_nulltext"] - out["mse"]).abs().max() > 0
+    # nulltext == cond run on a batch whose every cell is NULL_PROMPT
+    nb = dict(b, context=null_embedding().expand(2, 3, -1, -1), context_ids=torch.full((2, 3), 3))
+    torch.testing.assert_close(model.eval_forward(nb)["mse"], out["mse_nulltext"])
+    randomize_cond(model.dit)
+    out2 = model.eval_forward(b)
+    assert (out2["mse_uncond"] - out2["mse"]).abs().min() > 0
+    # cond and nulltext by hand (the NULL_PROMPT embedding and id in every cell, the clip's own sem ids): the same
+    # val noise, the clean first frame, frames 1.. in the MSE; and the val_log gap is their difference
+    sched = make_scheduler(1000, 5.0)
+    x0 = b["input_latents"].float()
+    null_ctx, null_ids = null_embedding().float().expand(1, 3, -1, -1), torch.full((1, 3), 3)
+    hand = {"mse": torch.zeros(3, 2), "mse_nulltext": torch.zeros(3, 2)}
+    for j, (tid, t) in enumerate(resolve_timesteps(sched, [200, 500, 800])):
+        for i in range(2):
+            eps = val_noise(0, b["clip_id"][i], tid, x0.shape[1:])
+            x_t = (1 - sched.sigmas[tid]) * x0[i] + sched.sigmas[tid] * eps
+            x_t[:, 0] = x0[i, :, 0]
+            for name, ctx, ids in (
+                ("mse", b["context"][i : i + 1].float(), b["context_ids"][i : i + 1]),
+                ("mse_nulltext", null_ctx, null_ids),
+            ):
+                with torch.no_grad():
+                    pred = model.dit.gc_forward(x_t[None], torch.tensor([t]), ctx, ids, b["sem_ids"][i : i + 1])[0]
+                hand[name][j, i] = (pred[:, 1:] - (eps - x0[i])[:, 1:]).pow(2).mean()
+    torch.testing.assert_close(out2["mse"], hand["mse"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out2["mse_nulltext"], hand["mse_nulltext"], rtol=1e-5, atol=1e-6)
+    metric = GcValMSE([t for _, t in model.val_steps])
+    metric.update(out2["mse"], out2["mse_uncond"], out2["mse_nulltext"])
+    gaps = [r["gap_nulltext"] for r in metric.rows()]
+    assert gaps == pytest.approx((hand["mse_nulltext"] - hand["mse"]).double().mean(1).tolist(), rel=1e-4, abs=1e-6)
+    assert min(abs(g) for g in gaps) > 0
+    # eval is deterministic (no global RNG), and the same clip gets the same noise in any batch
+    torch.manual_seed(77)
+    torch.testing.assert_close(model.eval_forward(b)["mse"], out2["mse"])
+    single = {k: v[:1] for k, v in b.items()}
+    torch.testing.assert_close(model.eval_forward(single)["mse"], out2["mse"][:, :1], rtol=1e-4, atol=1e-6)
+
+
+def test_val_metric_rows():
+    m = GcValMSE([201.3, 500.6])
+    m.update(
+        torch.tensor([[1.0, 3.0], [2.0, 2.0]]),
+        torch.tensor([[2.0, 4.0], [2.0, 2.0]]),
+        torch.tensor([[1.5, 3.5], [1.0, 1.0]]),
+    )
+    m.update(torch.tensor([[5.0], [2.0]]), torch.tensor([[5.0], [2.0]]), torch.tensor([[5.0], [2.0]]))
+    rows = m.rows()
+    assert rows[0] == pytest.approx(
+        dict(timestep=201.3, mse=3.0, mse_uncond=11 / 3, mse_nulltext=10 / 3, gap_uncond=2 / 3, gap_nulltext=1 / 3, n=3)
+    )
+    assert rows[1]["gap_nulltext"] == pytest.approx(-2 / 3) and rows[1]["n"] == 3
+    assert m.compute().item() == pytest.approx((3.0 + 2.0) / 2)

@@ -1,0 +1,109 @@
+"""gcc-plot: a run folder's train_log.csv / val_log.csv as one PNG."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from gcc.tools import plot
+from gcc.training.callbacks import TRAIN_COLUMNS, VAL_COLUMNS
+
+
+def _write(path, columns, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(columns)
+        w.writerows([[r.get(c, 0.0) for c in columns] for r in rows])
+
+
+def _run_folder(tmp_path, steps=40, val_every=10):
+    train = [
+        {
+            "step": s,
+            "loss": 2.0 / s + 0.1 * math.sin(s),
+            "lr": min(1e-3, s * 1e-4),
+            "cond_lr": 1e-2,
+            "grad_norm": 1.0 / s,
+            "sem_rms": 0.01 * s,
+            "x_rms": 0.5,
+            "clips": "a;b",
+        }
+        for s in range(1, steps + 1)
+    ]
+    # from step 0 (val_at_start: the starting weights) every val_every steps
+    val = [
+        {
+            "step": s,
+            "timestep": t,
+            "mse": 1.0 / (s + 1) + t / 1e4,
+            "gap_uncond": 0.001 * s,
+            "gap_nulltext": 0.0005 * s,
+            "n": 4,
+        }
+        for s in range(0, steps + 1, val_every)
+        for t in (201.3, 500.6, 799.7)
+    ]
+    _write(tmp_path / "train_log.csv", TRAIN_COLUMNS, train)
+    _write(tmp_path / "val_log.csv", VAL_COLUMNS, val)
+    return train, val
+
+
+def _colored_panels(png) -> list[list[bool]]:
+    """Per panel of the 2 × 4 grid: does it hold colored pixels (curves; frames, grids and text are gray)?"""
+    img = np.asarray(Image.open(png).convert("RGB"), dtype=np.int16)
+    assert img.shape == (680, 1600, 3)
+    colored = (img.max(axis=2) - img.min(axis=2)) > 60
+    return [
+        [bool(colored[r * 340 : (r + 1) * 340, c * 400 : (c + 1) * 400].mean() > 0.001) for c in range(4)]
+        for r in range(2)
+    ]
+
+
+def test_plot_writes_one_png_with_every_panel(tmp_path, capsys):
+    train, _ = _run_folder(tmp_path)
+    assert plot.main([str(tmp_path)]) == 0
+    out = tmp_path / "curves.png"
+    assert f"wrote {out}" in capsys.readouterr().out
+    assert _colored_panels(out) == [[True] * 4, [True] * 3 + [False]]  # 7 panels with curves, then the notes
+    (tmp_path / "val_log.csv").unlink()  # before the first validation: the val panels are empty, not an error
+    assert plot.main([str(tmp_path)]) == 0
+    assert _colored_panels(out) == [[True] * 4, [False] * 4]
+    assert [r["step"] for r in plot.read_rows(tmp_path / "train_log.csv")] == [r["step"] for r in train]
+    assert "clips" not in plot.read_rows(tmp_path / "train_log.csv")[0]  # text columns are not plotted
+
+
+def test_smoothing_is_debiased_and_bounded():
+    assert plot.smooth([3.0, 3.0, 3.0], 0.9) == pytest.approx([3.0, 3.0, 3.0])  # no pull toward 0 at the start
+    s = plot.smooth([0.0, 10.0] * 50, 0.9)
+    assert 4.0 < s[-1] < 6.0 and max(s[2:]) < 10.0
+    assert plot.smooth([1.0, 2.0], 0.0) == [1.0, 2.0]
+
+
+def test_a_folder_without_a_train_log_is_a_clear_error(tmp_path, capsys):
+    assert plot.main([str(tmp_path / "nope")]) == plot.EXIT_NO_LOG
+    assert "train_log.csv: no train rows to plot" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        plot.main([str(tmp_path), "--smoothing", "1.5"])
+
+
+def test_the_demos_validation_table_shows_step_0_beside_the_later_steps(tmp_path):
+    from gcc.tools.demo import validation_table
+
+    _, val = _run_folder(tmp_path)
+    with open(tmp_path / "val_log.csv", newline="") as f:
+        lines = validation_table(list(csv.DictReader(f)))
+    assert "t = 201.3, 500.6, 799.7" in lines[0] and lines[1].split() == ["step", "mse", "gap_uncond", "gap_nulltext"]
+    steps = sorted({r["step"] for r in val})
+    assert [int(ln.split()[0]) for ln in lines[2:]] == steps == [0, 10, 20, 30, 40]
+    assert lines[2].endswith("(the starting weights)") and not lines[3].endswith("weights)")
+    for step, line in zip(steps, lines[2:]):
+        rs = [r for r in val if r["step"] == step]
+        want = [
+            f"{sum(r[k] for r in rs) / len(rs):{f}}"
+            for k, f in (("mse", ".4f"), ("gap_uncond", "+.4f"), ("gap_nulltext", "+.4f"))
+        ]
+        assert line.split()[1:4] == want

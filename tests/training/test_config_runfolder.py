@@ -1,0 +1,363 @@
+"""Config validation, the data check, the run folder (lock, signature, checkpoint repair/rotation) and the CSV logger."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+import zipfile
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from gcc.training.config import ConfigError, load_config
+from gcc.training.csv_logger import CSVLogger
+from gcc.training.run_folder import (
+    Refusal,
+    RunLock,
+    check_identity,
+    latest_checkpoint,
+    list_checkpoints,
+    repair_checkpoints,
+    rotate_checkpoints,
+    what_a_restart_loses,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+YAMLS = sorted((ROOT / "yamls").glob("*.yaml"))
+
+
+# each shipped yaml at the world size(s) its header's launch command uses: (world_size, accumulation, per-rank
+# batch), worked out by hand from its global_batch and micro_batch
+LAUNCHES = {
+    "mini.yaml": [(4, 2, 2)],  # composer -n 4: 8 / (4 × 1) = 2 micro-batches of 1
+    "sft_v10.yaml": [(8, 2, 2), (16, 1, 1)],  # composer -n 8: 16 / (8 × 1); two nodes of 8: 16 / (16 × 1)
+    "tiny_cpu.yaml": [(2, 2, 4)],  # composer -n 2: 8 / (2 × 2) = 2 micro-batches of 2
+}
+
+
+@pytest.mark.parametrize("yaml", YAMLS, ids=[p.name for p in YAMLS])
+def test_shipped_yamls_load(yaml):
+    cfg = load_config(yaml)
+    assert yaml.name in LAUNCHES, f"{yaml.name}: add its launch world size(s) to LAUNCHES"
+    for world, accumulation, per_rank in LAUNCHES[yaml.name]:
+        assert (cfg.accumulation(world), cfg.per_rank_batch(world)) == (accumulation, per_rank), world
+
+
+def test_sft_v10_is_the_spec_defaults():
+    c = load_config(ROOT / "yamls" / "sft_v10.yaml")
+    assert (c.optim.lr, c.optim.cond_lr, c.optim.weight_decay, c.optim.warmup_steps, c.optim.grad_clip) == (
+        1e-5,
+        1e-4,
+        0.01,
+        500,
+        1.0,
+    )
+    assert (c.global_batch, c.micro_batch, c.accumulation(8), c.max_steps) == (16, 1, 2, 20000)
+    assert (c.export_every, c.keep_checkpoints, c.val_every, c.val_n, c.val_timesteps) == (
+        1000,
+        2,
+        500,
+        16,
+        [200, 500, 800],
+    )
+    assert c.checkpoint_every == 1000  # the old trainer's cadence (why: docs/design.md §8)
+    assert c.val_at_start and load_config(None).val_at_start  # the baseline row, by default too
+    assert (c.data.text_dropout, c.data.cond_dropout, c.data.mask_p, c.data.num_workers) == (0.1, 0.05, 0.5, 4)
+    assert (c.model.grad_ckpt, c.model.vocab, c.parallelism, c.precision) == (True, "parts", "fsdp", "amp_bf16")
+    # the typed config's defaults are these values (docs/design.md §8), all but where the base weights lie
+    defaults = asdict(load_config(None))
+    defaults["model"]["model_dir"] = c.model.model_dir
+    assert defaults == asdict(c)
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["optim.lrr=1"], "unknown key.*optim.lrr"),
+        (["nonsense=1"], "unknown key.*nonsense"),
+        (["optim.lr=fast"], "optim.lr: expected float"),
+        (["max_steps=1.5"], "max_steps: expected int"),
+        (["model.grad_ckpt=3"], "model.grad_ckpt: expected bool"),
+        (["model.vocab=words"], "model.vocab: must be one of"),
+        (["global_batch=10", "micro_batch=4"], "global_batch=10 is not a multiple of micro_batch=4"),
+        (["data.mask_p=1.5"], r"data.mask_p: must be in \[0, 1\]"),
+        (["optim=3"], "optim: expected a mapping"),
+        (["preemption_grace_s=0"], "preemption_grace_s: must be > 0 seconds"),
+        (["console_log_every=-1"], "console_log_every: must be >= 0"),
+        (["checkpoint_dir=/shared/ckpts"], "checkpoint_dir: must be empty .* or s3://bucket/prefix"),
+        (["checkpoint_dir=s3://bucket"], "checkpoint_dir: must be empty .* or s3://bucket/prefix"),
+        (["data.limit=0"], r"data.limit: must be a positive number of train clips, or null \(the whole train split\)"),
+        (["data.limit=-4"], "data.limit: must be a positive number"),
+        (["data.limit=2.5"], "data.limit: expected int or null, got float 2.5"),
+        (["data.limit=true"], "data.limit: expected int or null, got bool True"),
+        (["data.limit=all"], "data.limit: expected int or null, got str 'all'"),
+    ],
+)
+def test_bad_config_names_the_key(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(ROOT / "yamls" / "tiny_cpu.yaml", overrides)
+
+
+def test_batch_consistency_with_world_size():
+    c = load_config(ROOT / "yamls" / "tiny_cpu.yaml", ["global_batch=8", "micro_batch=2"])
+    assert c.accumulation(2) == 2 and c.per_rank_batch(2) == 4 and c.accumulation(1) == 4
+    with pytest.raises(ConfigError, match="not a multiple of world_size"):
+        c.accumulation(3)
+    c = load_config(ROOT / "yamls" / "tiny_cpu.yaml", ["global_batch=8", "micro_batch=2", "grad_accum=4"])
+    with pytest.raises(ConfigError, match="grad_accum=4 disagrees"):
+        c.accumulation(2)
+
+
+def test_train_entry_exits_2_before_any_work(tmp_path):
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "gcc" / "train.py"),
+            str(ROOT / "yamls" / "tiny_cpu.yaml"),
+            f"run_dir={tmp_path / 'run'}",
+            "optim.bogus=1",
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    assert r.returncode == 2
+    assert "config error: unknown key(s): optim.bogus" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+# ---- run folder ----------------------------------------------------------------------------------------
+def test_lock_refuses_a_second_holder_and_frees_on_release(tmp_path):
+    a, b = RunLock(tmp_path), RunLock(tmp_path)
+    a.acquire()
+    with pytest.raises(Refusal, match="another live run holds"):
+        b.acquire()
+    a.release()
+    b.acquire()
+    b.release()
+
+
+def test_lock_of_a_killed_process_does_not_block(tmp_path):
+    code = f"from gcc.training.run_folder import RunLock; RunLock({str(tmp_path)!r}).acquire(); import os; os._exit(9)"
+    subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    RunLock(tmp_path).acquire()
+
+
+def test_signature_mismatch_names_every_field(tmp_path):
+    sig = {"optim.lr": 1e-5, "seed": 0, "model.init_ckpt": {"path": "/x", "sha256": "aa", "size": 1}}
+    check_identity(tmp_path, sig, {"init_ckpt": ""})
+    # same content digest at another path/mtime: same run
+    check_identity(tmp_path, {**sig, "model.init_ckpt": {"path": "/y", "sha256": "aa", "size": 1}}, {})
+    with pytest.raises(Refusal) as e:
+        check_identity(tmp_path, {**sig, "optim.lr": 2e-5, "seed": 1}, {})
+    assert "optim.lr: 1e-05 -> 2e-05" in str(e.value) and "seed: 0 -> 1" in str(e.value)
+
+
+def test_data_limit_is_null_or_a_positive_int():
+    assert load_config(ROOT / "yamls" / "tiny_cpu.yaml").data.limit is None
+    assert load_config(ROOT / "yamls" / "tiny_cpu.yaml", ["data.limit=8"]).data.limit == 8
+    assert load_config(ROOT / "yamls" / "tiny_cpu.yaml", ["data.limit=8", "data.limit=null"]).data.limit is None
+
+
+def test_a_run_recorded_with_global_batch_in_its_signature_still_resumes(tmp_path):
+    """Earlier runs recorded global_batch in the signature (it may now change on resume) and had no data.limit (the
+    whole split): such a run.json matches today's signature, and a limit is still a different run."""
+    from gcc.training.batch_change import CHANGES, record_change
+    from gcc.training.run_folder import stored_record
+
+    sig = {"optim.lr": 1e-5, "seed": 0, "data.limit": None}
+    old = {k: v for k, v in sig.items() if k != "data.limit"}
+    check_identity(tmp_path, {**old, "global_batch": 16}, {"init_ckpt": ""})
+    check_identity(tmp_path, sig, {})
+    with pytest.raises(Refusal, match="data.limit: None -> 8"):
+        check_identity(tmp_path, {**sig, "data.limit": 8}, {})
+    # a change of global batch is appended to the lineage once, however often a relaunch meets it
+    for change in (
+        {"step": 12, "old": 16, "new": 8},
+        {"step": 12, "old": 16, "new": 8},
+        {"step": 30, "old": 8, "new": 16},
+    ):
+        record_change(tmp_path, change)
+    record = stored_record(tmp_path)
+    assert record["lineage"][CHANGES] == [{"step": 12, "old": 16, "new": 8}, {"step": 30, "old": 8, "new": 16}]
+    assert record["lineage"]["init_ckpt"] == "" and record["signature"]["global_batch"] == 16
+    check_identity(tmp_path, sig, {})
+
+
+def test_the_global_batch_a_checkpoint_was_written_with():
+    from gcc.training.batch_change import GlobalBatchRecord, checkpoint_global_batch
+
+    rec = GlobalBatchRecord(8)
+    assert rec.state_dict() == {"global_batch": 8} and rec.saved is None
+    rec.load_state_dict({"global_batch": 16})
+    assert checkpoint_global_batch(rec.saved, 3, 24) == 16  # the record wins
+    # a checkpoint written before the record: its epoch's samples over its steps in the epoch
+    assert checkpoint_global_batch(None, 3, 48) == 16 and checkpoint_global_batch(None, 0, 0) is None
+
+
+def _fake_ckpt(d: Path, batch: int, complete: bool = True) -> Path:
+    p = d / f"ep0-ba{batch}-rank0.pt"
+    torch.save({"batch": batch}, p)
+    if not complete:  # what a SIGKILL mid-write leaves
+        p.write_bytes(p.read_bytes()[:40])
+    return p
+
+
+def test_repair_points_latest_at_newest_complete_and_drops_partials(tmp_path):
+    d = tmp_path / "checkpoints"
+    d.mkdir()
+    for b in (3, 6):
+        _fake_ckpt(d, b)
+    os.symlink("ep0-ba6-rank0.pt", d / "latest-rank0.pt")
+    _fake_ckpt(d, 9, complete=False)  # killed while writing step 9, before the symlink moved
+    assert repair_checkpoints(tmp_path).name == "ep0-ba6-rank0.pt"
+    assert [b for b, _ in list_checkpoints(tmp_path)] == [3, 6]
+    # killed between Composer's symlink remove and create: no latest at all
+    (d / "latest-rank0.pt").unlink()
+    _fake_ckpt(d, 9, complete=False)
+    assert repair_checkpoints(tmp_path).name == "ep0-ba6-rank0.pt"
+    assert latest_checkpoint(tmp_path).name == "ep0-ba6-rank0.pt"
+    assert zipfile.is_zipfile(latest_checkpoint(tmp_path))
+
+
+def _dcp_ckpt(d: Path, batch: int, complete: bool = True) -> Path:
+    """A sharded (FSDP) checkpoint folder written by torch DCP itself; incomplete = what a kill mid-save leaves:
+    the shard files, and the metadata not yet renamed into place."""
+    import torch.distributed.checkpoint as dcp
+
+    p = d / f"ep0-ba{batch}"
+    dcp.save({"w": torch.full((4,), float(batch))}, checkpoint_id=str(p), no_dist=True)
+    if not complete:
+        (p / ".metadata").rename(p / ".metadata.tmp")
+    return p
+
+
+def test_sharded_folders_repaired_and_rotated(tmp_path):
+    d = tmp_path / "checkpoints"
+    d.mkdir()
+    for b in (2, 4, 6):
+        _dcp_ckpt(d, b)
+    _dcp_ckpt(d, 8, complete=False)
+    os.symlink("ep0-ba8", d / "latest-rank0.pt")  # at worst `latest` already points at the partial folder
+    assert repair_checkpoints(tmp_path).name == "ep0-ba6"
+    assert os.readlink(d / "latest-rank0.pt") == "ep0-ba6" and not (d / "ep0-ba8").exists()
+    assert [b for b, _ in list_checkpoints(tmp_path)] == [2, 4, 6]
+    assert rotate_checkpoints(tmp_path, keep=2) == [d / "ep0-ba2"]
+    assert [p.name for _, p in list_checkpoints(tmp_path)] == ["ep0-ba4", "ep0-ba6"]
+
+
+def test_rotation_keeps_n_across_restarts(tmp_path):
+    d = tmp_path / "checkpoints"
+    d.mkdir()
+    for b in (2, 4, 6, 8):  # saved by earlier launches
+        _fake_ckpt(d, b)
+    os.symlink("ep0-ba8-rank0.pt", d / "latest-rank0.pt")
+    rotate_checkpoints(tmp_path, keep=2)
+    assert [b for b, _ in list_checkpoints(tmp_path)] == [6, 8]
+
+
+def test_refuses_checkpoints_without_run_json(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    _fake_ckpt(tmp_path / "checkpoints", 3)
+    with pytest.raises(Refusal, match="no run.json"):
+        check_identity(tmp_path, {"seed": 0}, {})
+
+
+# ---- CSV logger ----------------------------------------------------------------------------------------
+class _State:
+    class timestamp:
+        batch = 0
+
+
+def _read(p: Path) -> list[list[str]]:
+    with open(p, newline="") as f:
+        return list(csv.reader(f))
+
+
+def test_csv_header_rotation_and_rows_after_resume_point(tmp_path):
+    (tmp_path / "t.csv").write_text("step,old_col\n1,2\n")
+    lg = CSVLogger(tmp_path, {"t": ["step", "loss"]})
+    lg.fit_start(_State, None)
+    assert _read(tmp_path / "t.old1.csv") == [["step", "old_col"], ["1", "2"]]
+    for s in (1, 2, 3):
+        lg.log_table(["step", "loss"], [[s, s / 10]], name="t")
+    assert _read(tmp_path / "t.csv") == [["step", "loss"], ["1", "0.1"], ["2", "0.2"], ["3", "0.3"]]
+    # a relaunch that resumed from step 1's checkpoint: rows 2-3 will be trained (and logged) again
+    state = type("S", (), {"timestamp": type("T", (), {"batch": 1})})
+    CSVLogger(tmp_path, {"t": ["step", "loss"]}).fit_start(state, None)
+    assert _read(tmp_path / "t.csv") == [["step", "loss"], ["1", "0.1"]]
+    with pytest.raises(ValueError, match="differ from the declared"):
+        lg.log_table(["step"], [[4]], name="t")
+
+
+def _at(step: int):
+    return type("S", (), {"timestamp": type("T", (), {"batch": step})})
+
+
+def test_step0_validation_rows_survive_a_resume_and_are_written_again_by_a_start_from_step_0(tmp_path):
+    columns = ["step", "mse"]
+    rows = [["step", "mse"], ["0", "0.9"], ["0", "0.8"], ["2", "0.7"], ["4", "0.6"]]
+    path = tmp_path / "v.csv"
+    path.write_text("".join(",".join(r) + "\n" for r in rows))
+    CSVLogger(tmp_path, {"v": columns}).fit_start(_at(2), None)  # resumed at step 2: step 4 is trained again
+    assert _read(path) == rows[:4]
+    # a start from step 0 (the launch before died before its first checkpoint): its step-0 validation writes
+    # those rows again, so none stays
+    lg = CSVLogger(tmp_path, {"v": columns})
+    lg.fit_start(_State, None)
+    assert _read(path) == [columns]
+    lg.log_table(columns, [[0, 0.9]], name="v")
+    assert _read(path) == [columns, ["0", "0.9"]]
+
+
+def test_a_folder_with_only_step0_validation_rows_is_not_used(tmp_path):
+    header = "step,timestep,mse,mse_uncond,mse_nulltext,gap_uncond,gap_nulltext,n\n"
+    (tmp_path / "val_log.csv").write_text(header + "0,201.3,1,1,1,0,0,4\n0,500.6,1,1,1,0,0,4\n")
+    (tmp_path / "train.log").write_text("==== launch ...\n")
+    assert what_a_restart_loses(tmp_path) == []  # a start from step 0 writes the same rows again
+    with open(tmp_path / "val_log.csv", "a") as f:
+        f.write("2,201.3,1,1,1,0,0,4\n")
+    assert what_a_restart_loses(tmp_path) == ["val_log.csv with 1 row(s)"]
+
+
+def test_data_check_refuses_an_empty_train_split_and_leaks():
+    from gcc.training.trainer import check_data
+
+    def manifest(train, val, train_runs=("r1",), val_runs=("r2",)):
+        return {
+            "splits": {
+                "train": {"clip_ids": train, "runs": list(train_runs)},
+                "val": {"clip_ids": val, "runs": list(val_runs)},
+            }
+        }
+
+    check_data(manifest(["a", "b"], ["c"]), "d")
+    with pytest.raises(Refusal, match="data d: the train split has no clips"):
+        check_data(manifest([], ["c"], train_runs=()), "d")
+    with pytest.raises(Refusal, match=r"shared clips \['b'\]"):
+        check_data(manifest(["a", "b"], ["b"]), "d")
+    with pytest.raises(Refusal, match=r"shared runs \['r1'\]"):
+        check_data(manifest(["a"], ["c"], val_runs=("r1",)), "d")
+    # data.limit: the subset must still give every rank a batch
+    check_data(manifest(list("abcdefgh"), ["z"]), "d", per_rank_batch=2, world=2, limit=4)
+    with pytest.raises(
+        Refusal,
+        match=r"data.limit=3 clips of the train split give each of the 2 rank\(s\) 2 "
+        r"samples an epoch, fewer than its batch of 4",
+    ):
+        check_data(manifest(list("abcdefgh"), ["z"]), "d", per_rank_batch=4, world=2, limit=3)
+    check_data(manifest(list("abcdefgh"), ["z"]), "d", per_rank_batch=4, world=2, limit=100)  # the whole split
+
+
+def test_console_durations_and_when_lines_are_on(monkeypatch):
+    from gcc.training.callbacks.console_log import console_lines_wanted, duration
+
+    assert [duration(s) for s in (0.4, 12, 245, 3725)] == ["0s", "12s", "4m05s", "1h02m"]
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)
+    assert not console_lines_wanted(10, progress_bar=True) and console_lines_wanted(10, progress_bar=False)
+    monkeypatch.setattr("sys.stdout.isatty", lambda: False)  # a job log: lines even with the bar on
+    assert console_lines_wanted(10, progress_bar=True) and not console_lines_wanted(0, progress_bar=False)

@@ -1,0 +1,184 @@
+"""Faults that do not kill the process (docs/training.md, exit codes): damaged data (6), a rank that stalls (5),
+object storage that goes away (7) and a full disk (8) each stop every rank within a bounded time with a message
+naming the file, object or disk; nothing partial is kept, and the relaunch after the repair continues exactly."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+from _launch import WORKER, exact, finish, launch, ok, rows, start_bg, wait_for
+
+from gcc.data import convert as C
+from gcc.synth.world import make_prepared
+
+SHARD = "train/chunk_00001/shard.00000.mds"
+
+
+def _flip(path, start: int, n: int = 64) -> None:
+    b = bytearray(path.read_bytes())
+    for i in range(start, min(start + n, len(b))):
+        b[i] ^= 0xFF
+    path.write_bytes(bytes(b))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["bytes", "cut", "missing", "index"])
+def test_damaged_shard_stops_the_run_naming_it_and_the_repaired_data_resumes_exactly(
+    damage, e2e_shards, reference, tmp_path
+):
+    shards = tmp_path / "shards"
+    shutil.copytree(e2e_shards, shards)
+    name = "train/index.json" if damage == "index" else SHARD
+    bad = shards / name
+    if damage == "bytes":
+        _flip(bad, bad.stat().st_size // 2)
+    elif damage in ("cut", "index"):
+        bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 3])
+    else:
+        bad.unlink()
+    run_dir = tmp_path / "run"
+    t0 = time.time()
+    r = launch(run_dir, shards, WORKER, timeout=300)  # met in the loader worker
+    took = time.time() - t0
+    out = r.stdout + r.stderr
+    assert r.returncode == 6, out[-3000:]  # the launcher's code is the faulting rank's, not a peer's collateral
+    assert "damaged data" in out and str(bad) in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]  # each rank says why it stopped; no rank dies on a bare error
+    assert took < 240, f"took {took:.0f} s to stop"
+
+    shutil.copyfile(e2e_shards / name, bad)  # repaired
+    ok(launch(run_dir, shards))
+    assert exact(rows(run_dir)) == exact(rows(reference))
+
+
+@pytest.mark.slow
+def test_a_rank_that_completes_no_step_leaves_every_stack_and_exits_5(e2e_shards, tmp_path):
+    """Rank 1's loader stops delivering at step 15 (rank 0 then waits in a collective): once 10 steps are timed
+    the deadline is max(stall_floor_s, 20 × the median step), so both ranks stop with their stacks."""
+    run_dir = tmp_path / "run"
+    t0 = time.time()
+    r = launch(
+        run_dir,
+        e2e_shards,
+        WORKER,
+        "max_steps=40",
+        "inject_stall_step=15",
+        "inject_stall_rank=1",
+        "stall_timeout_s=300",
+        "stall_floor_s=8",
+        "val_every=0",
+        timeout=400,
+    )
+    took = time.time() - t0
+    out = r.stdout + r.stderr
+    assert r.returncode == 5, out[-3000:]  # whichever rank's deadline passed first, the other follows with 5
+    assert took < 300, f"took {took:.0f} s"  # far below stall_timeout_s: the deadline scaled to the steps
+    for rank in (0, 1):
+        text = (run_dir / "stacks" / f"rank{rank}.txt").read_text()
+        assert f"rank {rank} pid" in text and "no step completed within 8 s" in text, text[:500]
+        assert "--- thread MainThread" in text
+    assert max(int(x["step"]) for x in rows(run_dir)) == 14  # step 15 never completed
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 64 MB tmpfs of this test's own (mounting needs root; without the right the test is skipped, saying so)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"a size-limited tmpfs needs the right to mount (root): mount said {r.stderr.strip()!r}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _fill(mnt, leave: int):
+    """A file that takes all but `leave` bytes of the filesystem."""
+    filler = mnt / "filler"
+    with open(filler, "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, shutil.disk_usage(mnt).free - leave)
+    return filler
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("during", ["checkpoint", "export"])
+def test_a_full_disk_stops_the_run_keeping_nothing_partial_and_the_relaunch_resumes_exactly(
+    during, e2e_shards, reference, small_disk
+):
+    """The run folder on a small tmpfs: a launch to step 3 (its checkpoint and export), then the disk is filled to
+    64 KB: the relaunch fails writing the step-6 checkpoint (or the step-4 export), exits 8 naming the disk, and
+    leaves no partial file; with the space freed the next relaunch continues from step 3 exactly."""
+    run_dir = small_disk / "run"
+    ok(launch(run_dir, e2e_shards, "max_steps=3"))
+    filler = _fill(small_disk, leave=64 << 10)
+    cadence = ["val_every=0", "export_every=0"] if during == "checkpoint" else ["val_every=0", "export_every=4"]
+    r = launch(run_dir, e2e_shards, *cadence, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 8, out[-3000:]
+    assert "disk full: no space left on device" in out and f"filesystem {small_disk}" in out, out[-3000:]
+    assert "last complete checkpoint: ep0-ba3-rank0.pt" in out, out[-3000:]
+    if during == "export":  # the message names the file
+        assert f"no space left on device writing {run_dir / 'step-4.safetensors'}" in out, out[-3000:]
+    else:  # Composer's torch.save does not say which file; the cut one is removed at once, saying so
+        assert re.search(r"removing incomplete/stale ep\d+-ba6-rank0\.pt", out), out[-3000:]
+    ckpts = run_dir / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["ep0-ba3-rank0.pt", "latest-rank0.pt"]
+    assert os.readlink(ckpts / "latest-rank0.pt") == "ep0-ba3-rank0.pt"
+    assert sorted(p.name for p in run_dir.glob("step-*")) == ["step-3.safetensors"]  # no partial export
+    assert not [p for p in run_dir.rglob("*.tmp*")], "a temporary file was left behind"
+    assert max(int(x["step"]) for x in rows(run_dir)) >= 4  # it did train on before the write that failed
+
+    filler.unlink()  # space freed
+    r = ok(launch(run_dir, e2e_shards))
+    assert "resuming from" in r.stdout and "ep0-ba3-rank0.pt" in r.stdout
+    assert exact(rows(run_dir)) == exact(rows(reference))
+
+
+@pytest.mark.slow
+def test_object_storage_going_away_stops_the_run_naming_the_object_and_the_relaunch_resumes_exactly(
+    tmp_path, monkeypatch
+):
+    """Shards on a real S3 server (this test's own moto, one clip per shard, so a 2-rank epoch streams for 45 steps
+    from a cold cache) stopped once the first checkpoint is written: reads retry (bounded), then the run exits 7
+    naming the object; the checkpoint is intact, and with the server back the relaunch gives the rows of an
+    uninterrupted run exactly."""
+    from s3server import S3Server
+
+    local = tmp_path / "shards"
+    C.convert(make_prepared(tmp_path, clips=200, seed=5), str(local), chunk_clips=1, progress=False)
+    steps = ["max_steps=30", "val_every=0", "export_every=0"]
+    reference = tmp_path / "ref"
+    ok(launch(reference, local, *steps))
+    server = S3Server()  # not the session's: this one is stopped mid-run
+    try:
+        for k, v in server.env().items():
+            monkeypatch.setenv(k, v)
+        bucket = server.new_bucket()
+        remote = server.upload_tree(local, bucket, "shards")
+        run_dir = tmp_path / "run"
+        p = start_bg(run_dir, remote, WORKER, *steps)  # the downloads fail in the loader worker
+        wait_for(lambda: (run_dir / "checkpoints" / "latest-rank0.pt").exists(), p, "the first checkpoint")
+        server.stop()
+        t0 = time.time()
+        out = finish(p, 300, run_dir)
+        assert p.returncode == 7, out[-3000:]
+        assert f"storage unavailable: {remote}/train/" in out, out[-3000:]  # names the object
+        assert "Traceback" not in out, out[-3000:]
+        assert time.time() - t0 < 150, "the retries are bounded"
+        latest = os.readlink(run_dir / "checkpoints" / "latest-rank0.pt")
+        stopped = max(int(x["step"]) for x in rows(run_dir))
+        assert stopped < 30, "the run ended before the server went away: nothing was tested"
+
+        server.start()  # back, with the same objects
+        server.new_bucket(bucket)
+        server.upload_tree(local, bucket, "shards")
+        r = ok(launch(run_dir, remote, *steps))
+        assert f"resuming from {run_dir / 'checkpoints' / latest}" in r.stdout
+        assert exact(rows(run_dir)) == exact(rows(reference))
+    finally:
+        server.stop()

@@ -1,0 +1,138 @@
+"""`loggers:` in yaml: Composer's TensorBoard, W&B (offline, for real) and MLflow (a local file store, for real)
+loggers receive the same train/ and val/ keys, and a relaunch continues the same W&B and MLflow run."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gcc.training.callbacks import TRAIN_COLUMNS
+from gcc.training.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "yamls" / "tiny_cpu.yaml"
+ALL = "loggers={tensorboard: {}, wandb: {project: gcc-test}, mlflow: {experiment_name: gcc-test}}"
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("loggers={neptune: {}}", "loggers.neptune: unknown logger"),
+        ("loggers={wandb: {projekt: x}}", r"loggers.wandb.projekt: not an option of Composer's WandBLogger"),
+        ("loggers={mlflow: 3}", "loggers.mlflow: expected a mapping"),
+    ],
+)
+def test_bad_logger_config_names_the_key(override, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(TINY, [override])
+
+
+def test_default_is_tensorboard_and_an_empty_mapping_keeps_only_csv():
+    assert load_config(TINY, []).loggers == {"tensorboard": {}}
+    assert load_config(TINY, ["loggers={}"]).loggers == {}
+
+
+def _wandb_history(run_dir: Path) -> list[tuple[int, set[str]]]:
+    """(step, keys) of every history record in W&B's offline run files (a LevelDB-style log of protobuf Records:
+    a 7-byte header, then 32 KiB blocks of chunks, each with a 7-byte header: crc32, length, type)."""
+    from wandb.proto import wandb_internal_pb2 as pb2
+
+    out = []
+    for f in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
+        data, pos, buf = f.read_bytes(), 7, b""
+        while pos + 7 <= len(data):
+            left = 32768 - pos % 32768
+            _, n, kind = struct.unpack("<IHB", data[pos : pos + 7])
+            if left < 7 or (n == 0 and kind == 0):  # block padding
+                pos += left
+                continue
+            buf, pos = buf + data[pos + 7 : pos + 7 + n], pos + 7 + n
+            if kind in (1, 4):  # FULL or LAST chunk: a whole record
+                rec = pb2.Record()
+                rec.ParseFromString(buf)
+                buf = b""
+                if rec.WhichOneof("record_type") == "history":
+                    out.append((rec.history.step.num, {i.key or "/".join(i.nested_key) for i in rec.history.item}))
+    return out
+
+
+def _ours(keys) -> set[str]:
+    return {k for k in keys if k.startswith(("train/", "val/"))}
+
+
+@pytest.mark.slow
+def test_tensorboard_wandb_and_mlflow_get_the_same_keys_and_a_relaunch_continues_their_runs(
+    tmp_path, monkeypatch, e2e_shards
+):
+    from mlflow import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, WANDB_MODE="offline", PYTHONPATH=str(ROOT))
+    env.pop("MLFLOW_TRACKING_URI", None)
+    for max_steps in (4, 6):
+        r = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "gcc" / "train.py"),
+                str(TINY),
+                f"run_dir={run_dir}",
+                f"data.path={e2e_shards}",
+                f"max_steps={max_steps}",
+                "global_batch=4",
+                "micro_batch=2",
+                "val_every=2",
+                "val_n=2",
+                "val_batch=2",
+                "export_every=0",
+                "checkpoint_every=2",
+                "progress_bar=false",
+                "data.num_workers=0",
+                ALL,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    expected = {f"train/{c}" for c in TRAIN_COLUMNS if c not in ("step", "time", "clips")} | {"train/sem_over_x"}
+    expected |= {
+        f"val/{k}_{t}"
+        for k in ("mse", "mse_uncond", "mse_nulltext", "gap_uncond", "gap_nulltext")
+        for t in ("t201.3", "t500.6", "t799.7", "mean")
+    }
+
+    events = sorted((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
+    assert len(events) == 2  # one per launch
+    tb, tb_val_steps = set(), []
+    for e in events:
+        acc = EventAccumulator(str(e)).Reload()
+        tb |= set(acc.Tags()["scalars"])
+        tb_val_steps += [ev.step for ev in acc.Scalars("val/mse_mean")]
+
+    history = _wandb_history(run_dir)
+    assert len(list(run_dir.glob("wandb/offline-run-*"))) == 2
+    assert len({p.name.rsplit("-", 2)[-1] for p in run_dir.glob("wandb/offline-run-*")}) == 1  # one run id
+    wb = set().union(*(keys for _, keys in history))
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient((run_dir / "mlruns").resolve().as_uri())
+    exp = client.get_experiment_by_name("gcc-test")
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 1 and runs[0].info.run_name == "run"  # the relaunch resumed the same MLflow run
+    ml = set(runs[0].data.metrics)
+    assert sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "train/loss")) == [1, 2, 3, 4, 5, 6]
+    # the step-0 validation (the starting weights) reaches every logger, once: the relaunch resumed
+    val_steps = sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "val/mse_mean"))
+    assert (
+        val_steps == sorted(tb_val_steps) == [step for step, keys in history if "val/mse_mean" in keys] == [0, 2, 4, 6]
+    )
+
+    assert _ours(tb) == _ours(wb) == _ours(ml) == expected
+    assert not list(run_dir.glob("mlruns/**/artifacts/*.json"))  # the CSV rows stay out of MLflow (no tables)

@@ -1,0 +1,482 @@
+"""End to end: the real `composer -n 2` launcher on CPU (gloo), the tiny model, synthetic shards.
+
+Exact resume after SIGKILL, preemption by SIGTERM and by SIGUSR1, elastic resume on fewer ranks, a changed global
+batch, a data.limit subset, data on S3 (moto server), preemption during the step-0 validation, signature refusals,
+the run lock, a NaN on one rank, warm start + lineage over resumes, and learning; train.log's lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from _launch import (
+    CLIP,
+    WORKER,
+    assert_grad_norm_logged_before_clipping,
+    exact,
+    export_tensors,
+    finish,
+    launch,
+    ok,
+    rows,
+    start_bg,
+    wait_for,
+    wait_for_step,
+)
+
+from gcc.data import convert as C
+from gcc.tools.compare import main as compare_main
+from gcc.training.run_folder import checkpoint_step
+
+pytestmark = pytest.mark.slow
+
+
+def test_reference_run_outputs(reference, e2e_shards):
+    r = rows(reference)
+    assert [int(x["step"]) for x in r] == list(range(1, 13))
+    assert float(r[0]["sem_rms"]) == 0.0 < float(r[-1]["sem_rms"])  # zero-init cond, then it trains
+    assert [float(x["lr"]) for x in r[:5]] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
+    sizes = [len(x["clips"].split(";")) for x in r]  # every rank's clips; an epoch's tail batch is smaller
+    assert max(sizes) == 4 and sizes.count(4) >= 9
+    v = rows(reference, "val_log")
+    # the step-0 validation of the starting weights (val_at_start), then every val_every
+    assert [(int(x["step"]), int(x["n"])) for x in v] == [(0, 4)] * 3 + [(6, 4)] * 3 + [(12, 4)] * 3
+    assert sorted(round(float(x["timestep"]), 1) for x in v[:3]) == [201.3, 500.6, 799.7]
+    # at step 0 the zero-initialised condition path adds nothing: ids or no ids, the same prediction
+    assert [float(x["gap_uncond"]) for x in v[:3]] == [0.0] * 3 and all(float(x["gap_uncond"]) for x in v[3:])
+    assert sorted(p.name for p in reference.glob("step-*.safetensors")) == ["step-12.safetensors", "step-6.safetensors"]
+    # `data` is the dataset's name from its manifest (convert_data's default for gcc-synth data), not the folder's
+    meta = export_tensors(reference / "step-12.safetensors")[1]
+    assert (meta["data"], meta["data_root"], e2e_shards.name) == ("synth", str(e2e_shards), "shards")
+    ckpts = sorted(p.name for p in (reference / "checkpoints").glob("ep*-ba*-rank0.pt"))
+    assert len(ckpts) == 2 and any("ba12" in c for c in ckpts)  # rotation kept 2
+    done = json.loads((reference / "done.json").read_text())
+    assert done["step"] == 12 and done["s_per_step_mean"] > 0 and done["data_position"]["epoch"] >= 0
+    cfg = json.loads((reference / "config.json").read_text())
+    assert cfg["steps_per_epoch"] > 0 and cfg["data_geometry"]["latents"][0] == 48
+    log = (reference / "train.log").read_text().splitlines()  # rank 0's console lines, under the launch's header
+    assert log[0].startswith("==== launch ") and " world 2 " in log[0] and sum("==== launch" in ln for ln in log) == 1
+    assert [ln.split("gcc.train: ")[1].split()[:3] for ln in log if "gcc.train: val step" in ln][:3] == [
+        ["val", "step", "0"]
+    ] * 3
+    assert " rank 0 INFO gcc.train: done: step 12 in " in log[-1]
+
+
+def test_every_step_has_the_full_global_batch_and_a_resume_at_an_epochs_end_is_exact(reference, e2e_shards, tmp_path):
+    """22 train clips on 2 ranks: 11 a rank an epoch, 2 a step, so 5 full steps and one sample a rank that would
+    make a half step: it is dropped, and which samples are dropped changes from epoch to epoch. A run stopped
+    exactly at an epoch's end (step 5) continues exactly."""
+    cfg = json.loads((reference / "config.json").read_text())
+    assert cfg["data_counts"]["train"] == 22 and (cfg["steps_per_epoch"], cfg["samples_per_epoch"]) == (5, 20)
+    got = rows(reference)
+    assert all(len(r["clips"].split(";")) == 4 for r in got)  # the global batch, at every step
+    assert [int(r["epoch"]) for r in got] == [0] * 5 + [1] * 5 + [2] * 2
+    seen = [set(";".join(r["clips"] for r in got if int(r["epoch"]) == e).split(";")) for e in (0, 1)]
+    assert seen[0] != seen[1]  # the dropped tail varies with the epoch's shuffle
+    run_dir = tmp_path / "run"
+    ok(launch(run_dir, e2e_shards, "max_steps=5", "checkpoint_every=5"))
+    r = ok(launch(run_dir, e2e_shards))
+    assert "resuming from" in r.stdout and "ep0-ba5-rank0.pt" in r.stdout
+    assert exact(rows(run_dir)) == exact(rows(reference))
+    # a job log's progress: a line every console_log_every (10) steps and at the last; val lines per timestep
+    progress = [ln for ln in r.stdout.splitlines() if ln.startswith("gcc.train: step ")]
+    assert [ln.split()[2] for ln in progress] == ["10/12", "12/12"], r.stdout
+    got = rows(run_dir)
+    assert f"loss {statistics.fmean(float(x['loss']) for x in got[5:10]):.4f}" in progress[0]  # steps 6..10
+    assert all(k in progress[1] for k in ("lr ", "grad_norm ", "s/step", "data ", "sem_rms ", "elapsed ", "eta 0s"))
+    val = [ln for ln in r.stdout.splitlines() if ln.startswith("gcc.train: val step ")]
+    # the resume validates at 6 and 12, not at its start: the step-0 rows are the first launch's
+    assert [ln.split()[3:5] for ln in val] == [
+        ["6", "t=201.3"],
+        ["6", "t=500.6"],
+        ["6", "t=799.7"],
+        ["12", "t=201.3"],
+        ["12", "t=500.6"],
+        ["12", "t=799.7"],
+    ], val
+    # step 0's rows once, every value as uninterrupted (and the first launch's end-of-training validation at 5)
+    assert [x for x in rows(run_dir, "val_log") if x["step"] != "5"] == rows(reference, "val_log")
+    log = (run_dir / "train.log").read_text()
+    assert log.count("==== launch ") == 2 and log.count("resuming from") == 1 and log.count("val step 0 ") == 3
+
+
+def test_exact_resume_after_sigkill(reference, e2e_shards, tmp_path):
+    run_dir = tmp_path / "run"
+    p = start_bg(run_dir, e2e_shards, WORKER)
+    wait_for_step(run_dir, 8, p)  # past the step-6 checkpoint, before step 9's
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    r = ok(launch(run_dir, e2e_shards))
+    assert "resuming from" in r.stdout
+    assert exact(rows(run_dir)) == exact(rows(reference))  # clips, drops, mask, timestep, loss: exactly
+    assert compare_main([str(reference), str(run_dir)]) == 0  # what a user runs to check it: logs and exports
+    a, meta_a = export_tensors(reference / "step-12.safetensors")
+    b, meta_b = export_tensors(run_dir / "step-12.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert meta_b["resumed_step"] in ("6", "9") and meta_b["resumed_from"].endswith("-rank0.pt")
+    assert meta_a["resumed_from"] == ""
+
+
+def _ranks_of(run_dir: Path) -> list[int]:
+    return [q.pid for q in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(q.info["cmdline"] or [])]
+
+
+def test_preemption_by_sigterm_then_sigusr1_checkpoints_and_resumes(reference, e2e_shards, tmp_path):
+    """SIGTERM, then at the relaunch SIGUSR1 (Slurm's `--signal`), each to the process group (launcher and ranks,
+    as a cluster's preemption does): the ranks finish the step, checkpoint and exit, and the run continues exactly.
+    Composer's launcher has no SIGUSR1 handler, so SIGUSR1 ends it at once (-10) while its ranks go on without it
+    to their checkpoint (docs/training.md says what a Slurm job should send instead)."""
+    run_dir = tmp_path / "run"
+    stopped = 0
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        logs = [
+            "--stdout",
+            str(tmp_path / f"{sig.name}.rank{{rank}}.out"),
+            "--stderr",
+            str(tmp_path / f"{sig.name}.rank{{rank}}.err"),
+        ]  # not the dying launcher's temp folder
+        p = start_bg(run_dir, e2e_shards, WORKER, launcher=logs)
+        wait_for_step(run_dir, stopped + 3, p)
+        os.killpg(p.pid, sig)
+        out = finish(p, 600, run_dir)  # EOF once rank 0 exited
+        assert "preempted: stopped after step" in out, out[-4000:]
+        assert p.returncode == (0 if sig == signal.SIGTERM else -signal.SIGUSR1), out[-4000:]
+        at = int(out.split("preempted: stopped after step ")[1].split()[0])
+        assert stopped + 3 <= at < 12, (sig.name, stopped, at)
+        stopped = at
+        ckpts = [p.name for p in (run_dir / "checkpoints").glob("ep*-ba*-rank0.pt")]
+        assert any(f"-ba{stopped}-" in c for c in ckpts), ckpts
+        assert checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt")) == stopped
+        deadline = time.time() + 60
+        while _ranks_of(run_dir) and time.time() < deadline:  # rank 1 ends a moment after rank 0
+            time.sleep(0.2)
+        assert not _ranks_of(run_dir)
+        # the ranks' resource trackers outlive the signal (started with it blocked): a dead one is replaced and
+        # the new one fails every unregister of what the dead one tracked
+        rank1 = (tmp_path / f"{sig.name}.rank1.err").read_text()
+        assert "resource_tracker" not in out + rank1 and "KeyError" not in out + rank1, (out + rank1)[-3000:]
+    ok(launch(run_dir, e2e_shards))
+    assert exact(rows(run_dir)) == exact(rows(reference))
+
+
+UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc"]
+
+
+@pytest.mark.parametrize("pid1", [False, True], ids=["launcher", "launcher_as_pid1"])
+def test_preemption_delivered_to_the_launcher_alone(pid1, reference, e2e_shards, tmp_path):
+    """Kubernetes sends SIGTERM to the container's PID 1 only: the composer launcher. The launcher passes it on
+    to the ranks, which checkpoint and exit 0; nothing is left running; the relaunch continues exactly. As PID 1
+    of its own PID namespace the launcher is the namespace's init (its exit kills whatever is left in it)."""
+    if pid1:
+        probe = subprocess.run([*UNSHARE, "true"], capture_output=True, text=True)
+        if probe.returncode != 0:
+            pytest.skip(f"a PID namespace needs the right to create one (root): unshare said {probe.stderr.strip()!r}")
+    run_dir = tmp_path / "run"
+    p = start_bg(run_dir, e2e_shards, WORKER, "max_steps=1000", prefix=UNSHARE if pid1 else ())
+    wait_for_step(run_dir, 4, p)
+    target = psutil.Process(p.pid).children()[0].pid if pid1 else p.pid  # the launcher (unshare forks it)
+    os.kill(target, signal.SIGTERM)
+    out = finish(p, 300, run_dir)
+    assert p.returncode == 0 and "preempted: stopped after step" in out, out[-4000:]
+    stopped = int(out.split("preempted: stopped after step ")[1].split()[0])
+    assert checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt")) == stopped
+    left = _ranks_of(run_dir)
+    assert not left, f"processes left running: {left}"
+    ok(launch(run_dir, e2e_shards))
+    assert exact(rows(run_dir)) == exact(rows(reference))
+
+
+@pytest.mark.slow
+def test_two_launches_on_one_machine_at_once_both_succeed(e2e_shards, tmp_path):
+    """Two jobs started together on one node (their launchers, ranks, Streaming shared memory and loader
+    workers side by side), three times in a row: both finish, each with the rows the other got."""
+    for attempt in range(3):
+        runs = [tmp_path / f"try{attempt}" / name for name in ("a", "b")]
+        procs = [start_bg(r, e2e_shards, WORKER, "max_steps=6", "checkpoint_every=2") for r in runs]
+        outs = [finish(p, 600, r) for p, r in zip(procs, runs)]
+        for p, out in zip(procs, outs):
+            assert p.returncode == 0, f"attempt {attempt}: {out[-4000:]}"
+        assert exact(rows(runs[0])) == exact(rows(runs[1]))
+
+
+def test_loader_workers_start_once_per_rank_from_the_forkserver(e2e_shards, tmp_path):
+    """Each rank's one loader worker starts once for the whole run (three epochs), forked by the forkserver."""
+    manifest = json.loads((e2e_shards / "manifest.json").read_text())
+    per_epoch = -(-manifest["counts"]["train"] // 4)  # global batch 4
+    run_dir = tmp_path / "run"
+    r = ok(
+        launch(
+            run_dir,
+            e2e_shards,
+            f"max_steps={2 * per_epoch + 1}",
+            WORKER,
+            "val_every=0",
+            "export_every=0",
+            launcher=["--stderr", str(tmp_path / "rank{rank}.stderr")],
+        )
+    )
+    assert {int(x["epoch"]) for x in rows(run_dir)} == {0, 1, 2}
+    for rank, err in ((0, r.stderr), (1, (tmp_path / "rank1.stderr").read_text())):
+        starts = [line for line in err.splitlines() if f"rank {rank} loader worker" in line]
+        assert len(starts) == 1, err[-3000:]
+        assert starts[0].endswith("(forkserver)"), starts
+
+
+def test_sigterm_while_a_rank_waits_for_data_stops_the_run_with_stacks(reference, e2e_shards, tmp_path):
+    """Rank 1's loader never delivers step 5's batch, rank 0 waits for rank 1 inside step 5: a SIGTERM to the
+    process group still ends both within the grace, with rank 1's stacks in the run folder; the last
+    checkpoint is intact and the relaunch continues exactly."""
+    run_dir = tmp_path / "run"
+    grace = 20
+    p = start_bg(
+        run_dir,
+        e2e_shards,
+        WORKER,
+        "inject_stall_step=5",
+        "inject_stall_rank=1",
+        f"preemption_grace_s={grace}",
+        "checkpoint_every=4",
+        launcher=["--stderr", str(tmp_path / "rank{rank}.stderr")],
+    )
+    # step 4's checkpoint is saved after both ranks agreed at step 4's end that no signal had come: from then
+    # on, rank 1 can only be on its way to, or in, the wait for step 5's batch (and rank 0 waiting for rank 1)
+    latest = run_dir / "checkpoints" / "latest-rank0.pt"
+    wait_for(lambda: latest.is_symlink() and checkpoint_step(os.readlink(latest)) == 4, p, "step 4's checkpoint")
+    time.sleep(2)
+    t0 = time.monotonic()
+    os.killpg(p.pid, signal.SIGTERM)
+    out = finish(p, grace + 120, run_dir)  # EOF: every process of the launch has exited
+    assert grace - 1 < time.monotonic() - t0 < grace + 45, out[-3000:]
+    assert p.returncode != 0
+    stacks = (run_dir / "stacks" / "rank1.txt").read_text()
+    assert f"SIGTERM received, and the rank did not checkpoint and exit within preemption_grace_s={grace} s" in stacks
+    assert "_try_get_data" in stacks, stacks  # its main thread was waiting on the DataLoader
+    assert "rank 1: SIGTERM received" in (tmp_path / "rank1.stderr").read_text()
+    assert (
+        " rank 1 ERROR gcc.train: rank 1: SIGTERM received, and the rank did not checkpoint"
+        in (run_dir / "train.log").read_text()
+    )  # every rank's own errors
+    assert [int(x["step"]) for x in rows(run_dir)] == [1, 2, 3, 4]
+    assert checkpoint_step(os.readlink(latest)) == 4
+    ok(launch(run_dir, e2e_shards))
+    assert exact(rows(run_dir)) == exact(rows(reference))
+
+
+def test_elastic_resume_on_one_rank_keeps_global_batches(reference, e2e_shards, tmp_path):
+    run_dir = tmp_path / "run"
+    ok(launch(run_dir, e2e_shards, "max_steps=6"))
+    ok(launch(run_dir, e2e_shards, n=1))  # same global batch 4: now 1 rank × micro 1 × accumulation 4
+    got, want = rows(run_dir), rows(reference)
+    assert [int(r["step"]) for r in got] == list(range(1, 13))
+    for g, w in zip(got[6:], want[6:]):
+        assert sorted(g["clips"].split(";")) == sorted(w["clips"].split(";"))
+        assert (g["text_drop"], g["cond_drop"], g["timestep"]) == (w["text_drop"], w["cond_drop"], w["timestep"])
+        assert float(g["mask_frac"]) == pytest.approx(float(w["mask_frac"]), rel=1e-9)
+        assert float(g["loss"]) == pytest.approx(float(w["loss"]), rel=1e-3)
+
+
+def test_a_changed_global_batch_continues_at_the_next_epoch(reference, e2e_shards, tmp_path):
+    """The reference run (2 ranks, global batch 4, stopped at step 12: 2 steps into epoch 2) continued on 1 rank
+    with global batch 2: it continues at step 13 from epoch 3's first sample (epoch 2's last 14 samples are
+    skipped), the lr schedule and the exports go on by step, and run.json's lineage holds the change. Back on 2
+    ranks (which share the node's Streaming state) with global batch 4, both start epoch 4."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir, symlinks=True, ignore=shutil.ignore_patterns("cache", "tensorboard", ".lock"))
+    r = ok(launch(run_dir, e2e_shards, "global_batch=2", "max_steps=23", n=1))
+    assert "resuming from" in r.stdout and "ep2-ba12-rank0.pt" in r.stdout
+    assert (
+        "global batch changed from 4 (the checkpoint's) to 2: step 12 continues at the start of epoch 3; the "
+        "rest of epoch 2, 14 of its 22 samples, is skipped"
+    ) in r.stdout, r.stdout
+    got = rows(run_dir)
+    assert [int(x["step"]) for x in got] == list(range(1, 24))
+    assert exact(got[:12]) == exact(rows(reference))
+    after = got[12:]  # 11 steps of 2: exactly one epoch of the 22 train clips, from its start
+    assert {int(x["epoch"]) for x in after} == {3}
+    clips = ";".join(x["clips"] for x in after).split(";")
+    train = json.loads((e2e_shards / "manifest.json").read_text())["splits"]["train"]["clip_ids"]
+    assert len(clips) == 22 and sorted(clips) == sorted(train)
+    assert {float(x["lr"]) for x in after} == {1e-3}  # past the warmup by step (a restart would give 2.5e-4)
+    val = [(int(x["step"]), int(x["n"])) for x in rows(run_dir, "val_log")]
+    assert [v for v in val if v[0] > 12] == [(18, 4)] * 3 + [(23, 4)] * 3
+    meta = {n: export_tensors(run_dir / f"step-{n}.safetensors")[1] for n in (18, 23)}
+    assert {(m["step"], m["resumed_step"]) for m in meta.values()} == {("18", "12"), ("23", "12")}
+    lineage = json.loads((run_dir / "run.json").read_text())["lineage"]
+    assert lineage["global_batch_changes"] == [{"step": 12, "old": 4, "new": 2}]
+    assert json.loads((run_dir / "config.json").read_text())["steps_per_epoch"] == 11
+    r = ok(launch(run_dir, e2e_shards, "max_steps=25"))
+    assert "to 4: step 23 continues at the start of epoch 4; the rest of epoch 3, 0 of its 22 samples" in r.stdout
+    last = rows(run_dir)[23:]
+    assert [(int(x["step"]), int(x["epoch"])) for x in last] == [(24, 4), (25, 4)]
+    clips = ";".join(x["clips"] for x in last).split(";")
+    assert len(clips) == len(set(clips)) == 8
+    assert json.loads((run_dir / "run.json").read_text())["lineage"]["global_batch_changes"] == [
+        {"step": 12, "old": 4, "new": 2},
+        {"step": 23, "old": 2, "new": 4},
+    ]
+
+
+def test_data_limit_trains_on_one_seeded_subset_across_ranks_and_a_resume(e2e_shards, tmp_path):
+    """data.limit=8 of the 22 train clips, global batch 4 (2 steps an epoch): 2 ranks for 3 steps, then a resume on
+    1 rank. Every epoch, across the ranks and across the resume in the middle of epoch 1, is exactly the 8
+    clips that Random(seed) picks."""
+    from gcc.data.dataset import subset_ids
+
+    run_dir = tmp_path / "run"
+    quiet = ["data.limit=8", "val_every=0", "export_every=0"]
+    ok(launch(run_dir, e2e_shards, "max_steps=3", *quiet))
+    r = ok(launch(run_dir, e2e_shards, "max_steps=6", *quiet, n=1))
+    assert "resuming from" in r.stdout and "global batch changed" not in r.stdout
+    train = json.loads((e2e_shards / "manifest.json").read_text())["splits"]["train"]["clip_ids"]
+    want = sorted(train[i] for i in subset_ids(len(train), 8, seed=0))  # tiny_cpu.yaml's seed
+    got = rows(run_dir)
+    assert [(int(x["step"]), int(x["epoch"])) for x in got] == [(1, 0), (2, 0), (3, 1), (4, 1), (5, 2), (6, 2)]
+    for epoch in (0, 1, 2):
+        assert sorted(";".join(x["clips"] for x in got if int(x["epoch"]) == epoch).split(";")) == want, epoch
+    assert json.loads((run_dir / "config.json").read_text())["steps_per_epoch"] == 2
+
+
+def test_data_on_s3_with_a_node_cache_trains_and_resumes_the_same(reference, e2e_shards, tmp_path, s3_bucket):
+    """Shards on s3:// (a real S3 server on loopback): the same rows as the local-data run, across a resume."""
+    remote = f"{s3_bucket}/shards"
+    C.convert(e2e_shards.parent / "prepared", remote, chunk_clips=8, progress=False)
+    run_dir = tmp_path / "run"
+    for steps in (6, 12):  # the second launch resumes at step 6 with a warm cache
+        r = ok(launch(run_dir, e2e_shards, f"data.path={remote}", f"max_steps={steps}"))
+    assert "resuming from" in r.stdout
+    assert exact(rows(run_dir)) == exact(rows(reference))
+    cache = run_dir / "cache" / "node0"
+    assert (cache / "text" / "table.safetensors").exists()
+    assert any((cache / "train").rglob("*.mds*"))  # the shards streamed into the node cache
+
+
+def test_preempted_in_the_step0_validation_then_a_changed_signature_refused_then_a_fresh_start(e2e_shards, tmp_path):
+    """A SIGTERM that only rank 1 gets, during the step-0 validation: both ranks stop before step 1 (exit 0, no
+    checkpoint: nothing trained). The folder then holds only step-0 validation rows: a relaunch of another signature
+    is still refused (run.json), one of the same run starts over from step 0 (the rows are not a used folder's)
+    and writes them again, once; larger max_steps resumes."""
+    run_dir = tmp_path / "run"
+    r = ok(launch(run_dir, e2e_shards, "max_steps=2", "val_every=3", "export_every=0", "inject_sigterm_at_val0=true"))
+    assert "preempted: stopped before step 1, after the step-0 validation" in r.stdout, r.stdout[-3000:]
+    assert rows(run_dir) == [] and not list((run_dir / "checkpoints").glob("ep*"))  # no step, no checkpoint
+    step0 = rows(run_dir, "val_log")
+    assert [int(x["step"]) for x in step0] == [0, 0, 0]
+    r = launch(run_dir, e2e_shards, "max_steps=2", "optim.lr=5e-4", "model.vocab=ids", "data.limit=8")
+    assert r.returncode == 3
+    assert "optim.lr: 0.001 -> 0.0005" in r.stderr and "model.vocab: 'parts' -> 'ids'" in r.stderr
+    assert "data.limit: None -> 8" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert (run_dir / "train.log").read_text().count("refused: ") == 1  # rank 0's verdict, not one per rank
+    r = ok(launch(run_dir, e2e_shards, "max_steps=2", "val_every=3", "export_every=0"))
+    assert "resuming" not in r.stdout and "val_log.csv: removed 3 row(s) of a start from step 0" in r.stdout
+    got = rows(run_dir, "val_log")  # step 0's written again (the same numbers: the same starting weights), then 2's
+    assert got[:3] == step0 and [int(x["step"]) for x in got] == [0, 0, 0, 2, 2, 2]
+    r = ok(launch(run_dir, e2e_shards, "max_steps=3", "val_every=0", "export_every=0"))
+    assert [int(x["step"]) for x in rows(run_dir)] == [1, 2, 3]
+    assert (run_dir / "train.log").read_text().count("==== launch ") == 4
+
+
+def test_second_launch_refused_stale_lock_ignored(e2e_shards, tmp_path):
+    run_dir = tmp_path / "run"
+    # far more steps than it can take while the second launch starts (on a loaded machine that takes a while)
+    p = start_bg(run_dir, e2e_shards, "max_steps=1000000", "val_every=0", "export_every=0")
+    try:
+        wait_for_step(run_dir, 4, p)
+        r = launch(run_dir, e2e_shards, "max_steps=1000000")
+        assert p.poll() is None, "the first launch ended: this test needs it alive"
+        assert r.returncode == 3 and "another live run holds" in r.stderr, (r.stdout[-3000:], r.stderr[-3000:])
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    at = checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt"))
+    r = ok(launch(run_dir, e2e_shards, f"max_steps={at + 1}"))  # the dead run's lock does not block; it resumes
+    assert "resuming from" in r.stdout and int(rows(run_dir)[-1]["step"]) == at + 1
+    r = ok(launch(run_dir, e2e_shards, f"max_steps={at + 1}"))  # finished: says so, exits 0
+    assert f"nothing to do: {run_dir} is at step {at + 1}" in r.stdout
+
+
+def test_nonfinite_loss_on_one_rank_stops_all(e2e_shards, tmp_path):
+    run_dir = tmp_path / "run"
+    r = launch(
+        run_dir,
+        e2e_shards,
+        "inject_nonfinite_step=5",
+        "inject_nonfinite_rank=1",
+        "val_every=0",
+        f"optim.grad_clip={CLIP}",
+    )
+    assert r.returncode == 4, (r.stdout[-2000:], r.stderr[-3000:])
+    assert "non-finite loss at step 5 (rank 1: clips clip" in r.stderr
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").glob("ep*-ba*-rank0.pt"))
+    assert [checkpoint_step(c) for c in ckpts] == [3]  # nothing of the poisoned state
+    assert [int(x["step"]) for x in rows(run_dir)] == [1, 2, 3, 4]
+    assert_grad_norm_logged_before_clipping(rows(run_dir))
+
+
+def _plain_wan_export(path: Path) -> None:
+    from safetensors.torch import save_file
+
+    from gcc.model.dit import build_gc_dit, cond_keys
+
+    dit = build_gc_dit("tiny")
+    skip = set(cond_keys(dit))
+    save_file({k: v.contiguous() for k, v in dit.state_dict().items() if k not in skip}, str(path))
+
+
+def test_warm_start_and_lineage_over_two_resumes(reference, e2e_shards, tmp_path):
+    init = reference / "step-12.safetensors"
+    run_dir = tmp_path / "run"
+    quiet = ["val_every=0", "export_every=2", "checkpoint_every=2"]
+    ok(launch(run_dir, e2e_shards, "max_steps=2", f"model.init_ckpt={init}", *quiet))
+    assert float(rows(run_dir)[0]["sem_rms"]) > 0  # the warm-started cond is not zero
+    ok(launch(run_dir, e2e_shards, "max_steps=4", f"model.init_ckpt={init}", *quiet))
+    ok(launch(run_dir, e2e_shards, "max_steps=6", f"model.init_ckpt={init}", *quiet))
+    meta = {n: export_tensors(run_dir / f"step-{n}.safetensors")[1] for n in (2, 4, 6)}
+    assert {m["init_ckpt"] for m in meta.values()} == {str(init.resolve())}
+    assert (meta[2]["resumed_from"], meta[2]["resumed_step"]) == ("", "")
+    assert meta[4]["resumed_step"] == "2" and meta[6]["resumed_step"] == "4"
+    assert meta[6]["resumed_from"].endswith("-ba4-rank0.pt")
+    # a plain Wan export starts the cond at zero
+    plain = tmp_path / "plain_wan.safetensors"
+    _plain_wan_export(plain)
+    run2 = tmp_path / "run2"
+    ok(launch(run2, e2e_shards, "max_steps=1", f"model.init_ckpt={plain}", "val_every=0", "export_every=0"))
+    assert float(rows(run2)[0]["sem_rms"]) == 0.0
+
+
+def test_learning_uses_the_condition(e2e_shards, tmp_path):
+    """The chain is right end to end: the loss falls and validation shows the semantic condition is used."""
+    run_dir = tmp_path / "run"
+    ok(
+        launch(
+            run_dir,
+            e2e_shards,
+            "max_steps=300",
+            "val_every=300",
+            "val_n=8",
+            "export_every=0",
+            "checkpoint_every=300",
+            "global_batch=8",
+            "micro_batch=2",
+            n=1,
+            timeout=1800,
+        )
+    )
+    r = rows(run_dir)
+    first, last = [float(x["mse"]) for x in r[:20]], [float(x["mse"]) for x in r[-20:]]
+    assert sum(last) / 20 < 0.8 * sum(first) / 20
+    v = rows(run_dir, "val_log")
+    gaps = {s: [float(x["gap_uncond"]) for x in v if int(x["step"]) == s] for s in (0, 300)}
+    # at step 0 the zero-initialised condition adds nothing (the gap is exactly 0); learned, it is ~1e-2
+    assert gaps[0] == [0.0] * 3, v
+    assert all(g > 0.003 for g in gaps[300]) and sum(gaps[300]) / len(gaps[300]) > 0.005, v

@@ -1,0 +1,254 @@
+"""The run's own files and locks (docs/training.md, "Trust and safety"): credentials stay out of gcc's files and
+logs, files follow the user's umask, node-wide locks are the user's own and time out with a message, and the run
+lock never follows a planted link."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+
+from gcc.data import dataset as D
+from gcc.errors import LockTimeout
+from gcc.training.run_folder import Refusal, RunLock
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "0123456789abcdef0123456789abcdef01234567"
+
+
+def test_credentials_stay_out_of_gccs_files_and_logs(e2e_shards, tmp_path):
+    """A W&B key in the yaml and a token in a URL's user info: config.json, run.json, done.json, the CSV logs,
+    the export's metadata and the job log never hold them. (W&B's own files under wandb/ hold what W&B is given:
+    docs/training.md says to pass credentials through the environment.)"""
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, WANDB_MODE="offline", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "gcc" / "train.py"),
+            str(ROOT / "yamls" / "tiny_cpu.yaml"),
+            f"run_dir={run_dir}",
+            f"data.path={e2e_shards}",
+            "max_steps=2",
+            "global_batch=2",
+            "micro_batch=1",
+            "val_every=0",
+            "export_every=2",
+            "checkpoint_every=2",
+            "progress_bar=false",
+            "data.num_workers=0",
+            f"loggers={{wandb: {{project: p, init_kwargs: {{settings: {{api_key: {SECRET}, base_url: "
+            f"'https://alice:{SECRET}@wandb.example'}}}}}}}}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ours = [run_dir / n for n in ("config.json", "run.json", "done.json", "train_log.csv", "val_log.csv")]
+    for path in ours:
+        assert SECRET not in path.read_text(), path
+    with safe_open(str(run_dir / "step-2.safetensors"), "pt") as f:
+        assert SECRET not in json.dumps(f.metadata())
+    assert SECRET not in r.stdout + r.stderr
+    assert "loggers.wandb.init_kwargs.settings.api_key: holds a credential" in r.stderr
+    settings = json.loads((run_dir / "config.json").read_text())["config"]["loggers"]["wandb"]["init_kwargs"][
+        "settings"
+    ]
+    assert settings == {"api_key": "***", "base_url": "https://***@wandb.example"}
+
+
+def test_log_lines_mask_credentials(capsys):
+    import logging
+
+    from gcc.training.console import configure_logging
+
+    configure_logging("INFO", 0)
+    logging.getLogger("gcc.test").info("fetching %s", f"https://bob:{SECRET}@host/x?token={SECRET}&a=1")
+    logging.getLogger("gcc.test").warning(f"s3://AKIA:{SECRET}@bucket/p")
+    out = capsys.readouterr()
+    assert SECRET not in out.out + out.err
+    assert "fetching https://***@host/x?token=***&a=1" in out.out and "s3://***@bucket/p" in out.err
+
+
+@pytest.mark.parametrize("umask, mode", [(0o027, 0o640), (0o002, 0o664), (0o022, 0o644)])
+def test_files_follow_the_umask(tmp_path, umask, mode):
+    code = (
+        "import os, sys; os.umask(int(sys.argv[2], 8)); from gcc.storage import atomic_write; "
+        "from gcc.training.console import open_run_log; atomic_write(sys.argv[1], b'x'); "
+        "open_run_log(os.path.dirname(sys.argv[1]), 0, 1)"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "f"), oct(umask)],
+        check=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    assert stat.S_IMODE(os.stat(tmp_path / "f").st_mode) == mode
+    assert stat.S_IMODE(os.stat(tmp_path / "train.log").st_mode) == mode
+
+
+def test_the_registration_lock_is_this_users_and_times_out_naming_its_holder(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    folder = D.user_lock_dir()
+    assert folder == tmp_path / f"gcc-{os.getuid()}" and stat.S_IMODE(folder.stat().st_mode) == 0o700
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; "
+            "from gcc.data.dataset import hold_flock; hold_flock(Path(sys.argv[1]), 60, 'test'); "
+            "print('held', flush=True); time.sleep(60)",
+            str(folder / "streaming_registration.lock"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        t0 = time.monotonic()
+        with pytest.raises(LockTimeout, match=rf"held by pid {holder.pid} for more than 1 s"):
+            with D.node_registration_lock(timeout_s=1.0):
+                pass
+        assert time.monotonic() - t0 < 10
+    finally:
+        holder.kill()
+        holder.wait()
+    with D.node_registration_lock(timeout_s=1.0):  # free again once its holder is gone
+        pass
+
+
+@pytest.mark.parametrize("plant", ["link", "open_folder"])
+def test_a_planted_lock_folder_is_refused(tmp_path, monkeypatch, plant):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    folder = tmp_path / f"gcc-{os.getuid()}"
+    if plant == "link":
+        (tmp_path / "elsewhere").mkdir()
+        folder.symlink_to(tmp_path / "elsewhere")
+    else:
+        folder.mkdir()
+        folder.chmod(0o777)
+    with pytest.raises(LockTimeout, match="expected a folder of this user"):
+        D.user_lock_dir()
+
+
+def test_the_run_lock_never_follows_a_planted_link(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("someone's file")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / ".lock").symlink_to(victim)
+    with pytest.raises(Refusal, match=r"\.lock: cannot be opened as the run's lock file"):
+        RunLock(run_dir).acquire()
+    assert victim.read_text() == "someone's file"
+
+
+def _train(run_dir: Path, shards: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """One single-process launch of the tiny model (world 1: no launcher needed)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    return subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "gcc" / "train.py"),
+            str(ROOT / "yamls" / "tiny_cpu.yaml"),
+            f"run_dir={run_dir}",
+            f"data.path={shards}",
+            "global_batch=2",
+            "micro_batch=1",
+            "val_every=2",
+            "val_n=2",
+            "val_batch=2",
+            "export_every=2",
+            "checkpoint_every=2",
+            "progress_bar=false",
+            "data.num_workers=0",
+            "loggers={}",
+            *overrides,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+
+
+def _snapshot(run_dir: Path) -> dict[str, bytes]:
+    return {
+        p.name: p.read_bytes() for p in run_dir.iterdir() if p.name.startswith("step-") or p.name.endswith("_log.csv")
+    }
+
+
+def test_a_run_folder_with_outputs_but_no_checkpoint_is_refused_and_allow_existing_moves_them_aside(
+    e2e_shards, tmp_path
+):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    r = _train(run_dir, e2e_shards, "max_steps=2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    shutil.rmtree(run_dir / "checkpoints")  # deleted, or a run stopped before its first checkpoint
+    before = _snapshot(run_dir)
+    assert "step-2.safetensors" in before and before["train_log.csv"].count(b"\n") == 3
+    r = _train(run_dir, e2e_shards, "max_steps=2")
+    assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "1 export(s) (newest step-2.safetensors), train_log.csv with 2 row(s)" in r.stderr
+    assert "allow_existing=true" in r.stderr and "Traceback" not in r.stderr
+    assert _snapshot(run_dir) == before  # nothing rewritten, nothing trimmed
+    r = _train(run_dir, e2e_shards, "max_steps=2", "allow_existing=true")
+    assert r.returncode == 0, r.stderr[-3000:]
+    (replaced,) = (run_dir / "replaced").iterdir()
+    assert f"what the run had written is now in {replaced}" in r.stdout
+    assert _snapshot(replaced) == before
+    assert (run_dir / "train_log.csv").read_bytes().count(b"\n") == 3  # the new start's own two rows
+
+
+def test_autoresume_off_in_a_used_folder_is_refused(e2e_shards, tmp_path):
+    run_dir = tmp_path / "run"
+    assert _train(run_dir, e2e_shards, "max_steps=2").returncode == 0
+    r = _train(run_dir, e2e_shards, "max_steps=4", "autoresume=false")
+    assert r.returncode == 3 and "autoresume is off" in r.stderr and "1 checkpoint(s)" in r.stderr, r.stderr[-2000:]
+    assert (run_dir / "checkpoints" / "ep0-ba2-rank0.pt").is_file() or list((run_dir / "checkpoints").glob("ep*"))
+
+
+def test_a_warm_started_run_resumes_after_its_init_ckpt_moved(e2e_shards, tmp_path):
+    first = tmp_path / "first"
+    assert _train(first, e2e_shards, "max_steps=2").returncode == 0
+    init = tmp_path / "init.safetensors"
+    (first / "step-2.safetensors").rename(init)
+    run_dir = tmp_path / "run"
+    r = _train(run_dir, e2e_shards, "max_steps=2", f"model.init_ckpt={init}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    recorded = json.loads((run_dir / "run.json").read_text())["signature"]["model.init_ckpt"]
+    init.rename(tmp_path / "moved.safetensors")
+    r = _train(run_dir, e2e_shards, "max_steps=4", f"model.init_ckpt={init}")
+    assert r.returncode == 0 and "resuming from" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+    assert json.loads((run_dir / "run.json").read_text())["signature"]["model.init_ckpt"] == recorded
+    # a start from step 0 needs the file: exit 2 naming the key, before any work
+    r = _train(tmp_path / "fresh", e2e_shards, "max_steps=2", f"model.init_ckpt={init}")
+    assert r.returncode == 2 and "model.init_ckpt" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def test_a_credential_in_the_config_is_named_in_a_warning():
+    from gcc.redact import secret_keys
+
+    tree = {
+        "loggers": {
+            "wandb": {"project": "p", "init_kwargs": {"settings": {"api_key": "k"}}},
+            "mlflow": {"tracking_uri": "https://u:t@h"},
+        },
+        "seed": 0,
+        "val_timesteps": [200],
+    }
+    assert secret_keys(tree) == ["loggers.wandb.init_kwargs.settings.api_key", "loggers.mlflow.tracking_uri"]
