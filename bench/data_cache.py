@@ -71,7 +71,7 @@ def main() -> int:
 
     from streaming.base.storage.download import LocalDownloader
 
-    from gcc.data.dataset import LinkingLocalDownloader
+    from gcc.compat.streaming import LinkingLocalDownloader
 
     tmp = Path(tempfile.mkdtemp(prefix="gcc-data-cache-", dir=a.tmp))
     shards = a.shards

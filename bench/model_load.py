@@ -85,8 +85,8 @@ def main() -> None:
 
     import torch
 
+    from gcc.compat.diffsynth import WanModel
     from gcc.data.convert import convert
-    from gcc.model.diffsynth_parts import WanModel
     from gcc.model.dit import count_params, model_config, write_wan_layout
     from gcc.synth.world import write_prepared
 

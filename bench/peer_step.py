@@ -135,7 +135,7 @@ def build_pipe(dit, device):
     import torch
     from diffsynth.pipelines.wan_video import WanVideoPipeline
 
-    from gcc.model.diffsynth_parts import FlowMatchScheduler, WanModel
+    from gcc.compat.diffsynth import FlowMatchScheduler, WanModel
     from gcc.model.dit import COND_PREFIX
 
     with torch.device("meta"):

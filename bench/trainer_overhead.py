@@ -145,10 +145,10 @@ def profiled_train(out: str, read_fd: int, write_fd: int, turn: int, argv: list[
     from composer.loggers import Logger
     from composer.trainer import Trainer
 
+    from gcc.compat.composer import LeanEngine
     from gcc.model.objective import GcTrainModel
     from gcc.training import builders
     from gcc.training.callbacks.grad_clip import GradClip
-    from gcc.training.engine import LeanEngine
     from gcc.training.trainer import main
 
     totals: dict[str, float] = collections.defaultdict(float)
@@ -281,6 +281,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="fresh gcc/train.py processes, one after the other")
     ap.add_argument("--turn", type=int, default=10, help="steps each side runs before the other takes its turn")
     ap.add_argument("--shards", default="", help="a converted dataset (default: synthesize 48 tiny clips)")
+    ap.add_argument("overrides", nargs="*", help="more key=value overrides, e.g. lean_engine=false (Composer's engine)")
     args = ap.parse_args()
 
     from gcc.training.config import load_config
@@ -299,7 +300,7 @@ def main() -> None:
             src = synth.write_prepared(tmp / "prepared", clips=48, geometry="tiny", seed=0)
             shards = str(tmp / "shards")
             convert(src, shards, progress=False)
-        common = [f"data.path={shards}", f"max_steps={args.steps}", *OVERRIDES]
+        common = [f"data.path={shards}", f"max_steps={args.steps}", *OVERRIDES, *args.overrides]
         for r in range(args.rounds):
             cfg = load_config(ROOT / "yamls" / "tiny_cpu.yaml", [f"run_dir={tmp / f'bare{r}'}", *common])
             periods = {}

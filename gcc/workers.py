@@ -37,6 +37,8 @@ import sys
 import threading
 from multiprocessing import forkserver, resource_tracker
 
+from gcc.compat.python import forkserver_pid, reap_forkserver, shm_name
+
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 # After a preemption signal a rank has this long to finish its step, checkpoint and exit, or it leaves its stacks
 # and exits 5 (docs/training.md). Under 30 s: Composer's launcher, when it gets the SIGTERM too, SIGKILLs the
@@ -110,14 +112,13 @@ def stop_forkserver() -> None:
     """Stop this process's forkserver, if it started one, and wait for it (call once its workers are gone). It
     only forks and holds nothing to save or release, so it is killed rather than asked to exit: its interpreter
     shutdown alone, a last collection over all of torch, takes seconds."""
-    server = forkserver._forkserver
-    pid = getattr(server, "_forkserver_pid", None)
+    pid = forkserver_pid()
     if pid is not None:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        server._stop()  # closes its "alive" pipe and reaps it
+        reap_forkserver()
 
 
 def forget_attached_shm(obj, depth: int = 5) -> int:
@@ -135,8 +136,9 @@ def forget_attached_shm(obj, depth: int = 5) -> int:
             return
         seen.add(id(o))
         if isinstance(o, SharedMemory):
-            if not o.created_shms and getattr(o.shm, "_name", None):  # the rank attached it: not its to track
-                resource_tracker.unregister(o.shm._name, "shared_memory")
+            name = shm_name(o.shm)
+            if not o.created_shms and name:  # the rank attached it: not its to track
+                resource_tracker.unregister(name, "shared_memory")
                 forgotten += 1
             return
         attrs = getattr(o, "__dict__", None)

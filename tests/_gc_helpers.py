@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
+from gcc.compat.diffsynth import WanModel
 from gcc.geometry import Geometry
-from gcc.model.diffsynth_parts import WanModel
 from gcc.model.dit import build_gc_dit, model_config, write_wan_layout
 from gcc.vocab import VOCAB_VALUES
 

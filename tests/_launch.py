@@ -115,10 +115,17 @@ def hang_report(sid: int, run_dir: Path | None) -> str:
             continue
         try:
             r = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
-            parts.append(f"--- {pid} ({name})\n{r.stdout}{r.stderr}")
+            parts.append(f"--- {pid} ({name})\n{_compact(r.stdout + r.stderr)}")
         except subprocess.TimeoutExpired:
             parts.append(f"--- {pid} ({name}): py-spy took more than 60 s")
     return "\n".join(parts)
+
+
+def _compact(stacks: str) -> str:
+    """py-spy's dump without what is the same in every process (interpreter line, thread bootstrap frames), lines
+    cut to 160 characters: a CI log keeps only part of a long failure, and the stacks of every process must fit."""
+    skip = ("Python v", "(threading.py:", "(multiprocessing/process.py:", "(multiprocessing/spawn.py:")
+    return "\n".join(line[:160] for line in stacks.splitlines() if line.strip() and not any(k in line for k in skip))
 
 
 def finish(p: subprocess.Popen, timeout: float, run_dir: Path | None = None, both: bool = False):

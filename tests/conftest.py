@@ -82,6 +82,6 @@ def pytest_configure(config):
     # with a test that reuses such a folder name; release those (never Streaming's clean_stale_shared_memory(),
     # which unlinks every job's segments on the machine: a training run or another test session beside us).
     if not hasattr(config, "workerinput"):
-        from gcc.data.dataset import release_stale_shm
+        from gcc.compat.streaming import release_stale_shm
 
         release_stale_shm()

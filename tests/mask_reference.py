@@ -1,10 +1,11 @@
 """A plain reference implementation of the world-anchored UNKNOWN mask (docs/design.md §6), for tests and the bench.
 
-It follows docs/design.md §6 line by line with per-frame, per-pixel Python loops and shares nothing with
-`gcc/data/mask.py` except the docs/design.md §3 geometry (`gcc.geometry.ground_points`, called for one pixel at a time) and the
-vocabulary. The quantile is the per-pixel inverted-CDF quantile (`gcc.data.mask.weighted_quantile` documents the
-same definition over weighted cells): sort the n pixel values, t = p·n, take the value at 1-based position
-max(1, ceil(t)). Slow on purpose (≈1 s per full-geometry frame).
+It follows docs/design.md §6 line by line with per-frame, per-pixel Python loops and shares nothing with the fast
+mask (`gcc/data/mask.py`, `gcc/data/mask_grid.py`, `gcc/data/mask_cap.py`) except the docs/design.md §3 geometry
+(`gcc.geometry.ground_points`, called for one pixel at a time) and the vocabulary. The quantile is the per-pixel
+inverted-CDF quantile (`gcc.data.mask_grid.weighted_quantile` documents the same definition over weighted
+cells): sort the n pixel values, t = p·n, take the value at 1-based position max(1, ceil(t)). Slow on purpose
+(≈1 s per full-geometry frame).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROCESS_REPORT = """
 import os, sys
 import composer, torch._inductor.config  # first, as in a training rank: inductor has read its settings
-import gcc.model.diffsynth_parts, gcc.model.dit, gcc.model.objective, gcc.tools.sample.cli  # all that imports DiffSynth
+import gcc.compat.diffsynth, gcc.model.dit, gcc.model.objective, gcc.tools.sample.cli  # all that imports DiffSynth
 import time; time.sleep(1)  # a pool would be starting by now
 me = os.getpid()
 threads = os.listdir(f"/proc/{me}/task")

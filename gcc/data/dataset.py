@@ -2,9 +2,9 @@
 the three dropouts and the world-anchored UNKNOWN mask.
 
 Determinism: everything random about a sample is drawn from a generator keyed on (seed, epoch, sample id).
-Streaming hands `get_item` the global sample id; the epoch is a local of Streaming's `__iter__`, so this class
-captures it where Streaming computes it (`_resume_incr_epoch`, run in every worker at the start of each
-epoch). Neither depends on the worker count, rank count or resume point. Pinned to streaming==0.13.0.
+Streaming hands `get_item` the global sample id; the epoch is a local of Streaming's `__iter__`, which
+gcc/compat/streaming.py's `StreamingBase.epoch` captures in every worker at the start of each epoch. Neither
+depends on the worker count, rank count or resume point.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from streaming import StreamingDataset
-from streaming.base.storage import download as streaming_download
 from torch.utils.data import get_worker_info
 
 from gcc import storage
+from gcc.compat.streaming import StreamingBase
+from gcc.compat.torch import new_shared_storage, shutdown_loader_workers
 from gcc.data.mask import apply_unknown_mask
 from gcc.data.sample_rng import draw_sample
 from gcc.data.shards import SHARD_HASH, TEXT_TABLE, ClipRecord, SplitFormat, check_index, read_manifest
@@ -59,86 +59,6 @@ NO_DROPOUTS = Dropouts(text=0.0, cond=0.0, mask=0.0)
 INDEX_DAMAGE = (json.JSONDecodeError, OSError, KeyError, TypeError)
 
 
-class BoundedS3Downloader(streaming_download.S3Downloader):
-    """Streaming's S3 shard downloader with the project's retry policy (botocore's standard mode, a bounded
-    number of attempts: gcc.storage.s3_config) in place of Streaming's adaptive mode."""
-
-    def _create_s3_client(self, unsigned: bool = False, timeout: float = 60) -> None:
-        from boto3.session import Session
-
-        self._s3_client = Session().client(
-            "s3", config=storage.s3_config(timeout, unsigned), endpoint_url=os.environ.get("S3_ENDPOINT_URL")
-        )
-
-
-class LinkingLocalDownloader(streaming_download.LocalDownloader):
-    """A local dataset's files enter the run's cache as symbolic links, not copies: uncompressed shards are then
-    read where they are (Streaming opens the cache's path), so no run writes a second copy of the dataset.
-    Compressed shards are decompressed into the cache (the link goes once they are)."""
-
-    def _download_file_impl(self, remote: str, local: str, timeout: float) -> None:
-        if not os.path.isfile(remote):
-            raise FileNotFoundError(f"{remote}: no such file")
-        tmp = f"{local}.tmp{os.getpid()}"
-        if os.path.lexists(tmp):
-            os.remove(tmp)
-        os.symlink(os.path.abspath(remote), tmp)
-        os.replace(tmp, local)
-
-
-# Streaming looks its downloader up by URL scheme at each dataset's construction (workers import this module too)
-streaming_download.DOWNLOADER_MAPPINGS["s3"] = BoundedS3Downloader
-streaming_download.DOWNLOADER_MAPPINGS[""] = LinkingLocalDownloader
-
-
-def release_stale_shm(local_dirs: Sequence[str | Path] | None = None, scan: int = 256) -> int:
-    """Unlink Streaming shared memory left by a *dead* launch that used these cache folders (with `local_dirs`
-    None: segments whose every cache folder is gone, which nothing can be using).
-
-    After a SIGKILL, Streaming's shared memory outlives the process and a relaunch on the same cache folder
-    fails with "Reused local directory". Streaming's `clean_stale_shared_memory()` would fix that by unlinking
-    every Streaming segment on the node, other live jobs' included (their loaders then fail): never call it.
-    This removes only segments registered for our own folders (call it only while holding the run lock: no
-    live run uses them) or for folders that no longer exist. Returns the number of prefixes released."""
-    import _posixshmem
-    from tempfile import gettempdir
-
-    from streaming.base.constant import BARRIER_FILELOCK, CACHE_FILELOCK, LOCALS, SHM_TO_CLEAN
-    from streaming.base.shared.memory import SharedMemory  # attaches without resource-tracker ownership
-    from streaming.base.shared.prefix import _get_path, _unpack_locals
-
-    ours = {os.path.abspath(str(d)) for d in local_dirs or ()}
-    released = 0
-    # Streaming's prefix numbers only grow on a node (it skips numbers whose lock files remain in /tmp), so
-    # look at the segments that exist rather than a fixed range
-    shm_dir = Path("/dev/shm")
-    prefixes = (
-        sorted(int(p.name[:6]) for p in shm_dir.glob("[0-9][0-9][0-9][0-9][0-9][0-9]_" + LOCALS))
-        if shm_dir.is_dir()
-        else range(scan)
-    )
-    for prefix in prefixes:
-        try:
-            shm = SharedMemory(_get_path(prefix, LOCALS), create=False, auto_cleanup=False)
-        except (FileNotFoundError, PermissionError):
-            continue
-        theirs, _ = _unpack_locals(bytes(shm.buf))
-        shm.shm.close()
-        if local_dirs is None:
-            if not theirs or any(os.path.exists(t) for t in theirs):
-                continue
-        elif not ours.intersection(os.path.abspath(t) for t in theirs):
-            continue
-        for name in SHM_TO_CLEAN:
-            with contextlib.suppress(FileNotFoundError, PermissionError):
-                _posixshmem.shm_unlink("/" + _get_path(prefix, name))
-        for lock in (BARRIER_FILELOCK, CACHE_FILELOCK):
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(gettempdir(), _get_path(prefix, lock)))
-        released += 1
-    return released
-
-
 def _empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     """A new uninitialised tensor. Inside a DataLoader worker its storage is shared memory from the start (as
     torch's default_collate does for its batches), so handing the sample or batch to the main process does
@@ -146,7 +66,7 @@ def _empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     shape = tuple(int(s) for s in shape)
     if get_worker_info() is None:
         return torch.empty(shape, dtype=dtype)
-    storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
+    storage = new_shared_storage(math.prod(shape) * dtype.itemsize)
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
 
 
@@ -265,7 +185,7 @@ def subset_ids(n: int, limit: int, seed: int) -> np.ndarray:
     return np.array(sorted(ids[:limit]), np.int64)
 
 
-class GcStreamingDataset(StreamingDataset):
+class GcStreamingDataset(StreamingBase):
     """Converted clips of one split. `data` is a conversion's root (local folder or s3:// URL); shards enter
     `cache_dir` (per run: Streaming refuses two live datasets on one local folder): downloaded from S3, linked
     from a local folder (uncompressed shards are then read in place). `limit`: every epoch is a shuffle of the
@@ -303,7 +223,6 @@ class GcStreamingDataset(StreamingDataset):
                 f"{self.text.path}: {len(self.text)} keys, the manifest says {self.format.text_keys}; "
                 f"not the text table of this conversion — restore or reconvert it"
             )
-        self._epoch = 0
         index_url = storage.join(data, split, "index.json")
         try:
             # Streaming reads the index from the cache when it is there: it reads this checked copy, never the
@@ -334,42 +253,22 @@ class GcStreamingDataset(StreamingDataset):
                     raise
                 Path(self.cache_folder, "index.json").unlink(missing_ok=True)
                 raise fault from None
-        self._thread_error: BaseException | None = None
-        self.resume_state: dict[str, Any] | None = None  # the last load_state_dict's
-        self.subset = subset_ids(self.num_samples, limit, self.seed) if limit else None
-        if self.subset is not None:  # an epoch is the subset: its size, and each rank's share of it
-            self.epoch_size = len(self.subset)
-            self.length = math.ceil(self.epoch_size / self._parallel_rank_world.num_ranks)
-
-    def load_state_dict(self, obj: dict[str, Any]) -> None:
-        """Streaming's resume state, for the workers' next `__iter__` (kept as `resume_state` too: the node's
-        segment is shared with the node's other ranks). Called again (a changed global batch moves the position a
-        checkpoint loaded: gcc/training/batch_change.py), it rewrites the segment it created the first time.
-        Streaming would attach a second copy of it, which the loader worker then takes back from the resource
-        tracker (gcc/workers.py), so the creator's own cleanup fails at exit."""
-        self.resume_state = dict(obj)
-        shm = getattr(self, "_resume_shm", None)
-        if shm is None:
-            super().load_state_dict(obj)
-            return
-        data = json.dumps(obj, sort_keys=True).encode() + b"\0"  # as Streaming writes it: JSON, then a NUL
-        shm.buf[: len(data)] = data
-
-    def resample_streams(self, epoch: int, stream_id: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Streaming's epoch before its shuffle: (shuffle unit sizes, sample id of each slot). With a subset, the
-        subset's ids, one unit per shard that holds some of them (Streaming's own subsampling, a stream's
-        `choose`, draws how many samples each shard gives, and which, with its own generator: it cannot be told
-        which clips)."""
-        if self.subset is None:
-            return super().resample_streams(epoch, stream_id)
-        shard_of = np.searchsorted(self.sample_offset_per_shard, self.subset, side="right") - 1
-        units = np.bincount(shard_of, minlength=self.num_shards)
-        return units[units > 0].astype(np.int64), self.subset.copy()
+        if limit:
+            self.restrict_to(subset_ids(self.num_samples, limit, self.seed))
 
     # ---- faults: an error naming the shard, never a silent early end of the epoch ------------------------------
     def _shard_name(self, shard_id: int) -> str:
-        raw, zipped = self.shards[shard_id].file_pairs[0]
-        return storage.join(self.data, self.split, (zipped or raw).basename)
+        return storage.join(self.data, self.split, self.shard_file(shard_id))
+
+    def fetch_failed(self, shard_id: int, error: BaseException) -> Exception:
+        # drop the bad copy from the cache: a relaunch after the data is repaired fetches it again
+        folder, names = self.shard_cache_files(shard_id)
+        for name in names:  # only ever an entry of the cache (a checked name, resolved inside it)
+            inside(folder, name, "shard").unlink(missing_ok=True)
+        return self._fault(self._shard_name(shard_id), error)
+
+    def download_failed(self, error: BaseException) -> Exception:
+        return self._fault(f"data {self.data}, split {self.split}", error)
 
     def _fault(self, where: str, e: BaseException) -> Exception:
         """What went wrong reading `where`: the local cache's disk full, the store not answering, or else the
@@ -386,49 +285,6 @@ class GcStreamingDataset(StreamingDataset):
             f"since convert_data wrote it (split {self.split}) — restore or reconvert it"
         )
 
-    def prepare_shard(self, shard_id: int, blocking: bool = True) -> None:
-        try:
-            super().prepare_shard(shard_id, blocking)
-        except Exception as e:
-            self._release_claim(shard_id)
-            # drop the bad copy from the cache: a relaunch after the data is repaired fetches it again
-            stream = self.streams[self.stream_per_shard[shard_id]]
-            for info in self.shards[shard_id].file_pairs[0]:
-                if info is not None:  # only ever an entry of the cache (a checked name, resolved inside it)
-                    inside(Path(stream.local, stream.split or ""), info.basename, "shard").unlink(missing_ok=True)
-            raise self._fault(self._shard_name(shard_id), e) from None
-
-    def _release_claim(self, shard_id: int) -> None:
-        """Streaming marks a shard PREPARING (in the node's shared memory) before it fetches it and leaves the mark
-        when the fetch raises; every later reader of that shard (this worker's next sample, a download thread, the
-        node's other ranks and workers) would then wait for it forever, without a word. A failed fetch hands the
-        shard back (REMOTE): the next reader fetches it itself, and meets the error itself. Only the caller whose
-        fetch raised holds the mark: Streaming's waiting branch never raises."""
-        from streaming.base.dataset import _ShardState
-
-        with contextlib.suppress(Exception):  # the error being raised is the one to report
-            lock = self._cache_filelock
-            lock.acquire()
-            try:
-                if self._shard_states[shard_id] == _ShardState.PREPARING:
-                    self._shard_states[shard_id] = _ShardState.REMOTE
-            finally:
-                lock.release()
-
-    def on_exception(self, future) -> None:
-        # Streaming's download threads report here (its own version re-raises into the executor, which only
-        # prints it); keep the error for the iterator, which otherwise just ends the epoch early
-        err = future.exception()
-        if err is not None:
-            self._thread_error = self._thread_error or err
-            self._event.set()
-
-    def __iter__(self):
-        yield from super().__iter__()
-        if self._event.is_set():  # a download thread failed: Streaming ends the epoch early without a word
-            err = self._thread_error or RuntimeError("a Streaming download thread failed")
-            raise self._fault(f"data {self.data}, split {self.split}", err)
-
     @contextmanager
     def _decoding(self, sample_id: int):
         try:
@@ -436,12 +292,6 @@ class GcStreamingDataset(StreamingDataset):
         except Exception as e:
             shard_id, _ = self.spanner[sample_id]
             raise self._fault(f"{self._shard_name(shard_id)} (sample {sample_id})", e) from None
-
-    # Streaming computes the epoch inside each worker's __iter__; keep it for get_item.
-    def _resume_incr_epoch(self) -> tuple[int, int]:
-        epoch, sample_in_epoch = super()._resume_incr_epoch()
-        self._epoch = epoch
-        return epoch, sample_in_epoch
 
     def record(self, sample_id: int, empty: Callable | None = None, retry: int = 7) -> ClipRecord:
         """The stored clip of `sample_id`, checked against the manifest (shards.SplitFormat) before anything is
@@ -455,7 +305,7 @@ class GcStreamingDataset(StreamingDataset):
         rec = self.record(sample_id, _empty, retry)
         with self._decoding(sample_id):
             meta = rec.meta()
-        return self.make_sample(rec, int(sample_id), self._epoch, meta, decoding=lambda: self._decoding(sample_id))
+        return self.make_sample(rec, int(sample_id), self.epoch, meta, decoding=lambda: self._decoding(sample_id))
 
     def make_sample(
         self, rec: ClipRecord, sample_id: int, epoch: int, meta: dict | None = None, decoding: Callable = nullcontext
@@ -590,9 +440,7 @@ def stop_loader_workers() -> None:
     multiprocessing's exit handler, which runs before the loader is collected, stops them with SIGTERM, which a
     loader worker defers by its preemption grace (LoaderWorkerInit)."""
     for loader in list(_LOADERS):
-        iterator = getattr(loader, "_iterator", None)
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
+        shutdown_loader_workers(loader)
     # A rank ending on an error may have dropped its loader already; its workers would hold the exit up by their
     # preemption grace (they defer multiprocessing's SIGTERM). Nothing is left to save in them: stop them now.
     for p in multiprocessing.active_children():

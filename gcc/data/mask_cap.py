@@ -1,10 +1,11 @@
 """The `cap` calibration of the UNKNOWN mask (docs/design.md §6): per frame and plane, τ_f = max(τ, the weighted quantile at
 1 − max_frame_coverage of frame f's static finite projections), so no frame has more than that share of its
-static ground pixels beyond a plane.
+static ground pixels beyond a plane. It holds `cap_taus` (called by gcc/data/mask.py's `unknown_cells`) and its
+helpers, built on the pooled-grid machinery of gcc/data/mask_grid.py (`ClipGrid`, `frame_quantiles`, ...).
 
 How it is fast: only frames whose coverage at τ exceeds the cap need their own quantile. It is bracketed by a
 coarse estimate on every 4th cell row/column, the bracket is verified with exact run counts, and only the cells
-between the two thresholds are projected and sorted; a full sort of the frame (`mask._frame_quantiles`) remains
+between the two thresholds are projected and sorted; a full sort of the frame (`mask_grid.frame_quantiles`) remains
 as the fallback when the check fails. Every value equals the per-pixel definition exactly (gcc/data/mask.py).
 """
 
@@ -14,11 +15,11 @@ import math
 
 import numpy as np
 
-from gcc.data.mask import _CHUNK, STATS, MaskParams, _Clip, _frame_quantiles, _row_sum, _runs_to_cells
+from gcc.data.mask_grid import CHUNK, STATS, ClipGrid, MaskParams, frame_quantiles, row_sum, runs_to_cells
 
 
 def _weights_beyond(
-    clip: _Clip, theta: float, thr: np.ndarray, cw: np.ndarray, wflat: np.ndarray, hit_iv, hamb: np.ndarray
+    clip: ClipGrid, theta: float, thr: np.ndarray, cw: np.ndarray, wflat: np.ndarray, hit_iv, hamb: np.ndarray
 ):
     """Exact per-frame weights [F] of the static finite cells (w_fin) and of those with projection > thr[f]
     (w_bey; thr = +inf: none), and the plane intervals at thr: sums over the sure runs, then the ambiguous
@@ -27,9 +28,9 @@ def _weights_beyond(
     hlo, hhi = hit_iv[0], hit_iv[1]
     piv = clip.intervals(*clip.plane_function(theta, thr))
     plo, phi = piv[0], piv[1]
-    w_fin = _row_sum(cw, hlo, hhi)
-    w_bey = _row_sum(cw, np.maximum(hlo, plo), np.minimum(hhi, phi))
-    amb = np.unique(np.concatenate([hamb, _runs_to_cells(piv[2], piv[3], w4)]))
+    w_fin = row_sum(cw, hlo, hhi)
+    w_bey = row_sum(cw, np.maximum(hlo, plo), np.minimum(hhi, phi))
+    amb = np.unique(np.concatenate([hamb, runs_to_cells(piv[2], piv[3], w4)]))
     if amb.size:
         fr, cell = amb // P, amb % P
         i, j = cell // w4, cell % w4
@@ -45,7 +46,7 @@ def _weights_beyond(
 
 
 def cap_taus(
-    clip: _Clip, params: MaskParams, weights: np.ndarray, tau: np.ndarray, hit_iv, max_cov: float
+    clip: ClipGrid, params: MaskParams, weights: np.ndarray, tau: np.ndarray, hit_iv, max_cov: float
 ) -> np.ndarray:
     """τ_f = max(τ, weighted_quantile(frame f's static finite projections, 1 − max_cov)) per frame, plane."""
     nf, K = len(clip.cameras), len(tau)
@@ -54,7 +55,7 @@ def cap_taus(
     cw = np.zeros((nf, h4, w4 + 1), dtype=np.int32)  # row prefix sums (<= 16·w4)
     np.cumsum(weights, axis=2, out=cw[:, :, 1:])
     wflat = weights.reshape(-1)
-    hamb = _runs_to_cells(hit_iv[2], hit_iv[3], w4)
+    hamb = runs_to_cells(hit_iv[2], hit_iv[3], w4)
     taus = np.broadcast_to(tau, (nf, K)).copy()
     for k in range(K):
         if not np.isfinite(tau[k]):
@@ -71,9 +72,9 @@ def cap_taus(
         rest = need[~ok]
         STATS["cap_bracketed"] += int(ok.sum())
         STATS["cap_sorted"] += int(rest.size)
-        for a in range(0, rest.size, _CHUNK):  # a few frames at a time: the temporaries stay in cache
-            fs = rest[a : a + _CHUNK]
-            taus[fs, k] = _frame_quantiles(clip, fs, theta, weights, hit_iv, p, lower=float(tau[k]))
+        for a in range(0, rest.size, CHUNK):  # a few frames at a time: the temporaries stay in cache
+            fs = rest[a : a + CHUNK]
+            taus[fs, k] = frame_quantiles(clip, fs, theta, weights, hit_iv, p, lower=float(tau[k]))
     return taus
 
 
@@ -82,7 +83,7 @@ _EST_EPS = 0.03  # bracket: the coarse quantiles at p ± 0.03
 
 
 def _bracketed_quantiles(
-    clip: _Clip,
+    clip: ClipGrid,
     frames: np.ndarray,
     theta: float,
     weights: np.ndarray,
@@ -97,8 +98,8 @@ def _bracketed_quantiles(
     """Exact quantiles at p (> τ) of the given frames through a verified bracket: the quantiles at p ± ε of
     a coarse subgrid give (lo, hi]; the exact weight counts at lo and hi (row runs) check that the quantile
     lies inside; only the cells of the runs between the two thresholds are then projected and sorted, with
-    the same exact patching as `_frame_quantiles`. Returns (values, ok): frames whose check fails (ok False)
-    are left to `_frame_quantiles`."""
+    the same exact patching as `frame_quantiles`. Returns (values, ok): frames whose check fails (ok False)
+    are left to `frame_quantiles`."""
     nf, h4, w4, P = len(clip.cameras), clip.h4, clip.w4, clip.h4 * clip.w4
     K = len(frames)
     out = np.full(K, np.nan)
@@ -154,8 +155,8 @@ def _bracketed_quantiles(
     end = np.where(inc, lo_hi, np.maximum(ahi_lo, hi_lo))
     start = np.maximum(start, hit_iv[0][fo])
     end = np.maximum(np.minimum(end, hit_iv[1][fo]), start)
-    cells = _runs_to_cells(start, end, w4)  # flat over (position in fo, cell)
-    hamb_fo = _runs_to_cells(hit_iv[2][fo], hit_iv[3][fo], w4)
+    cells = runs_to_cells(start, end, w4)  # flat over (position in fo, cell)
+    hamb_fo = runs_to_cells(hit_iv[2][fo], hit_iv[3][fo], w4)
     pos, cell = cells // P, cells % P
     n0, nb, na, d0, db, da = clip.projection_coefficients(fo, theta)
     i, j = cell // w4, cell % w4

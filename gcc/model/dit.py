@@ -19,10 +19,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
 from safetensors import safe_open
-from torch.distributed.fsdp import FSDPModule
 
-from gcc.geometry import VAE_STRIDE_S, VAE_STRIDE_T, latent_frame_spans, pixel_frames
-from gcc.model.diffsynth_parts import (
+from gcc.compat.diffsynth import (
     CrossAttention,
     DiTBlock,
     Head,
@@ -30,7 +28,10 @@ from gcc.model.diffsynth_parts import (
     WanModel,
     precompute_freqs_cis_3d,
     sinusoidal_embedding_1d,
+    use_framewise_cross_attention,
 )
+from gcc.compat.torch import bare_copy
+from gcc.geometry import VAE_STRIDE_S, VAE_STRIDE_T, latent_frame_spans, pixel_frames
 from gcc.model.fsdp import fill_local
 from gcc.model.seeds import stable_seed
 from gcc.vocab import CHANNEL_LUT, check_vocab, num_classes
@@ -216,7 +217,7 @@ class GcDiT(WanModel):
         self.vocab = check_vocab(cfg.vocab)
         self.init_seed = int(init_seed)
         for blk in self.blocks:
-            blk.cross_attn.__class__ = FramewiseCrossAttention  # same parameters, framewise routing
+            use_framewise_cross_attention(blk, FramewiseCrossAttention)
         # RoPE tables are a plain attribute (not a buffer); keep them on CPU even when built on meta
         with torch.device("cpu"):
             self.freqs = precompute_freqs_cis_3d(cfg.dim // cfg.num_heads)
@@ -257,7 +258,7 @@ class GcDiT(WanModel):
             else:
                 raise ValueError(f"{name} ({type(twin).__name__}): no initialisation known for its parameters")
         for n, p in own.items():
-            full = twin._parameters[n]
+            full = dict(twin.named_parameters(recurse=False))[n]
             fill_local(p, lambda sl, full=full: full[sl])
 
     def reset_cond(self) -> None:
@@ -377,19 +378,13 @@ def _full_size_twin(module: nn.Module) -> nn.Module:
     """A bare copy of `module` (its class without FSDP, its attributes) that owns full-size CPU tensors for its
     own parameters and has no children: what the module's init code runs on, whatever its parameters are now
     (meta, a DTensor shard, a device tensor)."""
-    cls = type(module)
-    if issubclass(cls, FSDPModule):
-        cls = cls.__mro__[2]  # fully_shard's class is (FSDP<cls>, FSDPModule, cls, ...)
-    twin = object.__new__(cls)
-    twin.__dict__.update(module.__dict__)
-    twin.__dict__["_parameters"] = {
-        n: nn.Parameter(torch.empty(tuple(p.shape), dtype=p.dtype), requires_grad=False)
-        for n, p in module._parameters.items()
-        if p is not None
-    }
-    twin.__dict__["_modules"] = {}
-    twin.__dict__["_buffers"] = {}
-    return twin
+    return bare_copy(
+        module,
+        {
+            n: nn.Parameter(torch.empty(tuple(p.shape), dtype=p.dtype), requires_grad=False)
+            for n, p in module.named_parameters(recurse=False)
+        },
+    )
 
 
 def materialize(model: GcDiT, device: str | torch.device = "cpu") -> GcDiT:

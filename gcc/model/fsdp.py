@@ -6,12 +6,11 @@ parameters become DTensors. What gcc adds around that, on GPU and on CPU (gloo) 
 * exports gather one tensor at a time to rank 0 (`full_state_dict`), never the whole fp32 model;
 * the global gradient norm and clipping over DTensor gradients (`clip_grad_norm`);
 * the gradient is a mean over the global batch on gloo too (`mean_gradients_on_gloo`);
-* Composer's meta-device initialisation on CPU (`meta_init_on`).
+* Composer's meta-device initialisation on CPU (gcc/compat/composer.py `meta_init_on`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable, Iterable
 
@@ -19,7 +18,8 @@ import torch
 import torch.distributed as tdist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+from gcc.compat.torch import local_shape_and_offset
 
 
 # ---- this rank's part of a tensor -------------------------------------------------------------------------
@@ -27,7 +27,7 @@ def local_slices(t: torch.Tensor) -> tuple[slice, ...]:
     """Where this rank's part of `t` lies in the full tensor: all of it for a plain tensor, this rank's shard
     (FSDP2: rows of dim 0) for a DTensor."""
     if isinstance(t, DTensor):
-        shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+        shape, offset = local_shape_and_offset(t)
         return tuple(slice(o, o + s) for o, s in zip(offset, shape))
     return tuple(slice(0, s) for s in t.shape)
 
@@ -93,41 +93,3 @@ def mean_gradients_on_gloo(model: torch.nn.Module) -> int:
     for m in units:
         m.set_all_reduce_hook(to_mean)
     return len(units)
-
-
-# ---- Composer's meta-device initialisation ---------------------------------------------------------------
-def _meta_init(device: torch.device, module: torch.nn.Module, param_init_fn=None) -> None:
-    """Composer 0.32.1's `composer.distributed.param_init.meta_init`, with the device as a parameter: after
-    sharding a meta-device model, each module that still holds meta tensors is materialised (its own shard
-    only) and handed to the nearest `param_init_fn`."""
-    init_fn = getattr(module, "param_init_fn", param_init_fn)
-    for child in module.children():
-        _meta_init(device, child, init_fn)
-    own = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
-    if not any(t.is_meta for t in own):
-        return
-    module.to_empty(device=device, recurse=False)
-    if callable(init_fn):
-        init_fn(module)
-    elif callable(getattr(module, "reset_parameters", None)):
-        module.reset_parameters()
-    else:
-        raise ValueError(f"{type(module).__name__}: meta parameters but no param_init_fn or reset_parameters")
-
-
-@contextlib.contextmanager
-def meta_init_on(device: torch.device | str):
-    """While Composer builds its Trainer, materialise the sharded meta-device model on `device`.
-
-    Composer 0.32.1's `meta_init` calls `module.to_empty(device='cuda')` whatever the device, so a meta-device
-    model cannot be sharded on CPU (gloo) through it; this swaps in the same procedure with the right device
-    (on GPU it is the same as Composer's)."""
-    from composer.distributed import prepare_distributed
-
-    device = torch.device(device)
-    original = prepare_distributed.meta_init
-    prepare_distributed.meta_init = lambda module, param_init_fn=None: _meta_init(device, module, param_init_fn)
-    try:
-        yield
-    finally:
-        prepare_distributed.meta_init = original

@@ -15,7 +15,7 @@ import torch
 from composer.models import ComposerModel
 from torchmetrics import Metric
 
-from gcc.model.diffsynth_parts import FlowMatchScheduler
+from gcc.compat.diffsynth import FlowMatchScheduler
 from gcc.model.dit import GcDiT
 from gcc.model.seeds import stable_seed
 from gcc.vocab import UNKNOWN

@@ -232,7 +232,8 @@ def main(argv=None) -> int:
     manifest = convert(prepared, str(shards), workers=args.workers, chunk_clips=8)
 
     print(f"[3/{n}] reading the shards back through the training loader (StreamingDataset)")
-    from gcc.data.dataset import GcStreamingDataset, build_dataloader, release_stale_shm
+    from gcc.compat.streaming import release_stale_shm
+    from gcc.data.dataset import GcStreamingDataset, build_dataloader
 
     release_stale_shm([out / "cache" / "train"])  # left by an earlier demo killed mid-read
     ds = GcStreamingDataset(str(shards), "train", out / "cache", batch_size=4, seed=args.seed)

@@ -16,6 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from composer.core import Callback
+from composer.utils import dist
+
+from gcc.compat.composer import forget_saved_rng
+from gcc.storage import atomic_write
+from gcc.training.run_folder import stored_record
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +55,6 @@ def continue_after_change(trainer, record: GlobalBatchRecord, run_dir: Path, sto
     start the next epoch (Streaming's resume state and Composer's timestamp), drop Composer's saved RNG state (it
     would be restored at that epoch's start, though it belongs to the middle of the old one), and on rank 0 record
     the change. Returns the change {step, old, new}, or None."""
-    from composer.utils import dist
-
     state = trainer.state
     ts = state.timestamp
     old = checkpoint_global_batch(record.saved, int(ts.batch_in_epoch), int(ts.sample_in_epoch))
@@ -66,7 +69,7 @@ def continue_after_change(trainer, record: GlobalBatchRecord, run_dir: Path, sto
         dist.barrier()
         ds.load_state_dict({**position, "epoch": position["epoch"] + 1, "sample_in_epoch": 0})
         state.timestamp = ts.to_next_epoch()
-        trainer._rng_state = None  # Composer restores it at fit start whenever batch_in_epoch is 0
+        forget_saved_rng(trainer)  # it belongs to the middle of the old epoch
         skipped = max(0, ds.epoch_size - position["sample_in_epoch"])
         logger.info(
             f"global batch changed from {old} (the checkpoint's) to {record.global_batch}: step "
@@ -86,9 +89,6 @@ def continue_after_change(trainer, record: GlobalBatchRecord, run_dir: Path, sto
 def record_change(run_dir: Path, change: dict, store=None) -> None:
     """Append the change to run.json's lineage (and the checkpoint prefix's copy); a relaunch that meets the same
     change again (the launch that made it stopped before its next checkpoint) does not append it twice."""
-    from gcc.storage import atomic_write
-    from gcc.training.run_folder import stored_record
-
     record = stored_record(run_dir)
     changes = record["lineage"].setdefault(CHANGES, [])
     if changes and changes[-1] == change:

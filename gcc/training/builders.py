@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+from composer import Evaluator, Trainer
+from composer.core import DataSpec, Event
+from composer.utils import dist
+from composer.utils.parallelism import FSDP2Config
 from torch.utils.data import DataLoader, Dataset
 
-from gcc import storage
+from gcc.compat.composer import MicroBatch, meta_init_on, use_lean_engine
+from gcc.compat.streaming import release_stale_shm
 from gcc.data.dataset import (
     Dropouts,
     GcStreamingDataset,
@@ -20,15 +24,41 @@ from gcc.data.dataset import (
     build_dataloader,
     fetch_text_table,
     gc_collate,
-    release_stale_shm,
     round_robin_by_run,
 )
-from gcc.data.shards import MANIFEST
 from gcc.data.text_table import TextTable
-from gcc.model.optim import BETAS
+from gcc.model.dit import build_gc_dit, load_wan_base
+from gcc.model.export import gc_metadata, load_gc_weights, load_legacy_zero
+from gcc.model.fsdp import mean_gradients_on_gloo
+from gcc.model.objective import GcTrainModel
+from gcc.model.optim import build_optimizer, trainer_schedule_kwargs
 from gcc.redact import redact, redact_text
+from gcc.training import loggers as run_loggers  # (build_trainer has a `loggers` argument)
+from gcc.training.batch_change import GlobalBatchRecord
+from gcc.training.callbacks import (
+    TRAIN_COLUMNS,
+    VAL_COLUMNS,
+    CheckpointRotation,
+    CheckpointUpload,
+    ConsoleLog,
+    Export,
+    GradClip,
+    NonFiniteGuard,
+    Preemption,
+    RunFiles,
+    StepDeadline,
+    StepSync,
+    TrainStats,
+    ValidateAtStart,
+    ValidationLog,
+)
+from gcc.training.callbacks.console_log import console_lines_wanted
+from gcc.training.checkpoint_store import store_for
 from gcc.training.config import TrainConfig
-from gcc.training.run_folder import file_digest
+from gcc.training.launch import RunStart, data_name, train_clips
+from gcc.training.peer_fault import PEER_GRACE_S, announce, watch_peers
+from gcc.training.run_folder import ckpt_dir
+from gcc.training.watchdog import StallWatchdog
 
 logger = logging.getLogger(__name__)
 
@@ -48,63 +78,10 @@ def cache_dir(cfg: TrainConfig) -> Path:
     return base / f"node{env_int('NODE_RANK', 0)}"
 
 
-def data_name(cfg: TrainConfig, manifest: dict[str, Any]) -> str:
-    """The data's name for export metadata (`data`): the manifest's `name` (convert_data --name, checked when the
-    manifest was read); a manifest of an earlier convert_data has none, and then the conversion folder's name."""
-    return manifest.get("name") or cfg.data.path.rstrip("/").rsplit("/", 1)[-1]
-
-
-# ---- identity ------------------------------------------------------------------------------------------
-def run_signature(cfg: TrainConfig, manifest_bytes: bytes, known: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Everything that makes two launches the same run (docs/design.md §9.3). Absent on purpose: max_steps, GPU/node
-    count, global batch (a change continues at the next epoch: gcc/training/batch_change.py), micro-batch/accumulation
-    split, workers, logging, export/checkpoint/validation cadence."""
-    m, d, o = cfg.model, cfg.data, cfg.optim
-    known = known or {}
-    base = ""
-    if m.model_dir:
-        index = Path(m.model_dir) / "diffusion_pytorch_model.safetensors.index.json"
-        base = storage.sha256_file(index) if index.exists() else os.path.realpath(m.model_dir)
-    init = file_digest(m.init_ckpt, known.get("model.init_ckpt")) if m.init_ckpt else ""
-    return redact(
-        {  # a credential in a path or URL never reaches run.json
-            "model.preset": m.preset,
-            "model.overrides": json.dumps(m.overrides, sort_keys=True),
-            "model.vocab": m.vocab,
-            "model.first_frame_cond": m.first_frame_cond,
-            "model.base_weights": base,
-            "model.init_ckpt": init,
-            "model.legacy_zero_ckpt": os.path.realpath(m.legacy_zero_ckpt) if m.legacy_zero_ckpt else "",
-            "data.manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest(),
-            "data.text_dropout": d.text_dropout,
-            "data.cond_dropout": d.cond_dropout,
-            "data.mask_p": d.mask_p,
-            "data.mask_calibration": d.mask_calibration,
-            "data.max_frame_coverage": d.max_frame_coverage,
-            "data.num_canonical_nodes": d.num_canonical_nodes,
-            "data.limit": d.limit,
-            "seed": cfg.seed,
-            "precision": cfg.precision,
-            "parallelism": cfg.parallelism,  # DDP and FSDP checkpoints differ in format
-            "optim.lr": o.lr,
-            "optim.cond_lr": o.cond_lr,
-            "optim.weight_decay": o.weight_decay,
-            "optim.warmup_steps": o.warmup_steps,
-            "optim.grad_clip": o.grad_clip,
-            "optim.betas": list(BETAS),
-        }
-    )
-
-
-def read_manifest_bytes(cfg: TrainConfig) -> bytes:
-    return storage.read_bytes(storage.join(cfg.data.path, MANIFEST))
-
-
 # ---- data ----------------------------------------------------------------------------------------------
 def node_cache(cfg: TrainConfig) -> TextTable:
     """The node's shard cache, made ready by its local rank 0 (stale shared memory of a killed launch of this run
     released: the run lock is held; the text table fetched once), then the text table on every rank."""
-    from composer.utils import dist
 
     cache = cache_dir(cfg)
     if dist.get_local_rank() == 0:
@@ -124,12 +101,6 @@ def dropouts(cfg: TrainConfig) -> Dropouts:
         calibration=d.mask_calibration,
         max_frame_coverage=d.max_frame_coverage,
     )
-
-
-def train_clips(manifest: dict, limit: int | None) -> int:
-    """The clips an epoch of training draws from: the train split's, or its `data.limit` subset's."""
-    n = len(manifest["splits"]["train"]["clip_ids"])
-    return min(n, limit) if limit else n
 
 
 def build_train_loader(cfg: TrainConfig, per_rank_batch: int) -> DataLoader:
@@ -189,7 +160,6 @@ def validates(cfg: TrainConfig) -> bool:
 def build_val_loader(cfg: TrainConfig) -> DataLoader | None:
     if not validates(cfg):
         return None
-    from composer.utils import dist
 
     ds = GcStreamingDataset(
         cfg.data.path,
@@ -216,8 +186,6 @@ def build_model(cfg: TrainConfig, text: TextTable, fsdp: bool):
     """GcTrainModel around a GcDiT whose initial values are a pure function of the seed. Under FSDP the DiT stays
     on the meta device: Composer shards it and each rank initialises only its shard. Base / warm-start weights
     come after the Trainer is built (`load_initial_weights`), into the sharded model."""
-    from gcc.model.dit import build_gc_dit
-    from gcc.model.objective import GcTrainModel
 
     dit = build_gc_dit(
         cfg.model.preset,
@@ -241,8 +209,6 @@ def build_model(cfg: TrainConfig, text: TextTable, fsdp: bool):
 def load_initial_weights(dit, cfg: TrainConfig) -> None:
     """Base Wan weights, then a warm start, into the model as it is (each rank reads only the rows it holds
     when sharded). Not called on resume: the checkpoint brings the weights."""
-    from gcc.model.dit import load_wan_base
-    from gcc.model.export import load_gc_weights, load_legacy_zero
 
     if cfg.model.model_dir:
         load_wan_base(dit, cfg.model.model_dir)
@@ -262,7 +228,6 @@ def parallelism_config(cfg: TrainConfig) -> dict | None:
     uses DDP when there is more than one rank)."""
     if cfg.parallelism != "fsdp":
         return None
-    from composer.utils.parallelism import FSDP2Config
 
     return {
         "fsdp": FSDP2Config(
@@ -295,15 +260,13 @@ def resolved_config(cfg: TrainConfig, manifest: dict, per_rank_batch: int) -> di
 
 
 # ---- the run's wiring -----------------------------------------------------------------------------------
-def export_metadata(cfg: TrainConfig, run: dict[str, Any], step: int) -> dict[str, str]:
-    """The metadata of the export at `step`, from the config, the data's manifest and the launch's lineage (`run`:
-    prepare_run's `manifest`, `lineage`, `resumed_from`, `resumed_step`)."""
-    from gcc.model.export import gc_metadata
+def export_metadata(cfg: TrainConfig, start: RunStart, step: int) -> dict[str, str]:
+    """The metadata of the export at `step`, from the config, the data's manifest and the launch's lineage."""
 
     d, o = cfg.data, cfg.optim
     return gc_metadata(
         vocab=cfg.model.vocab,
-        data=data_name(cfg, run["manifest"]),
+        data=data_name(cfg, start.manifest),
         data_root=redact_text(d.path),
         step=step,
         text_dropout=d.text_dropout,
@@ -315,39 +278,29 @@ def export_metadata(cfg: TrainConfig, run: dict[str, Any], step: int) -> dict[st
         warmup_steps=o.warmup_steps,
         first_frame_cond=cfg.model.first_frame_cond,
         seed=cfg.seed,
-        init_ckpt=run["lineage"]["init_ckpt"],
+        init_ckpt=start.lineage["init_ckpt"],
         model_dir=redact_text(cfg.model.model_dir),
-        resumed_from=run["resumed_from"],
-        resumed_step="" if run["resumed_step"] is None else run["resumed_step"],
+        resumed_from=start.resumed_from,
+        resumed_step="" if start.resumed_step is None else start.resumed_step,
     )
 
 
-def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch: int) -> dict[str, Any]:
+@dataclass
+class RunCallbacks:
+    """The run's callbacks, and the ones the trainer acts on itself."""
+
+    callbacks: list  # in Composer's order, and this order matters: StepSync before the guard, stats and
+    # preemption (they read its totals at AFTER_TRAIN_BATCH); ConsoleLog after stats, preemption and validation
+    after_saver: list  # appended once the Trainer exists: they must run after Composer's CheckpointSaver
+    preemption: Any  # Preemption: whether the run stopped early
+    global_batch: Any  # GlobalBatchRecord: a resume reads the global batch the checkpoint was written with
+    validate_at_start: Any  # ValidateAtStart, or None (no step-0 validation: off, or a resume)
+
+
+def build_callbacks(cfg: TrainConfig, start: RunStart, model, per_rank_batch: int) -> RunCallbacks:
     """The run's callbacks by name, in Composer's order (`callbacks` list); `after_saver` are appended after the
     Trainer exists (they must follow Composer's CheckpointSaver): the rotation, whose clock goes first (it times
     each save), and with `checkpoint_dir: s3://...` the upload."""
-    from composer.utils import dist
-
-    from gcc.training.batch_change import GlobalBatchRecord
-    from gcc.training.callbacks import (
-        CheckpointRotation,
-        CheckpointUpload,
-        ConsoleLog,
-        Export,
-        GradClip,
-        NonFiniteGuard,
-        Preemption,
-        RunFiles,
-        StepDeadline,
-        StepSync,
-        TrainStats,
-        ValidateAtStart,
-        ValidationLog,
-    )
-    from gcc.training.callbacks.console_log import console_lines_wanted
-    from gcc.training.checkpoint_store import store_for
-    from gcc.training.peer_fault import PEER_GRACE_S, announce, watch_peers
-    from gcc.training.watchdog import StallWatchdog
 
     run_dir = Path(cfg.run_dir)
     rank = dist.get_global_rank()
@@ -361,23 +314,23 @@ def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch
     sync = StepSync(per_rank_batch)  # first at AFTER_TRAIN_BATCH: the guard, stats and preemption read its totals
     preemption = Preemption(watchdog, cfg.preemption_grace_s, sync)
     grad_clip = GradClip(cfg.optim.grad_clip)
-    stats = TrainStats(grad_clip, sync, run["manifest"]["splits"]["train"]["clip_ids"])
+    stats = TrainStats(grad_clip, sync, start.manifest["splits"]["train"]["clip_ids"])
     rotation = CheckpointRotation(run_dir, cfg.keep_checkpoints)
     store = store_for(cfg.checkpoint_dir)
     after_saver = [rotation]
     if store is not None:
         after_saver.append(
-            CheckpointUpload(store, run["launch"], run_dir, cfg.keep_checkpoints, cfg.inject_stop_after_commit_step)
+            CheckpointUpload(store, start.launch, run_dir, cfg.keep_checkpoints, cfg.inject_stop_after_commit_step)
         )
     export = Export(
         run_dir,
         model.dit,
         cfg.export_every,
         cfg.max_steps,
-        lambda step: export_metadata(cfg, run, step),
+        lambda step: export_metadata(cfg, start, step),
         lambda: preemption.preempted_at is not None,
         store,
-        run["launch"],
+        start.launch,
     )
     guard = NonFiniteGuard(sync, cfg.inject_nonfinite_step, cfg.inject_nonfinite_rank)
     val = ValidationLog("val")
@@ -393,7 +346,7 @@ def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch
         StepDeadline(watchdog, cfg.stall_timeout_s, cfg.stall_floor_s),
         val,
         export,
-        RunFiles(run_dir, resolved_config(cfg, run["manifest"], per_rank_batch), stats),
+        RunFiles(run_dir, resolved_config(cfg, start.manifest, per_rank_batch), stats),
     ]
     if cfg.console_log_every > 0:  # after stats, preemption and val; train.log gets the lines even under the bar
         ordered.append(
@@ -407,24 +360,16 @@ def build_callbacks(cfg: TrainConfig, run: dict[str, Any], model, per_rank_batch
             )
         )
     at_start = None
-    if cfg.val_at_start and validates(cfg) and run["resumed_step"] is None:  # a resume never repeats it
+    if cfg.val_at_start and validates(cfg) and not start.resumed:  # a resume never repeats it
         at_start = ValidateAtStart(preemption, cfg.inject_sigterm_at_val0)
         ordered.append(at_start)
-    return {
-        "callbacks": ordered,
-        "preemption": preemption,
-        "after_saver": after_saver,
-        "global_batch": global_batch,
-        "validate_at_start": at_start,
-    }
+    return RunCallbacks(ordered, after_saver, preemption, global_batch, at_start)
 
 
 def build_loggers(cfg: TrainConfig) -> list:
     """CSV tables always, then the yaml's `loggers:` (gcc/training/loggers.py)."""
-    from gcc.training import loggers
-    from gcc.training.callbacks import TRAIN_COLUMNS, VAL_COLUMNS
 
-    return loggers.build_loggers(cfg.run_dir, cfg.loggers, {"train_log": TRAIN_COLUMNS, "val_log": VAL_COLUMNS})
+    return run_loggers.build_loggers(cfg.run_dir, cfg.loggers, {"train_log": TRAIN_COLUMNS, "val_log": VAL_COLUMNS})
 
 
 def samples_in(batch) -> int:
@@ -437,8 +382,6 @@ def build_evaluators(cfg: TrainConfig, val_loader: DataLoader | None, preemption
     ValidateAtStart."""
     if val_loader is None:
         return []
-    from composer import Evaluator
-    from composer.core import DataSpec, Event
 
     def eval_interval(state, event) -> bool:
         step = int(state.timestamp.batch)
@@ -457,17 +400,6 @@ def build_evaluators(cfg: TrainConfig, val_loader: DataLoader | None, preemption
     ]
 
 
-class MicroBatch(dict):
-    """A micro-batch that Composer's trainer does not deep-copy.
-
-    Composer 0.32.1 `_train_microbatch` deep-copies every micro-batch only to feed train metrics, which this model
-    has none of; at full geometry that is a copy of ~35 MB of latents and sem ids per sample per micro-batch.
-    """
-
-    def __deepcopy__(self, memo) -> MicroBatch:
-        return self
-
-
 def build_trainer(
     cfg: TrainConfig,
     device,
@@ -480,14 +412,6 @@ def build_trainer(
 ):
     """Composer's Trainer with autoresume and batch-based checkpoints (an epoch-end save would lose Streaming's
     position). Under FSDP Composer shards the meta-device model and each rank initialises its shard."""
-    import torch
-    from composer import Trainer
-    from composer.core import DataSpec
-
-    from gcc.model.fsdp import mean_gradients_on_gloo, meta_init_on
-    from gcc.model.optim import build_optimizer, trainer_schedule_kwargs
-    from gcc.training.engine import use_lean_engine
-    from gcc.training.run_folder import ckpt_dir
 
     opt = build_optimizer(model, cfg.optim.lr, cfg.optim.cond_lr, cfg.optim.weight_decay)
     with meta_init_on("cuda" if torch.cuda.is_available() else "cpu"):
@@ -516,7 +440,8 @@ def build_trainer(
             seed=cfg.seed,
             dist_timeout=cfg.dist_timeout,
         )
-    use_lean_engine(trainer)
+    if cfg.lean_engine:
+        use_lean_engine(trainer)
     if fsdp is not None:
         mean_gradients_on_gloo(model)
     return trainer

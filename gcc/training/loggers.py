@@ -24,20 +24,16 @@ from typing import Any
 
 from composer.loggers import MLFlowLogger, WandBLogger
 
+from gcc.compat.composer import LocalTensorboardLogger
+from gcc.compat.loggers import allow_mlflow_file_store, check_installed, wandb_for_composer
 from gcc.training.csv_logger import CSVLogger
-from gcc.training.tensorboard_logger import LocalTensorboardLogger
 
 LOGGERS = ("tensorboard", "wandb", "mlflow")
 
 
 class TablelessWandBLogger(WandBLogger):
     def init(self, state, logger) -> None:
-        import wandb
-
-        # Composer 0.32.1 reads the run's URL with Run.get_url(), which wandb removed (0.20) for Run.url; the
-        # wandb that installs beside this project's protobuf is newer (tests/training/test_loggers.py runs it for real)
-        if not hasattr(wandb.Run, "get_url"):
-            wandb.Run.get_url = lambda run: run.url
+        wandb_for_composer()
         super().init(state, logger)
 
     def log_table(self, *args, **kwargs) -> None:  # the CSV logger keeps the per-step rows
@@ -62,7 +58,8 @@ def _composer_class(name: str):
 
 
 def check_logger_options(loggers: dict[str, Any]) -> list[str]:
-    """Problems with the yaml's `loggers:` section, each naming the key (empty: fine). Needs no logger package."""
+    """Problems with the yaml's `loggers:` section, each naming the key (empty: fine); then the named loggers' packages
+    are checked against the versions gcc verified (gcc/compat/loggers.py)."""
     problems = []
     for name, options in loggers.items():
         if name not in LOGGERS:
@@ -77,6 +74,8 @@ def check_logger_options(loggers: dict[str, Any]) -> list[str]:
                 f"loggers.{name}.{key}: not an option of Composer's {_composer_class(name).__name__} "
                 f"({', '.join(sorted(params))})"
             )
+    if not problems:  # a logger outside the version gcc verified stops the launch here (exit 2), before any work
+        check_installed(loggers)
     return problems
 
 
@@ -109,8 +108,8 @@ def build_loggers(run_dir: str | Path, loggers: dict[str, Any], tables: dict[str
                 or os.environ.get("MLFLOW_TRACKING_URI")
                 or (run_dir / "mlruns").resolve().as_uri()
             )
-            if uri.startswith("file:"):  # MLflow 3 refuses its file store unless asked; a local run folder has no DB
-                os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            if uri.startswith("file:"):  # a local run folder has no database
+                allow_mlflow_file_store()
             out.append(
                 TablelessMLFlowLogger(
                     **{"run_name": run_dir.name, "tracking_uri": uri, "resume": True, "log_system_metrics": False, **kw}

@@ -23,6 +23,10 @@ import logging
 import threading
 from collections.abc import Callable
 
+import torch.distributed as tdist
+
+from gcc.compat.torch import default_store
+
 KEY = "gcc/fault"
 PEER_GRACE_S = 3.0  # how long a rank that announced a missed deadline lives on, so that its peers see it
 
@@ -30,13 +34,9 @@ logger = logging.getLogger(__name__)
 
 
 def _store():
-    import torch.distributed as tdist
-
     if not (tdist.is_available() and tdist.is_initialized()):
         return None
-    from torch.distributed.distributed_c10d import _get_default_store
-
-    return _get_default_store()
+    return default_store()
 
 
 def announce(rank: int, code: int, message: str) -> None:

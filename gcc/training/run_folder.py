@@ -23,20 +23,20 @@ import fcntl
 import json
 import logging
 import os
-import re
 import shutil
 import socket
 import zipfile
 from pathlib import Path
 from typing import Any
 
+from gcc.compat.composer import CHECKPOINT_RE, LATEST_LINK
+from gcc.compat.torch import DCP_METADATA
 from gcc.storage import atomic_write, sha256_file
 
 logger = logging.getLogger(__name__)
 
-CKPT_RE = re.compile(r"^ep(\d+)-ba(\d+)(-rank0\.pt)?$")  # a DDP checkpoint file or an FSDP (DCP) folder
-DCP_METADATA = ".metadata"
-LATEST = "latest-rank0.pt"
+# Composer's names for a checkpoint (a DDP file or an FSDP folder) and its "latest" link; what completes a DCP folder
+CKPT_RE, LATEST = CHECKPOINT_RE, LATEST_LINK
 
 
 class Refusal(Exception):

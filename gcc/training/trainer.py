@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import os
 import signal
@@ -28,9 +27,30 @@ import time
 import warnings
 from pathlib import Path
 
+import torch
+import torch.distributed as tdist
+from composer.devices import DeviceCPU, DeviceGPU
+from composer.utils import dist
+
 from gcc import exit_codes
-from gcc.training.config import ConfigError
-from gcc.training.run_folder import Refusal, check_identity
+from gcc.compat.composer import run_after_checkpoint_saver
+from gcc.compat.torch import default_store
+from gcc.data.dataset import stop_loader_workers
+from gcc.errors import DamagedData, LockTimeout, StorageUnavailable, disk_full
+from gcc.model.dit import count_params
+from gcc.redact import secret_keys
+from gcc.training import builders as B
+from gcc.training.batch_change import continue_after_change
+from gcc.training.callbacks import NonFiniteLoss, PreemptedBeforeFirstStep
+from gcc.training.callbacks.train_stats import peak_rss_gb
+from gcc.training.checkpoint_store import TakenOver, store_for
+from gcc.training.config import ConfigError, check_inputs, load_config, to_dict
+from gcc.training.console import ALL_RANKS, RUN_LOG_ONLY, configure_logging, open_run_log
+from gcc.training.launch import agree_on_start, fetch_on_this_node
+from gcc.training.peer_fault import PEER_GRACE_S, announce, peer_fault, stop_watching
+from gcc.training.run_folder import Refusal, RunLock, repair_checkpoints
+from gcc.training.watchdog import stop_watchdogs
+from gcc.workers import start_resource_tracker, stop_forkserver
 
 EXIT_CONFIG, EXIT_REFUSED, EXIT_NONFINITE = exit_codes.CONFIG, exit_codes.REFUSED, exit_codes.NONFINITE
 EXIT_STALLED, EXIT_DATA, EXIT_STORAGE, EXIT_DISK = (
@@ -48,220 +68,6 @@ def _rank() -> int:
     return int(os.environ.get("RANK", 0))
 
 
-def check_data(manifest: dict, data: str, per_rank_batch: int = 1, world: int = 1, limit: int | None = None) -> None:
-    """Refuse data the run cannot train on: no train clips, fewer clips a rank than its batch (no step per epoch:
-    the run would loop over empty epochs for ever), or train and val sharing clips or runs. `limit`: data.limit."""
-    from gcc.training.builders import train_clips
-
-    tr, va = manifest["splits"]["train"], manifest["splits"]["val"]
-    if not tr["clip_ids"]:
-        raise Refusal(f"data {data}: the train split has no clips")
-    n = train_clips(manifest, limit)
-    per_rank = -(-n // world)  # Streaming pads every rank to ceil(N / ranks) (docs/training.md)
-    if per_rank < per_rank_batch:
-        what = (
-            f"data.limit={limit} clips of the train split"
-            if n < len(tr["clip_ids"])
-            else f"the train split's {n} clips"
-        )
-        raise Refusal(
-            f"data {data}: {what} give each of the {world} rank(s) {per_rank} samples an epoch, fewer than "
-            f"its batch of {per_rank_batch} (global_batch / world_size): no step could be taken; lower "
-            f"global_batch"
-        )
-    clips = sorted(set(tr["clip_ids"]) & set(va["clip_ids"]))
-    runs = sorted(set(tr["runs"]) & set(va["runs"]))
-    if clips or runs:
-        raise Refusal(f"data {data}: train/val leak: shared clips {clips[:5]}, shared runs {runs[:5]}")
-
-
-def prepare_run(cfg, lock) -> dict:
-    """Rank 0's checks before any work (docs/design.md §9.3, §9.5). Returns what every rank needs to know."""
-    from gcc.errors import StorageUnavailable
-    from gcc.training.builders import read_manifest_bytes, run_signature
-    from gcc.training.checkpoint_store import store_for
-    from gcc.training.run_folder import (
-        checkpoint_step,
-        repair_checkpoints,
-        set_aside,
-        stored_record,
-        what_a_restart_loses,
-    )
-
-    lock.acquire()
-    try:
-        manifest_bytes = read_manifest_bytes(cfg)
-    except StorageUnavailable:
-        raise
-    except Exception as e:  # missing file (local or S3)
-        raise Refusal(
-            f"data {cfg.data.path}: no readable manifest.json — not a finished convert_data output "
-            f"({type(e).__name__}: {e})"
-        ) from None
-    from gcc.data.shards import MANIFEST, parse_manifest
-    from gcc.storage import join
-
-    manifest = parse_manifest(manifest_bytes, join(cfg.data.path, MANIFEST))  # BadInput: a refusal (exit 3)
-    check_data(
-        manifest,
-        cfg.data.path,
-        cfg.per_rank_batch(int(os.environ.get("WORLD_SIZE", 1))),
-        int(os.environ.get("WORLD_SIZE", 1)),
-        cfg.data.limit,
-    )
-    run_dir = Path(cfg.run_dir)
-    store, launch, committed_files = store_for(cfg.checkpoint_dir), "", None
-    remote_record = adopt_remote_record(store, run_dir) if store is not None else None
-    old = stored_record(run_dir)
-    try:  # a moved init_ckpt keeps the digest recorded at the first launch (a resume loads the checkpoint)
-        signature = run_signature(cfg, manifest_bytes, known=(old or {}).get("signature"))
-    except FileNotFoundError as e:
-        raise ConfigError(f"model.init_ckpt: {e.filename}: not found (the warm start's weights)") from None
-    lineage = {"init_ckpt": os.path.realpath(cfg.model.init_ckpt) if cfg.model.init_ckpt else ""}
-    record = check_identity(run_dir, signature, lineage)
-    latest = repair_checkpoints(run_dir) if cfg.autoresume else None
-    committed = store.head() if store is not None else None  # read only: the claim comes after every check
-    if latest is None and not (cfg.autoresume and committed is not None and committed.checkpoint):
-        check_fresh_start(cfg, run_dir, committed)  # nothing to resume: a start from step 0
-    if store is not None:
-        # only now, every identity check passed: a refused launch leaves the prefix (and its live owner) alone
-        launch = store.claim()
-        if remote_record is None:
-            store.write_record(record)
-        head = store.repair(launch) if cfg.autoresume else None
-        remote = head.checkpoint if head is not None else None
-        if remote is not None and (latest is None or checkpoint_step(remote) >= checkpoint_step(latest)):
-            committed_files = head.files  # what every node verifies its copy against (fetch_on_this_node)
-            if not store.whole_here(remote, run_dir, head.files):
-                latest = store.fetch(remote, run_dir, head.files)
-    if latest is None and cfg.allow_existing and what_a_restart_loses(run_dir):
-        moved = set_aside(run_dir, time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
-        logger.info(f"allow_existing: starting over in {run_dir}; what the run had written is now in {moved}")
-    resumed_step = checkpoint_step(latest) if latest else None
-    return {
-        "manifest": manifest,
-        "lineage": record["lineage"],
-        "launch": launch,
-        "committed_files": committed_files,
-        "resumed_from": str(latest.resolve()) if latest else "",
-        "resumed_step": resumed_step,
-    }
-
-
-def check_fresh_start(cfg, run_dir: Path, committed) -> None:
-    """A launch with nothing to resume starts from step 0. It must not destroy what the run wrote: a run folder
-    holding exports, log rows or checkpoints is refused unless `allow_existing` (they are then moved aside, not
-    deleted), and a prefix holding a committed checkpoint always (its rotation would delete them). The weights
-    such a start loads must exist (ConfigError: exit 2)."""
-    from gcc.training.run_folder import REPLACED, what_a_restart_loses
-
-    m = cfg.model
-    for key, path, kind in (
-        ("model.init_ckpt", m.init_ckpt, "file"),
-        ("model.model_dir", m.model_dir, "folder"),
-        ("model.legacy_zero_ckpt", m.legacy_zero_ckpt, "folder"),
-    ):
-        if path and not (os.path.isfile(path) if kind == "file" else os.path.isdir(path)):
-            raise ConfigError(
-                f"{key}: {path}: no such {kind}; a start from step 0 loads its weights (a resume "
-                f"would not: {run_dir} has no checkpoint)"
-            )
-    if committed is not None and committed.checkpoint:
-        raise Refusal(
-            f"{cfg.checkpoint_dir}: commits {committed.checkpoint} of this run, but autoresume is off, so "
-            f"this launch would start from step 0 and its rotation would delete the committed checkpoints. "
-            f"Set autoresume=true to continue the run, or use another checkpoint_dir"
-        )
-    lost = what_a_restart_loses(run_dir)
-    if lost and not cfg.allow_existing:
-        why = "autoresume is off" if not cfg.autoresume else "it holds no checkpoint to resume from"
-        raise Refusal(
-            f"{run_dir}: holds {', '.join(lost)}, and {why}: a start from step 0 would overwrite them. "
-            f"Use another run_dir, or start over here on purpose with allow_existing=true (what the run "
-            f"wrote is then moved to {run_dir}/{REPLACED}/<time>/)"
-        )
-
-
-def adopt_remote_record(store, run_dir: Path) -> dict | None:
-    """The prefix's run record is the run's: copied into a run folder that has none (a fresh machine), and a run
-    folder that holds another run is refused. A prefix with checkpoints but no record is refused, as a run folder
-    is (its run signature is unknown)."""
-    from gcc.storage import atomic_write
-    from gcc.training.run_folder import diff_signatures, stored_record
-
-    remote, local = store.read_record(), stored_record(run_dir)
-    if remote is None:
-        if store.checkpoints():
-            raise Refusal(
-                f"{store.url}: holds checkpoints but no run.json, so its run signature is unknown; use "
-                f"another checkpoint_dir"
-            )
-        return None
-    if local is None:
-        atomic_write(run_dir / "run.json", json.dumps(remote, indent=1, sort_keys=True))
-    elif diffs := diff_signatures(remote["signature"], local["signature"]):
-        raise Refusal(
-            f"{run_dir} and checkpoint_dir {store.url} hold different runs; their run.json signatures "
-            f"differ (prefix -> run folder):\n  "
-            + "\n  ".join(diffs)
-            + "\nPoint run_dir and checkpoint_dir at the same run"
-        )
-    return remote
-
-
-def fetch_on_this_node(cfg, info: dict) -> None:
-    """With remote checkpoints every node needs the checkpoint in its own run folder (which may be node-local):
-    local rank 0 of each node other than rank 0's downloads what rank 0 resumes from, unless its folder holds it
-    file for file as committed (the manifest rank 0 read). A node that cannot is a Refusal on every rank."""
-    from composer.utils import dist
-
-    from gcc.training.checkpoint_store import store_for
-    from gcc.training.run_folder import ckpt_dir, is_complete, repair_checkpoints
-
-    if not (cfg.checkpoint_dir and info["resumed_from"]):
-        return
-    name, run_dir, files = Path(info["resumed_from"]).name, Path(cfg.run_dir), info["committed_files"]
-    refused = ""
-    if dist.get_local_rank() == 0 and dist.get_global_rank() != 0:
-        store = store_for(cfg.checkpoint_dir)
-        try:
-            if files is None:  # rank 0 resumes from its own folder's checkpoint, newer than the committed one
-                if not is_complete(ckpt_dir(run_dir) / name):
-                    raise Refusal(
-                        f"rank 0 resumes from {name}, a checkpoint of its run folder never committed to "
-                        f"{store.url}; this node's run folder {run_dir} lacks it"
-                    )
-            elif not store.whole_here(name, run_dir, files):
-                store.fetch(name, run_dir, files)
-                repair_checkpoints(run_dir)  # what this node wrote after `name` was never committed
-        except Refusal as e:
-            refused = f"node of rank {dist.get_global_rank()}: {e}"
-    refusals = [r for r in dist.all_gather_object(refused) if r]  # also the barrier
-    if refusals:
-        raise Refusal(refusals[0])
-
-
-def agree_on_start(cfg, lock) -> tuple[str, object]:
-    """Global rank 0 runs `prepare_run`; every rank gets its verdict: ("ok", info), ("refused", message) or
-    ("config", message) (a file the config names is missing). A fault
-    (storage away, disk full) leaves rank 0 at once with its exit code; the launcher then stops the others."""
-    from composer.utils import dist
-
-    from gcc.errors import BadInput
-    from gcc.training.config import ConfigError
-
-    verdict: list = [None]
-    if dist.get_global_rank() == 0:
-        try:
-            verdict[0] = ("ok", prepare_run(cfg, lock))
-        except (Refusal, BadInput) as e:
-            verdict[0] = ("refused", str(e))
-        except ConfigError as e:
-            verdict[0] = ("config", str(e))
-    dist.broadcast_object_list(verdict, src=0)
-    return verdict[0]
-
-
 def fault_message(e: BaseException) -> str:
     """The error's own message, also when a DataLoader worker raised it (torch re-raises it wrapped in the
     worker's traceback text)."""
@@ -273,8 +79,6 @@ def fault_message(e: BaseException) -> str:
 def as_fault(e: BaseException, run_dir: str) -> tuple[int, str] | None:
     """(exit code, message) for a fault that stops the run cleanly: damaged data, storage away, disk full, a
     node-wide lock held too long."""
-    from gcc.errors import DamagedData, LockTimeout, StorageUnavailable, disk_full
-
     if isinstance(e, DamagedData):
         return EXIT_DATA, f"damaged data: {fault_message(e)}"
     if isinstance(e, LockTimeout):
@@ -294,8 +98,6 @@ def as_fault(e: BaseException, run_dir: str) -> tuple[int, str] | None:
 
 
 def run(cfg) -> int:
-    from gcc.training.peer_fault import announce, peer_fault
-
     try:
         return _run(cfg)
     except Exception as e:
@@ -306,9 +108,6 @@ def run(cfg) -> int:
             fault = peer_fault(_rank(), include_own=True)
             if fault is None:
                 raise
-        from gcc.training.console import ALL_RANKS
-        from gcc.training.run_folder import repair_checkpoints
-
         code, message = fault
         logger.error(f"rank {_rank()}: {message}", extra=ALL_RANKS)
         if code == EXIT_DISK and _rank() == 0:  # a save cut short by the full disk goes now, not at the relaunch
@@ -318,19 +117,6 @@ def run(cfg) -> int:
 
 
 def _run(cfg) -> int:
-    import torch
-    from composer.devices import DeviceCPU, DeviceGPU
-    from composer.utils import dist
-
-    from gcc.model.dit import count_params
-    from gcc.training import builders as B
-    from gcc.training.callbacks import NonFiniteLoss, PreemptedBeforeFirstStep
-    from gcc.training.callbacks.train_stats import peak_rss_gb
-    from gcc.training.checkpoint_store import TakenOver
-    from gcc.training.console import ALL_RANKS
-    from gcc.training.run_folder import RunLock
-    from gcc.workers import start_resource_tracker
-
     start_resource_tracker()  # before anything registers shared memory: a SIGUSR1 must not end it
     world, per_rank = B.world_size(), cfg.per_rank_batch(B.world_size())
     device = DeviceGPU() if torch.cuda.is_available() else DeviceCPU()
@@ -338,48 +124,45 @@ def _run(cfg) -> int:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
     dist.initialize_dist(device, timeout=cfg.dist_timeout)
     lock = RunLock(Path(cfg.run_dir))
-    status, info = agree_on_start(cfg, lock)
+    status, start = agree_on_start(cfg, lock)
     if status != "ok":
-        logger.error(f"{'refused' if status == 'refused' else 'config error'}: {info}")
+        logger.error(f"{'refused' if status == 'refused' else 'config error'}: {start}")
         return EXIT_REFUSED if status == "refused" else EXIT_CONFIG
     try:
-        fetch_on_this_node(cfg, info)  # every rank gets the same verdict
+        fetch_on_this_node(cfg, start)  # every rank gets the same verdict
     except Refusal as e:
         logger.error(f"refused: {e}")
         return EXIT_REFUSED
-    resumed = info["resumed_step"] is not None
-    if resumed and info["resumed_step"] >= cfg.max_steps:
+    resumed = start.resumed
+    if resumed and start.resumed_step >= cfg.max_steps:
         logger.info(
-            f"nothing to do: {cfg.run_dir} is at step {info['resumed_step']} >= max_steps={cfg.max_steps} "
+            f"nothing to do: {cfg.run_dir} is at step {start.resumed_step} >= max_steps={cfg.max_steps} "
             f"(raise max_steps=... to train further)"
         )
         return 0
     text = B.node_cache(cfg)
     logger.info(
-        f"{'resuming from ' + info['resumed_from'] if resumed else 'starting'}: world {world}, per-rank "
+        f"{'resuming from ' + start.resumed_from if resumed else 'starting'}: world {world}, per-rank "
         f"batch {per_rank} (micro {cfg.micro_batch} × accumulation {cfg.accumulation(world)}), "
         f"global {cfg.global_batch}"
     )
     fsdp = B.parallelism_config(cfg)
     model = B.build_model(cfg, text, fsdp=fsdp is not None)
-    parts = B.build_callbacks(cfg, info, model, per_rank)
+    parts = B.build_callbacks(cfg, start, model, per_rank)
     t_build = time.time()
     trainer = B.build_trainer(
         cfg,
         device,
         model,
         B.build_train_loader(cfg, per_rank),
-        B.build_evaluators(cfg, B.build_val_loader(cfg), parts["preemption"]),
-        parts["callbacks"],
+        B.build_evaluators(cfg, B.build_val_loader(cfg), parts.preemption),
+        parts.callbacks,
         B.build_loggers(cfg),
         fsdp,
     )
     if resumed:
-        from gcc.training.batch_change import continue_after_change
-        from gcc.training.checkpoint_store import store_for
-
         logger.info(f"checkpoint loaded: trainer ready in {time.time() - t_build:.1f} s")
-        continue_after_change(trainer, parts["global_batch"], Path(cfg.run_dir), store_for(cfg.checkpoint_dir))
+        continue_after_change(trainer, parts.global_batch, Path(cfg.run_dir), store_for(cfg.checkpoint_dir))
         # a run resumed at an epoch's end trains no batch of that epoch, and Composer warns about it
         warnings.filterwarnings("ignore", message="No batches were trained for global rank", category=UserWarning)
     else:
@@ -390,9 +173,9 @@ def _run(cfg) -> int:
         f"so far {peak_rss_gb():.2f} GB",
         extra=ALL_RANKS,
     )
-    trainer.state.callbacks.extend(parts["after_saver"])  # after Composer's CheckpointSaver
-    if parts["validate_at_start"] is not None:
-        parts["validate_at_start"].evaluate = trainer.eval
+    run_after_checkpoint_saver(trainer, parts.after_saver)
+    if parts.validate_at_start is not None:
+        parts.validate_at_start.evaluate = trainer.eval
     t0 = time.time()
     before_first_step = None
     try:
@@ -408,7 +191,7 @@ def _run(cfg) -> int:
     step = int(trainer.state.timestamp.batch)
     if before_first_step is not None:
         logger.info(before_first_step)
-    elif parts["preemption"].preempted_at is not None:
+    elif parts.preemption.preempted_at is not None:
         logger.info(f"preempted: stopped after step {step} with a checkpoint; relaunch the same command to continue")
     else:
         logger.info(
@@ -432,9 +215,6 @@ def stop_threads() -> bool:
     and the peer watch spends its time in store calls: one still inside such a call when the interpreter shuts
     down is ended by CPython with pthread_exit, whose unwinding through the call's C++ frames aborts the process
     ("terminate called without an active exception", exit -6). False if one did not stop in time."""
-    from gcc.training.peer_fault import stop_watching
-    from gcc.training.watchdog import stop_watchdogs
-
     watch, dog = stop_watching(THREAD_STOP_S), stop_watchdogs(THREAD_STOP_S)
     return watch and dog
 
@@ -452,9 +232,6 @@ def _end_barrier(store, rank: int, world: int, timeout_s: float) -> bool:
     """Wait until every rank has arrived here (at most `timeout_s`, then say so and go on: False). Rank 0, whose process
     keeps the store, leaves last: it waits for the others to have seen the count, so no rank queries a store that
     is gone. A fault that a peer records meanwhile ends this rank with that fault's code, as during the run."""
-    from gcc.training.console import ALL_RANKS
-    from gcc.training.peer_fault import peer_fault
-
     deadline = time.monotonic() + timeout_s
     arrived = store.add(END_ARRIVED, 1)
     while True:
@@ -487,8 +264,6 @@ def _drain_gloo_workers(tdist):
     collective call waits for the queue's lock with the GIL released, so each of two collectives on a tensor held
     here lets every such worker finish first. The caller keeps the returned tensor until the group is closed: a
     worker still holding it when it is freed would need the GIL in turn."""
-    import torch
-
     held = torch.zeros(1)
     for _ in range(2):
         tdist.all_reduce(held)
@@ -500,19 +275,13 @@ def close_process_group(timeout_s: float = END_BARRIER_S) -> None:
     on rank 0) stop here rather than somewhere in interpreter shutdown."""
     if "torch.distributed" not in sys.modules:
         return
-    import torch.distributed as tdist
-
     if not (tdist.is_available() and tdist.is_initialized()):
         return
-    from torch.distributed.distributed_c10d import _get_default_store
-
-    from gcc.training.console import ALL_RANKS
-
     rank, world = tdist.get_rank(), tdist.get_world_size()
     together = True
     try:
         if world > 1:
-            together = _end_barrier(_get_default_store(), rank, world, timeout_s)
+            together = _end_barrier(default_store(), rank, world, timeout_s)
     except Exception as e:  # the store's host, rank 0, is gone: it left on its own (its deadline passed)
         together = False
         logger.warning(
@@ -534,13 +303,9 @@ def end_launch(code: int) -> int:
     the checkpoint uploads were closed by the trainer's close()."""
     took: dict[str, float] = {}
     t0 = time.monotonic()
-    if "gcc.data.dataset" in sys.modules:  # a launch that built no loader has neither workers nor forkserver
-        from gcc.data.dataset import stop_loader_workers
-        from gcc.workers import stop_forkserver
-
-        stop_loader_workers()
-        stop_forkserver()
-        took["workers and forkserver"] = time.monotonic() - t0
+    stop_loader_workers()  # none, in a launch that built no loader
+    stop_forkserver()
+    took["workers and forkserver"] = time.monotonic() - t0
     t0 = time.monotonic()
     if not stop_threads():
         # still inside a store call after THREAD_STOP_S (a store that does not answer): interpreter shutdown could
@@ -567,8 +332,6 @@ def main(argv: list[str] | None = None) -> int:
         # an error, or the SystemExit of Composer's SIGTERM handler: the rank ends through interpreter shutdown, so
         # its threads stop first (stop_threads); the other ranks may never get to an end barrier: none is waited for
         if isinstance(e, Exception):  # the console gets Python's own traceback; train.log gets it here
-            from gcc.training.console import ALL_RANKS, RUN_LOG_ONLY
-
             logger.error(
                 f"rank {_rank()}: stopped on an unexpected error", exc_info=True, extra={**ALL_RANKS, **RUN_LOG_ONLY}
             )
@@ -588,8 +351,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def leave_on_fault(code: int) -> None:
     """The end of a launch on a fault (5-8), the same on every rank (docs/training.md "How a launch ends")."""
-    from gcc.training.peer_fault import PEER_GRACE_S
-
     # The fault is in the store (rank 0 keeps it): stay a moment so that the other ranks read it and stop with
     # this code rather than on their collective's bare error. Then exit now, not through interpreter shutdown:
     # shutdown restores SIGTERM's default action, and the launcher's SIGTERM (sent to every rank once one has
@@ -605,10 +366,6 @@ def leave_on_fault(code: int) -> None:
 
 
 def _main(argv: list[str] | None) -> int:
-    from gcc.errors import StorageUnavailable
-    from gcc.training.config import ConfigError, check_inputs, load_config
-    from gcc.training.console import configure_logging, open_run_log
-
     configure_logging("INFO", _rank())
     p = argparse.ArgumentParser(prog="gcc/train.py", description="Train the gc25d teacher (docs/design.md §9).")
     p.add_argument("yaml", help="run config, e.g. yamls/sft_v10.yaml")
@@ -618,8 +375,6 @@ def _main(argv: list[str] | None) -> int:
         cfg = load_config(args.yaml, args.overrides)
         cfg.per_rank_batch(int(os.environ.get("WORLD_SIZE", 1)))
         check_inputs(cfg)
-        import torch
-
         if cfg.precision != "fp32" and not torch.cuda.is_available():
             raise ConfigError(f"precision: {cfg.precision} needs a GPU; on CPU set precision=fp32")
     except ConfigError as e:
@@ -637,9 +392,6 @@ def _main(argv: list[str] | None) -> int:
     except Refusal as e:
         logger.error(f"refused: {e}")
         return EXIT_REFUSED
-    from gcc.redact import secret_keys
-    from gcc.training.config import to_dict
-
     for key in secret_keys(to_dict(cfg)):
         logger.warning(
             f"{key}: holds a credential; gcc masks it in its own files and logs, but the yaml or the "

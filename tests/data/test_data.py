@@ -217,7 +217,7 @@ def test_limit_trains_on_the_same_seeded_subset_every_epoch_and_resumes_exactly(
 
 RANK_SCRIPT = """
 import json, os, sys, hashlib
-sys.path.insert(0, {tests!r})
+sys.path[:0] = {tests!r}  # this test's folder and tests/ (its helpers)
 from pathlib import Path
 from test_data import batch_digests, HEAVY
 from gcc.data.dataset import GcStreamingDataset, build_dataloader
@@ -243,7 +243,10 @@ def test_same_global_batches_for_1_and_2_ranks(shards, tmp_path):
         script = tmp_path / f"ranks_{tag}.py"
         script.write_text(
             RANK_SCRIPT.format(
-                tests=str(ROOT / "tests"), out=str(shards), cache=str(tmp_path / f"cache_{tag}"), res=str(res)
+                tests=[str(Path(__file__).parent), str(ROOT / "tests")],
+                out=str(shards),
+                cache=str(tmp_path / f"cache_{tag}"),
+                res=str(res),
             )
         )
         env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -371,7 +374,7 @@ def test_release_stale_shm_after_a_killed_process_group(shards, tmp_path):
     import signal
     import time
 
-    from gcc.data.dataset import release_stale_shm
+    from gcc.compat.streaming import release_stale_shm
 
     cache, ready = tmp_path / "cache", tmp_path / "ready"
     p = subprocess.Popen(
@@ -411,7 +414,7 @@ def test_releasing_orphaned_shared_memory_spares_live_datasets(shards, tmp_path)
     cache folders are gone; a live dataset of another job keeps its shared memory and goes on reading."""
     import shutil
 
-    from gcc.data.dataset import release_stale_shm
+    from gcc.compat.streaming import release_stale_shm
 
     live = new_ds(shards)
     gone_cache = tmp_path / "gone"

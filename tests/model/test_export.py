@@ -96,16 +96,19 @@ def test_the_trainers_data_field_is_the_manifests_name():
     """`data` in the trainer's export metadata: the dataset's name from its manifest (convert_data --name); a manifest
     of an earlier convert_data has none, and the conversion folder's name stands in. (An export the trainer wrote
     in a real launch: tests/training/test_train_e2e.py, test_reference_run_outputs.)"""
+    from dataclasses import replace
+
     from gcc.training.builders import export_metadata
     from gcc.training.config import load_config
+    from gcc.training.launch import RunStart
 
     cfg = load_config(ROOT / "yamls" / "tiny_cpu.yaml", ["data.path=s3://b/gc25d_v10_mds/"])
-    run = {"manifest": {"name": "v10"}, "lineage": {"init_ckpt": ""}, "resumed_from": "", "resumed_step": None}
+    run = RunStart({"name": "v10"}, {"init_ckpt": ""}, "", None, "", None)
     assert (export_metadata(cfg, run, 7)["data"], export_metadata(cfg, run, 7)["data_root"]) == (
         "v10",
         "s3://b/gc25d_v10_mds/",
     )
-    del run["manifest"]["name"]
+    run = replace(run, manifest={})
     assert export_metadata(cfg, run, 7)["data"] == "gc25d_v10_mds"
 
 

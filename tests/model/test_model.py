@@ -8,7 +8,7 @@ import pytest
 import torch
 from _gc_helpers import make_batch, randomize_cond, save_wan_layout, tiny_dit
 
-from gcc.model.diffsynth_parts import DiTBlock, sinusoidal_embedding_1d
+from gcc.compat.diffsynth import DiTBlock, sinusoidal_embedding_1d
 from gcc.model.dit import build_gc_dit, class_fractions, cond_keys, count_params, load_wan_base, wan_keys
 from gcc.vocab import CHANNEL_LUT, UNKNOWN, num_classes
 

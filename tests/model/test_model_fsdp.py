@@ -32,9 +32,10 @@ from composer.distributed.fsdp2 import prepare_fully_shard
 from composer.distributed.fsdp2_utils import generate_composer_model_policy
 from composer.distributed.prepare_distributed import parallelize_composer_model
 from composer.utils.parallelism import FSDP2Config
-from gcc.model.diffsynth_parts import sinusoidal_embedding_1d
+from gcc.compat.diffsynth import sinusoidal_embedding_1d
 from gcc.model.export import EXPORT_DTYPE, gc_metadata, save_gc
-from gcc.model.fsdp import _meta_init, clip_grad_norm, full_state_dict, local_part, mean_gradients_on_gloo, meta_init_on
+from gcc.compat.composer import _meta_init, meta_init_on
+from gcc.model.fsdp import clip_grad_norm, full_state_dict, local_part, mean_gradients_on_gloo
 from gcc.model.dit import build_gc_dit, load_wan_base
 from gcc.model.objective import GcTrainModel
 from gcc.model.optim import build_optimizer

@@ -162,7 +162,7 @@ def test_micro_batches_are_not_deep_copied(tmp_path, monkeypatch):
     from composer import Trainer
     from composer.core import DataSpec
 
-    from gcc.training.builders import MicroBatch
+    from gcc.compat.composer import MicroBatch
 
     monkeypatch.chdir(tmp_path)
     model = _model()
@@ -196,7 +196,7 @@ def test_tensorboard_one_event_file_per_launch(tmp_path, monkeypatch):
     from composer import Trainer
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from gcc.training.tensorboard_logger import LocalTensorboardLogger
+    from gcc.compat.composer import LocalTensorboardLogger
 
     monkeypatch.chdir(tmp_path)
     model = _model()
@@ -227,7 +227,7 @@ def test_tensorboard_writes_one_event_per_log_call_with_every_number(tmp_path):
     from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
     from tensorboard.compat.proto.event_pb2 import Event
 
-    from gcc.training.tensorboard_logger import LocalTensorboardLogger
+    from gcc.compat.composer import LocalTensorboardLogger
 
     tb = LocalTensorboardLogger(log_dir=str(tmp_path))
     tb.run_name = "run"
@@ -254,7 +254,7 @@ def _engine_calls(tmp_path, lean: bool) -> tuple[list, dict]:
     from composer.core import Callback, Event
     from composer.loggers import LoggerDestination
 
-    from gcc.training.engine import use_lean_engine
+    from gcc.compat.composer import use_lean_engine
 
     calls = []
 
@@ -287,7 +287,10 @@ def _engine_calls(tmp_path, lean: bool) -> tuple[list, dict]:
         log_to_console=False,
         loggers=[Log()],
         callbacks=[Methods(), Everything(), instance],
-        save_folder=None,
+        eval_dataloader=DataLoader(_Batches(2), batch_size=2),  # validation and checkpoint events too
+        eval_interval="1ba",
+        save_folder=str(tmp_path / ("lean" if lean else "composer")),
+        save_interval="1ba",
         run_name="engine_test",
     )
     if lean:
@@ -311,10 +314,17 @@ def test_lean_engine_calls_what_composers_engine_calls_and_visits_only_handlers(
     assert lean_calls == composer_calls
     assert composer_calls.count(("after_loss", "Methods")) == 4  # 2 steps x 2 micro-batches
     assert ("fit_end", "instance") in composer_calls
+    seen = {e for e, who in composer_calls if who == "Everything"}
+    for event in ("eval_start", "eval_batch_end", "eval_end", "batch_checkpoint", "fit_end"):
+        assert event in seen, event
+    assert sorted(p.name for p in (tmp_path / "lean").iterdir()) == sorted(
+        p.name for p in (tmp_path / "composer").iterdir()
+    )
     step_end = [c for c in composer_calls if c[0] == "batch_end"]
     assert step_end[:3] == [("batch_end", "Methods"), ("batch_end", "Everything"), ("batch_end", "Log")]
     assert visited[Event.BEFORE_FORWARD] == ["Everything"]
-    assert visited[Event.BATCH_END] == ["Methods", "Everything", "Log"]
+    # Composer's CheckpointSaver (made from save_folder) is a callback too, and handles BATCH_END
+    assert visited[Event.BATCH_END] == ["Methods", "Everything", "CheckpointSaver", "Log"]
 
 
 def test_the_nvml_check_deepspeed_sets_is_undone_unless_the_user_set_it():
@@ -325,7 +335,7 @@ def test_the_nvml_check_deepspeed_sets_is_undone_unless_the_user_set_it():
     import sys
 
     probe = (
-        "import os, sys; import gcc.model.diffsynth_parts; "
+        "import os, sys; import gcc.compat.diffsynth; "
         "print('deepspeed' in sys.modules, os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK'))"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}

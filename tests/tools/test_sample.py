@@ -40,7 +40,7 @@ def _meta(vocab: str, model_dir: str) -> dict:
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     """A tiny Wan2.2 model dir as published (sharded DiT + index + Wan2.2_VAE.pth) and gc25d exports."""
-    from gcc.model.diffsynth_parts import VideoVAE38_
+    from gcc.compat.diffsynth import VideoVAE38_
 
     root = tmp_path_factory.mktemp("sample_assets")
     md = root / "Wan2.2-TI2V-tiny"

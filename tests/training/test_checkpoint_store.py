@@ -335,8 +335,8 @@ def test_a_launch_refused_for_another_runs_signature_leaves_the_prefix_to_its_ow
     from _launch import ROOT
 
     from gcc.training.config import load_config
+    from gcc.training.launch import prepare_run
     from gcc.training.run_folder import RunLock
-    from gcc.training.trainer import prepare_run
 
     def prepare(run_dir, *overrides):
         cfg = load_config(ROOT / "yamls" / "tiny_cpu.yaml", [f"run_dir={run_dir}", f"data.path={shards}", *overrides])
@@ -349,10 +349,10 @@ def test_a_launch_refused_for_another_runs_signature_leaves_the_prefix_to_its_ow
     remote = f"{s3_bucket}/runs/a"
     live = prepare(tmp_path / "a", f"checkpoint_dir={remote}")  # the live run's start
     store = CheckpointStore(remote)
-    assert store.head().launch == live["launch"]
+    assert store.head().launch == live.launch
     prepare(tmp_path / "other", "seed=5")  # a run folder of another run...
     with pytest.raises(Refusal, match="hold different runs"):  # ...pointed at the live run's prefix
         prepare(tmp_path / "other", "seed=5", f"checkpoint_dir={remote}")
     with pytest.raises(Refusal, match="holds a run with a different signature"):  # a fresh folder, another signature
         prepare(tmp_path / "fresh", "seed=5", f"checkpoint_dir={remote}")
-    assert store.head().launch == live["launch"]
+    assert store.head().launch == live.launch

@@ -63,7 +63,7 @@ def launch_to_the_end(run_dir: Path, shards: Path, *overrides: str, timeout: flo
 def leftover_shm(run_dir: Path) -> int:
     """Streaming segments still registered for the run's node cache (released now, so that a failure leaves
     nothing either)."""
-    from gcc.data.dataset import release_stale_shm
+    from gcc.compat.streaming import release_stale_shm
 
     cache = run_dir / "cache" / "node0"
     return release_stale_shm([cache / "train", cache / "val"])

@@ -24,7 +24,7 @@ def sync(device) -> None:
 
 
 def make_sampling_scheduler(steps: int, shift: float):
-    from gcc.model.diffsynth_parts import FlowMatchScheduler
+    from gcc.compat.diffsynth import FlowMatchScheduler
 
     sched = FlowMatchScheduler("Wan")
     sched.set_timesteps(steps, shift=shift)  # inference schedule (training=False)

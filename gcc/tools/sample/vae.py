@@ -36,7 +36,7 @@ def load_vae(path: str | os.PathLike, device: str | torch.device = "cpu", dtype:
     `WanVideoVAE38(z_dim, dim)` builds; another decoder width (tiny test VAEs) swaps in DiffSynth's
     `VideoVAE38_(dim, z_dim, dec_dim)` as `.model`.
     """
-    from gcc.model.diffsynth_parts import (
+    from gcc.compat.diffsynth import (
         VideoVAE38_,
         WanVideoVAE38,
         WanVideoVAEStateDictConverter,

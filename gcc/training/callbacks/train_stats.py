@@ -10,6 +10,7 @@ is the Unix time at the end of the step (differences of consecutive rows: the tr
 
 from __future__ import annotations
 
+import resource
 import time
 from functools import lru_cache
 
@@ -31,8 +32,6 @@ _MEANS = _STATS + ["text_drop", "cond_drop", "mask_frac"]
 
 def peak_rss_gb() -> float:
     """This process's peak resident memory (host), GB."""
-    import resource
-
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
 
 

@@ -1,5 +1,7 @@
-"""The one place gcc imports DiffSynth: the parts it uses (Wan DiT modules, the flow-matching scheduler, the
-Wan2.2 VAE and its loader), re-exported for the rest of the package.
+"""DiffSynth 2.1.12, the one place gcc imports it: the parts it uses (Wan DiT modules, the flow-matching scheduler,
+the Wan2.2 VAE and its loader), re-exported for the rest of the package, and what gcc relies on beyond its API
+(gcc/compat/__init__.py): `use_framewise_cross_attention` (a block's CrossAttention swapped for a subclass in
+place: DiTBlock calls `self.cross_attn(norm3(x), context)`, and the subclass keeps its parameters and keys).
 
 `import diffsynth` calls `torch.compile(...)` at import time (its flex-attention wrapper), which makes torch
 inductor start a compile-worker pool: a server process plus one worker per usable core (up to 32) and a
@@ -19,16 +21,21 @@ import os
 
 import torch._inductor.config as inductor_config
 
+from gcc.compat import require
+
+VERIFIED = "2.1.12"
+require("diffsynth", VERIFIED, "gcc/compat/diffsynth.py")
+
 if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # for the processes this one starts
     inductor_config.compile_threads = 1
 NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 _nvml_check_set_by_user = NVML_CHECK in os.environ
 
-from diffsynth.core.loader.file import load_state_dict  # noqa: E402
-from diffsynth.core.vram.initialization import skip_model_initialization  # noqa: E402
-from diffsynth.diffusion.flow_match import FlowMatchScheduler  # noqa: E402
-from diffsynth.models.wan_video_dit import (  # noqa: E402
+from diffsynth.core.loader.file import load_state_dict
+from diffsynth.core.vram.initialization import skip_model_initialization
+from diffsynth.diffusion.flow_match import FlowMatchScheduler
+from diffsynth.models.wan_video_dit import (
     CrossAttention,
     DiTBlock,
     Head,
@@ -37,11 +44,18 @@ from diffsynth.models.wan_video_dit import (  # noqa: E402
     precompute_freqs_cis_3d,
     sinusoidal_embedding_1d,
 )
-from diffsynth.models.wan_video_vae import VideoVAE38_, WanVideoVAE38  # noqa: E402
-from diffsynth.utils.state_dict_converters.wan_video_vae import WanVideoVAEStateDictConverter  # noqa: E402
+from diffsynth.models.wan_video_vae import VideoVAE38_, WanVideoVAE38
+from diffsynth.utils.state_dict_converters.wan_video_vae import WanVideoVAEStateDictConverter
 
 if not _nvml_check_set_by_user:
     os.environ.pop(NVML_CHECK, None)
+
+
+def use_framewise_cross_attention(block: DiTBlock, cls: type[CrossAttention]) -> None:
+    """Make `block`'s cross-attention an instance of `cls`, a CrossAttention subclass that adds no parameters or
+    state: the block keeps its parameters, their keys, and its call."""
+    block.cross_attn.__class__ = cls
+
 
 __all__ = [
     "CrossAttention",
@@ -57,4 +71,5 @@ __all__ = [
     "precompute_freqs_cis_3d",
     "sinusoidal_embedding_1d",
     "skip_model_initialization",
+    "use_framewise_cross_attention",
 ]

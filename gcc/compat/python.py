@@ -1,0 +1,30 @@
+"""CPython 3.11's multiprocessing: what gcc relies on beyond its documented API (gcc/compat/__init__.py).
+
+- `forkserver_pid`, `reap_forkserver`: the process's forkserver (`multiprocessing.forkserver._forkserver`, its
+  `_forkserver_pid` and `_stop()`, which closes its "alive" pipe and reaps it).
+- `shm_name`: a `multiprocessing.shared_memory.SharedMemory`'s name as the resource tracker registered it
+  (`_name`, with its leading slash).
+"""
+
+from __future__ import annotations
+
+import sys
+from multiprocessing import forkserver
+
+from gcc.compat import stop
+
+VERIFIED = (3, 11)
+if sys.version_info[:2] != VERIFIED:  # the interpreter is not a distribution: no override, pyproject pins it too
+    stop(f"gcc/compat/python.py was verified with Python 3.11, this is {sys.version.split()[0]}")
+
+
+def forkserver_pid() -> int | None:
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
+
+
+def reap_forkserver() -> None:
+    forkserver._forkserver._stop()
+
+
+def shm_name(shm) -> str | None:
+    return getattr(shm, "_name", None)

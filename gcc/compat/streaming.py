@@ -1,0 +1,245 @@
+"""Streaming 0.13.0: what gcc relies on beyond its documented API (gcc/compat/__init__.py).
+
+- `BoundedS3Downloader`, `LinkingLocalDownloader`: Streaming's downloaders with gcc's retry policy and with links
+  instead of copies (override `_create_s3_client` / `_download_file_impl`; installed in `DOWNLOADER_MAPPINGS`,
+  which Streaming reads at each dataset's construction).
+- `release_stale_shm`: a dead launch's shared memory released, and only its own (Streaming's segment names,
+  `_get_path`, and the `locals` segment's layout, `_unpack_locals`).
+- `StreamingBase`, the StreamingDataset that gcc's dataset builds on, with:
+  - `epoch`: the epoch of the running iteration, in each worker (`_resume_incr_epoch` computes it there);
+  - a failed shard fetch handed back (`_shard_states`, `_cache_filelock`): Streaming leaves it marked PREPARING;
+  - a download thread's error kept (`on_exception`, the stop event `_event`): Streaming's own version prints it,
+    and the epoch then ends early without a word;
+  - a download thread that raises still counts as exited (`_prepare_thread`, `_ready_thread`, `_Iterator.on_exit`):
+    Streaming's iterator waits for both threads' exits at the end of `__iter__`, forever when one raised;
+  - `restrict_to`: every epoch a shuffle of a fixed subset (`resample_streams`, `epoch_size`, `length`,
+    `sample_offset_per_shard`);
+  - `load_state_dict` called twice rewrites the segment it created (`_resume_shm`);
+  - `shard_file`, `shard_cache_files`: a shard's stored file and its cache entries (`shards[i].file_pairs`,
+    `streams`, `stream_per_shard`).
+"""
+
+from __future__ import annotations
+
+import _posixshmem
+import contextlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from tempfile import gettempdir
+from typing import Any
+
+import numpy as np
+
+from gcc.compat import require
+
+VERIFIED = "0.13.0"
+# checked before the library is imported: a changed library is then named, not met as an ImportError
+require("mosaicml-streaming", VERIFIED, "gcc/compat/streaming.py")
+
+from boto3.session import Session
+from streaming import StreamingDataset
+from streaming.base.constant import BARRIER_FILELOCK, CACHE_FILELOCK, LOCALS, SHM_TO_CLEAN
+from streaming.base.dataset import _ShardState
+from streaming.base.shared.memory import SharedMemory  # attaches without resource-tracker ownership
+from streaming.base.shared.prefix import _get_path, _unpack_locals
+from streaming.base.storage import download as streaming_download
+
+from gcc import storage
+
+
+# ---- downloaders ---------------------------------------------------------------------------------------------
+class BoundedS3Downloader(streaming_download.S3Downloader):
+    """Streaming's S3 shard downloader with the project's retry policy (botocore's standard mode, a bounded
+    number of attempts: gcc.storage.s3_config) in place of Streaming's adaptive mode."""
+
+    def _create_s3_client(self, unsigned: bool = False, timeout: float = 60) -> None:
+        self._s3_client = Session().client(
+            "s3", config=storage.s3_config(timeout, unsigned), endpoint_url=os.environ.get("S3_ENDPOINT_URL")
+        )
+
+
+class LinkingLocalDownloader(streaming_download.LocalDownloader):
+    """A local dataset's files enter the run's cache as symbolic links, not copies: uncompressed shards are then
+    read where they are (Streaming opens the cache's path), so no run writes a second copy of the dataset.
+    Compressed shards are decompressed into the cache (the link goes once they are)."""
+
+    def _download_file_impl(self, remote: str, local: str, timeout: float) -> None:
+        if not os.path.isfile(remote):
+            raise FileNotFoundError(f"{remote}: no such file")
+        tmp = f"{local}.tmp{os.getpid()}"
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        os.symlink(os.path.abspath(remote), tmp)
+        os.replace(tmp, local)
+
+
+# Streaming looks its downloader up by URL scheme at each dataset's construction; set at import, so that the
+# loader workers (which import this module) have them too
+streaming_download.DOWNLOADER_MAPPINGS["s3"] = BoundedS3Downloader
+streaming_download.DOWNLOADER_MAPPINGS[""] = LinkingLocalDownloader
+
+
+# ---- shared memory -------------------------------------------------------------------------------------------
+def release_stale_shm(local_dirs: Sequence[str | Path] | None = None, scan: int = 256) -> int:
+    """Unlink Streaming shared memory left by a *dead* launch that used these cache folders (with `local_dirs`
+    None: segments whose every cache folder is gone, which nothing can be using).
+
+    After a SIGKILL, Streaming's shared memory outlives the process and a relaunch on the same cache folder
+    fails with "Reused local directory". Streaming's `clean_stale_shared_memory()` would fix that by unlinking
+    every Streaming segment on the node, other live jobs' included (their loaders then fail): never call it.
+    This removes only segments registered for our own folders (call it only while holding the run lock: no
+    live run uses them) or for folders that no longer exist. Returns the number of prefixes released."""
+    ours = {os.path.abspath(str(d)) for d in local_dirs or ()}
+    released = 0
+    # Streaming's prefix numbers only grow on a node (it skips numbers whose lock files remain in /tmp), so
+    # look at the segments that exist rather than a fixed range
+    shm_dir = Path("/dev/shm")
+    prefixes = (
+        sorted(int(p.name[:6]) for p in shm_dir.glob("[0-9][0-9][0-9][0-9][0-9][0-9]_" + LOCALS))
+        if shm_dir.is_dir()
+        else range(scan)
+    )
+    for prefix in prefixes:
+        try:
+            shm = SharedMemory(_get_path(prefix, LOCALS), create=False, auto_cleanup=False)
+        except (FileNotFoundError, PermissionError):
+            continue
+        theirs, _ = _unpack_locals(bytes(shm.buf))
+        shm.shm.close()
+        if local_dirs is None:
+            if not theirs or any(os.path.exists(t) for t in theirs):
+                continue
+        elif not ours.intersection(os.path.abspath(t) for t in theirs):
+            continue
+        for name in SHM_TO_CLEAN:
+            with contextlib.suppress(FileNotFoundError, PermissionError):
+                _posixshmem.shm_unlink("/" + _get_path(prefix, name))
+        for lock in (BARRIER_FILELOCK, CACHE_FILELOCK):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(gettempdir(), _get_path(prefix, lock)))
+        released += 1
+    return released
+
+
+# ---- the dataset ---------------------------------------------------------------------------------------------
+class StreamingBase(StreamingDataset):
+    """StreamingDataset with the hooks gcc's dataset needs (see the module's docstring). Subclasses implement
+    `fetch_failed(shard_id, error)` (an exception to raise for a shard that could not be fetched) and
+    `download_failed(error)` (the one to raise when a download thread failed)."""
+
+    def __init__(self, *args, **kwargs):
+        self.epoch = 0
+        self.subset: np.ndarray | None = None
+        self.resume_state: dict[str, Any] | None = None  # the last load_state_dict's
+        self._thread_error: BaseException | None = None
+        super().__init__(*args, **kwargs)
+
+    # Streaming computes the epoch inside each worker's __iter__, at the start of each epoch
+    def _resume_incr_epoch(self) -> tuple[int, int]:
+        epoch, sample_in_epoch = super()._resume_incr_epoch()
+        self.epoch = epoch
+        return epoch, sample_in_epoch
+
+    def restrict_to(self, subset: np.ndarray) -> None:
+        """Every epoch is a shuffle of `subset` (sample ids) instead of the whole split: its size, and each
+        rank's share of it."""
+        self.subset = subset
+        self.epoch_size = len(subset)
+        self.length = -(-self.epoch_size // self._parallel_rank_world.num_ranks)
+
+    def resample_streams(self, epoch: int, stream_id: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Streaming's epoch before its shuffle: (shuffle unit sizes, sample id of each slot). With a subset, the
+        subset's ids, one unit per shard that holds some of them (Streaming's own subsampling, a stream's
+        `choose`, draws how many samples each shard gives, and which, with its own generator: it cannot be told
+        which clips)."""
+        if self.subset is None:
+            return super().resample_streams(epoch, stream_id)
+        shard_of = np.searchsorted(self.sample_offset_per_shard, self.subset, side="right") - 1
+        units = np.bincount(shard_of, minlength=self.num_shards)
+        return units[units > 0].astype(np.int64), self.subset.copy()
+
+    def load_state_dict(self, obj: dict[str, Any]) -> None:
+        """Streaming's resume state, for the workers' next `__iter__` (kept as `resume_state` too: the node's
+        segment is shared with the node's other ranks). Called again (a changed global batch moves the position a
+        checkpoint loaded: gcc/training/batch_change.py), it rewrites the segment it created the first time.
+        Streaming would attach a second copy of it, which the loader worker then takes back from the resource
+        tracker (gcc/workers.py), so the creator's own cleanup fails at exit."""
+        self.resume_state = dict(obj)
+        shm = getattr(self, "_resume_shm", None)
+        if shm is None:
+            super().load_state_dict(obj)
+            return
+        data = json.dumps(obj, sort_keys=True).encode() + b"\0"  # as Streaming writes it: JSON, then a NUL
+        shm.buf[: len(data)] = data
+
+    def shard_file(self, shard_id: int) -> str:
+        """The shard's stored file name (the compressed one, when it is)."""
+        raw, zipped = self.shards[shard_id].file_pairs[0]
+        return (zipped or raw).basename
+
+    def shard_cache_files(self, shard_id: int) -> tuple[Path, list[str]]:
+        """The cache folder of the shard's stream, and the names its files have there."""
+        stream = self.streams[self.stream_per_shard[shard_id]]
+        return Path(stream.local, stream.split or ""), [i.basename for i in self.shards[shard_id].file_pairs[0] if i]
+
+    def prepare_shard(self, shard_id: int, blocking: bool = True) -> None:
+        try:
+            super().prepare_shard(shard_id, blocking)
+        except Exception as e:
+            fault = self.fetch_failed(shard_id, e)  # drops the bad copy first: no reader may see it marked present
+            self._release_claim(shard_id)
+            raise fault from None
+
+    def _release_claim(self, shard_id: int) -> None:
+        """Streaming marks a shard PREPARING (in the node's shared memory) before it fetches it and leaves the mark
+        when the fetch raises; every later reader of that shard (this worker's next sample, a download thread, the
+        node's other ranks and workers) would then wait for it forever, without a word. A failed fetch hands the
+        shard back as LOCAL with its files gone (`fetch_failed` removed them), which is how Streaming sees a shard
+        evicted under its feet: a reader's file access fails, it fetches the shard again, and meets the error
+        itself. Not REMOTE: another worker's download thread that saw PREPARING waits for LOCAL and nothing else.
+        Only the caller whose fetch raised holds the mark: Streaming's waiting branch never raises."""
+        with contextlib.suppress(Exception):  # the error being raised is the one to report
+            lock = self._cache_filelock
+            lock.acquire()
+            try:
+                if self._shard_states[shard_id] == _ShardState.PREPARING:
+                    self._shard_states[shard_id] = _ShardState.LOCAL
+            finally:
+                lock.release()
+
+    # Streaming's download threads call `it.on_exit()` only when they return; `__iter__` ends by waiting for both
+    # exits, so a thread that raised (a damaged shard) held the worker there forever
+    def _prepare_thread(self, it) -> None:
+        try:
+            super()._prepare_thread(it)
+        except BaseException:
+            it.on_exit()
+            raise
+
+    def _ready_thread(self, it) -> None:
+        try:
+            super()._ready_thread(it)
+        except BaseException:
+            it.on_exit()
+            raise
+
+    def on_exception(self, future) -> None:
+        # Streaming's download threads report here (its own version re-raises into the executor, which only
+        # prints it); keep the error for the iterator, which otherwise just ends the epoch early
+        err = future.exception()
+        if err is not None:
+            self._thread_error = self._thread_error or err
+            self._event.set()
+
+    def __iter__(self):
+        yield from super().__iter__()
+        if self._event.is_set():  # a download thread failed: Streaming ends the epoch early without a word
+            raise self.download_failed(self._thread_error or RuntimeError("a Streaming download thread failed"))
+
+    def fetch_failed(self, shard_id: int, error: BaseException) -> Exception:
+        return error if isinstance(error, Exception) else RuntimeError(str(error))
+
+    def download_failed(self, error: BaseException) -> Exception:
+        return error if isinstance(error, Exception) else RuntimeError(str(error))

@@ -1,0 +1,75 @@
+"""torch 2.7.0: what gcc relies on beyond its documented API (gcc/compat/__init__.py).
+
+- `new_shared_storage`: a storage in shared memory from the start (`UntypedStorage._new_shared`), as torch's own
+  default_collate uses in a DataLoader worker.
+- `shutdown_loader_workers`: a DataLoader's persistent workers stopped the DataLoader's own way
+  (`_iterator._shutdown_workers()`).
+- `default_store`: the process group's TCP store (`distributed_c10d._get_default_store`).
+- `local_shape_and_offset`: where a DTensor's local shard lies (`torch.distributed.tensor._utils`).
+- `unsharded_class`, `bare_copy`: a module's class without FSDP2's, and a copy of a module that owns other
+  parameters and no children (fully_shard's generated class is `(FSDP<cls>, FSDPModule, cls, ...)`; a module's
+  parameters, children and buffers are the dicts `_parameters`, `_modules`, `_buffers`).
+- `add_summary`: one TensorBoard event holding several scalars (`SummaryWriter._get_file_writer()`).
+- `DCP_METADATA`: the file that completes a torch.distributed.checkpoint folder (written last, by the
+  coordinator).
+"""
+
+from __future__ import annotations
+
+import time
+
+from gcc.compat import require
+
+VERIFIED = "2.7.0"
+# checked before the library is imported: a changed library is then named, not met as an ImportError
+require("torch", VERIFIED, "gcc/compat/torch.py")
+
+import torch
+from torch import nn
+from torch.distributed.distributed_c10d import _get_default_store
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+DCP_METADATA = ".metadata"
+
+
+def new_shared_storage(nbytes: int) -> torch.UntypedStorage:
+    return torch.UntypedStorage._new_shared(nbytes)
+
+
+def shutdown_loader_workers(loader) -> None:
+    """Stop a DataLoader's persistent workers (a `None` on each index queue, then join); no-op without any."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+
+
+def default_store():
+    """The default process group's store (on rank 0, its process keeps the server)."""
+    return _get_default_store()
+
+
+def local_shape_and_offset(t: DTensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+
+
+def unsharded_class(module: nn.Module) -> type:
+    cls = type(module)
+    return cls.__mro__[2] if issubclass(cls, FSDPModule) else cls
+
+
+def bare_copy(module: nn.Module, parameters: dict[str, nn.Parameter]) -> nn.Module:
+    """An instance of `module`'s unsharded class with its attributes, owning `parameters`, with no children and no
+    buffers; its constructor is not run."""
+    twin = object.__new__(unsharded_class(module))
+    twin.__dict__.update(module.__dict__)
+    twin.__dict__["_parameters"] = dict(parameters)
+    twin.__dict__["_modules"] = {}
+    twin.__dict__["_buffers"] = {}
+    return twin
+
+
+def add_summary(writer, summary, step: int | None) -> None:
+    """Write one event holding `summary` (a tensorboard Summary) through a torch SummaryWriter."""
+    writer._get_file_writer().add_summary(summary, step, time.time())

@@ -1,0 +1,308 @@
+"""The launch: who this run is, and where it starts. Read top to bottom, it is what rank 0 decides before any
+work (docs/design.md §9.3, §9.5) and every rank then acts on (`RunStart`):
+
+1. `agree_on_start`: rank 0 runs `prepare_run` and broadcasts its verdict, so that every rank starts, refuses or
+   fails on the config alike;
+2. `prepare_run`, under the run lock: the data's manifest (`read_manifest_bytes`, `check_data`), the checkpoint
+   prefix's run record (`adopt_remote_record`), the run signature against run.json (`run_signature`,
+   `run_folder.check_identity`), the checkpoint folder repaired, the prefix claimed and its last commit fetched,
+   or a start from step 0 checked not to destroy anything (`check_fresh_start`);
+3. `fetch_on_this_node`: with a checkpoint prefix, every node gets the checkpoint that rank 0 resumes from.
+
+A Refusal ends the launch with exit 3 and a ConfigError with exit 2, on every rank (gcc/exit_codes.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from composer.utils import dist
+
+from gcc import storage
+from gcc.data.shards import MANIFEST, parse_manifest
+from gcc.errors import BadInput, StorageUnavailable
+from gcc.model.optim import BETAS
+from gcc.redact import redact
+from gcc.storage import atomic_write, join
+from gcc.training.checkpoint_store import CheckpointStore, Head, store_for
+from gcc.training.config import ConfigError, TrainConfig
+from gcc.training.run_folder import (
+    REPLACED,
+    Refusal,
+    RunLock,
+    check_identity,
+    checkpoint_step,
+    ckpt_dir,
+    diff_signatures,
+    file_digest,
+    is_complete,
+    repair_checkpoints,
+    set_aside,
+    stored_record,
+    what_a_restart_loses,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """What rank 0 decided for this launch (`prepare_run`), the same on every rank."""
+
+    manifest: dict[str, Any]  # the data's manifest.json, parsed and checked
+    lineage: dict[str, Any]  # run.json's lineage: the warm start's weights, the global-batch changes
+    launch: str  # this launch's claim on the checkpoint prefix ("" without checkpoint_dir)
+    committed_files: dict[str, Any] | None  # the committed checkpoint's files, when the resume is from the prefix
+    resumed_from: str  # the checkpoint resumed from ("" for a start from step 0)
+    resumed_step: int | None  # its step (None for a start from step 0)
+
+    @property
+    def resumed(self) -> bool:
+        return self.resumed_step is not None
+
+
+def train_clips(manifest: dict, limit: int | None) -> int:
+    """The clips an epoch of training draws from: the train split's, or its `data.limit` subset's."""
+    n = len(manifest["splits"]["train"]["clip_ids"])
+    return min(n, limit) if limit else n
+
+
+def data_name(cfg: TrainConfig, manifest: dict[str, Any]) -> str:
+    """The data's name for export metadata (`data`): the manifest's `name` (convert_data --name, checked when the
+    manifest was read); a manifest of an earlier convert_data has none, and then the conversion folder's name."""
+    return manifest.get("name") or cfg.data.path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def run_signature(cfg: TrainConfig, manifest_bytes: bytes, known: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything that makes two launches the same run (docs/design.md §9.3). Absent on purpose: max_steps, GPU/node
+    count, global batch (a change continues at the next epoch: gcc/training/batch_change.py), micro-batch/accumulation
+    split, workers, logging, export/checkpoint/validation cadence."""
+    m, d, o = cfg.model, cfg.data, cfg.optim
+    known = known or {}
+    base = ""
+    if m.model_dir:
+        index = Path(m.model_dir) / "diffusion_pytorch_model.safetensors.index.json"
+        base = storage.sha256_file(index) if index.exists() else os.path.realpath(m.model_dir)
+    init = file_digest(m.init_ckpt, known.get("model.init_ckpt")) if m.init_ckpt else ""
+    return redact(
+        {  # a credential in a path or URL never reaches run.json
+            "model.preset": m.preset,
+            "model.overrides": json.dumps(m.overrides, sort_keys=True),
+            "model.vocab": m.vocab,
+            "model.first_frame_cond": m.first_frame_cond,
+            "model.base_weights": base,
+            "model.init_ckpt": init,
+            "model.legacy_zero_ckpt": os.path.realpath(m.legacy_zero_ckpt) if m.legacy_zero_ckpt else "",
+            "data.manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest(),
+            "data.text_dropout": d.text_dropout,
+            "data.cond_dropout": d.cond_dropout,
+            "data.mask_p": d.mask_p,
+            "data.mask_calibration": d.mask_calibration,
+            "data.max_frame_coverage": d.max_frame_coverage,
+            "data.num_canonical_nodes": d.num_canonical_nodes,
+            "data.limit": d.limit,
+            "seed": cfg.seed,
+            "precision": cfg.precision,
+            "parallelism": cfg.parallelism,  # DDP and FSDP checkpoints differ in format
+            "optim.lr": o.lr,
+            "optim.cond_lr": o.cond_lr,
+            "optim.weight_decay": o.weight_decay,
+            "optim.warmup_steps": o.warmup_steps,
+            "optim.grad_clip": o.grad_clip,
+            "optim.betas": list(BETAS),
+        }
+    )
+
+
+def read_manifest_bytes(cfg: TrainConfig) -> bytes:
+    return storage.read_bytes(storage.join(cfg.data.path, MANIFEST))
+
+
+def check_data(manifest: dict, data: str, per_rank_batch: int = 1, world: int = 1, limit: int | None = None) -> None:
+    """Refuse data the run cannot train on: no train clips, fewer clips a rank than its batch (no step per epoch:
+    the run would loop over empty epochs for ever), or train and val sharing clips or runs. `limit`: data.limit."""
+    tr, va = manifest["splits"]["train"], manifest["splits"]["val"]
+    if not tr["clip_ids"]:
+        raise Refusal(f"data {data}: the train split has no clips")
+    n = train_clips(manifest, limit)
+    per_rank = -(-n // world)  # Streaming pads every rank to ceil(N / ranks) (docs/training.md)
+    if per_rank < per_rank_batch:
+        what = (
+            f"data.limit={limit} clips of the train split"
+            if n < len(tr["clip_ids"])
+            else f"the train split's {n} clips"
+        )
+        raise Refusal(
+            f"data {data}: {what} give each of the {world} rank(s) {per_rank} samples an epoch, fewer than "
+            f"its batch of {per_rank_batch} (global_batch / world_size): no step could be taken; lower "
+            f"global_batch"
+        )
+    clips = sorted(set(tr["clip_ids"]) & set(va["clip_ids"]))
+    runs = sorted(set(tr["runs"]) & set(va["runs"]))
+    if clips or runs:
+        raise Refusal(f"data {data}: train/val leak: shared clips {clips[:5]}, shared runs {runs[:5]}")
+
+
+def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
+    """Rank 0's checks before any work (docs/design.md §9.3, §9.5). Returns what every rank needs to know."""
+    lock.acquire()
+    try:
+        manifest_bytes = read_manifest_bytes(cfg)
+    except StorageUnavailable:
+        raise
+    except Exception as e:  # missing file (local or S3)
+        raise Refusal(
+            f"data {cfg.data.path}: no readable manifest.json — not a finished convert_data output "
+            f"({type(e).__name__}: {e})"
+        ) from None
+
+    manifest = parse_manifest(manifest_bytes, join(cfg.data.path, MANIFEST))  # BadInput: a refusal (exit 3)
+    check_data(
+        manifest,
+        cfg.data.path,
+        cfg.per_rank_batch(int(os.environ.get("WORLD_SIZE", 1))),
+        int(os.environ.get("WORLD_SIZE", 1)),
+        cfg.data.limit,
+    )
+    run_dir = Path(cfg.run_dir)
+    store, launch, committed_files = store_for(cfg.checkpoint_dir), "", None
+    remote_record = adopt_remote_record(store, run_dir) if store is not None else None
+    old = stored_record(run_dir)
+    try:  # a moved init_ckpt keeps the digest recorded at the first launch (a resume loads the checkpoint)
+        signature = run_signature(cfg, manifest_bytes, known=(old or {}).get("signature"))
+    except FileNotFoundError as e:
+        raise ConfigError(f"model.init_ckpt: {e.filename}: not found (the warm start's weights)") from None
+    lineage = {"init_ckpt": os.path.realpath(cfg.model.init_ckpt) if cfg.model.init_ckpt else ""}
+    record = check_identity(run_dir, signature, lineage)
+    latest = repair_checkpoints(run_dir) if cfg.autoresume else None
+    committed = store.head() if store is not None else None  # read only: the claim comes after every check
+    if latest is None and not (cfg.autoresume and committed is not None and committed.checkpoint):
+        check_fresh_start(cfg, run_dir, committed)  # nothing to resume: a start from step 0
+    if store is not None:
+        # only now, every identity check passed: a refused launch leaves the prefix (and its live owner) alone
+        launch = store.claim()
+        if remote_record is None:
+            store.write_record(record)
+        head = store.repair(launch) if cfg.autoresume else None
+        remote = head.checkpoint if head is not None else None
+        if remote is not None and (latest is None or checkpoint_step(remote) >= checkpoint_step(latest)):
+            committed_files = head.files  # what every node verifies its copy against (fetch_on_this_node)
+            if not store.whole_here(remote, run_dir, head.files):
+                latest = store.fetch(remote, run_dir, head.files)
+    if latest is None and cfg.allow_existing and what_a_restart_loses(run_dir):
+        moved = set_aside(run_dir, time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
+        logger.info(f"allow_existing: starting over in {run_dir}; what the run had written is now in {moved}")
+    return RunStart(
+        manifest=manifest,
+        lineage=record["lineage"],
+        launch=launch,
+        committed_files=committed_files,
+        resumed_from=str(latest.resolve()) if latest else "",
+        resumed_step=checkpoint_step(latest) if latest else None,
+    )
+
+
+def check_fresh_start(cfg: TrainConfig, run_dir: Path, committed: Head | None) -> None:
+    """A launch with nothing to resume starts from step 0. It must not destroy what the run wrote: a run folder
+    holding exports, log rows or checkpoints is refused unless `allow_existing` (they are then moved aside, not
+    deleted), and a prefix holding a committed checkpoint always (its rotation would delete them). The weights
+    such a start loads must exist (ConfigError: exit 2)."""
+    m = cfg.model
+    for key, path, kind in (
+        ("model.init_ckpt", m.init_ckpt, "file"),
+        ("model.model_dir", m.model_dir, "folder"),
+        ("model.legacy_zero_ckpt", m.legacy_zero_ckpt, "folder"),
+    ):
+        if path and not (os.path.isfile(path) if kind == "file" else os.path.isdir(path)):
+            raise ConfigError(
+                f"{key}: {path}: no such {kind}; a start from step 0 loads its weights (a resume "
+                f"would not: {run_dir} has no checkpoint)"
+            )
+    if committed is not None and committed.checkpoint:
+        raise Refusal(
+            f"{cfg.checkpoint_dir}: commits {committed.checkpoint} of this run, but autoresume is off, so "
+            f"this launch would start from step 0 and its rotation would delete the committed checkpoints. "
+            f"Set autoresume=true to continue the run, or use another checkpoint_dir"
+        )
+    lost = what_a_restart_loses(run_dir)
+    if lost and not cfg.allow_existing:
+        why = "autoresume is off" if not cfg.autoresume else "it holds no checkpoint to resume from"
+        raise Refusal(
+            f"{run_dir}: holds {', '.join(lost)}, and {why}: a start from step 0 would overwrite them. "
+            f"Use another run_dir, or start over here on purpose with allow_existing=true (what the run "
+            f"wrote is then moved to {run_dir}/{REPLACED}/<time>/)"
+        )
+
+
+def adopt_remote_record(store: CheckpointStore, run_dir: Path) -> dict | None:
+    """The prefix's run record is the run's: copied into a run folder that has none (a fresh machine), and a run
+    folder that holds another run is refused. A prefix with checkpoints but no record is refused, as a run folder
+    is (its run signature is unknown)."""
+    remote, local = store.read_record(), stored_record(run_dir)
+    if remote is None:
+        if store.checkpoints():
+            raise Refusal(
+                f"{store.url}: holds checkpoints but no run.json, so its run signature is unknown; use "
+                f"another checkpoint_dir"
+            )
+        return None
+    if local is None:
+        atomic_write(run_dir / "run.json", json.dumps(remote, indent=1, sort_keys=True))
+    elif diffs := diff_signatures(remote["signature"], local["signature"]):
+        raise Refusal(
+            f"{run_dir} and checkpoint_dir {store.url} hold different runs; their run.json signatures "
+            f"differ (prefix -> run folder):\n  "
+            + "\n  ".join(diffs)
+            + "\nPoint run_dir and checkpoint_dir at the same run"
+        )
+    return remote
+
+
+def fetch_on_this_node(cfg: TrainConfig, start: RunStart) -> None:
+    """With remote checkpoints every node needs the checkpoint in its own run folder (which may be node-local):
+    local rank 0 of each node other than rank 0's downloads what rank 0 resumes from, unless its folder holds it
+    file for file as committed (the manifest rank 0 read). A node that cannot is a Refusal on every rank."""
+    if not (cfg.checkpoint_dir and start.resumed_from):
+        return
+    name, run_dir, files = Path(start.resumed_from).name, Path(cfg.run_dir), start.committed_files
+    refused = ""
+    if dist.get_local_rank() == 0 and dist.get_global_rank() != 0:
+        store = store_for(cfg.checkpoint_dir)
+        try:
+            if files is None:  # rank 0 resumes from its own folder's checkpoint, newer than the committed one
+                if not is_complete(ckpt_dir(run_dir) / name):
+                    raise Refusal(
+                        f"rank 0 resumes from {name}, a checkpoint of its run folder never committed to "
+                        f"{store.url}; this node's run folder {run_dir} lacks it"
+                    )
+            elif not store.whole_here(name, run_dir, files):
+                store.fetch(name, run_dir, files)
+                repair_checkpoints(run_dir)  # what this node wrote after `name` was never committed
+        except Refusal as e:
+            refused = f"node of rank {dist.get_global_rank()}: {e}"
+    refusals = [r for r in dist.all_gather_object(refused) if r]  # also the barrier
+    if refusals:
+        raise Refusal(refusals[0])
+
+
+def agree_on_start(cfg: TrainConfig, lock: RunLock) -> tuple[str, RunStart | str]:
+    """Global rank 0 runs `prepare_run`; every rank gets its verdict: ("ok", start), ("refused", message) or
+    ("config", message) (a file the config names is missing). A fault
+    (storage away, disk full) leaves rank 0 at once with its exit code; the launcher then stops the others."""
+    verdict: list = [None]
+    if dist.get_global_rank() == 0:
+        try:
+            verdict[0] = ("ok", prepare_run(cfg, lock))
+        except (Refusal, BadInput) as e:
+            verdict[0] = ("refused", str(e))
+        except ConfigError as e:
+            verdict[0] = ("config", str(e))
+    dist.broadcast_object_list(verdict, src=0)
+    return verdict[0]

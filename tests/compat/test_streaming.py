@@ -1,0 +1,84 @@
+"""Contract tests of gcc/compat/streaming.py: what gcc relies on in Streaming's insides, checked against the
+installed Streaming. Each fails when that behaviour changes under a new version."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from streaming.base.dataset import StreamingDataset, _Iterator, _ShardState
+
+ROOT = Path(__file__).resolve().parents[2]
+
+RANK = """
+import os, sys
+from pathlib import Path
+from gcc.data.dataset import GcStreamingDataset, build_dataloader
+if __name__ == "__main__":  # loader workers import this file (forkserver): nothing may run at import
+    ds = GcStreamingDataset(sys.argv[1], "train", Path(sys.argv[2]), batch_size=2, seed=0)
+    try:
+        for _ in build_dataloader(ds, batch_size=2, num_workers=1):
+            pass
+        print("NO ERROR", flush=True)
+    except Exception as e:
+        print("ERROR", type(e).__name__, e, flush=True)
+"""
+
+
+def test_the_private_names_the_adapter_uses_exist():
+    for name in ("_prepare_thread", "_ready_thread", "_resume_incr_epoch", "prepare_shard", "on_exception"):
+        assert callable(getattr(StreamingDataset, name, None)), name
+    assert {s.name for s in _ShardState} >= {"REMOTE", "PREPARING", "LOCAL"}
+    assert callable(_Iterator.on_exit) and _Iterator._num_threads_to_exit == 2
+
+
+@pytest.mark.slow
+def test_a_damaged_shard_met_by_a_download_thread_stops_every_rank_of_the_node_naming_it(shards, tmp_path):
+    """Two ranks of one node, a loader worker each, one shard damaged. Streaming's download threads meet it first;
+    a thread that raises never counted as exited, so the worker waited at the end of its epoch forever, and a
+    worker whose own thread had skipped the shard (the other rank's was fetching it) waited for it to become
+    local forever. Each rank now fails, naming the shard."""
+    data = tmp_path / "shards"
+    shutil.copytree(shards, data)
+    bad = sorted((data / "train").rglob("shard.*.mds"))[0]
+    raw = bytearray(bad.read_bytes())
+    for i in range(len(raw) // 2, len(raw) // 2 + 64):
+        raw[i] ^= 0xFF
+    bad.write_bytes(bytes(raw))
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cache = tmp_path / "cache" / uuid.uuid4().hex  # one node: one cache (Streaming keys its shared memory on it)
+    procs = []
+    for rank in range(2):
+        env = dict(
+            os.environ,
+            PYTHONPATH=str(ROOT),
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_WORLD_SIZE="2",
+            NODE_RANK="0",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+        cmd = [sys.executable, str(script), str(data), str(cache)]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=180)[0])
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail("a rank still waits for its loader 180 s after one of its shards was found damaged")
+    for rank, out in enumerate(outs):
+        assert "ERROR DamagedData" in out and bad.name in out, f"rank {rank}: {out[-2000:]}"

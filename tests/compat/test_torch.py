@@ -1,0 +1,88 @@
+"""Contract tests of gcc/compat/torch.py against the installed torch."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as tdist
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+from torch.utils.data import DataLoader
+
+from gcc.compat.torch import (
+    add_summary,
+    bare_copy,
+    default_store,
+    local_shape_and_offset,
+    new_shared_storage,
+    shutdown_loader_workers,
+    unsharded_class,
+)
+
+
+def test_new_shared_storage_is_shared_memory():
+    s = new_shared_storage(64)
+    assert s.nbytes() == 64 and s.is_shared()
+
+
+def test_shutdown_loader_workers_stops_persistent_workers():
+    loader = DataLoader(list(range(8)), batch_size=2, num_workers=1, persistent_workers=True)
+    assert sum(len(b) for b in loader) == 8
+    workers = list(loader._iterator._workers)
+    assert workers and all(w.is_alive() for w in workers)
+    shutdown_loader_workers(loader)
+    assert not any(w.is_alive() for w in workers)
+    shutdown_loader_workers(DataLoader([1]))  # none started: nothing to do
+
+
+@pytest.fixture
+def one_rank_group():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        tdist.destroy_process_group()
+
+
+def test_the_default_store_is_the_process_groups(one_rank_group):
+    store = default_store()
+    store.set("gcc/compat", "1")
+    assert store.get("gcc/compat") == b"1"
+
+
+def test_a_shard_shape_and_offset_and_the_unsharded_class(one_rank_group):
+    mesh = init_device_mesh("cpu", (1,))
+    t = distribute_tensor(torch.zeros(6, 4), mesh, [Shard(0)])
+    assert local_shape_and_offset(t) == ((6, 4), (0, 0))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    fully_shard(model, mesh=mesh)
+    assert type(model) is not torch.nn.Sequential and unsharded_class(model) is torch.nn.Sequential
+    assert unsharded_class(torch.nn.Linear(2, 2)) is torch.nn.Linear
+    w = torch.nn.Parameter(torch.ones(2))
+    twin = bare_copy(model, {"w": w})
+    assert type(twin) is torch.nn.Sequential and dict(twin.named_parameters()) == {"w": w}
+    assert list(twin.children()) == [] and list(twin.buffers()) == []
+
+
+def test_add_summary_writes_one_event_with_every_value(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path))
+    add_summary(
+        writer, Summary(value=[Summary.Value(tag="a", simple_value=1.5), Summary.Value(tag="b", simple_value=2)]), 7
+    )
+    writer.close()
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    assert sorted(acc.Tags()["scalars"]) == ["a", "b"]
+    assert [(e.step, e.value) for e in acc.Scalars("a")] == [(7, 1.5)]
+    assert os.listdir(tmp_path)

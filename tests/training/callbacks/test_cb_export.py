@@ -1,0 +1,126 @@
+"""Export (gcc/training/callbacks/export.py): `step-N.safetensors` (the DiT's weights in bf16 with the export metadata
+of step N) every `export_every` steps and once more at the end of training, unless the last step was just exported
+or the run was preempted or stopped early; with a checkpoint store, each export is also uploaded beside the
+checkpoints while this launch owns the prefix (TakenOver otherwise)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _cbfit import Fit, records
+from safetensors.torch import load_file
+
+from gcc import storage
+from gcc.model.dit import build_gc_dit
+from gcc.model.export import check_gc_ckpt, gc_metadata
+from gcc.training.callbacks import Export
+from gcc.training.checkpoint_store import CheckpointStore, TakenOver
+from gcc.training.config import TrainConfig
+
+LOGGER = "gcc.training.callbacks.export"
+
+
+@pytest.fixture(scope="module")
+def dit():
+    cfg = TrainConfig()
+    return build_gc_dit("tiny", device="cpu", vocab=cfg.model.vocab, init_seed=cfg.seed)
+
+
+def metadata(step: int) -> dict[str, str]:
+    cfg = TrainConfig()
+    d, o = cfg.data, cfg.optim
+    return gc_metadata(
+        vocab=cfg.model.vocab,
+        data="unit",
+        data_root="/data/unit",
+        step=step,
+        text_dropout=d.text_dropout,
+        cond_dropout=d.cond_dropout,
+        mask_p=d.mask_p,
+        lr=o.lr,
+        cond_lr=o.cond_lr,
+        weight_decay=o.weight_decay,
+        warmup_steps=o.warmup_steps,
+        first_frame_cond=cfg.model.first_frame_cond,
+        seed=cfg.seed,
+        init_ckpt="",
+        model_dir="",
+    )
+
+
+def exports(run_dir) -> list[str]:
+    return sorted((p.name for p in run_dir.glob("step-*.safetensors")), key=lambda n: int(n[5:-12]))
+
+
+def run(export: Export, steps: int, max_steps: int) -> Fit:
+    fit = Fit([export], max_steps=max_steps)
+    fit.fit_start()
+    for _ in range(steps):
+        fit.step()
+    return fit
+
+
+def test_every_n_steps_and_at_the_end_with_the_weights_and_metadata_of_the_step(tmp_path, dit):
+    export = Export(tmp_path, dit, every=3, max_steps=7, metadata=metadata)
+    fit = run(export, 6, 7)
+    assert exports(tmp_path) == ["step-3.safetensors", "step-6.safetensors"]
+    fit.step()
+    assert exports(tmp_path) == ["step-3.safetensors", "step-6.safetensors"]
+    fit.fit_end()  # step 7: the end of training
+    assert exports(tmp_path) == ["step-3.safetensors", "step-6.safetensors", "step-7.safetensors"]
+    summary = check_gc_ckpt(tmp_path / "step-7.safetensors", vocab="parts")
+    assert summary["metadata"] == metadata(7) and summary["metadata"]["step"] == "7"
+    assert check_gc_ckpt(tmp_path / "step-3.safetensors")["metadata"]["step"] == "3"
+    saved = load_file(str(tmp_path / "step-7.safetensors"))
+    expected = dit.state_dict()
+    assert set(saved) == set(expected)
+    for k, v in expected.items():
+        assert saved[k].dtype == torch.bfloat16
+        torch.testing.assert_close(saved[k], v.to(torch.bfloat16), rtol=0, atol=0)
+
+
+def test_the_end_does_not_export_the_just_exported_step_again(tmp_path, dit):
+    export = Export(tmp_path, dit, every=3, max_steps=6, metadata=metadata)
+    fit = run(export, 6, 6)
+    with records(LOGGER) as got:
+        fit.fit_end()
+    assert got == [] and exports(tmp_path) == ["step-3.safetensors", "step-6.safetensors"]
+
+
+def test_export_every_0_exports_only_at_the_end(tmp_path, dit):
+    export = Export(tmp_path, dit, every=0, max_steps=4, metadata=metadata)
+    fit = run(export, 4, 4)
+    assert exports(tmp_path) == []
+    fit.fit_end()
+    assert exports(tmp_path) == ["step-4.safetensors"]
+
+
+def test_no_end_export_after_a_preemption_or_before_max_steps(tmp_path, dit):
+    preempted = tmp_path / "preempted"
+    preempted.mkdir()
+    fit = run(Export(preempted, dit, every=3, max_steps=4, metadata=metadata, is_preempted=lambda: True), 4, 4)
+    fit.fit_end()  # stopped at max_steps by a preemption: its relaunch exports when the run really ends
+    assert exports(preempted) == ["step-3.safetensors"]
+    early = tmp_path / "early"
+    early.mkdir()
+    fit = run(Export(early, dit, every=3, max_steps=10, metadata=metadata), 5, 10)
+    fit.fit_end()  # the fit ended at step 5 of 10
+    assert exports(early) == ["step-3.safetensors"]
+
+
+def test_exports_are_uploaded_beside_the_checkpoints_while_the_launch_owns_the_prefix(s3_bucket, tmp_path, dit):
+    store = CheckpointStore(f"{s3_bucket}/run")
+    launch = store.claim()
+    export = Export(tmp_path, dit, every=2, max_steps=10, metadata=metadata, store=store, launch=launch)
+    fit = run(export, 2, 10)
+    remote = f"{store.url}/step-2.safetensors"
+    assert storage.exists(remote)
+    fetched = tmp_path / "fetched.safetensors"
+    storage.download_file(remote, str(fetched))
+    assert fetched.read_bytes() == (tmp_path / "step-2.safetensors").read_bytes()
+    CheckpointStore(f"{s3_bucket}/run").claim()  # another launch takes the prefix over
+    fit.step()
+    with pytest.raises(TakenOver, match="another launch claimed this checkpoint prefix"):
+        fit.step()
+    assert (tmp_path / "step-4.safetensors").is_file()  # written locally, then the launch stops
+    assert not storage.exists(f"{store.url}/step-4.safetensors")

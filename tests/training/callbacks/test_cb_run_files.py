@@ -1,0 +1,108 @@
+"""RunFiles (gcc/training/callbacks/run_files.py): `<run_dir>/config.json` at the start of each launch (the resolved
+config and the step the launch starts at) and `<run_dir>/done.json` at its end (the step reached, this launch's step
+count, mean step and data-wait times, and the loader's position for a resume)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from statistics import mean
+
+import pytest
+from _cbfit import Fit
+from composer.core import Timestamp
+from torch.utils.data import Dataset
+
+from gcc.training.builders import resolved_config
+from gcc.training.callbacks import GradClip, RunFiles, StepSync, TrainStats
+from gcc.training.config import load_config
+
+CLIPS = [f"c{i}" for i in range(40)]
+MANIFEST = {  # the parts of a convert_data manifest.json that the resolved config reads
+    "splits": {"train": {"clip_ids": CLIPS}, "val": {"clip_ids": ["v0", "v1"]}},
+    "geometry": {"frames": 5, "height": 32, "width": 32},
+    "counts": {"train": len(CLIPS), "val": 2},
+}
+
+
+class Positioned(Dataset):
+    """A train dataset that can say where it is, as Streaming's does (`state_dict(num_samples, from_beginning)`)."""
+
+    def __len__(self):
+        return len(CLIPS)
+
+    def __getitem__(self, i):
+        return i
+
+    def state_dict(self, num_samples: int, from_beginning: bool) -> dict:
+        return {"epoch": 0, "sample_in_epoch": num_samples, "from_beginning": from_beginning}
+
+
+@pytest.fixture
+def cfg(tmp_path, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)  # one process
+    cfg = load_config("yamls/tiny_cpu.yaml", [f"run_dir={tmp_path / 'run'}", f"data.path={tmp_path / 'shards'}"])
+    (tmp_path / "run").mkdir()
+    return cfg
+
+
+def launch(cfg, start_step: int, dataset=None):
+    sync = StepSync(cfg.micro_batch)
+    stats = TrainStats(GradClip(cfg.optim.grad_clip), sync, CLIPS)
+    config = resolved_config(cfg, MANIFEST, cfg.micro_batch)
+    files = RunFiles(cfg.run_dir, config, stats)
+    fit = Fit([sync, stats, files], max_steps=cfg.max_steps, dataset=dataset)
+    if start_step:  # autoresume put the timestamp at the checkpoint's step
+        fit.state.timestamp = Timestamp(
+            batch=start_step, sample=2 * start_step, batch_in_epoch=start_step, sample_in_epoch=2 * start_step
+        )
+    return fit, stats, config
+
+
+def read(cfg, name: str) -> dict:
+    with open(f"{cfg.run_dir}/{name}") as f:
+        return json.load(f)
+
+
+def test_config_json_at_the_start_names_the_config_and_the_start_step(cfg):
+    fit, _, config = launch(cfg, start_step=4)
+    fit.fit_start()
+    written = read(cfg, "config.json")
+    assert written == {**json.loads(json.dumps(config, default=str)), "start_step": 4}
+    assert written["config"]["run_dir"] == cfg.run_dir and written["config"]["max_steps"] == 300
+    assert written["steps_per_epoch"] == len(CLIPS) // cfg.micro_batch and written["data_counts"]["train"] == 40
+    fit2, _, _ = launch(cfg, start_step=0)  # the next launch's file replaces it
+    fit2.fit_start()
+    assert read(cfg, "config.json")["start_step"] == 0
+
+
+def test_done_json_at_the_end_has_this_launchs_steps_and_the_loader_position(cfg):
+    fit, stats, _ = launch(cfg, start_step=4, dataset=Positioned())
+    fit.fit_start()
+    for wait in (0.02, 0.0, 0.04):
+        fit.step(data_wait=wait)
+    assert int(fit.state.timestamp.batch) == 7
+    fit.fit_end()
+    done = read(cfg, "done.json")
+    assert done == {
+        "step": 7,
+        "steps_this_launch": 3,
+        "s_per_step_mean": pytest.approx(mean(stats.step_times)),
+        "data_s_per_step_mean": pytest.approx(mean(stats.data_times)),
+        "data_position": {"epoch": 0, "sample_in_epoch": 14, "from_beginning": True},  # 8 resumed + 3 steps of 2
+    }
+    assert done["data_s_per_step_mean"] >= 0.02
+    assert sorted(p.name for p in Path(cfg.run_dir).iterdir()) == ["config.json", "done.json"]  # no temporaries
+
+
+def test_done_json_without_steps_or_a_resumable_loader(cfg):
+    fit, _, _ = launch(cfg, start_step=9)
+    fit.fit_start()
+    fit.fit_end()  # a launch that had nothing left to train
+    assert read(cfg, "done.json") == {
+        "step": 9,
+        "steps_this_launch": 0,
+        "s_per_step_mean": None,
+        "data_s_per_step_mean": None,
+        "data_position": None,
+    }

@@ -1,0 +1,165 @@
+"""StepDeadline (gcc/training/callbacks/step_deadline.py): the deadline for the next step on the rank's StallWatchdog
+("step"): `stall_timeout_s` until WARMUP step times are known, then max(stall_floor_s, FACTOR × the median of the last
+WINDOW step times), capped by stall_timeout_s; validation and the end of the launch get stall_timeout_s again, a
+validation's time is no step's, 0 turns it off, CLOSE clears it."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+from _cbfit import Fit
+from composer.callbacks import CheckpointSaver
+from composer.core import Callback, Event
+
+from gcc.training.callbacks import StepDeadline
+from gcc.training.callbacks.step_deadline import FACTOR, WARMUP, WINDOW
+from gcc.training.config import TrainConfig
+from gcc.training.run_folder import ckpt_dir
+from gcc.training.watchdog import StallWatchdog
+
+
+@pytest.fixture
+def watchdog(tmp_path):
+    """A real watchdog whose thread never wakes to check its deadlines (poll_s of an hour, no signal handler): the
+    tests read what is armed, and a short deadline cannot end the test process."""
+    w = StallWatchdog(tmp_path, 0, poll_s=3600)
+    yield w
+    assert w.stop(10)
+
+
+def armed(w: StallWatchdog) -> tuple[float, str] | None:
+    """The "step" deadline: (seconds from now, reason), or None."""
+    if "step" not in w._due:
+        return None
+    due, reason = w._due["step"]
+    return due - time.monotonic(), reason
+
+
+def test_the_launch_starts_with_stall_timeout_s_and_keeps_it_through_the_warm_up(watchdog):
+    cfg = TrainConfig()
+    cb = StepDeadline(watchdog, cfg.stall_timeout_s, cfg.stall_floor_s)  # 1800 s, 300 s
+    fit = Fit([cb], max_steps=100)
+    assert armed(watchdog) is None
+    fit.fit_start()
+    left, reason = armed(watchdog)
+    assert cfg.stall_timeout_s - 5 < left <= cfg.stall_timeout_s
+    assert reason == "no step completed within 1800 s (stall_timeout_s=1800, stall_floor_s=300)"
+    fit.step()
+    assert cb.times == []  # the first step's time (model build, compilation) is not timed
+    for _ in range(WARMUP - 1):
+        fit.step()
+    assert len(cb.times) == WARMUP - 1 and cb.deadline() == cfg.stall_timeout_s
+    assert armed(watchdog)[0] > cfg.stall_timeout_s - 5
+    fit.step()  # WARMUP step times: quick steps, so the floor
+    assert len(cb.times) == WARMUP
+    assert cb.deadline() == cfg.stall_floor_s
+    left, reason = armed(watchdog)
+    assert cfg.stall_floor_s - 5 < left <= cfg.stall_floor_s
+    assert reason.startswith("no step completed within 300 s")
+
+
+def test_after_the_warm_up_the_deadline_is_factor_times_the_median_step(watchdog):
+    cb = StepDeadline(watchdog, timeout_s=600, floor_s=0.01)
+    fit = Fit([cb], max_steps=100)
+    fit.fit_start()
+    for _ in range(WARMUP + 1):
+        fit.step(data_wait=0.03)
+    assert min(cb.times) >= 0.03
+    expected = FACTOR * statistics.median(cb.times)
+    assert cb.deadline() == pytest.approx(expected)
+    assert expected - 1 < armed(watchdog)[0] <= expected
+
+
+def test_the_deadline_is_capped_by_stall_timeout_s(watchdog):
+    cb = StepDeadline(watchdog, timeout_s=0.5, floor_s=0.01)
+    fit = Fit([cb], max_steps=100)
+    fit.fit_start()
+    for _ in range(WARMUP + 1):
+        fit.step(data_wait=0.03)  # FACTOR x median >= 0.6 s
+    assert cb.deadline() == 0.5
+
+
+def test_the_median_is_of_the_last_window_steps_only(watchdog):
+    cb = StepDeadline(watchdog, timeout_s=600, floor_s=0.0)
+    fit = Fit([cb], max_steps=200)
+    fit.fit_start()
+    for _ in range(WARMUP + 1):
+        fit.step(data_wait=0.05)  # slow steps first ...
+    slow = cb.deadline()
+    for _ in range(WINDOW):
+        fit.step()  # ... then WINDOW quick ones: the slow ones no longer count
+    assert slow >= FACTOR * 0.05
+    assert cb.deadline() == pytest.approx(FACTOR * statistics.median(cb.times[-WINDOW:]))
+    assert cb.deadline() < FACTOR * 0.05
+
+
+def test_validation_gets_stall_timeout_s_and_its_time_is_no_steps(watchdog):
+    cb = StepDeadline(watchdog, timeout_s=900, floor_s=60)
+    fit = Fit([cb], max_steps=100)
+    fit.fit_start()
+    for _ in range(WARMUP + 1):
+        fit.step()
+    assert armed(watchdog)[0] <= 60
+    fit.event(Event.EVAL_START)
+    assert armed(watchdog)[0] > 900 - 5
+    time.sleep(0.3)  # the validation
+    fit.event(Event.EVAL_END)
+    assert armed(watchdog)[0] <= 60  # back to the step deadline
+    fit.step()
+    assert cb.times[-1] < 0.3
+
+
+def test_the_end_of_the_launch_gets_stall_timeout_s_and_close_clears_it(watchdog):
+    cb = StepDeadline(watchdog, timeout_s=900, floor_s=60)
+    fit = Fit([cb], max_steps=100)
+    fit.fit_start()
+    for _ in range(WARMUP + 1):
+        fit.step()
+    fit.fit_end()
+    assert armed(watchdog)[0] > 900 - 5
+    cb.close(fit.state, fit.logger)  # Composer's Engine.close(): Trainer.close() or the fit's teardown
+    assert armed(watchdog) is None
+
+
+def test_stall_timeout_s_0_arms_nothing(watchdog):
+    cb = StepDeadline(watchdog, timeout_s=0, floor_s=300)
+    fit = Fit([cb], max_steps=100)
+    fit.fit_start()
+    for _ in range(WARMUP + 2):
+        fit.step()
+    fit.event(Event.EVAL_START)
+    fit.event(Event.EVAL_END)
+    fit.fit_end()
+    assert watchdog._due == {}
+
+
+class ArmedAtSave(Callback):
+    """Before Composer's CheckpointSaver at BATCH_CHECKPOINT: the step deadline a save then runs under."""
+
+    def __init__(self, watchdog):
+        self.watchdog, self.seen = watchdog, {}
+
+    def batch_checkpoint(self, state, logger):
+        self.seen[int(state.timestamp.batch)] = armed(self.watchdog)[0]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="StepDeadline.fit_end says 'the final checkpoint / export still have a (generous) deadline', but "
+    "Composer 0.32.1 writes the end-of-training checkpoint at the last step's BATCH_CHECKPOINT, before FIT_END: "
+    "that save runs under the step deadline (max(stall_floor_s, 20 x median step)), not stall_timeout_s",
+)
+def test_the_final_checkpoint_is_written_under_stall_timeout_s(watchdog, tmp_path):
+    steps = WARMUP + 2
+    cb = StepDeadline(watchdog, timeout_s=900, floor_s=60)
+    probe = ArmedAtSave(watchdog)
+    saver = CheckpointSaver(folder=str(ckpt_dir(tmp_path)), save_interval="1000ba", num_checkpoints_to_keep=-1)
+    fit = Fit([cb, probe, saver], max_steps=steps)
+    fit.fit_start()
+    for _ in range(steps):
+        fit.step()
+    assert int(saver.last_checkpoint_batch) == steps  # Composer's end-of-training save, at the last BATCH_CHECKPOINT
+    fit.fit_end()
+    assert probe.seen[steps] > 900 - 5

@@ -1,0 +1,132 @@
+"""TrainStats (gcc/training/callbacks/train_stats.py): one `train_log` row and the `train/*` scalars per optimizer
+step. The objective's stats are means over the whole batch (each micro-batch's mean weighted by its clip count), the
+dropouts the means of the per-clip values, `clips` the step's clips named from the sample ids by the manifest's train
+clip_ids, lr/cond_lr the rates the optimizer applies at this step, grad_norm GradClip's; a manifest that disagrees
+with the shards is DamagedData."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+from _cbfit import COND_LR, LR, Fit, micro
+
+from gcc.errors import DamagedData
+from gcc.training.callbacks import TRAIN_COLUMNS, GradClip, StepSync, TrainStats
+
+GRADS = [torch.ones(2, 3), torch.full((2,), 2.0)]  # global norm sqrt(14)
+
+
+def wired(clip_ids: list[str], per_rank_batch: int = 4):
+    """sync, grad clip and stats in build_callbacks' order."""
+    sync = StepSync(per_rank_batch)
+    grad_clip = GradClip(1.0)
+    stats = TrainStats(grad_clip, sync, clip_ids)
+    fit = Fit([sync, grad_clip, stats])
+    fit.fit_start()
+    return fit, stats
+
+
+def two_micro_batches():
+    return [
+        micro(
+            ["a", "b"],
+            [0, 1],
+            mse=1.0,
+            timestep=100.0,
+            sem_rms=0.1,
+            x_rms=0.5,
+            drop_text=[1, 0],
+            drop_cond=[0, 0],
+            mask_frac=[0.2, 0.4],
+            epoch=[1, 1],
+        ),
+        micro(
+            ["c"],
+            [2],
+            mse=4.0,
+            timestep=700.0,
+            sem_rms=0.4,
+            x_rms=1.0,
+            drop_text=[1],
+            drop_cond=[1],
+            mask_frac=[0.9],
+            epoch=[0],
+        ),
+    ]
+
+
+def test_a_row_per_step_with_whole_batch_means_weighted_by_clip_count():
+    fit, stats = wired(["a", "b", "c", "d"])
+    fit.step(two_micro_batches(), grads=GRADS, total_loss=0.75)
+    row = stats.last_row
+    [logged] = fit.table("train_log")  # what the loggers got (the in-memory one keeps 10 digits)
+    assert list(logged) == TRAIN_COLUMNS
+    assert logged == {k: v if isinstance(v, str) else pytest.approx(v, rel=1e-6) for k, v in row.items()}
+    assert row["step"] == 1
+    assert row["loss"] == pytest.approx(0.75)  # Composer's loss/train/total
+    assert row["mse"] == pytest.approx((1.0 * 2 + 4.0 * 1) / 3)  # not the plain mean of the two (2.5)
+    assert row["timestep"] == pytest.approx((100.0 * 2 + 700.0) / 3)
+    assert row["sem_rms"] == pytest.approx((0.1 * 2 + 0.4) / 3)
+    assert row["x_rms"] == pytest.approx((0.5 * 2 + 1.0) / 3)
+    assert row["text_drop"] == pytest.approx(2 / 3)
+    assert row["cond_drop"] == pytest.approx(1 / 3)
+    assert row["mask_frac"] == pytest.approx((0.2 + 0.4 + 0.9) / 3)
+    assert row["lr"] == LR and row["cond_lr"] == COND_LR
+    assert row["grad_norm"] == pytest.approx(math.sqrt(14.0))
+    assert row["epoch"] == 0  # the step's oldest epoch
+    assert row["clips"] == "a;b;c"
+    assert row["mem_gb"] > 0
+    assert abs(row["time"] - time.time()) < 60
+    # the same numbers as train/* scalars, with the ratio sem_rms / x_rms; no step, time or clips
+    m = fit.memory.most_recent_values
+    assert m["train/mse"] == pytest.approx(2.0) and m["train/grad_norm"] == pytest.approx(math.sqrt(14.0))
+    assert m["train/sem_over_x"] == pytest.approx(row["sem_rms"] / row["x_rms"])
+    assert {k for k in m if k.startswith("train/")} == {
+        f"train/{c}" for c in TRAIN_COLUMNS if c not in ("step", "time", "clips")
+    } | {"train/sem_over_x"}
+    assert fit.memory.most_recent_timestamps["train/mse"].batch == 1
+
+
+def test_each_step_describes_its_own_micro_batches_only():
+    fit, _ = wired(["a", "b", "c", "d"])
+    fit.step(two_micro_batches())
+    fit.step([micro(["d", "a"], [3, 0], mse=3.0, drop_text=[0, 0], epoch=2)])
+    [row] = fit.table("train_log")  # the logger holds the latest table: step 2's row
+    assert row["step"] == 2
+    assert row["mse"] == pytest.approx(3.0)
+    assert row["text_drop"] == 0.0
+    assert row["epoch"] == 2
+    assert row["clips"] == "d;a"
+
+
+def test_lr_is_the_rate_of_this_step_not_the_one_the_scheduler_moves_to_after_it():
+    fit, _ = wired(["a", "b", "c", "d"])
+    fit.state.schedulers = [torch.optim.lr_scheduler.LambdaLR(fit.optimizer, lambda step: 0.5**step)]
+    fit.step(two_micro_batches())
+    row = fit.table("train_log")[0]
+    assert (row["lr"], row["cond_lr"]) == (LR, COND_LR)
+    fit.step(two_micro_batches())
+    row = fit.table("train_log")[0]
+    assert row["lr"] == pytest.approx(LR / 2) and row["cond_lr"] == pytest.approx(COND_LR / 2)
+
+
+def test_step_time_counts_the_data_wait_and_data_time_is_that_wait():
+    fit, stats = wired(["a", "b", "c", "d"])
+    fit.step(two_micro_batches(), data_wait=0.2)
+    fit.step(two_micro_batches(), data_wait=0.0)
+    assert len(stats.step_times) == len(stats.data_times) == 2
+    assert stats.data_times[0] >= 0.2 and stats.step_times[0] >= stats.data_times[0]
+    assert stats.data_times[1] < 0.2
+    row = stats.last_row
+    assert row["data_time"] == stats.data_times[1] and row["step_time"] == stats.step_times[1]
+    assert fit.table("train_log")[0]["data_time"] == pytest.approx(stats.data_times[1], rel=1e-6)
+
+
+def test_a_manifest_that_names_other_clips_than_the_shards_is_damaged_data():
+    fit, _ = wired(["a", "b", "x", "d"])  # sample id 2 is "x" by the manifest, but the shard's clip is "c"
+    with pytest.raises(DamagedData, match=r"sample ids name \['a', 'b', 'x'\].*shards hold \['a', 'b', 'c'\]"):
+        fit.step(two_micro_batches())
+    assert "train_log" not in fit.memory.tables

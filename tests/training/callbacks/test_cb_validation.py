@@ -1,0 +1,158 @@
+"""ValidationLog and ValidateAtStart (gcc/training/callbacks/validation.py). ValidationLog: after each validation, one
+`val_log` row per timestep from the objective's `val_mse` metric (mse, the two variants, their gaps to mse, the clip
+count) at the step validated, and `val/<k>_t<t>` and `val/<k>_mean` scalars. ValidateAtStart: the step-0 validation
+at the first EPOCH_START of a launch starting at step 0 (never later), then every rank stops before step 1 if a
+preemption signal came (`PreemptedBeforeFirstStep`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+from _cbfit import Fit
+from composer.core import Event, Timestamp
+
+from gcc.model.objective import GcValMSE
+from gcc.training.callbacks import (
+    VAL_COLUMNS,
+    PreemptedBeforeFirstStep,
+    Preemption,
+    StepSync,
+    ValidateAtStart,
+    ValidationLog,
+)
+from gcc.training.config import TrainConfig
+from gcc.training.watchdog import StallWatchdog
+from gcc.workers import PREEMPTION_SIGNALS
+
+
+def validated_metric() -> GcValMSE:
+    """Two timesteps, two val batches (2 clips, then 1): per (timestep, clip) mse of the cond, uncond and
+    null-text variants, as GcTrainModel.update_metric feeds them."""
+    m = GcValMSE([200, 500])
+    t = torch.tensor
+    m.update(t([[1.0, 3.0], [2.0, 2.0]]), t([[2.0, 4.0], [4.0, 4.0]]), t([[1.0, 1.0], [3.0, 3.0]]))
+    m.update(t([[5.0], [8.0]]), t([[6.0], [10.0]]), t([[1.0], [9.0]]))
+    return m
+
+
+EXPECTED = [
+    {"step": 6, "timestep": 200.0, "mse": 3.0, "mse_uncond": 4.0, "mse_nulltext": 1.0, "gap_uncond": 1.0,
+     "gap_nulltext": -2.0, "n": 3},
+    {"step": 6, "timestep": 500.0, "mse": 4.0, "mse_uncond": 6.0, "mse_nulltext": 5.0, "gap_uncond": 2.0,
+     "gap_nulltext": 1.0, "n": 3},
+]  # fmt: skip
+
+
+def at_step(fit: Fit, batch: int) -> None:
+    fit.state.timestamp = Timestamp(batch=batch, sample=2 * batch, batch_in_epoch=batch, sample_in_epoch=2 * batch)
+
+
+def test_a_row_per_timestep_and_scalars_at_the_step_validated():
+    val = ValidationLog("val")
+    fit = Fit([val])
+    fit.fit_start()
+    at_step(fit, 6)
+    fit.state.eval_metrics = {"val": {"val_mse": validated_metric()}}
+    fit.event(Event.EVAL_END)
+    assert val.last == EXPECTED
+    assert fit.table("val_log") == EXPECTED
+    assert list(fit.table("val_log")[0]) == VAL_COLUMNS
+    m = fit.memory.most_recent_values
+    assert m["val/mse_t200.0"] == 3.0 and m["val/gap_nulltext_t200.0"] == -2.0
+    assert m["val/mse_uncond_t500.0"] == 6.0 and m["val/gap_uncond_t500.0"] == 2.0
+    means = {k: m[f"val/{k}_mean"] for k in ("mse", "mse_uncond", "mse_nulltext", "gap_uncond", "gap_nulltext")}
+    assert means == {"mse": 3.5, "mse_uncond": 5.0, "mse_nulltext": 3.0, "gap_uncond": 1.5, "gap_nulltext": -0.5}
+    assert len([k for k in m if k.startswith("val/")]) == 5 * 2 + 5
+    assert fit.memory.most_recent_timestamps["val/mse_mean"].batch == 6
+
+
+def test_another_evaluators_end_logs_nothing():
+    val = ValidationLog("val")
+    fit = Fit([val])
+    fit.fit_start()
+    fit.state.eval_metrics = {"other": {"val_mse": validated_metric()}}
+    fit.event(Event.EVAL_END)
+    assert val.last == [] and fit.memory.tables == {} and fit.memory.most_recent_values == {}
+
+
+@pytest.fixture
+def preemption(tmp_path):
+    """A real Preemption on a watchdog whose thread checks deadlines only when a signal wakes it; the process's
+    signal handlers are restored after the test."""
+    handlers = {s: signal.getsignal(s) for s in PREEMPTION_SIGNALS}
+    watchdog = StallWatchdog(tmp_path, 0, poll_s=3600)
+    yield Preemption(watchdog, TrainConfig().preemption_grace_s, StepSync(2))
+    assert watchdog.stop(10)
+    for s, h in handlers.items():
+        signal.signal(s, h)
+
+
+def wired(preemption, inject_sigterm=False, during=None):
+    """preemption, validation log and ValidateAtStart in build_callbacks' order; `evaluate` stands for the Trainer's
+    eval(): the validation's EVAL_START/EVAL_END with the metric filled, `during` run while it validates."""
+    val = ValidationLog("val")
+    at_start = ValidateAtStart(preemption, inject_sigterm)
+    fit = Fit([preemption.sync, preemption, val, at_start])
+    calls = []
+
+    def evaluate():
+        calls.append(int(fit.state.timestamp.batch))
+        fit.event(Event.EVAL_START)
+        if during is not None:
+            during()
+        fit.state.eval_metrics = {"val": {"val_mse": validated_metric()}}
+        fit.event(Event.EVAL_END)
+
+    at_start.evaluate = evaluate
+    fit.fit_start()
+    return fit, val, calls
+
+
+def test_the_step_0_validation_runs_at_the_first_epoch_start_only(preemption):
+    fit, _, calls = wired(preemption)
+    try:
+        fit.event(Event.EPOCH_START)
+        assert calls == [0]
+        assert [r["step"] for r in fit.table("val_log")] == [0, 0]  # the baseline rows of the starting weights
+        fit.step()
+        at_step(fit, 5)
+        fit.event(Event.EPOCH_START)  # a later epoch: no validation
+        assert calls == [0]
+        assert preemption.preempted_at is None
+    finally:
+        fit.fit_end()
+
+
+def test_no_evaluate_no_validation(preemption):
+    val = ValidationLog("val")
+    fit = Fit([preemption, val, ValidateAtStart(preemption)])
+    fit.fit_start()
+    try:
+        fit.event(Event.EPOCH_START)  # the Trainer was not built yet: nothing to run
+        assert val.last == []
+    finally:
+        fit.fit_end()
+
+
+def test_a_signal_during_the_step_0_validation_stops_before_step_1(preemption):
+    fit, val, calls = wired(preemption, during=lambda: os.kill(os.getpid(), signal.SIGTERM))
+    try:
+        with pytest.raises(PreemptedBeforeFirstStep, match="stopped before step 1"):
+            fit.event(Event.EPOCH_START)
+        assert calls == [0] and [r["step"] for r in val.last] == [0, 0]  # the validation finished first
+        assert preemption.preempted_at == 0
+    finally:
+        fit.fit_end()
+
+
+def test_injected_sigterm_at_the_step_0_validation(preemption):
+    fit, _, calls = wired(preemption, inject_sigterm=True)  # the last rank (here: the only one) sends it
+    try:
+        with pytest.raises(PreemptedBeforeFirstStep):
+            fit.event(Event.EPOCH_START)
+        assert calls == [0] and preemption.requested
+    finally:
+        fit.fit_end()
