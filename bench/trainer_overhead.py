@@ -196,7 +196,7 @@ def profiled_train(out: str, read_fd: int, write_fd: int, turn: int, argv: list[
         @functools.wraps(build_callbacks)
         def wrapper(cfg, *a, **k):
             built = build_callbacks(cfg, *a, **k)
-            built["callbacks"].append(Pacer(cfg.max_steps))
+            built.callbacks.append(Pacer(cfg.max_steps))
             return built
 
         return wrapper
