@@ -9,7 +9,6 @@ import os
 import re
 import signal
 
-import pytest
 import torch
 from _cbfit import Fit, micro, records
 from composer.core import Event
@@ -18,25 +17,12 @@ from gcc.model.objective import GcValMSE
 from gcc.training.callbacks import ConsoleLog, GradClip, Preemption, StepSync, TrainStats, ValidationLog
 from gcc.training.callbacks.console_log import console_lines_wanted, duration
 from gcc.training.config import TrainConfig
-from gcc.training.watchdog import StallWatchdog
-from gcc.workers import PREEMPTION_SIGNALS
 
 GRADS = [torch.ones(2, 3), torch.full((2,), 2.0)]  # global norm sqrt(14) = 3.742
 LINE = re.compile(
     r"step (\d+)/(\d+)  loss ([\d.]+)  lr ([\d.e+-]+)  grad_norm ([\d.]+)  ([\d.]+) s/step  data ([\d.]+) s/step  "
     r"sem_rms ([\d.]+)  elapsed (\S+)  eta (\S+)"
 )
-
-
-@pytest.fixture
-def watchdog(tmp_path):
-    """A real watchdog that checks its deadlines only when a signal wakes it; signal handlers restored after."""
-    handlers = {s: signal.getsignal(s) for s in PREEMPTION_SIGNALS}
-    w = StallWatchdog(tmp_path, 0, poll_s=3600)
-    yield w
-    assert w.stop(10)
-    for s, h in handlers.items():
-        signal.signal(s, h)
 
 
 def wired(watchdog, every: int, max_steps: int, console: bool = True):
