@@ -12,10 +12,12 @@ from safetensors.torch import load_file
 
 from gcc import storage
 from gcc.model.dit import build_gc_dit
-from gcc.model.export import check_gc_ckpt, gc_metadata
+from gcc.model.export import check_gc_ckpt
+from gcc.training.builders import export_metadata
 from gcc.training.callbacks import Export
 from gcc.training.checkpoint_store import CheckpointStore, TakenOver
 from gcc.training.config import TrainConfig
+from gcc.training.launch import RunStart
 
 LOGGER = "gcc.training.callbacks.export"
 
@@ -27,25 +29,18 @@ def dit():
 
 
 def metadata(step: int) -> dict[str, str]:
+    """The trainer's own export metadata (builders.export_metadata) for a fresh start on data named "unit"."""
     cfg = TrainConfig()
-    d, o = cfg.data, cfg.optim
-    return gc_metadata(
-        vocab=cfg.model.vocab,
-        data="unit",
-        data_root="/data/unit",
-        step=step,
-        text_dropout=d.text_dropout,
-        cond_dropout=d.cond_dropout,
-        mask_p=d.mask_p,
-        lr=o.lr,
-        cond_lr=o.cond_lr,
-        weight_decay=o.weight_decay,
-        warmup_steps=o.warmup_steps,
-        first_frame_cond=cfg.model.first_frame_cond,
-        seed=cfg.seed,
-        init_ckpt="",
-        model_dir="",
+    cfg.data.path = "/data/unit"
+    start = RunStart(
+        manifest={"name": "unit"},
+        lineage={"init_ckpt": ""},
+        launch="",
+        committed_files=None,
+        resumed_from="",
+        resumed_step=None,
     )
+    return export_metadata(cfg, start, step)
 
 
 def exports(run_dir) -> list[str]:
