@@ -186,7 +186,7 @@ def profiled_train(out: str, read_fd: int, write_fd: int, turn: int, argv: list[
     def marking(run_event):
         @functools.wraps(run_event)
         def wrapper(engine, event):
-            if event == Event.BATCH_END:
+            if event == Event.BATCH_END and not stack:  # the outer dispatch (LeanEngine may defer to Engine's)
                 marks["warm" if int(engine.state.timestamp.batch) == WARM else "last"] = dict(totals)
             return run_event(engine, event)
 
@@ -203,7 +203,8 @@ def profiled_train(out: str, read_fd: int, write_fd: int, turn: int, argv: list[
 
     builders.build_callbacks = with_pacer(builders.build_callbacks)
     Callback.run_event = timed(Callback.run_event, callback_label)
-    Engine.run_event = timed(Engine.run_event, "Composer event dispatch")  # INIT, or when LeanEngine defers
+    # Engine's: INIT, when LeanEngine defers, or every event with lean_engine=false
+    Engine.run_event = marking(timed(Engine.run_event, "Composer event dispatch"))
     LeanEngine.run_event = marking(timed(LeanEngine.run_event, "Composer event dispatch"))
     Logger.log_table = timed(Logger.log_table, "log_table (CSV + TensorBoard)")
     Logger.log_metrics = timed(Logger.log_metrics, "log_metrics (TensorBoard)")
