@@ -53,6 +53,7 @@ from gcc.training.callbacks import (
     ValidationLog,
 )
 from gcc.training.callbacks.console_log import console_lines_wanted
+from gcc.training.callbacks.step_deadline import writes_at
 from gcc.training.checkpoint_store import store_for
 from gcc.training.config import TrainConfig
 from gcc.training.launch import RunStart, data_name, train_clips
@@ -343,7 +344,12 @@ def build_callbacks(cfg: TrainConfig, start: RunStart, model, per_rank_batch: in
         grad_clip,
         stats,
         preemption,
-        StepDeadline(watchdog, cfg.stall_timeout_s, cfg.stall_floor_s),
+        StepDeadline(
+            watchdog,
+            cfg.stall_timeout_s,
+            cfg.stall_floor_s,
+            writes_at(cfg.max_steps, cfg.checkpoint_every, cfg.export_every),
+        ),
         val,
         export,
         RunFiles(run_dir, resolved_config(cfg, start.manifest, per_rank_batch), stats),

@@ -4,14 +4,18 @@ worker, a stuck storage read): the StallWatchdog's thread writes every thread's 
 only collectives; this covers the rest.
 
 The deadline is `stall_timeout_s` (generous: model build, the first steps, compilation) until `WARMUP` steps
-have been timed, then `max(stall_floor_s, FACTOR × median step time)`, capped by `stall_timeout_s`. Validation
-and the end of a launch get `stall_timeout_s` again. 0 turns it off.
+have been timed, then `max(stall_floor_s, FACTOR × median step time)`, capped by `stall_timeout_s`. Validation,
+a step after which the run writes (a checkpoint, an export: `writes(step)`) and the end of a launch get
+`stall_timeout_s` again: Composer saves at the step's BATCH_CHECKPOINT (the end-of-training save too, before
+FIT_END), so a save runs under whatever BATCH_END armed. The step after a write is not timed (its interval holds
+the write). 0 turns it off.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 
 from composer.core import Callback, State
 from composer.loggers import Logger
@@ -21,9 +25,20 @@ from gcc.training.watchdog import StallWatchdog
 WARMUP, FACTOR, WINDOW = 10, 20.0, 50
 
 
+def writes_at(max_steps: int, *every: int) -> Callable[[int], bool]:
+    """The steps after which the run writes: every `every[i]` steps (0: never) and the last step."""
+    return lambda step: step == max_steps or any(e > 0 and step % e == 0 for e in every)
+
+
 class StepDeadline(Callback):
-    def __init__(self, watchdog: StallWatchdog, timeout_s: float, floor_s: float):
-        self.watchdog, self.timeout_s, self.floor_s = watchdog, timeout_s, floor_s
+    def __init__(
+        self,
+        watchdog: StallWatchdog,
+        timeout_s: float,
+        floor_s: float,
+        writes: Callable[[int], bool] = lambda step: False,
+    ):
+        self.watchdog, self.timeout_s, self.floor_s, self.writes = watchdog, timeout_s, floor_s, writes
         self.times: list[float] = []
         self._last: float | None = None
 
@@ -44,22 +59,30 @@ class StepDeadline(Callback):
     def fit_start(self, state: State, logger: Logger) -> None:
         self._arm(self.timeout_s)
 
+    def _arm_after(self, state: State) -> None:
+        """The deadline after this step: `stall_timeout_s` when a checkpoint or an export follows it."""
+        if self.writes(int(state.timestamp.batch)):
+            self._arm(self.timeout_s)
+            self._last = None  # the next interval holds the write: not a step's time
+        else:
+            self._arm(self.deadline())
+
     def batch_end(self, state: State, logger: Logger) -> None:
         now = time.monotonic()
         if self._last is not None:
             self.times.append(now - self._last)
         self._last = now
-        self._arm(self.deadline())
+        self._arm_after(state)
 
     def eval_start(self, state: State, logger: Logger) -> None:
         self._arm(self.timeout_s)
 
     def eval_end(self, state: State, logger: Logger) -> None:
         self._last = time.monotonic()  # the validation's time is not a step's
-        self._arm(self.deadline())
+        self._arm_after(state)  # validation runs between BATCH_END and BATCH_CHECKPOINT
 
     def fit_end(self, state: State, logger: Logger) -> None:
-        self._arm(self.timeout_s)  # the final checkpoint / export still have a (generous) deadline
+        self._arm(self.timeout_s)  # the remote uploads' wait and closing the loggers
 
     def close(self, state: State, logger: Logger) -> None:
         self.watchdog.disarm("step")

@@ -1,7 +1,7 @@
 """StepDeadline (gcc/training/callbacks/step_deadline.py): the deadline for the next step on the rank's StallWatchdog
 ("step"): `stall_timeout_s` until WARMUP step times are known, then max(stall_floor_s, FACTOR × the median of the last
-WINDOW step times), capped by stall_timeout_s; validation and the end of the launch get stall_timeout_s again, a
-validation's time is no step's, 0 turns it off, CLOSE clears it."""
+WINDOW step times), capped by stall_timeout_s; validation, a step followed by a checkpoint or an export, and the end
+of the launch get stall_timeout_s again, a validation's time and a save's are no step's, 0 turns it off, CLOSE clears it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from composer.callbacks import CheckpointSaver
 from composer.core import Callback, Event
 
 from gcc.training.callbacks import StepDeadline
-from gcc.training.callbacks.step_deadline import FACTOR, WARMUP, WINDOW
+from gcc.training.callbacks.step_deadline import FACTOR, WARMUP, WINDOW, writes_at
 from gcc.training.config import TrainConfig
 from gcc.training.run_folder import ckpt_dir
 from gcc.training.watchdog import StallWatchdog
@@ -145,21 +145,45 @@ class ArmedAtSave(Callback):
         self.seen[int(state.timestamp.batch)] = armed(self.watchdog)[0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="StepDeadline.fit_end says 'the final checkpoint / export still have a (generous) deadline', but "
-    "Composer 0.32.1 writes the end-of-training checkpoint at the last step's BATCH_CHECKPOINT, before FIT_END: "
-    "that save runs under the step deadline (max(stall_floor_s, 20 x median step)), not stall_timeout_s",
-)
-def test_the_final_checkpoint_is_written_under_stall_timeout_s(watchdog, tmp_path):
-    steps = WARMUP + 2
-    cb = StepDeadline(watchdog, timeout_s=900, floor_s=60)
+def test_every_checkpoint_including_the_final_one_is_written_under_stall_timeout_s(watchdog, tmp_path):
+    """Composer saves at the step's BATCH_CHECKPOINT (the end-of-training save too, before FIT_END): each save runs
+    under what BATCH_END armed. The step after a save is not timed, and the other steps keep the step deadline."""
+    steps, every = WARMUP + 6, WARMUP + 2
+    cb = StepDeadline(watchdog, timeout_s=900, floor_s=60, writes=writes_at(steps, every, 0))
     probe = ArmedAtSave(watchdog)
-    saver = CheckpointSaver(folder=str(ckpt_dir(tmp_path)), save_interval="1000ba", num_checkpoints_to_keep=-1)
+    saver = CheckpointSaver(folder=str(ckpt_dir(tmp_path)), save_interval=f"{every}ba", num_checkpoints_to_keep=-1)
     fit = Fit([cb, probe, saver], max_steps=steps)
     fit.fit_start()
-    for _ in range(steps):
+    for _ in range(every):
+        fit.step()
+    assert int(saver.last_checkpoint_batch) == every
+    assert probe.seen[every] > 900 - 5  # the save at step `every`
+    assert probe.seen[every - 1] <= 60  # a step with no save: the step deadline
+    timed = len(cb.times)
+    fit.step()
+    assert len(cb.times) == timed  # its interval held the save
+    assert probe.seen[every + 1] <= 60
+    for _ in range(steps - every - 1):
         fit.step()
     assert int(saver.last_checkpoint_batch) == steps  # Composer's end-of-training save, at the last BATCH_CHECKPOINT
-    fit.fit_end()
     assert probe.seen[steps] > 900 - 5
+    fit.fit_end()
+    assert armed(watchdog)[0] > 900 - 5
+
+
+def test_a_validation_before_a_save_hands_the_save_stall_timeout_s(watchdog):
+    """Validation runs between BATCH_END and BATCH_CHECKPOINT: its end must not shorten the save's deadline."""
+    cb = StepDeadline(watchdog, timeout_s=900, floor_s=60, writes=writes_at(100, 0, WARMUP + 1))
+    fit = Fit([cb], max_steps=100)
+    fit.fit_start()
+    for _ in range(WARMUP + 1):
+        fit.step()
+    assert armed(watchdog)[0] > 900 - 5  # an export follows this step
+    fit.event(Event.EVAL_START)
+    fit.event(Event.EVAL_END)
+    assert armed(watchdog)[0] > 900 - 5
+
+
+def test_writes_at_names_every_interval_and_the_last_step():
+    writes = writes_at(25, 10, 0, 4)
+    assert [s for s in range(1, 26) if writes(s)] == [4, 8, 10, 12, 16, 20, 24, 25]
