@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gcc import exit_codes
+from gcc.errors import BadInput, DiskFull, StorageUnavailable
+from gcc.redact import redact_text
 
 EXIT_BAD_INPUT, EXIT_STORAGE, EXIT_DISK = exit_codes.CONFIG, exit_codes.STORAGE, exit_codes.DISK
 
@@ -34,8 +36,6 @@ _ERRNO_WORDS = {
 
 
 def fail(prog: str, message: str, code: int = EXIT_BAD_INPUT) -> int:
-    from gcc.redact import redact_text
-
     print(f"{prog}: error: {redact_text(message)}", file=sys.stderr, flush=True)  # a URL's credentials masked
     return code
 
@@ -85,10 +85,8 @@ def input_file_problem(path: str | os.PathLike) -> str | None:
 
 def run_tool(prog: str, body: Callable[[], int], bad: tuple[type[BaseException], ...] = ()) -> int:
     """`body()`'s exit code, or the message and exit code of an input error it raised (module docstring)."""
-    from gcc.errors import BadInput, DiskFull, StorageUnavailable
-
     try:
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError  # optional: only object-storage (s3://) errors
 
         store_errors: tuple[type[BaseException], ...] = (BotoCoreError, ClientError)
     except ImportError:

@@ -45,6 +45,7 @@ def _chain(e: BaseException):
 def is_unreachable(e: BaseException) -> bool:
     """The error of a store that does not answer (as opposed to one that answers 'no such key')."""
     try:
+        # optional: only object-storage (s3://) errors; botocore is loaded only when a store is used
         from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
         from s3transfer.exceptions import RetriesExceededError
     except ImportError:

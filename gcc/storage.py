@@ -104,6 +104,7 @@ def s3_attempts() -> int:
 
 
 def s3_config(read_timeout: float = 60, unsigned: bool = False):
+    # optional: boto3/botocore only for s3:// paths (local runs never load them)
     from botocore import UNSIGNED
     from botocore.config import Config
 
@@ -117,7 +118,7 @@ def s3_config(read_timeout: float = 60, unsigned: bool = False):
 
 
 def _s3():
-    import boto3
+    import boto3  # optional: only for s3:// paths (local runs never load it)
 
     return boto3.client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None, config=s3_config())
 
@@ -173,7 +174,7 @@ def bucket_problem(url: str) -> str | None:
         return "only local paths and s3://bucket/prefix URLs are supported"
     if not bucket:
         return "no bucket name (expected s3://bucket/prefix)"
-    from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
+    from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError  # optional: s3:// only
 
     try:
         client = _s3()

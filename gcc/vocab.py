@@ -70,7 +70,7 @@ def collapse_parts(ids):
     """parts -> ids: 10..15 -> 10 (player), 16..21 -> 11 (boss); numpy or torch uint8 in, same type out."""
     if isinstance(ids, np.ndarray):
         return _COLLAPSE[ids]
-    import torch
+    import torch  # heavy (~1.3 s): gcc-synth and the mask code use vocab without torch
 
     lut = torch.from_numpy(_COLLAPSE).to(ids.device)
     return lut[ids.long()]

@@ -125,6 +125,7 @@ def forget_attached_shm(obj, depth: int = 5) -> int:
     """In a loader worker: unregister from the resource tracker the Streaming segments that unpickling `obj`
     (the worker's dataset) attached and that the worker's rank did not create (see the module's docstring).
     Returns how many it unregistered."""
+    # heavy (streaming, torch): gcc.training.config imports this module
     from streaming.base.shared.memory import SharedMemory
 
     seen: set[int] = set()
@@ -180,7 +181,7 @@ class LoaderWorkerInit:
         self._armed = False
 
     def __call__(self, worker_id: int) -> None:
-        from torch.utils.data import get_worker_info
+        from torch.utils.data import get_worker_info  # heavy (torch): gcc.training.config imports this module
 
         exit_with(self.requester)
         adopt_environ(self.environ)

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from gcc import __version__, storage
 from gcc.cli import EXIT_BAD_INPUT, folder_problem, run_tool  # noqa: F401  (EXIT_BAD_INPUT: the tests' name)
 from gcc.data.layout import check_splits, clip_files, geometry_of, load_clip, read_index, read_text_table
@@ -37,6 +39,7 @@ from gcc.data.shards import COLUMNS, FORMAT_VERSION, MANIFEST, SHARD_HASHES, SPL
 from gcc.errors import BadInput
 from gcc.geometry import Geometry
 from gcc.names import UnsafeName, check_component
+from gcc.synth.decode import is_synthetic
 from gcc.vocab import key_to_id
 from gcc.workers import pool_worker_init, worker_context
 
@@ -88,7 +91,7 @@ def chunk_is_done(plan: Plan, split: str, idx: int, rows: list[dict[str, Any]]) 
 
 def write_chunk(plan: Plan, split: str, idx: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Convert one chunk; returns its stats. Nothing becomes visible unless the whole chunk succeeded."""
-    from streaming import MDSWriter
+    from streaming import MDSWriter  # heavy (streaming ~2 s over torch): keeps --help and argument errors fast
 
     final = storage.join(plan.out, split, chunk_name(idx))
     remote = storage.is_remote(plan.out)
@@ -179,8 +182,6 @@ def default_name(src: str | os.PathLike) -> str:
     """The dataset's name when `--name` is not given: `synth` for data gcc-synth made (its root holds the synth
     marker), else the source folder's name without a leading `gc25d_` and a trailing `_mds` (`/data/gc25d_v10` ->
     `v10`)."""
-    from gcc.synth.decode import is_synthetic
-
     if is_synthetic(src):
         return "synth"
     folder = Path(src).resolve().name
@@ -223,8 +224,7 @@ def convert(
 ) -> dict[str, Any]:
     """Convert (or finish converting) `src` into `out` as the dataset `name` (None: `default_name(src)`); returns
     the manifest. Raises BadInput."""
-    from streaming.base.util import merge_index
-    from tqdm import tqdm
+    from streaming.base.util import merge_index  # heavy (streaming ~2 s): keeps --help and argument errors fast
 
     t0 = time.time()
     src = Path(src)

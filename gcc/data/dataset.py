@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import json
 import math
 import multiprocessing
 import os
+import random
+import stat
+import tempfile
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -25,7 +29,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
+import torch.distributed as tdist
+from torch.utils.data import DataLoader, get_worker_info
 
 from gcc import storage
 from gcc.compat.streaming import StreamingBase
@@ -77,10 +82,7 @@ REGISTRATION_LOCK_TIMEOUT_S = 120.0
 def user_lock_dir() -> Path:
     """This user's folder for node-wide locks, `<tmp>/gcc-<uid>/`: created 0700, and refused unless it is a real
     folder owned by this user that no one else can write (another user cannot plant a link or hold our lock)."""
-    import stat
-    from tempfile import gettempdir
-
-    d = Path(gettempdir(), f"gcc-{os.getuid()}")
+    d = Path(tempfile.gettempdir(), f"gcc-{os.getuid()}")
     with contextlib.suppress(FileExistsError):
         d.mkdir(mode=0o700)
     st = os.lstat(d)
@@ -96,8 +98,6 @@ def hold_flock(path: Path, timeout_s: float, what: str) -> int:
     """An exclusive flock on `path` (created 0600, never through a link), waited for at most `timeout_s`; returns
     the open descriptor (closing it releases the lock). The holder writes its pid into the file, so that a
     timeout can say who holds it."""
-    import fcntl
-
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     deadline = time.monotonic() + timeout_s
     while True:
@@ -130,10 +130,6 @@ def node_registration_lock(timeout_s: float = REGISTRATION_LOCK_TIMEOUT_S):
     prefix ... not registered by local leader"). So the node's local leader takes a file lock, and only then do
     the other ranks start their scan (a barrier): no other job registers between the scans and the creation.
     The lock is per user (`user_lock_dir`) and waited for at most `timeout_s`, then LockTimeout names its holder."""
-    import fcntl
-
-    import torch.distributed as tdist
-
     sync = tdist.is_available() and tdist.is_initialized()
     if int(os.environ.get("LOCAL_RANK", 0)) != 0:
         if sync:
@@ -178,8 +174,6 @@ def fetch_text_table(data: str, cache_dir: str | Path) -> Path:
 def subset_ids(n: int, limit: int, seed: int) -> np.ndarray:
     """`data.limit`: the sample ids of a seeded subset of `limit` of a split's `n` clips (all of them when `limit`
     >= n), sorted. A pure function of its arguments: the same on every rank, worker and resume."""
-    import random
-
     ids = list(range(n))
     random.Random(seed).shuffle(ids)
     return np.array(sorted(ids[:limit]), np.int64)
@@ -409,8 +403,6 @@ def build_dataloader(
     (see gcc/workers.py). Streaming re-reads its resume state at each epoch's `__iter__`, persistent workers
     included. `drop_last`: an epoch's last, partial batch is not yielded (every rank has the same number of
     samples per epoch, so every rank drops it at the same step)."""
-    from torch.utils.data import DataLoader
-
     if num_workers == 0:
         return DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, drop_last=drop_last)
     dl = DataLoader(

@@ -15,6 +15,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from gcc import storage
+from gcc.cli import os_error_message
 from gcc.data.shards import SPLITS, encode_clip
 from gcc.errors import BadInput
 from gcc.geometry import ORTHOGRAPHIC, PROJECTIONS, Geometry
@@ -36,8 +37,6 @@ NAME_FIELDS = ("clip_id", "run", "subset", "scene")  # each names files (latents
 # ---- reading and validating the prepared layout -------------------------------------------------------
 def read_text(path: Path, what: str = "") -> str:
     """A file's UTF-8 text; BadInput naming the file (after `what`, e.g. "clip X: ") when it cannot be read."""
-    from gcc.cli import os_error_message
-
     try:
         return path.read_bytes().decode("utf-8")
     except OSError as e:

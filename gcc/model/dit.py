@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
 from safetensors import safe_open
+from safetensors.torch import save_file
 
 from gcc.compat.diffsynth import (
     CrossAttention,
@@ -450,8 +451,6 @@ def _wan_weight_map(model_dir: Path) -> dict[str, str]:
 def write_wan_layout(state_dict: dict[str, torch.Tensor], folder: str | os.PathLike, n_shards: int = 1) -> None:
     """Write Wan weights as Wan2.2 is published (what `load_wan_base` reads): `n_shards` files
     diffusion_pytorch_model-0000i-of-0000n.safetensors and the index that maps each key to its file."""
-    from safetensors.torch import save_file
-
     keys = sorted(state_dict)
     weight_map = {}
     for s in range(n_shards):

@@ -270,6 +270,7 @@ def load_legacy_zero(model: GcDiT, ckpt_dir: str | os.PathLike, tag: str | None 
     """Warm start from a legacy accelerate + DeepSpeed ZeRO `save_state` directory, consolidated by deepspeed's
     own zero_to_fp32. Needs the optional extra `legacy` (deepspeed)."""
     try:
+        # optional: deepspeed is the `legacy` extra, needed only for a ZeRO warm start
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     except ImportError as e:
         raise RuntimeError(

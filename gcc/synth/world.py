@@ -51,8 +51,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 from gcc import vocab
+from gcc.cli import folder_problem, run_tool
+from gcc.errors import BadInput
 from gcc.geometry import LATENT_C, Cameras, Geometry, ground_points, latent_frame_spans, rotation_axes
 from gcc.storage import atomic_write
 
@@ -427,8 +430,6 @@ def render_clip(scene: ClipScene) -> tuple[np.ndarray, np.ndarray]:
 
 def rgb_frame(ids: np.ndarray, shade: np.ndarray, src_hw: tuple[int, int]) -> np.ndarray:
     """Palette colour x shade at dst, bilinearly resized to src_hw: uint8 [h, w, 3]."""
-    from PIL import Image
-
     rgb = (vocab.PALETTE["parts"][ids] * shade[..., None]).astype(np.uint8)  # no UNKNOWN in the world
     img = Image.fromarray(rgb)
     if img.size != (src_hw[1], src_hw[0]):
@@ -487,6 +488,7 @@ def make_text_table(g: Geometry, seed: int) -> dict[str, np.ndarray]:
 
 # ---- deterministic file writers ------------------------------------------------------------------------
 def _safetensors_bytes(tensors: dict[str, np.ndarray]) -> bytes:
+    # heavy (torch ~1.3 s): keeps gcc-synth --help and argument errors fast
     import torch
     from safetensors.torch import save
 
@@ -514,8 +516,6 @@ def npz_bytes(arrays: dict[str, np.ndarray], compresslevel: int = 6) -> bytes:
 
 
 def _jpeg_bytes(rgb: np.ndarray) -> bytes:
-    from PIL import Image
-
     buf = io.BytesIO()
     Image.fromarray(rgb).save(buf, format="JPEG", quality=90)
     return buf.getvalue()
@@ -623,9 +623,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gcc.cli import folder_problem, run_tool
-    from gcc.errors import BadInput
-
     p = build_parser()
     a = p.parse_args(argv)
 

@@ -26,6 +26,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from safetensors import SafetensorError, safe_open
+
 from gcc import exit_codes
 from gcc.cli import run_tool
 from gcc.errors import BadInput
@@ -128,8 +130,7 @@ def export_steps(run_dir: Path) -> dict[int, Path]:
 
 def diff_export(a: Path, b: Path, step: int, rtol: float) -> Difference | None:
     """The first tensor that differs between two exports (by name, dtype, shape, value), or None."""
-    import torch
-    from safetensors import SafetensorError, safe_open
+    import torch  # heavy (~1.3 s): keeps --help and argument errors fast
 
     def opened(p: Path):
         try:

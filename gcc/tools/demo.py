@@ -24,12 +24,19 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import logging
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from safetensors import safe_open
+
+from gcc.synth import world as synth
+from gcc.tools.plot import plot_run
+from gcc.tools.sample.errors import SampleError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,10 +64,7 @@ def initial_weights(run_dir: Path, last_export: Path, path: Path) -> str | None:
     run's preset and vocab initialised from its seed (run.json's signature), as `build_model` builds them, with the
     last export's metadata at step 0. Returns None when they cannot be rebuilt, else a description. A run that
     started from base or warm-start weights is not rebuilt: those files are not the demo's."""
-    import json
-
-    from safetensors import safe_open
-
+    # heavy (diffsynth, ~4 s): only for the sampling step; keeps --help fast
     from gcc.model.dit import build_gc_dit
     from gcc.model.export import save_gc
 
@@ -101,8 +105,6 @@ def _sample_one(
     sample_cli, ckpt: Path, preset: str, prepared: Path, out: Path, clips: int, steps: int, seed: int, extra: list[str]
 ) -> dict | None:
     """One gcc-sample run (its command line printed first); None on an error (printed)."""
-    from gcc.tools.sample.errors import SampleError
-
     argv = [
         "--ckpt",
         str(ckpt),
@@ -137,8 +139,7 @@ def sample_demo(run_dir: Path, prepared: Path, out: Path, clips: int, steps: int
     agreement of each, and the frame-0-repeated reference. Returns the first contact sheet of each variant (the
     trained model's first), None on an error (printed)."""
     t0 = time.time()  # the imports count: they are the demo's extra time too
-    import json
-
+    # heavy (torch ~1.3 s): loaded in the sampling step, whose time includes them; keeps --help fast
     import torch
 
     from gcc.tools.sample import cli as sample_cli
@@ -216,8 +217,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     prepared, shards = out / "prepared", out / "shards"
 
-    from gcc.data.convert import convert
-    from gcc.synth import world as synth
+    from gcc.data.convert import convert  # heavy (torch ~1.3 s): keeps --help and argument errors fast
 
     t0 = time.time()
     n = 5 if args.sample_n > 0 else 4  # steps shown as [i/n]
@@ -232,6 +232,7 @@ def main(argv=None) -> int:
     manifest = convert(prepared, str(shards), workers=args.workers, chunk_clips=8)
 
     print(f"[3/{n}] reading the shards back through the training loader (StreamingDataset)")
+    # heavy (streaming, ~2 s): imported once step 3 is announced
     from gcc.compat.streaming import release_stale_shm
     from gcc.data.dataset import GcStreamingDataset, build_dataloader
 
@@ -275,8 +276,6 @@ def main(argv=None) -> int:
         return r.returncode
     with open(run_dir / "val_log.csv", newline="") as f:
         print("\n" + "\n".join(validation_table(list(csv.DictReader(f)))))
-    from gcc.tools.plot import plot_run
-
     curves = plot_run(run_dir, run_dir / "curves.png")
     sheets = []
     if args.sample_n > 0:

@@ -26,6 +26,7 @@ def inspect_file(path: str, vocab: str | None = None) -> int:
     problem = input_file_problem(path)
     if problem:
         return fail(PROG, f"{path}: {problem} (expected a .safetensors export)")
+    # heavy (torch, diffsynth ~5 s): keeps --help and argument errors fast
     from gcc.model.export import GcCkptError, check_gc_ckpt
 
     try:
@@ -52,6 +53,7 @@ def inspect_file(path: str, vocab: str | None = None) -> int:
 
 
 def inspect_model(name: str, vocab: str) -> int:
+    # heavy (torch, diffsynth ~5 s): keeps --help and argument errors fast
     from gcc.model.dit import build_gc_dit, cond_keys, count_params, wan_keys
 
     m = build_gc_dit(name, device="meta", vocab=vocab)
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     if (args.file is None) == (args.model is None):
         ap.error("give exactly one of FILE or --model")
     if args.model is not None:
-        from gcc.model.dit import PRESETS
+        from gcc.model.dit import PRESETS  # heavy (torch, diffsynth ~5 s): keeps --help and argument errors fast
 
         if args.model not in PRESETS:
             ap.error(f"--model {args.model!r}: unknown preset; known: {', '.join(sorted(PRESETS))}")

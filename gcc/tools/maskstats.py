@@ -37,8 +37,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image, ImageDraw
 
-from gcc.storage import atomic_path, atomic_write
+from gcc.cli import file_problem, run_tool
+from gcc.data.mask import CELL, apply_unknown_mask, cell_pixels, mask_ground_z
+from gcc.data.sample_rng import draw_sample
+from gcc.errors import BadInput
+from gcc.geometry import Cameras, ground_points
+from gcc.storage import atomic_path, atomic_write, bucket_problem, is_remote
+from gcc.vocab import STATIC_MAX, colorize
 
 logger = logging.getLogger(__name__)
 
@@ -65,16 +72,11 @@ CELL_TARGET_W = 192
 
 # ---- per-clip measurement --------------------------------------------------------------------------------
 def forced_mask_params(seed: int, sample_id: int):
-    from gcc.data.sample_rng import draw_sample
-
     return draw_sample(seed, 0, sample_id, 0.0, 0.0, 1.0).mask
 
 
 def ground_cells(cameras, ground_z: Sequence[float], hw: tuple[int, int]) -> np.ndarray | None:
     """bool [F, H/4, W/4]: the cell's ray meets the mask's ground plane (None: no finite ground_z)."""
-    from gcc.data.mask import CELL, cell_pixels, mask_ground_z
-    from gcc.geometry import ground_points
-
     gz = mask_ground_z(ground_z)
     if gz is None:
         return None
@@ -85,9 +87,6 @@ def ground_cells(cameras, ground_z: Sequence[float], hw: tuple[int, int]) -> np.
 def clip_measures(raw: np.ndarray, masked: np.ndarray, frac: float, ground: np.ndarray) -> dict[str, float]:
     """The per-clip measures (see the module docstring) from the raw ids, the masked ids, the fraction the mask
     reported and the ground cells [F, H/4, W/4]."""
-    from gcc.data.mask import CELL
-    from gcc.vocab import STATIC_MAX
-
     static = raw <= STATIC_MAX
     changed = masked != raw
     n_static = static.sum(axis=(1, 2))
@@ -127,6 +126,7 @@ class _Reader:
     clip). A private cache folder is removed on close."""
 
     def __init__(self, data: str, split: str, seed: int):
+        # heavy (streaming, torch ~3.5 s): keeps --help and argument errors fast
         from gcc.data.dataset import NO_DROPOUTS, GcStreamingDataset
 
         self._tmp = tempfile.mkdtemp(prefix="gcc_maskstats_")
@@ -153,9 +153,6 @@ def measure(
     preview: str | Path | None = None,
 ) -> dict[str, Any]:
     """The coverage table (as written by --json); optionally also the PNG contact sheet."""
-    from gcc.data.mask import apply_unknown_mask
-    from gcc.geometry import Cameras
-
     reader = _Reader(data, split, seed)
     try:
         n = min(int(n), len(reader))
@@ -260,10 +257,6 @@ def preview_size(n_clips: int, n_frames: int, hw: tuple[int, int]) -> tuple[int,
 
 def write_preview(path: str | Path, rows) -> tuple[int, int]:
     """PNG contact sheet: frames across, per clip two rows (frame0 then cap), palette colours, 255 hatched."""
-    from PIL import Image, ImageDraw
-
-    from gcc.vocab import colorize
-
     if not rows:
         img = Image.new("RGB", (LABEL_W, HEADER_H), (255, 255, 255))
         ImageDraw.Draw(img).text((2, 2), "no masked clip", fill=(0, 0, 0))
@@ -321,9 +314,6 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--n must be >= 1 and --max_frame_coverage in (0, 1)")
     if not 0 <= a.seed < 2**32:  # the loader's (Streaming's) range
         ap.error(f"--seed must be in [0, 2**32), got {a.seed}")
-    from gcc.cli import file_problem, run_tool
-    from gcc.errors import BadInput
-    from gcc.storage import bucket_problem, is_remote
 
     def body() -> int:
         for flag, path in (("--json", a.json), ("--preview", a.preview)):  # before the clips are read

@@ -64,10 +64,10 @@ def smooth(values: list[float], weight: float) -> list[float]:
 
 
 def plot_run(run_dir: Path, out: Path, smoothing: float = 0.9) -> Path:
-    import matplotlib
+    import matplotlib  # heavy: only when plotting
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: only when plotting (after the Agg backend is chosen)
 
     train = read_rows(run_dir / "train_log.csv")
     if not train:

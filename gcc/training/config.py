@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from safetensors import SafetensorError
 
+from gcc import storage
+from gcc.cli import folder_problem, os_error_message
 from gcc.workers import PREEMPTION_GRACE_S
 
 
@@ -235,8 +238,6 @@ MAX_YAML_BYTES = 16 << 20
 
 def read_yaml(path: str | Path) -> dict:
     """The yaml file's mapping of keys ({} for an empty file); a ConfigError naming the file when it cannot be."""
-    from gcc.cli import os_error_message
-
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"{p}: config file not found")
@@ -360,7 +361,7 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.data.num_canonical_nodes < 1:
         raise ConfigError(f"data.num_canonical_nodes: must be >= 1, got {cfg.data.num_canonical_nodes}")
     if cfg.data.cache_limit:
-        from streaming.base.util import bytes_to_int
+        from streaming.base.util import bytes_to_int  # heavy (streaming pulls torch, ~3 s): config stays light
 
         try:
             limit = bytes_to_int(cfg.data.cache_limit)
@@ -378,7 +379,7 @@ def validate(cfg: TrainConfig) -> None:
         )
     _check_model_overrides(cfg.model.overrides)
     if cfg.loggers:  # last: it imports Composer (seconds)
-        from gcc.training.loggers import check_logger_options
+        from gcc.training.loggers import check_logger_options  # heavy: imports Composer; config stays light
 
         problems = check_logger_options(cfg.loggers)
         if problems:
@@ -393,7 +394,7 @@ def _check_model_overrides(overrides: dict) -> None:
     """model.overrides: fields of the preset's DiTConfig (docs/model.md), each of its type; the vocab is model.vocab."""
     if not overrides:
         return
-    from gcc.model.dit import DiTConfig
+    from gcc.model.dit import DiTConfig  # heavy (torch, diffsynth): config stays light without overrides
 
     hints = typing.get_type_hints(DiTConfig)
     for k, v in overrides.items():
@@ -429,9 +430,6 @@ def check_inputs(cfg: TrainConfig) -> None:
     data.path without a finished conversion are left to rank 0 (a resume loads no weights; data not ready is a
     refusal, exit 3: docs/training.md). Raises ConfigError naming the key; StorageUnavailable when the store
     does not answer."""
-    from gcc import storage
-    from gcc.cli import folder_problem
-
     for key in ("run_dir", "data.cache_dir"):
         problem = _get(cfg, key) and folder_problem(_get(cfg, key))
         if problem:
@@ -466,8 +464,7 @@ def check_inputs(cfg: TrainConfig) -> None:
 def _check_weights_fit(cfg: TrainConfig) -> None:
     if not (cfg.model.overrides or cfg.model.model_dir or cfg.model.init_ckpt):
         return
-    from safetensors import SafetensorError
-
+    # heavy (torch, diffsynth): validating a config without model weights stays light
     from gcc.model.dit import build_gc_dit, load_wan_base
     from gcc.model.export import load_gc_weights
 

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 
 from gcc.redact import RedactingFilter
+from gcc.training.config import ConfigError
+from gcc.training.run_folder import Refusal
 
 PREFIX = "gcc.train: "
 ALL_RANKS = {"all_ranks": True}
@@ -149,9 +151,6 @@ def open_run_log(run_dir: str | Path, rank: int, world: int) -> Path:
     rank 0 first writes the launch's header line. The file is created with the user's umask and never opened
     through a link; anything but a regular file there is a Refusal naming it, a run_dir that cannot be created a
     ConfigError."""
-    from gcc.training.config import ConfigError
-    from gcc.training.run_folder import Refusal
-
     path = Path(run_dir) / RUN_LOG
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

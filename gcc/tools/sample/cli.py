@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -28,8 +29,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from gcc import exit_codes
+from gcc.cli import folder_problem, run_tool
 from gcc.geometry import Geometry
 from gcc.synth.decode import is_synthetic
 from gcc.synth.world import MARKER
@@ -113,8 +116,6 @@ class SetProgress:
         self._bar = None
 
     def clip_bar(self, n: int, cid: str, device) -> Callable[[], None]:
-        from tqdm import tqdm
-
         self._bar = tqdm(
             total=self.steps,
             desc=f"[{n + 1}/{self.n_clips}] {cid}",
@@ -149,10 +150,6 @@ def _mean(vals) -> float | None:
 
 def check_args(a: argparse.Namespace) -> torch.device:
     """The flags' values and the output folder, before anything is read; returns the device."""
-    import math
-
-    from gcc.cli import folder_problem
-
     if a.steps < 1:
         raise SampleError(f"--steps must be >= 1, got {a.steps}")
     if a.fps < 1:
@@ -184,7 +181,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     )
 
     # everything that can be wrong with the inputs is checked before the models load
-    from gcc.model.dit import PRESETS
+    from gcc.model.dit import PRESETS  # heavy (diffsynth, ~4 s): keeps --help and argument errors fast
 
     if a.model not in PRESETS:
         raise SampleError(f"--model {a.model!r}: unknown preset; known: {sorted(PRESETS)}")
@@ -311,8 +308,6 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from gcc.cli import run_tool
-
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     p = build_parser()
     a = p.parse_args(list(argv) if argv is not None else None)

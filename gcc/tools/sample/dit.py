@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import os
 
+from safetensors import SafetensorError, safe_open
+
+from gcc.cli import input_file_problem
 from gcc.tools.sample.errors import SampleError
 
 
 def ckpt_vocab(path: str | os.PathLike, requested: str | None) -> tuple[str, str]:
     """(vocab, kind) of a checkpoint: a gc25d export's metadata vocab (checked in full by `check_gc_ckpt`; a
     `requested` vocab that differs is an error), or `requested` (default parts) for a plain Wan export."""
-    from safetensors import safe_open
-
-    from gcc.cli import input_file_problem
+    # heavy (diffsynth, ~4 s): gcc-sample imports this module; keeps --help and argument errors fast
     from gcc.model.export import GcCkptError, check_gc_ckpt
 
     path = str(path)
@@ -41,8 +42,7 @@ def check_fits(model: str, vocab: str, ckpt: str | None = None, model_dir: str |
     """The weights `load_dit` would load, checked against the `model` preset from their headers alone (keys,
     shapes, vocab), with the model on the meta device: a checkpoint of another size is refused at once, not
     after the preset is built in full (the 5B preset takes minutes and tens of GB on a CPU)."""
-    from safetensors import SafetensorError
-
+    # heavy (diffsynth, ~4 s): gcc-sample imports this module; keeps --help and argument errors fast
     from gcc.model.dit import build_gc_dit, load_wan_base
     from gcc.model.export import load_gc_weights
 
@@ -59,6 +59,7 @@ def check_fits(model: str, vocab: str, ckpt: str | None = None, model_dir: str |
 
 def load_dit(model: str, vocab: str, device, dtype, ckpt: str | None = None, model_dir: str | None = None):
     """The `model` preset's GcDiT with the gc25d/Wan export `ckpt`, or the base Wan weights of `model_dir`."""
+    # heavy (diffsynth, ~4 s): gcc-sample imports this module; keeps --help and argument errors fast
     from gcc.model.dit import build_gc_dit, load_wan_base
     from gcc.model.export import GcCkptError, load_gc_weights
 

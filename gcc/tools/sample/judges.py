@@ -16,11 +16,14 @@ import numpy as np
 import torch
 
 from gcc.geometry import Geometry, latent_frame_spans
+from gcc.synth import world as synth
+from gcc.synth.decode import agreement, cells_to_pixels, decode_classes, gt_cell_classes
 from gcc.tools.sample.errors import SampleError
 from gcc.tools.sample.metrics import video_metrics
 from gcc.tools.sample.outputs import write_contact_sheet, write_json, write_panels_mp4
 from gcc.tools.sample.sampler import sync
 from gcc.tools.sample.sources import read_gt, resample_rgb
+from gcc.tools.sample.vae import load_vae, vae_decode, vae_encode
 from gcc.vocab import NULL_PROMPT, colorize
 
 
@@ -42,8 +45,6 @@ class VaeJudge:
         return {"model_dir": str(self.a.model_dir), "vae": str(self.vae_path)}
 
     def load(self, dtype) -> None:
-        from gcc.tools.sample.vae import load_vae
-
         self.vae = load_vae(self.vae_path, self.device, dtype)
 
     def reference(self, clip, geo: Geometry, sem_ids: np.ndarray) -> np.ndarray:
@@ -51,8 +52,6 @@ class VaeJudge:
 
     def compare(self, out: Path, clip, geo: Geometry, gen_lat: torch.Tensor, gt: np.ndarray, sem: np.ndarray):
         """-> (metrics row, [h, w], timings {decode, recon, metrics})."""
-        from gcc.tools.sample.vae import vae_decode, vae_encode
-
         a, device, cid = self.a, self.device, clip.clip_id
         t1 = time.perf_counter()
         gen = vae_decode(self.vae, gen_lat, device, a.vae_tiled)
@@ -101,8 +100,6 @@ class SynthJudge:
     mean_keys = ("class_agreement", "class_agreement_frame0", "class_agreement_copy_frame0")
 
     def __init__(self, a, table, vocab: str):
-        from gcc.synth import world as synth
-
         keys = set(table.keys) - {NULL_PROMPT}
         if not keys <= set(synth.PROMPT_KEYS):
             raise SampleError(
@@ -118,14 +115,10 @@ class SynthJudge:
         pass  # the decoder is a fixed matrix
 
     def reference(self, clip, geo: Geometry, sem_ids: np.ndarray) -> np.ndarray:
-        from gcc.synth.decode import gt_cell_classes
-
         return gt_cell_classes(sem_ids, geo.T, geo.h, geo.w, self.vocab)
 
     def compare(self, out: Path, clip, geo: Geometry, gen_lat: torch.Tensor, gt: np.ndarray, sem: np.ndarray):
         """gt: the majority class per latent cell [T, h, w] -> (metrics row, [H, W], timings {decode, metrics})."""
-        from gcc.synth.decode import agreement, cells_to_pixels, decode_classes
-
         cid = clip.clip_id
         t1 = time.perf_counter()
         gen = decode_classes(gen_lat, [self.keys[int(i)] for i in clip.context_ids], self.vocab)

@@ -20,7 +20,7 @@ def _f01(frames: np.ndarray, device="cpu") -> torch.Tensor:
 def psnr(pred: np.ndarray, target: np.ndarray, device="cpu") -> float | None:
     """PSNR (dB, data range 1 on uint8/255) of the MSE pooled over all given frames, with torchmetrics'
     `PeakSignalNoiseRatio` accumulated chunk by chunk; None when the frames are identical (PSNR infinite)."""
-    from torchmetrics.image import PeakSignalNoiseRatio
+    from torchmetrics.image import PeakSignalNoiseRatio  # heavy (~2.5 s): only when metrics are computed
 
     if np.array_equal(pred, target):
         return None
@@ -32,6 +32,7 @@ def psnr(pred: np.ndarray, target: np.ndarray, device="cpu") -> float | None:
 
 def ssim_frames(pred: np.ndarray, target: np.ndarray, device="cpu") -> list[float]:
     """SSIM of each frame (torchmetrics, gaussian 11x11 sigma 1.5, data range 1)."""
+    # heavy (~2.5 s): only when metrics are computed
     from torchmetrics.functional.image import structural_similarity_index_measure
 
     out = []

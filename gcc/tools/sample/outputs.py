@@ -7,15 +7,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image, ImageDraw, ImageFont
 
 from gcc.storage import atomic_path, atomic_write
+from gcc.vocab import VALUE_NAMES, colorize
 
 FPS = 16
 
 
 def write_panels_mp4(path: Path, gt: np.ndarray, gen: np.ndarray, cond_rgb: np.ndarray, fps: int = FPS) -> None:
     """GT | generated | cond side by side, h264 (yuv420p)."""
-    import imageio.v2 as imageio
+    import imageio.v2 as imageio  # heavy/optional: ffmpeg video writing, only when a video is written
 
     frames = np.concatenate([gt, gen, cond_rgb], axis=2)
     with atomic_path(path, suffix=".mp4") as tmp:  # ffmpeg picks the container by the extension
@@ -42,8 +44,6 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def _font(size: int):
-    from PIL import ImageFont
-
     try:
         return ImageFont.load_default(size=size)
     except TypeError:  # Pillow < 10.1: the fixed bitmap font
@@ -63,10 +63,6 @@ def write_contact_sheet(
     """A PNG grid: one row per shown frame (`rows[r]` = its panels, uint8 [H, W, 3] each, upscaled by an integer
     factor so a tiny clip stays readable), column `titles` on top, `row_labels` on the left, a legend of the
     `classes` present (palette colour + name) below."""
-    from PIL import Image, ImageDraw
-
-    from gcc.vocab import VALUE_NAMES, colorize
-
     H, W = rows[0][0].shape[:2]
     s = max(1, -(-min_width // W))
     font, gap, left, top, line = _font(13), 6, 130, 44, 16

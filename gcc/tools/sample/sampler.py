@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from gcc.model.seeds import stable_seed
 from gcc.vocab import UNKNOWN
 
 
@@ -24,7 +25,7 @@ def sync(device) -> None:
 
 
 def make_sampling_scheduler(steps: int, shift: float):
-    from gcc.compat.diffsynth import FlowMatchScheduler
+    from gcc.compat.diffsynth import FlowMatchScheduler  # heavy (diffsynth, ~4 s): keeps gcc-sample --help fast
 
     sched = FlowMatchScheduler("Wan")
     sched.set_timesteps(steps, shift=shift)  # inference schedule (training=False)
@@ -32,8 +33,6 @@ def make_sampling_scheduler(steps: int, shift: float):
 
 
 def clip_noise(seed: int, clip_id: str, shape: Sequence[int]) -> torch.Tensor:
-    from gcc.model.seeds import stable_seed
-
     g = torch.Generator().manual_seed(stable_seed("gcc.tools.sample", int(seed), str(clip_id)))
     return torch.randn(tuple(shape), generator=g)
 

@@ -7,15 +7,23 @@ from __future__ import annotations
 import io
 import logging
 import os
+import shutil
 import tarfile
+import tempfile
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
-from gcc.data.shards import ClipRecord
+from gcc.data.layout import geometry_of, load_clip, read_index, read_text_table
+from gcc.data.shards import TEXT_TABLE, ClipRecord, SplitFormat, check_index, read_manifest
+from gcc.data.text_table import TextTable
 from gcc.errors import BadInput
+from gcc.names import check_component, inside
+from gcc.storage import atomic_write
 from gcc.tools.sample.errors import SampleError
 
 logger = logging.getLogger(__name__)
@@ -28,9 +36,6 @@ class PreparedSource:
     kind = "prepared"
 
     def __init__(self, root: Path):
-        from gcc.data.layout import read_index, read_text_table
-        from gcc.data.text_table import TextTable
-
         self.root = root
         try:
             self.rows = {r["clip_id"]: r for r in read_index(root)}
@@ -42,8 +47,6 @@ class PreparedSource:
         self.prepared_root = root
 
     def load(self, clip_id: str) -> ClipRecord:
-        from gcc.data.layout import geometry_of, load_clip
-
         try:
             geo = geometry_of(self.root, clip_id, self.text_shape)
             sample = load_clip(self.root, self.rows[clip_id], geo, self.table.ids)
@@ -68,13 +71,6 @@ class ShardSource:
     kind = "shards"
 
     def __init__(self, root: Path):
-        import shutil
-        import tempfile
-        import weakref
-
-        from gcc.data.shards import TEXT_TABLE, read_manifest
-        from gcc.data.text_table import TextTable
-
         try:
             self.manifest = read_manifest(str(root))
         except BadInput as e:
@@ -90,14 +86,9 @@ class ShardSource:
         self._ds, self._pos, self._rows, self._fmt = {}, {}, {}, {}
 
     def _open(self, split: str) -> None:
-        import shutil
-
+        # heavy (streaming, ~2 s over torch): only for a shard source; keeps gcc-sample --help fast
         from streaming import LocalDataset
         from streaming.base.compression import decompress
-
-        from gcc.data.shards import SplitFormat, check_index
-        from gcc.names import inside
-        from gcc.storage import atomic_write
 
         if split in self._ds:
             return
@@ -133,8 +124,6 @@ class ShardSource:
             raise SampleError(str(e)) from None
 
     def _decode(self, split: str, i: int) -> ClipRecord:
-        from gcc.names import check_component
-
         where = f"{self.root / split} sample {i}"
         try:
             rec = self._fmt[split].decode(self._ds[split][i], i, where)
@@ -213,7 +202,7 @@ def select_clips(rows: dict[str, dict], clip_ids: Sequence[str] | None = None, v
         return list(clip_ids)
     if val_n is None or val_n < 1:
         raise SampleError("give --clip_ids or --val_n N (N >= 1)")
-    from gcc.data.dataset import round_robin_by_run
+    from gcc.data.dataset import round_robin_by_run  # heavy (streaming, ~2 s): keeps gcc-sample --help fast
 
     val = [(rows[c]["run"], c) for c in sorted(rows) if rows[c]["split"] == "val" and not rows[c]["drop"]]
     if not val:
@@ -227,8 +216,6 @@ def select_clips(rows: dict[str, dict], clip_ids: Sequence[str] | None = None, v
 def read_gt(raw_root: Path, clip: ClipRecord, num_frames: int) -> np.ndarray:
     """Ground truth RGB uint8 [F, src_h, src_w, 3] from `<raw>/<subset>/<scene>/<run>.tar` members
     `<clip_id>/<f:03d>.jpg`."""
-    from PIL import Image
-
     path = raw_root / clip.subset / clip.scene / f"{clip.run}.tar"
     if not path.is_file():
         raise SampleError(f"clip {clip.clip_id}: ground-truth tar {path} not found (--raw_root)")

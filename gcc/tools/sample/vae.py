@@ -36,6 +36,7 @@ def load_vae(path: str | os.PathLike, device: str | torch.device = "cpu", dtype:
     `WanVideoVAE38(z_dim, dim)` builds; another decoder width (tiny test VAEs) swaps in DiffSynth's
     `VideoVAE38_(dim, z_dim, dec_dim)` as `.model`.
     """
+    # heavy (diffsynth, ~4 s): gcc-sample imports this module; keeps --help and argument errors fast
     from gcc.compat.diffsynth import (
         VideoVAE38_,
         WanVideoVAE38,
