@@ -5,6 +5,8 @@
   which Streaming reads at each dataset's construction).
 - `release_stale_shm`: a dead launch's shared memory released, and only its own (Streaming's segment names,
   `_get_path`, and the `locals` segment's layout, `_unpack_locals`).
+- `node_registration_lock`: Streaming's shared-memory registration serialised between jobs on one node (its
+  optimistic scan for a free prefix number races another job's).
 - `StreamingBase`, the StreamingDataset that gcc's dataset builds on, with:
   - `epoch`: the epoch of the running iteration, in each worker (`_resume_incr_epoch` computes it there);
   - a failed shard fetch handed back (`_shard_states`, `_cache_filelock`): Streaming leaves it marked PREPARING;
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import _posixshmem
 import contextlib
+import fcntl
 import json
 import os
 from collections.abc import Sequence
@@ -38,6 +41,7 @@ VERIFIED = "0.13.0"
 # checked before the library is imported: a changed library is then named, not met as an ImportError
 require("mosaicml-streaming", VERIFIED, "gcc/compat/streaming.py")
 
+import torch.distributed as tdist
 from boto3.session import Session
 from streaming import StreamingDataset
 from streaming.base.constant import BARRIER_FILELOCK, CACHE_FILELOCK, LOCALS, SHM_TO_CLEAN
@@ -47,6 +51,7 @@ from streaming.base.shared.prefix import _get_path, _unpack_locals
 from streaming.base.storage import download as streaming_download
 
 from gcc import storage
+from gcc.locks import hold_flock, user_lock_dir
 
 
 # ---- downloaders ---------------------------------------------------------------------------------------------
@@ -79,6 +84,39 @@ class LinkingLocalDownloader(streaming_download.LocalDownloader):
 # loader workers (which import this module) have them too
 streaming_download.DOWNLOADER_MAPPINGS["s3"] = BoundedS3Downloader
 streaming_download.DOWNLOADER_MAPPINGS[""] = LinkingLocalDownloader
+
+
+# ---- registration -------------------------------------------------------------------------------------------
+# Registering a dataset takes well under a second; a lock held this long belongs to a stuck process.
+REGISTRATION_LOCK_TIMEOUT_S = 120.0
+
+
+@contextlib.contextmanager
+def node_registration_lock(timeout_s: float = REGISTRATION_LOCK_TIMEOUT_S):
+    """Serialise Streaming's shared-memory registration between independent jobs of this user on one node. Every
+    StreamingDataset this project builds (tests included) is built inside it.
+
+    Streaming's registration is optimistic: every local rank scans for the first free prefix number, then the
+    local leader creates it and the other ranks attach to the number *they* found. Two jobs starting at once can
+    pick the same number (the leader dies with FileExistsError '/000123_locals'), and a rank that scanned while
+    another job was registering finds another number than its leader (it dies: "Internal error: shared memory
+    prefix ... not registered by local leader"). So the node's local leader takes a file lock, and only then do
+    the other ranks start their scan (a barrier): no other job registers between the scans and the creation.
+    The lock is per user (`user_lock_dir`) and waited for at most `timeout_s`, then LockTimeout names its holder."""
+    sync = tdist.is_available() and tdist.is_initialized()
+    if int(os.environ.get("LOCAL_RANK", 0)) != 0:
+        if sync:
+            tdist.barrier()  # the leader holds the lock now
+        yield
+        return
+    fd = hold_flock(user_lock_dir() / "streaming_registration.lock", timeout_s, "Streaming's registration lock")
+    try:
+        if sync:
+            tdist.barrier()
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 # ---- shared memory -------------------------------------------------------------------------------------------

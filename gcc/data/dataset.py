@@ -10,15 +10,10 @@ depends on the worker count, rank count or resume point.
 from __future__ import annotations
 
 import atexit
-import contextlib
-import fcntl
 import json
 import math
 import multiprocessing
-import os
 import random
-import stat
-import tempfile
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -29,17 +24,16 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as tdist
 from torch.utils.data import DataLoader, get_worker_info
 
 from gcc import storage
-from gcc.compat.streaming import StreamingBase
+from gcc.compat.streaming import StreamingBase, node_registration_lock
 from gcc.compat.torch import new_shared_storage, shutdown_loader_workers
 from gcc.data.mask import apply_unknown_mask
 from gcc.data.sample_rng import draw_sample
 from gcc.data.shards import SHARD_HASH, TEXT_TABLE, ClipRecord, SplitFormat, check_index, read_manifest
 from gcc.data.text_table import TextTable
-from gcc.errors import BadInput, DamagedData, LockTimeout, StorageUnavailable, disk_full, is_unreachable
+from gcc.errors import BadInput, DamagedData, StorageUnavailable, disk_full, is_unreachable
 from gcc.geometry import Cameras
 from gcc.names import inside
 from gcc.vocab import UNKNOWN, check_vocab, collapse_parts
@@ -73,77 +67,6 @@ def _empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype)
     storage = new_shared_storage(math.prod(shape) * dtype.itemsize)
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
-
-
-# Registering a dataset takes well under a second; a lock held this long belongs to a stuck process.
-REGISTRATION_LOCK_TIMEOUT_S = 120.0
-
-
-def user_lock_dir() -> Path:
-    """This user's folder for node-wide locks, `<tmp>/gcc-<uid>/`: created 0700, and refused unless it is a real
-    folder owned by this user that no one else can write (another user cannot plant a link or hold our lock)."""
-    d = Path(tempfile.gettempdir(), f"gcc-{os.getuid()}")
-    with contextlib.suppress(FileExistsError):
-        d.mkdir(mode=0o700)
-    st = os.lstat(d)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-        raise LockTimeout(
-            f"{d}: expected a folder of this user (uid {os.getuid()}) that only it can write, found "
-            f"owner uid {st.st_uid}, mode {stat.filemode(st.st_mode)}; remove it and relaunch"
-        )
-    return d
-
-
-def hold_flock(path: Path, timeout_s: float, what: str) -> int:
-    """An exclusive flock on `path` (created 0600, never through a link), waited for at most `timeout_s`; returns
-    the open descriptor (closing it releases the lock). The holder writes its pid into the file, so that a
-    timeout can say who holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                holder = os.pread(fd, 100, 0).decode(errors="replace").strip() or "an unknown process"
-                os.close(fd)
-                raise LockTimeout(
-                    f"{what}: {path} has been held by {holder} for more than {timeout_s:.0f} s; if "
-                    f"that process is stuck, stop it, then relaunch"
-                ) from None
-            time.sleep(0.05)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
-    return fd
-
-
-@contextlib.contextmanager
-def node_registration_lock(timeout_s: float = REGISTRATION_LOCK_TIMEOUT_S):
-    """Serialise Streaming's shared-memory registration between independent jobs of this user on one node. Every
-    StreamingDataset this project builds (tests included) is built inside it.
-
-    Streaming's registration is optimistic: every local rank scans for the first free prefix number, then the
-    local leader creates it and the other ranks attach to the number *they* found. Two jobs starting at once can
-    pick the same number (the leader dies with FileExistsError '/000123_locals'), and a rank that scanned while
-    another job was registering finds another number than its leader (it dies: "Internal error: shared memory
-    prefix ... not registered by local leader"). So the node's local leader takes a file lock, and only then do
-    the other ranks start their scan (a barrier): no other job registers between the scans and the creation.
-    The lock is per user (`user_lock_dir`) and waited for at most `timeout_s`, then LockTimeout names its holder."""
-    sync = tdist.is_available() and tdist.is_initialized()
-    if int(os.environ.get("LOCAL_RANK", 0)) != 0:
-        if sync:
-            tdist.barrier()  # the leader holds the lock now
-        yield
-        return
-    fd = hold_flock(user_lock_dir() / "streaming_registration.lock", timeout_s, "Streaming's registration lock")
-    try:
-        if sync:
-            tdist.barrier()
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
 
 
 def round_robin_by_run(items: Sequence[tuple[str, Any]], n: int) -> list:

@@ -37,7 +37,7 @@ def read_split(out: str, split: str, cache: Path) -> dict[str, ClipRecord]:
     """Every sample of a split through a real StreamingDataset (remote = the conversion, local = a cache)."""
     from streaming import StreamingDataset
 
-    from gcc.data.dataset import node_registration_lock
+    from gcc.compat.streaming import node_registration_lock
 
     with node_registration_lock():  # other jobs on this machine register Streaming shared memory too
         ds = StreamingDataset(

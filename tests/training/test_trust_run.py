@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from gcc.data import dataset as D
+from gcc.compat.streaming import node_registration_lock
 from gcc.errors import LockTimeout
+from gcc.locks import user_lock_dir
 from gcc.training.run_folder import Refusal, RunLock
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,14 +100,14 @@ def test_the_registration_lock_is_this_users_and_times_out_naming_its_holder(tmp
     import tempfile
 
     monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
-    folder = D.user_lock_dir()
+    folder = user_lock_dir()
     assert folder == tmp_path / f"gcc-{os.getuid()}" and stat.S_IMODE(folder.stat().st_mode) == 0o700
     holder = subprocess.Popen(
         [
             sys.executable,
             "-c",
             "import sys, time; from pathlib import Path; "
-            "from gcc.data.dataset import hold_flock; hold_flock(Path(sys.argv[1]), 60, 'test'); "
+            "from gcc.locks import hold_flock; hold_flock(Path(sys.argv[1]), 60, 'test'); "
             "print('held', flush=True); time.sleep(60)",
             str(folder / "streaming_registration.lock"),
         ],
@@ -118,13 +119,13 @@ def test_the_registration_lock_is_this_users_and_times_out_naming_its_holder(tmp
         assert holder.stdout.readline().strip() == "held"
         t0 = time.monotonic()
         with pytest.raises(LockTimeout, match=rf"held by pid {holder.pid} for more than 1 s"):
-            with D.node_registration_lock(timeout_s=1.0):
+            with node_registration_lock(timeout_s=1.0):
                 pass
         assert time.monotonic() - t0 < 10
     finally:
         holder.kill()
         holder.wait()
-    with D.node_registration_lock(timeout_s=1.0):  # free again once its holder is gone
+    with node_registration_lock(timeout_s=1.0):  # free again once its holder is gone
         pass
 
 
@@ -141,7 +142,7 @@ def test_a_planted_lock_folder_is_refused(tmp_path, monkeypatch, plant):
         folder.mkdir()
         folder.chmod(0o777)
     with pytest.raises(LockTimeout, match="expected a folder of this user"):
-        D.user_lock_dir()
+        user_lock_dir()
 
 
 def test_the_run_lock_never_follows_a_planted_link(tmp_path):
