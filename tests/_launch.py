@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -35,8 +36,25 @@ BASE = [
     # short launch's cost; the tests about the worker path (signals, faults met in a worker, teardown, the
     # reference run) add WORKER. Rows are the same either way (the loader's samples do not depend on workers).
     "data.num_workers=0",
+    # samples during training off: the launches that check them turn them on (SAMPLES)
+    "sample_every=0",
 ]
 WORKER = "data.num_workers=1"
+# samples at every validation (0, 6, 12), 3 clips on 2 ranks (one rank samples a padding clip in lockstep), to the
+# TensorBoard logger
+SAMPLES = ["sample_every=1", "sample_n=3", "sample_steps=4", "loggers={tensorboard: {}}"]
+
+
+def same_samples(a: Path, b: Path, steps: Sequence[int] = (0, 6, 12)) -> None:
+    """Two runs' samples/step-N/ hold the same pictures (contact sheets) and scores."""
+    for s in steps:
+        fa, fb = a / "samples" / f"step-{s}", b / "samples" / f"step-{s}"
+        sheets = sorted(p.name for p in fa.glob("*.png"))
+        assert len(sheets) == 3 and sheets == sorted(p.name for p in fb.glob("*.png")), (s, sheets)
+        for name in sheets:
+            assert (fa / name).read_bytes() == (fb / name).read_bytes(), (s, name)
+        clips = [json.loads((f / "samples.json").read_text())["clips"] for f in (fa, fb)]
+        assert clips[0] == clips[1], s
 
 
 def cmd(

@@ -68,12 +68,12 @@ def e2e_shards(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def reference(e2e_shards, tmp_path_factory):
-    """One uninterrupted 12-step DDP run on 2 ranks (tests/_launch.py BASE) with a loader worker per rank;
-    interrupted runs, mostly without one, must reproduce it."""
-    from _launch import WORKER, launch, ok
+    """One uninterrupted 12-step DDP run on 2 ranks (tests/_launch.py BASE) with a loader worker per rank and
+    samples during training (SAMPLES); interrupted runs, mostly without either, must reproduce it."""
+    from _launch import SAMPLES, WORKER, launch, ok
 
     run_dir = tmp_path_factory.mktemp("ref") / "run"
-    ok(launch(run_dir, e2e_shards, WORKER))
+    ok(launch(run_dir, e2e_shards, WORKER, *SAMPLES))
     return run_dir
 
 

@@ -10,7 +10,9 @@
   last to `state.callbacks` by `Trainer.__init__`, and on the engine running callbacks in list order).
 - `CHECKPOINT_RE`, `LATEST_LINK`: the names Composer gives checkpoints with its default `save_filename` and
   `save_latest_filename` (rank 0's file; an FSDP sharded checkpoint is a folder of that name without the suffix).
-- `LocalTensorboardLogger`: Composer's TensorboardLogger with one event file per launch (overrides its `_flush`).
+- `LocalTensorboardLogger`: Composer's TensorboardLogger with one event file per launch (overrides its `_flush`);
+  its `log_samples` writes the training samples as image summaries (an animated GIF per video, as torch's
+  `add_video` does without needing moviepy, and the PNG contact sheet), through torch's private file writer.
 """
 
 from __future__ import annotations
@@ -202,6 +204,25 @@ class LocalTensorboardLogger(TensorboardLogger):
                 continue
         if values and self.writer is not None:
             add_summary(self.writer, Summary(value=values), step)
+
+    def log_samples(self, step: int, folder, clips: list[dict]) -> None:
+        """The training samples of `step` (gcc/training/callbacks/samples.py): per clip, an animated GIF per
+        variant (`samples/<clip>/<variant>`) and the contact sheet (`samples/<clip>/sheet`), in the Images tab."""
+        if self._silent() or self.writer is None:
+            return
+        from tensorboard.compat.proto.summary_pb2 import Summary  # optional: only with a tensorboard logger
+
+        def image(tag: str, data: bytes, hw: tuple[int, int]):
+            img = Summary.Image(height=hw[0], width=hw[1], colorspace=3, encoded_image_string=data)
+            return Summary.Value(tag=tag, image=img)
+
+        values = []
+        for c in clips:
+            for name, v in c["videos"].items():
+                values.append(image(f"samples/{c['clip_id']}/{name}", v["gif"], v["hw"]))
+            values.append(image(f"samples/{c['clip_id']}/sheet", c["sheet"]["png"], c["sheet"]["hw"]))
+        add_summary(self.writer, Summary(value=values), step)
+        self.writer.flush()
 
     def eval_end(self, state: State, logger: Logger) -> None:
         self._flush(logger)

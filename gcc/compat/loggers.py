@@ -8,6 +8,8 @@ the run's name through them, resume the same run on a relaunch, and close it. Tw
 
 - `wandb_for_composer`: Composer reads the run's URL with `Run.get_url()`, which wandb removed (0.20) for
   `Run.url`; the method is put back, as an alias.
+- `mlflow_run`: the client and run id of Composer's MLFlowLogger (its private `_mlflow_client`, `_run_id`), to
+  log the training samples as artifacts (Composer's logger has no call for a file that is not an image).
 - `allow_mlflow_file_store`: MLflow 3 refuses its file store (a local run folder's `mlruns/`) unless
   `MLFLOW_ALLOW_FILE_STORE` is set; Composer's logger does not set it.
 
@@ -34,6 +36,11 @@ def wandb_for_composer() -> None:
 def allow_mlflow_file_store() -> None:
     require("mlflow-skinny", VERIFIED["mlflow-skinny"], "gcc/compat/loggers.py")
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+
+
+def mlflow_run(logger) -> tuple:
+    """(MlflowClient, run id) of a Composer MLFlowLogger; the run id is None before its INIT and off rank 0."""
+    return getattr(logger, "_mlflow_client", None), getattr(logger, "_run_id", None)
 
 
 def check_installed(names) -> None:

@@ -308,6 +308,8 @@ def convert(
         "converter_version": CONVERTER_VERSION,
         "signature": plan.signature,
         "source": str(src.resolve()),
+        # data gcc-synth made: the samples logged during training decode it with the synthetic world's decoder
+        "synthetic": is_synthetic(src),
         "source_index_sha256": plan.signature["source_index_sha256"],
         "text_table": TEXT_TABLE,
         "text_table_sha256": plan.signature["text_table_sha256"],

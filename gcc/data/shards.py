@@ -206,6 +206,8 @@ def check_manifest(m: Any, where: str) -> dict[str, Any]:
             check_component(m["name"], "name")
         except UnsafeName as e:
             raise BadInput(f"{where}: {e}") from None
+    if not isinstance(m.get("synthetic", False), bool):  # absent in a manifest of an earlier convert_data
+        raise bad("synthetic", "true or false")
     if not isinstance(m.get("text_keys"), int) or m["text_keys"] < 1:
         raise bad("text_keys", "a positive integer")
     splits, counts = m.get("splits"), m.get("counts")

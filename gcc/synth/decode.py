@@ -78,7 +78,7 @@ def gt_cell_classes(ids: np.ndarray, T: int, h: int, w: int, vocab_name: str = "
 
 def cells_to_pixels(cells: np.ndarray) -> np.ndarray:
     """Class per latent cell [T, h, w] -> per pixel [F, 16h, 16w]: each cell fills its 16x16 footprint in the
-    pixel frames of its latent frame."""
+    pixel frames of its latent frame. Trailing axes are kept ([T, h, w, 3] colours -> [F, 16h, 16w, 3])."""
     T = cells.shape[0]
     up = np.repeat(np.repeat(cells, VAE_STRIDE_S, axis=1), VAE_STRIDE_S, axis=2)
     frame_of = np.concatenate([np.full(hi - lo, k) for k, (lo, hi) in enumerate(latent_frame_spans(T))])

@@ -288,6 +288,12 @@ def main(argv=None) -> int:
     if sheets:
         print(f"  samples:     {sheets[0]}   (contact sheet: GT classes | generated classes | condition)")
         print(f"               one PNG + mp4 per clip in {', '.join(f'{p.parent}/' for p in sheets)}")
+    rounds = sorted((p for p in (run_dir / "samples").glob("step-*") if p.is_dir()), key=lambda p: int(p.name[5:]))
+    if rounds:
+        print(
+            f"  training samples: {run_dir / 'samples'}/step-{{{','.join(p.name[5:] for p in rounds)}}}/  (per clip: "
+            f"GT | conditioned | unconditioned | condition PNG, an mp4 per variant; the same in TensorBoard's Images tab)"
+        )
     print(f"  logs:        {run_dir / 'train_log.csv'}, {run_dir / 'val_log.csv'}")
     print(f"  tensorboard: {run_dir / 'tensorboard'}   (tensorboard --logdir {run_dir / 'tensorboard'})")
     print(f"  exports:     {', '.join(sorted(p.name for p in run_dir.glob('step-*.safetensors')))} in {run_dir}")

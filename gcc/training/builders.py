@@ -33,6 +33,10 @@ from gcc.model.fsdp import mean_gradients_on_gloo
 from gcc.model.objective import GcTrainModel
 from gcc.model.optim import build_optimizer, trainer_schedule_kwargs
 from gcc.redact import redact, redact_text
+from gcc.sampling.decoders import LatentPreview, SynthDecoder, VaeDecoder
+from gcc.sampling.media import FPS
+from gcc.sampling.sampler import WAN_SHIFT
+from gcc.sampling.vae import load_vae
 from gcc.training import loggers as run_loggers  # (build_trainer has a `loggers` argument)
 from gcc.training.batch_change import GlobalBatchRecord
 from gcc.training.callbacks import (
@@ -53,9 +57,10 @@ from gcc.training.callbacks import (
     ValidationLog,
 )
 from gcc.training.callbacks.console_log import console_lines_wanted
+from gcc.training.callbacks.samples import SampleSettings, TrainingSamples
 from gcc.training.callbacks.step_deadline import writes_at
 from gcc.training.checkpoint_store import store_for
-from gcc.training.config import TrainConfig
+from gcc.training.config import TrainConfig, samples_during_training
 from gcc.training.launch import RunStart, data_name, train_clips
 from gcc.training.peer_fault import PEER_GRACE_S, announce, watch_peers
 from gcc.training.run_folder import ckpt_dir
@@ -298,7 +303,14 @@ class RunCallbacks:
     validate_at_start: Any  # ValidateAtStart, or None (no step-0 validation: off, or a resume)
 
 
-def build_callbacks(cfg: TrainConfig, start: RunStart, model, per_rank_batch: int) -> RunCallbacks:
+def build_callbacks(
+    cfg: TrainConfig,
+    start: RunStart,
+    model,
+    per_rank_batch: int,
+    val_loader: DataLoader | None = None,
+    text: TextTable | None = None,
+) -> RunCallbacks:
     """The run's callbacks by name, in Composer's order (`callbacks` list); `after_saver` are appended after the
     Trainer exists (they must follow Composer's CheckpointSaver): the rotation, whose clock goes first (it times
     each save), and with `checkpoint_dir: s3://...` the upload."""
@@ -344,6 +356,7 @@ def build_callbacks(cfg: TrainConfig, start: RunStart, model, per_rank_batch: in
         grad_clip,
         stats,
         preemption,
+        *build_samples(cfg, start, model, val_loader, text),  # before StepDeadline: under the validation's deadline
         StepDeadline(
             watchdog,
             cfg.stall_timeout_s,
@@ -370,6 +383,46 @@ def build_callbacks(cfg: TrainConfig, start: RunStart, model, per_rank_batch: in
         at_start = ValidateAtStart(preemption, cfg.inject_sigterm_at_val0)
         ordered.append(at_start)
     return RunCallbacks(ordered, after_saver, preemption, global_batch, at_start)
+
+
+def build_samples(cfg: TrainConfig, start: RunStart, model, val_loader: DataLoader | None, text) -> list:
+    """[TrainingSamples], or [] when the run logs no samples (docs/sample.md). The clips: the first `sample_n` of the
+    fixed validation clips' rule (round-robin over the val runs); the decoder: the synthetic world's for gcc-synth
+    data, the Wan VAE with `model.vae_path`, else the latent preview."""
+    if val_loader is None or text is None or not samples_during_training(cfg):
+        return []
+    manifest = start.manifest
+    if manifest.get("synthetic", False):
+        decoder = SynthDecoder(text.keys, cfg.model.vocab)
+    elif cfg.model.vae_path:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        # each rank decodes its own clips: the VAE on every GPU, in bf16 there
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        decoder = VaeDecoder(load_vae(cfg.model.vae_path, device, dtype), device)
+    else:
+        decoder = LatentPreview()
+    settings = SampleSettings(
+        every_steps=cfg.val_every * cfg.sample_every,
+        max_steps=cfg.max_steps,
+        steps=cfg.sample_steps,
+        shift=WAN_SHIFT,
+        sem_cfg=float(cfg.sample_cfg),
+        seed=cfg.seed,
+        fps=FPS,
+        keep=cfg.keep_samples,
+    )
+    val_clips = val_loader.dataset.ds
+    return [
+        TrainingSamples(
+            cfg.run_dir,
+            model,
+            val_clips.get_item,
+            select_val_ids(manifest, cfg.sample_n),
+            decoder,
+            settings,
+            cfg.model.vocab,
+        )
+    ]
 
 
 def build_loggers(cfg: TrainConfig) -> list:

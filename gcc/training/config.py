@@ -20,7 +20,7 @@ import yaml
 from safetensors import SafetensorError
 
 from gcc import storage
-from gcc.cli import folder_problem, os_error_message
+from gcc.cli import folder_problem, input_file_problem, os_error_message
 from gcc.workers import PREEMPTION_GRACE_S
 
 
@@ -35,6 +35,9 @@ class ModelConfig:
     model_dir: str = ""  # base Wan2.2-TI2V-5B weights (sharded safetensors); "" = random init (tiny/CPU only)
     init_ckpt: str = ""  # warm start: a gc25d export (same vocab) or a plain Wan export
     legacy_zero_ckpt: str = ""  # warm start from a DeepSpeed ZeRO checkpoint dir (needs the `legacy` extra)
+    # the Wan2.2 VAE file (Wan2.2_VAE.pth as published) that decodes the samples logged during training on real data;
+    # "" = a latent preview (gcc-synth data has its own decoder)
+    vae_path: str = ""
     vocab: str = "parts"
     first_frame_cond: bool = True
     grad_ckpt: bool = True
@@ -95,6 +98,14 @@ class TrainConfig:
     val_n: int = 16
     val_timesteps: list = field(default_factory=lambda: [200, 500, 800])
     val_batch: int = 1
+    # samples during training (docs/sample.md): at every sample_every-th validation (and the last step's), sample_n
+    # fixed val clips sampled with their semantic condition and without it, from the same noise; logged as videos and
+    # a contact sheet to every logger and <run_dir>/samples/step-N/. 0 = off
+    sample_every: int = 2
+    sample_n: int = 2
+    sample_steps: int = 20  # denoising steps (FlowMatchScheduler, Wan's schedule, shift 5)
+    sample_cfg: float = 1.0  # semantic guidance of the conditioned variant (gcc-sample's --sem_cfg; 1 = none)
+    keep_samples: int = 0  # samples/step-N folders kept (0 = all)
     autoresume: bool = True
     # a launch with nothing to resume in a run folder that holds exports, log rows or checkpoints is refused (exit 3);
     # true starts over there on purpose, moving what the run wrote to <run_dir>/replaced/<time>/
@@ -313,6 +324,11 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError(f"{key}: must be positive, got {_get(cfg, key)}")
     if cfg.val_n < 0:
         raise ConfigError(f"val_n: must be >= 0, got {cfg.val_n}")
+    for key in ("sample_every", "sample_n", "keep_samples"):
+        if _get(cfg, key) < 0:
+            raise ConfigError(f"{key}: must be >= 0, got {_get(cfg, key)}")
+    if cfg.sample_steps < 1:
+        raise ConfigError(f"sample_steps: must be >= 1, got {cfg.sample_steps}")
     for key in ("data.text_dropout", "data.cond_dropout", "data.mask_p", "data.max_frame_coverage"):
         if not 0.0 <= _get(cfg, key) <= 1.0:
             raise ConfigError(f"{key}: must be in [0, 1], got {_get(cfg, key)}")
@@ -421,11 +437,16 @@ def _check_model_overrides(overrides: dict) -> None:
             raise ConfigError(f"model.overrides.{k}: expected {want}, got {v!r}")
 
 
+def samples_during_training(cfg: TrainConfig) -> bool:
+    """Whether the run logs samples: it validates (val_every, val_n) and sample_every, sample_n are on."""
+    return cfg.val_every > 0 and cfg.val_n > 0 and cfg.sample_every > 0 and cfg.sample_n > 0
+
+
 def check_inputs(cfg: TrainConfig) -> None:
     """What the config names outside itself, checked before any work (every rank does it, before the process
     group): the folders it writes (run_dir, data.cache_dir) must be folders; an s3:// data.path or checkpoint_dir
     needs a bucket the store serves; the weights it names (model.model_dir, model.init_ckpt,
-    model.legacy_zero_ckpt), where they exist, must be of the right kind and fit the model, read from their
+    model.legacy_zero_ckpt), where they exist, and model.vae_path (when the run samples), must be of the right kind and fit the model, read from their
     headers against the model built on the meta device (nothing allocated). Missing weights and a local
     data.path without a finished conversion are left to rank 0 (a resume loads no weights; data not ready is a
     refusal, exit 3: docs/training.md). Raises ConfigError naming the key; StorageUnavailable when the store
@@ -452,6 +473,9 @@ def check_inputs(cfg: TrainConfig) -> None:
         path = getattr(model, key)
         if path and Path(path).exists() and not Path(path).is_dir():
             raise ConfigError(f"model.{key}: {path}: is a file, expected {wanted}")
+    problem = model.vae_path and samples_during_training(cfg) and input_file_problem(model.vae_path)
+    if problem:  # unlike weights, a resume needs it too
+        raise ConfigError(f"model.vae_path: {model.vae_path}: {problem} (expected Wan2.2_VAE.pth as published)")
     legacy = Path(model.legacy_zero_ckpt) if model.legacy_zero_ckpt else None
     if legacy is not None and legacy.is_dir() and not (legacy / "latest").is_file():
         raise ConfigError(

@@ -25,7 +25,7 @@ from typing import Any
 from composer.loggers import MLFlowLogger, WandBLogger
 
 from gcc.compat.composer import LocalTensorboardLogger
-from gcc.compat.loggers import allow_mlflow_file_store, check_installed, wandb_for_composer
+from gcc.compat.loggers import allow_mlflow_file_store, check_installed, mlflow_run, wandb_for_composer
 from gcc.training.csv_logger import CSVLogger
 
 LOGGERS = ("tensorboard", "wandb", "mlflow")
@@ -47,10 +47,32 @@ class TablelessWandBLogger(WandBLogger):
     def download_file(self, remote_file_name: str, *args, **kwargs) -> None:
         raise FileNotFoundError(f"{remote_file_name}: gcc keeps checkpoints in the run folder, not in W&B")
 
+    def log_samples(self, step: int, folder: Path, clips: list[dict]) -> None:
+        """The training samples (gcc/training/callbacks/samples.py): a `wandb.Video` per clip and variant (the
+        mp4 in `folder`) and the contact sheet as a `wandb.Image`."""
+        if not self._enabled:
+            return
+        import wandb  # optional: only when the yaml asks for W&B
+
+        media = {}
+        for c in clips:
+            for name, v in c["videos"].items():
+                media[f"samples/{c['clip_id']}/{name}"] = wandb.Video(str(folder / v["file"]), format="mp4")
+            media[f"samples/{c['clip_id']}/sheet"] = wandb.Image(str(folder / c["sheet"]["file"]))
+        wandb.log(media, step=step)
+
 
 class TablelessMLFlowLogger(MLFlowLogger):
     def log_table(self, *args, **kwargs) -> None:  # the CSV logger keeps the per-step rows
         pass
+
+    def log_samples(self, step: int, folder: Path, clips: list[dict]) -> None:
+        """The training samples' folder (mp4s, contact sheets, samples.json) as artifacts under
+        `samples/step-N/`."""
+        client, run_id = mlflow_run(self)
+        if client is None or run_id is None:
+            return
+        client.log_artifacts(run_id, str(folder), artifact_path=f"samples/step-{step}")
 
 
 def _composer_class(name: str):

@@ -39,6 +39,7 @@ from gcc.data.dataset import stop_loader_workers
 from gcc.errors import DamagedData, LockTimeout, StorageUnavailable, disk_full
 from gcc.model.dit import count_params
 from gcc.redact import secret_keys
+from gcc.sampling.vae import VaeError
 from gcc.training import builders as B
 from gcc.training.batch_change import continue_after_change
 from gcc.training.callbacks import NonFiniteLoss, PreemptedBeforeFirstStep
@@ -78,9 +79,11 @@ def fault_message(e: BaseException) -> str:
 
 def as_fault(e: BaseException, run_dir: str) -> tuple[int, str] | None:
     """(exit code, message) for a fault that stops the run cleanly: damaged data, storage away, disk full, a
-    node-wide lock held too long."""
+    node-wide lock held too long, a VAE file that is not one."""
     if isinstance(e, DamagedData):
         return EXIT_DATA, f"damaged data: {fault_message(e)}"
+    if isinstance(e, VaeError):  # every rank loads the same file: every rank stops here
+        return EXIT_CONFIG, f"model.vae_path: {fault_message(e)}"
     if isinstance(e, LockTimeout):
         return EXIT_STALLED, fault_message(e)
     if isinstance(e, StorageUnavailable):
@@ -148,14 +151,15 @@ def _run(cfg) -> int:
     )
     fsdp = B.parallelism_config(cfg)
     model = B.build_model(cfg, text, fsdp=fsdp is not None)
-    parts = B.build_callbacks(cfg, start, model, per_rank)
+    val_loader = B.build_val_loader(cfg)
+    parts = B.build_callbacks(cfg, start, model, per_rank, val_loader, text)
     t_build = time.time()
     trainer = B.build_trainer(
         cfg,
         device,
         model,
         B.build_train_loader(cfg, per_rank),
-        B.build_evaluators(cfg, B.build_val_loader(cfg), parts.preemption),
+        B.build_evaluators(cfg, val_loader, parts.preemption),
         parts.callbacks,
         B.build_loggers(cfg),
         fsdp,

@@ -4,6 +4,7 @@ tests/training/test_loggers.py)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from gcc.compat.loggers import check_installed, wandb_for_composer
 
@@ -19,3 +20,27 @@ def test_check_installed_passes_for_the_verified_versions_and_ignores_other_name
     pytest.importorskip("wandb")
     pytest.importorskip("mlflow")
     check_installed({"wandb": {}, "mlflow": {}, "tensorboard": {}})
+
+
+def test_composers_mlflow_logger_keeps_the_client_and_run_id_the_samples_are_logged_with(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    from composer.core import State
+    from composer.loggers import Logger, MLFlowLogger
+
+    from gcc.compat.loggers import allow_mlflow_file_store, mlflow_run
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    allow_mlflow_file_store()
+    dest = MLFlowLogger(
+        experiment_name="contract", tracking_uri=(tmp_path / "mlruns").as_uri(), log_system_metrics=False
+    )
+    assert mlflow_run(dest)[1] is None  # before INIT: no run yet
+    state = State(model=torch.nn.Linear(1, 1), rank_zero_seed=0, run_name="contract", device="cpu")
+    dest.init(state, Logger(state, destinations=[dest]))
+    try:
+        client, run_id = mlflow_run(dest)
+        (tmp_path / "a.txt").write_text("x")
+        client.log_artifact(run_id, str(tmp_path / "a.txt"), artifact_path="samples/step-0")
+        assert [a.path for a in client.list_artifacts(run_id, "samples/step-0")] == ["samples/step-0/a.txt"]
+    finally:
+        dest.post_close()

@@ -16,13 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import make_prepared
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from gcc.data import convert as C
 from gcc.data.shards import MANIFEST, TEXT_TABLE, ClipRecord, bf16_to_bits, read_manifest
 from gcc.errors import BadInput
+from gcc.synth.world import make_prepared
 from gcc.vocab import key_to_id
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -318,6 +318,20 @@ CASES: dict[str, Case] = {
         2,
         lambda w: (w.train(f"model.model_dir={w.folder('wan')}"), ["model.model_dir", "diffusion_pytorch_model"]),
     ),
+    "train-vae-path-missing": (
+        "gcc.train",
+        2,
+        lambda w: (
+            w.train(f"model.vae_path={w.folder()}/Wan2.2_VAE.pth"),
+            ["model.vae_path", "Wan2.2_VAE.pth", "not found"],
+        ),
+    ),
+    "train-vae-path-a-folder": (
+        "gcc.train",
+        2,
+        lambda w: (w.train(f"model.vae_path={w.folder('vae')}"), ["model.vae_path", "is a folder, expected a file"]),
+    ),
+    "train-sample-steps-zero": ("gcc.train", 2, lambda w: (w.train("sample_steps=0"), ["sample_steps", ">= 1"])),
     "train-legacy-ckpt-without-latest": (
         "gcc.train",
         2,

@@ -19,12 +19,12 @@ from safetensors.torch import save_file
 
 from gcc.model.dit import wan_keys
 from gcc.model.export import save_gc
+from gcc.sampling import metrics as M
+from gcc.sampling import sampler as SA
+from gcc.sampling import vae as V
 from gcc.tools.sample import cli
 from gcc.tools.sample import dit as D
-from gcc.tools.sample import metrics as M
-from gcc.tools.sample import sampler as SA
 from gcc.tools.sample import sources as SRC
-from gcc.tools.sample import vae as V
 from gcc.tools.sample.errors import SampleError
 from gcc.vocab import UNKNOWN, colorize
 
@@ -380,7 +380,7 @@ def test_tiny_vae_roundtrip_shapes(assets):
     assert V.vae_decode(vae, z, "cpu").shape == (9, 64, 96, 3)
     bad = assets["root"] / "bad_vae.pth"
     torch.save({"foo": torch.zeros(1)}, bad)
-    with pytest.raises(SampleError, match="not a Wan2.2 VAE"):
+    with pytest.raises(V.VaeError, match="not a Wan2.2 VAE"):
         V.load_vae(bad)
 
 

@@ -68,9 +68,12 @@ def test_sft_v10_is_the_spec_defaults():
     assert c.val_at_start and load_config(None).val_at_start  # the baseline row, by default too
     assert (c.data.text_dropout, c.data.cond_dropout, c.data.mask_p, c.data.num_workers) == (0.1, 0.05, 0.5, 4)
     assert (c.model.grad_ckpt, c.model.vocab, c.parallelism, c.precision) == (True, "parts", "fsdp", "amp_bf16")
-    # the typed config's defaults are these values (docs/design.md §8), all but where the base weights lie
+    # samples during training: every 2nd validation, 2 clips, 20 steps (docs/sample.md: ~0.8 % of training time)
+    assert (c.sample_every, c.sample_n, c.sample_steps, c.sample_cfg, c.keep_samples) == (2, 2, 20, 1.0, 0)
+    # the typed config's defaults are these values (docs/design.md §8), all but where the base weights and VAE lie
     defaults = asdict(load_config(None))
     defaults["model"]["model_dir"] = c.model.model_dir
+    defaults["model"]["vae_path"] = c.model.vae_path
     assert defaults == asdict(c)
 
 
@@ -95,6 +98,9 @@ def test_sft_v10_is_the_spec_defaults():
         (["data.limit=2.5"], "data.limit: expected int or null, got float 2.5"),
         (["data.limit=true"], "data.limit: expected int or null, got bool True"),
         (["data.limit=all"], "data.limit: expected int or null, got str 'all'"),
+        (["sample_steps=0"], "sample_steps: must be >= 1, got 0"),
+        (["sample_n=-1"], "sample_n: must be >= 0, got -1"),
+        (["sample_cfg=.nan"], "sample_cfg: expected a finite number, got nan"),
     ],
 )
 def test_bad_config_names_the_key(overrides, match):

@@ -7,6 +7,7 @@ shapes) loading published-layout base weights shard by shard.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -17,6 +18,7 @@ import torch
 from _gc_helpers import save_wan_layout
 from _launch import (
     CLIP,
+    SAMPLES,
     WORKER,
     assert_grad_norm_logged_before_clipping,
     exact,
@@ -25,9 +27,11 @@ from _launch import (
     launch,
     ok,
     rows,
+    same_samples,
     start_bg,
     wait_for_step,
 )
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gcc.training.run_folder import checkpoint_step
 
@@ -41,7 +45,7 @@ NUMERIC = ["loss", "mse", "grad_norm", "sem_rms", "x_rms"]  # the same computati
 def fsdp_reference(e2e_shards, tmp_path_factory):
     """One uninterrupted 12-step FSDP2 run on 2 ranks; the interrupted FSDP runs must reproduce it."""
     run_dir = tmp_path_factory.mktemp("fsdp_ref") / "run"
-    ok(launch(run_dir, e2e_shards, FSDP, AC))
+    ok(launch(run_dir, e2e_shards, FSDP, AC, *SAMPLES))
     return run_dir
 
 
@@ -81,11 +85,26 @@ def test_fsdp_trains_as_ddp_and_writes_sharded_checkpoints(fsdp_reference, refer
     assert set(a) == set(b) and len(a) == len(b)
     assert all(torch.allclose(a[k].float(), b[k].float(), rtol=2e-2, atol=1e-3) for k in a)
     assert meta_a["format"] == "gc25d" and meta_a["step"] == "12"
+    # samples with the model sharded: every rank samples in lockstep (3 clips on 2 ranks), rank 0 gathers; the same
+    # clips and, from the same noise and nearly the same weights, nearly the same scores as DDP
+    for s in (0, 6, 12):
+        got, want = (
+            json.loads((r / "samples" / f"step-{s}" / "samples.json").read_text()) for r in (fsdp_reference, reference)
+        )
+        assert got["clips"].keys() == want["clips"].keys() and len(got["clips"]) == 3
+        for c in got["clips"]:
+            for v in ("cond", "uncond"):
+                assert got["clips"][c][v] == pytest.approx(want["clips"][c][v], abs=0.05), (s, c, v)
+    (events,) = (fsdp_reference / "tensorboard").rglob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events), size_guidance={"images": 0}).Reload()
+    assert len(acc.Tags()["images"]) == 9 and all(
+        [i.step for i in acc.Images(t)] == [0, 6, 12] for t in acc.Tags()["images"]
+    )
 
 
 def test_fsdp_exact_resume_after_sigkill_never_reads_a_partial_checkpoint(fsdp_reference, e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
-    p = start_bg(run_dir, e2e_shards, WORKER, FSDP, AC)
+    p = start_bg(run_dir, e2e_shards, WORKER, FSDP, AC, *SAMPLES)
     wait_for_step(run_dir, 8, p)  # past the step-6 checkpoint, before step 9's
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
@@ -99,7 +118,7 @@ def test_fsdp_exact_resume_after_sigkill_never_reads_a_partial_checkpoint(fsdp_r
     (partial / ".metadata").rename(partial / ".metadata.tmp")
     (ckpts / "latest-rank0.pt").unlink()
     os.symlink(partial.name, ckpts / "latest-rank0.pt")
-    r = ok(launch(run_dir, e2e_shards, FSDP, AC))
+    r = ok(launch(run_dir, e2e_shards, FSDP, AC, *SAMPLES))
     assert "removing incomplete/stale ep9-ba9" in r.stdout and "resuming from" in r.stdout
     assert exact(rows(run_dir)) == exact(rows(fsdp_reference))  # to the last digit
     a, _ = export_tensors(fsdp_reference / "step-12.safetensors")
@@ -107,6 +126,7 @@ def test_fsdp_exact_resume_after_sigkill_never_reads_a_partial_checkpoint(fsdp_r
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert meta_b["resumed_step"] == "6" and meta_b["resumed_from"].endswith(f"/{done.name}")
     assert [checkpoint_step(p) for p in ckpt_folders(run_dir)] == [9, 12]  # rotation across the restart
+    same_samples(fsdp_reference, run_dir)  # sharded sampling after a resume: the same pictures
 
 
 def test_fsdp_preemption_checkpoints_and_resumes(fsdp_reference, e2e_shards, tmp_path):

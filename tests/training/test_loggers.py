@@ -3,6 +3,7 @@ loggers receive the same train/ and val/ keys, and a relaunch continues the same
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import subprocess
@@ -136,3 +137,33 @@ def test_tensorboard_wandb_and_mlflow_get_the_same_keys_and_a_relaunch_continues
 
     assert _ours(tb) == _ours(wb) == _ours(ml) == expected
     assert not list(run_dir.glob("mlruns/**/artifacts/*.json"))  # the CSV rows stay out of MLflow (no tables)
+
+    # samples during training (every second validation and the last step: 0, 4 in the first launch, 6 in the
+    # second) reach every logger: TensorBoard images (a GIF per clip and variant, the contact sheet), W&B videos and
+    # images, MLflow artifacts, and the scalars
+    sample_steps = [0, 4, 6]
+    clips = sorted(json.loads((run_dir / "samples" / "step-0" / "samples.json").read_text())["clips"])
+    assert len(clips) == 2 and sorted(p.name for p in (run_dir / "samples").iterdir()) == [
+        f"step-{s}" for s in sample_steps
+    ]
+    tags = {f"samples/{c}/{v}" for c in clips for v in ("cond", "uncond", "sheet")}
+    tb_images: dict[str, list[int]] = {}
+    for e in events:
+        acc = EventAccumulator(str(e), size_guidance={"images": 0}).Reload()
+        for tag in acc.Tags()["images"]:
+            for im in acc.Images(tag):
+                assert im.encoded_image_string[:6] in (b"GIF89a", b"\x89PNG\r\n")
+                tb_images.setdefault(tag, []).append(im.step)
+    assert tb_images == {t: sample_steps for t in tags}
+    # a W&B media value is a nested record ({_type: video-file | image-file, path, ...}) under its key
+    wb_media = {step: m for step, keys in history if (m := {k.removesuffix("/_type") for k in keys} & tags)}
+    assert wb_media == {s: tags for s in sample_steps}
+    offline = sorted(run_dir.glob("wandb/offline-run-*/files/media"))
+    assert len(list(offline[0].rglob("*.mp4"))) == 2 * len(clips) * 2  # steps 0 and 4: a video per clip and variant
+    assert len(list(offline[0].rglob("*.png"))) == 2 * len(clips)
+    run_id = runs[0].info.run_id
+    for s in sample_steps:
+        names = {Path(a.path).name for a in client.list_artifacts(run_id, f"samples/step-{s}")}
+        assert names == {f"{c}.{v}" for c in clips for v in ("cond.mp4", "uncond.mp4", "png")} | {"samples.json"}
+    for keys in (tb, wb, ml):
+        assert {"sample/agreement_cond", "sample/agreement_uncond", "sample/seconds"} <= keys

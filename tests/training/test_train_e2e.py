@@ -21,6 +21,7 @@ import pytest
 import torch
 from _launch import (
     CLIP,
+    SAMPLES,
     WORKER,
     assert_grad_norm_logged_before_clipping,
     exact,
@@ -29,6 +30,7 @@ from _launch import (
     launch,
     ok,
     rows,
+    same_samples,
     start_bg,
     wait_for,
     wait_for_step,
@@ -70,6 +72,22 @@ def test_reference_run_outputs(reference, e2e_shards):
         ["val", "step", "0"]
     ] * 3
     assert " rank 0 INFO gcc.train: done: step 12 in " in log[-1]
+    # samples at every validation: 3 clips sampled by 2 ranks (the first 3 of the fixed val clips), each with its
+    # condition and without it, in samples/step-N/ and TensorBoard, and the scores as scalars
+    val_ids = json.loads((e2e_shards / "manifest.json").read_text())["splits"]["val"]["clip_ids"]
+    for s in (0, 6, 12):
+        info = json.loads((reference / "samples" / f"step-{s}" / "samples.json").read_text())
+        assert len(info["clips"]) == 3 and set(info["clips"]) <= set(val_ids)
+        assert info["settings"]["steps"] == 4 and info["decoder"].startswith("synthetic")
+        assert len(list((reference / "samples" / f"step-{s}").glob("*.mp4"))) == 6
+    assert sum("samples at step" in ln for ln in log) == 3
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = (reference / "tensorboard").rglob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events), size_guidance={"images": 0}).Reload()
+    assert len(acc.Tags()["images"]) == 3 * 3  # per clip: cond, uncond, sheet
+    assert all([im.step for im in acc.Images(t)] == [0, 6, 12] for t in acc.Tags()["images"])
+    assert [ev.step for ev in acc.Scalars("sample/agreement_cond")] == [0, 6, 12]
 
 
 def test_every_step_has_the_full_global_batch_and_a_resume_at_an_epochs_end_is_exact(reference, e2e_shards, tmp_path):
@@ -112,11 +130,11 @@ def test_every_step_has_the_full_global_batch_and_a_resume_at_an_epochs_end_is_e
 
 def test_exact_resume_after_sigkill(reference, e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
-    p = start_bg(run_dir, e2e_shards, WORKER)
+    p = start_bg(run_dir, e2e_shards, WORKER, *SAMPLES)
     wait_for_step(run_dir, 8, p)  # past the step-6 checkpoint, before step 9's
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
-    r = ok(launch(run_dir, e2e_shards))
+    r = ok(launch(run_dir, e2e_shards, *SAMPLES))
     assert "resuming from" in r.stdout
     assert exact(rows(run_dir)) == exact(rows(reference))  # clips, drops, mask, timestep, loss: exactly
     assert compare_main([str(reference), str(run_dir)]) == 0  # what a user runs to check it: logs and exports
@@ -125,6 +143,7 @@ def test_exact_resume_after_sigkill(reference, e2e_shards, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert meta_b["resumed_step"] in ("6", "9") and meta_b["resumed_from"].endswith("-rank0.pt")
     assert meta_a["resumed_from"] == ""
+    same_samples(reference, run_dir)  # step 12's by the resumed launch: the same pictures as uninterrupted
 
 
 def _ranks_of(run_dir: Path) -> list[int]:

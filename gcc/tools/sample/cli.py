@@ -10,7 +10,7 @@ Choices (docs/sample.md has the full description):
   into classes, compared cell by cell with the clip's sem ids (`gcc.tools.sample.judges`).
 * The clean first frame is latent frame 0 of the clip's `input_latents` (what the model was trained with; the
   prep writes the VAE encoding of the same frames), not a re-encoding of the GT jpg.
-* Noise is a pure function of (seed, clip_id); guidance as in `gcc.tools.sample.sampler`.
+* Noise is a pure function of (seed, clip_id); guidance as in `gcc.sampling.sampler`.
 * The vocab is the checkpoint's (metadata); `--vocab` with `--ckpt` is only an assertion.
 * PSNR of identical videos (MSE 0, PSNR infinite) is reported as `null` in every json.
 """
@@ -34,15 +34,15 @@ from tqdm import tqdm
 from gcc import exit_codes
 from gcc.cli import folder_problem, run_tool
 from gcc.geometry import Geometry
+from gcc.sampling.media import FPS, write_json
+from gcc.sampling.sampler import clip_noise, sample_latents, sync
+from gcc.sampling.vae import VaeError, find_vae_file
 from gcc.synth.decode import is_synthetic
 from gcc.synth.world import MARKER
 from gcc.tools.sample.dit import check_fits, ckpt_vocab, load_dit
 from gcc.tools.sample.errors import SampleError
 from gcc.tools.sample.judges import SynthJudge, VaeJudge
-from gcc.tools.sample.outputs import FPS, write_json
-from gcc.tools.sample.sampler import clip_noise, sample_latents, sync
 from gcc.tools.sample.sources import open_source, parse_clip_ids, select_clips
-from gcc.tools.sample.vae import find_vae_file
 from gcc.vocab import UNKNOWN, VOCABS, collapse_parts
 
 logger = logging.getLogger(__name__)
@@ -193,7 +193,10 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             raise SampleError(
                 "--base loads the Wan weights of --model_dir: pass --model_dir (the Wan2.2-TI2V-5B folder)"
             )
-    vae_path = find_vae_file(a.model_dir) if a.model_dir else None
+    try:
+        vae_path = find_vae_file(a.model_dir) if a.model_dir else None
+    except VaeError as e:
+        raise SampleError(f"--model_dir {e}") from None
     check_fits(a.model, vocab, ckpt=a.ckpt, model_dir=a.model_dir)
     src = open_source(a.data_root)
     if vae_path is None and not is_synthetic(src.prepared_root):

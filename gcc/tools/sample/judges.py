@@ -16,14 +16,14 @@ import numpy as np
 import torch
 
 from gcc.geometry import Geometry, latent_frame_spans
+from gcc.sampling.media import sheet_rows, write_contact_sheet, write_json, write_panels_mp4
+from gcc.sampling.metrics import video_metrics
+from gcc.sampling.sampler import sync
+from gcc.sampling.vae import load_vae, vae_decode, vae_encode
 from gcc.synth import world as synth
 from gcc.synth.decode import agreement, cells_to_pixels, decode_classes, gt_cell_classes
 from gcc.tools.sample.errors import SampleError
-from gcc.tools.sample.metrics import video_metrics
-from gcc.tools.sample.outputs import write_contact_sheet, write_json, write_panels_mp4
-from gcc.tools.sample.sampler import sync
 from gcc.tools.sample.sources import read_gt, resample_rgb
-from gcc.tools.sample.vae import load_vae, vae_decode, vae_encode
 from gcc.vocab import NULL_PROMPT, colorize
 
 
@@ -146,7 +146,7 @@ class SynthJudge:
         ]
         write_panels_mp4(out / f"{cid}.mp4", *panels, fps=self.a.fps)
         spans, labels, sheet = latent_frame_spans(geo.T), [], []
-        for k in _sheet_rows(geo.T):
+        for k in sheet_rows(geo.T):
             _lo, hi = spans[k]
             shown = hi - 1  # the last pixel frame of the latent frame: the condition as the model saw it there
             sheet.append([p[shown] for p in panels])
@@ -182,11 +182,6 @@ class SynthJudge:
             f"{_fmt(mean['class_agreement'], 3)} over {len(metrics['clips'])} clip(s) ({per}); repeating the "
             f"given frame 0 would score {_fmt(mean['class_agreement_copy_frame0'], 3)}"
         )
-
-
-def _sheet_rows(T: int, most: int = 4) -> list[int]:
-    """Up to `most` latent frames for the contact sheet, evenly spread from 0 to the last."""
-    return sorted({int(round(x)) for x in np.linspace(0, T - 1, min(T, most))})
 
 
 def _fmt(v: float | None, digits: int) -> str:

@@ -17,6 +17,8 @@ import torch
 from gcc.model.seeds import stable_seed
 from gcc.vocab import UNKNOWN
 
+WAN_SHIFT = 5.0  # the sigma shift of Wan2.2 TI2V's schedule, training's too (gcc/model/objective.py)
+
 
 def sync(device) -> None:
     """Wait for the device's queued work (cuda), so a timing covers it."""
@@ -48,7 +50,7 @@ def sample_latents(
     sem: torch.Tensor,
     noise: torch.Tensor,
     steps: int = 50,
-    shift: float = 5.0,
+    shift: float = WAN_SHIFT,
     cfg: float = 1.0,
     sem_cfg: float = 1.0,
     on_step: Callable[[], None] | None = None,

@@ -1,7 +1,9 @@
-"""What the tool writes: the GT | generated | cond mp4, the contact sheet PNG and the json files, each atomically."""
+"""The files of a sample, each written atomically: the side-by-side mp4, the PNG contact sheet and the json files;
+and the animated GIF that TensorBoard shows for a video."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,28 @@ def write_panels_mp4(path: Path, gt: np.ndarray, gen: np.ndarray, cond_rgb: np.n
                 w.append_data(f)
         finally:
             w.close()
+
+
+def gif_bytes(frames: np.ndarray, fps: int = FPS, max_side: int = 512) -> tuple[bytes, tuple[int, int]]:
+    """uint8 [F, H, W, 3] -> (an animated GIF looping forever, (height, width)), downscaled by an integer factor
+    until its longer side is at most `max_side` (a full-size clip would be hundreds of MB in an event file)."""
+    H, W = frames.shape[1:3]
+    k = max(1, -(-max(H, W) // max_side))
+    small = frames[:, ::k, ::k]
+    images = [Image.fromarray(np.ascontiguousarray(f)) for f in small]
+    buf = io.BytesIO()
+    images[0].save(buf, format="GIF", save_all=True, append_images=images[1:], duration=round(1000 / fps), loop=0)
+    return buf.getvalue(), (int(small.shape[1]), int(small.shape[2]))
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """(height, width) of a PNG, from its IHDR chunk."""
+    return int.from_bytes(data[20:24], "big"), int.from_bytes(data[16:20], "big")
+
+
+def sheet_rows(n: int, most: int = 4) -> list[int]:
+    """Up to `most` of the frames 0..n-1 for a contact sheet, evenly spread from the first to the last."""
+    return sorted({int(round(x)) for x in np.linspace(0, n - 1, min(n, most))})
 
 
 def write_json(path: Path, obj: Any) -> None:

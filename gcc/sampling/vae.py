@@ -8,7 +8,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gcc.tools.sample.errors import SampleError
+from gcc.errors import BadInput
+
+
+class VaeError(BadInput):
+    """A VAE file or folder that cannot be used; the message names it and what was expected."""
+
 
 VAE_FILES = ("Wan2.2_VAE.pth", "Wan2.2_VAE.safetensors")  # as published / DiffSynth's converted copy
 
@@ -16,13 +21,12 @@ VAE_FILES = ("Wan2.2_VAE.pth", "Wan2.2_VAE.safetensors")  # as published / DiffS
 def find_vae_file(model_dir: str | os.PathLike) -> Path:
     d = Path(model_dir)
     if not d.is_dir():
-        raise SampleError(f"--model_dir {d}: not a directory (expected the Wan2.2-TI2V-5B folder as published)")
+        raise VaeError(f"{d}: not a directory (expected the Wan2.2-TI2V-5B folder as published)")
     for name in VAE_FILES:
         if (d / name).is_file():
             return d / name
-    raise SampleError(
-        f"--model_dir {d}: no VAE file ({' or '.join(VAE_FILES)}); the Wan2.2-TI2V-5B folder as "
-        f"published holds Wan2.2_VAE.pth"
+    raise VaeError(
+        f"{d}: no VAE file ({' or '.join(VAE_FILES)}); the Wan2.2-TI2V-5B folder as published holds Wan2.2_VAE.pth"
     )
 
 
@@ -52,9 +56,9 @@ def load_vae(path: str | os.PathLike, device: str | torch.device = "cpu", dtype:
         dim = int(sd["model.encoder.conv1.weight"].shape[0])
         dec_dim = int(sd["model.decoder.conv1.weight"].shape[0]) // 4
     except KeyError as e:
-        raise SampleError(f"{path}: not a Wan2.2 VAE state dict (no {e})") from None
+        raise VaeError(f"{path}: not a Wan2.2 VAE state dict (no {e})") from None
     except Exception as e:
-        raise SampleError(f"{path}: cannot be read as a VAE state dict: {e}") from None
+        raise VaeError(f"{path}: cannot be read as a VAE state dict: {e}") from None
     with skip_model_initialization():
         vae = WanVideoVAE38(z_dim=z_dim, dim=dim)
         if dec_dim != 256:  # VideoVAE38_'s default decoder width, the published one
@@ -62,7 +66,7 @@ def load_vae(path: str | os.PathLike, device: str | torch.device = "cpu", dtype:
     try:
         vae.load_state_dict(sd, assign=True, strict=True)
     except RuntimeError as e:
-        raise SampleError(
+        raise VaeError(
             f"{path}: does not fit WanVideoVAE38(z_dim={z_dim}, dim={dim}, dec_dim={dec_dim}): {e}"
         ) from None
     return vae.to(device=device, dtype=dtype).eval()
