@@ -74,6 +74,20 @@ class LatentPreview:
         return None
 
 
+def pick_decoder(synthetic: bool, vae_path: str, prompt_keys: Sequence[str], vocab: str):
+    """The synthetic decoder for data gcc-synth made, else the Wan VAE of `vae_path` (on this rank's GPU in bf16,
+    else the CPU in fp32), else the latent preview."""
+    if synthetic:
+        return SynthDecoder(prompt_keys, vocab)
+    if vae_path:
+        from gcc.sampling.vae import load_vae  # diffsynth's VAE: only a run with model.vae_path gets here
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        return VaeDecoder(load_vae(vae_path, device, dtype), device)
+    return LatentPreview()
+
+
 def _cells(latents: torch.Tensor) -> np.ndarray:
     """[C, T, h, w] -> float64 [T*h*w, C]."""
     lat = latents.detach().float().cpu().numpy().astype(np.float64)

@@ -33,10 +33,9 @@ from gcc.model.fsdp import mean_gradients_on_gloo
 from gcc.model.objective import GcTrainModel
 from gcc.model.optim import build_optimizer, trainer_schedule_kwargs
 from gcc.redact import redact, redact_text
-from gcc.sampling.decoders import LatentPreview, SynthDecoder, VaeDecoder
+from gcc.sampling.decoders import pick_decoder
 from gcc.sampling.media import FPS
 from gcc.sampling.sampler import WAN_SHIFT
-from gcc.sampling.vae import load_vae
 from gcc.training import loggers as run_loggers  # (build_trainer has a `loggers` argument)
 from gcc.training.batch_change import GlobalBatchRecord
 from gcc.training.callbacks import (
@@ -392,15 +391,8 @@ def build_samples(cfg: TrainConfig, start: RunStart, model, val_loader: DataLoad
     if val_loader is None or text is None or not samples_during_training(cfg):
         return []
     manifest = start.manifest
-    if manifest.get("synthetic", False):
-        decoder = SynthDecoder(text.keys, cfg.model.vocab)
-    elif cfg.model.vae_path:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        # each rank decodes its own clips: the VAE on every GPU, in bf16 there
-        dtype = torch.bfloat16 if device == "cuda" else torch.float32
-        decoder = VaeDecoder(load_vae(cfg.model.vae_path, device, dtype), device)
-    else:
-        decoder = LatentPreview()
+    # each rank decodes its own clips: with a VAE, one on every GPU
+    decoder = pick_decoder(manifest.get("synthetic", False), cfg.model.vae_path, text.keys, cfg.model.vocab)
     settings = SampleSettings(
         every_steps=cfg.val_every * cfg.sample_every,
         max_steps=cfg.max_steps,

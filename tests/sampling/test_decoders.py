@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from gcc.compat.diffsynth import VideoVAE38_
 from gcc.geometry import VAE_STRIDE_S, pixel_frames
-from gcc.sampling.decoders import LatentPreview, SynthDecoder, preview_map
+from gcc.sampling.decoders import LatentPreview, SynthDecoder, VaeDecoder, pick_decoder, preview_map
 from gcc.synth import world as synth
 from gcc.synth.decode import gt_cell_classes
 from gcc.vocab import colorize
@@ -56,3 +57,23 @@ def test_the_latent_preview_is_one_fixed_map_for_the_gt_and_a_sample():
     m2, b2, s2 = preview_map(lat.clone())
     assert np.array_equal(basis, b2) and np.array_equal(scale, s2) and np.array_equal(mean, m2)
     assert prev.score(other, a) is None and prev.score_name is None
+
+
+def test_the_vae_decoder_scores_psnr_against_the_clips_own_latents_decoded(tmp_path):
+    """A tiny WanVideoVAE38 saved as published (the bare network's state dict), picked for real data with a
+    vae_path; frame 0 is left out of the score."""
+    torch.manual_seed(5)
+    torch.save(VideoVAE38_(dim=8, z_dim=48, dec_dim=8).state_dict(), tmp_path / "Wan2.2_VAE.pth")
+    lat, keys, ids, _sem, g = synth_clip()
+    dec = pick_decoder(False, str(tmp_path / "Wan2.2_VAE.pth"), keys, "parts")
+    assert isinstance(dec, VaeDecoder) and dec.score_name == "psnr"
+    gt = dec.decode(lat, ids, lat)
+    assert gt.frames.shape == (pixel_frames(g.T), 16 * g.h, 16 * g.w, 3) and gt.cells is None
+    assert dec.score(dec.decode(lat.clone(), ids, lat), gt) is None  # identical: PSNR infinite
+    other = lat.clone()
+    other[:, 1:] += torch.randn_like(other[:, 1:])
+    psnr = dec.score(dec.decode(other, ids, lat), gt)
+    assert psnr is not None and 0 < psnr < 100
+    # gcc-synth data is decoded by its own decoder even with a VAE; without either, the latent preview
+    assert isinstance(pick_decoder(True, str(tmp_path / "Wan2.2_VAE.pth"), keys, "parts"), SynthDecoder)
+    assert isinstance(pick_decoder(False, "", keys, "parts"), LatentPreview)
