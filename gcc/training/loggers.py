@@ -50,9 +50,10 @@ class TablelessWandBLogger(WandBLogger):
     def log_samples(self, step: int, folder: Path, clips: list[dict]) -> None:
         """The training samples (gcc/training/callbacks/samples.py): a `wandb.Video` per clip and variant (the
         mp4 in `folder`) and the contact sheet as a `wandb.Image`."""
-        if not self._enabled:
-            return
         import wandb  # optional: only when the yaml asks for W&B
+
+        if wandb.run is None:  # not started (the callback calls this on rank 0, where Composer starts it)
+            return
 
         media = {}
         for c in clips:
