@@ -312,7 +312,7 @@ def build_callbacks(
 ) -> RunCallbacks:
     """The run's callbacks by name, in Composer's order (`callbacks` list); `after_saver` are appended after the
     Trainer exists (they must follow Composer's CheckpointSaver): the rotation, whose clock goes first (it times
-    each save), and with `checkpoint_dir: s3://...` the upload."""
+    each save), with `checkpoint_dir: s3://...` the upload, and last the step deadline's re-arming."""
 
     run_dir = Path(cfg.run_dir)
     rank = dist.get_global_rank()
@@ -329,11 +329,18 @@ def build_callbacks(
     stats = TrainStats(grad_clip, sync, start.manifest["splits"]["train"]["clip_ids"])
     rotation = CheckpointRotation(run_dir, cfg.keep_checkpoints)
     store = store_for(cfg.checkpoint_dir)
+    deadline = StepDeadline(
+        watchdog,
+        cfg.stall_timeout_s,
+        cfg.stall_floor_s,
+        writes_at(cfg.max_steps, cfg.checkpoint_every, cfg.export_every),
+    )
     after_saver = [rotation]
     if store is not None:
         after_saver.append(
             CheckpointUpload(store, start.launch, run_dir, cfg.keep_checkpoints, cfg.inject_stop_after_commit_step)
         )
+    after_saver.append(deadline.after_save)  # last: the step deadline again once every write is done
     export = Export(
         run_dir,
         model.dit,
@@ -356,12 +363,7 @@ def build_callbacks(
         stats,
         preemption,
         *build_samples(cfg, start, model, val_loader, text),  # before StepDeadline: under the validation's deadline
-        StepDeadline(
-            watchdog,
-            cfg.stall_timeout_s,
-            cfg.stall_floor_s,
-            writes_at(cfg.max_steps, cfg.checkpoint_every, cfg.export_every),
-        ),
+        deadline,
         val,
         export,
         RunFiles(run_dir, resolved_config(cfg, start.manifest, per_rank_batch), stats),

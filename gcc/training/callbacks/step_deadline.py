@@ -7,8 +7,9 @@ The deadline is `stall_timeout_s` (generous: model build, the first steps, compi
 have been timed, then `max(stall_floor_s, FACTOR × median step time)`, capped by `stall_timeout_s`. Validation,
 a step after which the run writes (a checkpoint, an export: `writes(step)`) and the end of a launch get
 `stall_timeout_s` again: Composer saves at the step's BATCH_CHECKPOINT (the end-of-training save too, before
-FIT_END), so a save runs under whatever BATCH_END armed. The step after a write is not timed (its interval holds
-the write). 0 turns it off.
+FIT_END), so a save runs under whatever BATCH_END armed. Once the save is done (`after_save`, which the builder
+runs after Composer's CheckpointSaver and the upload), the step deadline is armed again and the next step is
+timed from there: a write's time is no step's. 0 turns it off.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class StepDeadline(Callback):
         self.watchdog, self.timeout_s, self.floor_s, self.writes = watchdog, timeout_s, floor_s, writes
         self.times: list[float] = []
         self._last: float | None = None
+        self.after_save = _AfterSave(self)  # must run after Composer's CheckpointSaver (the builder appends it)
 
     def _arm(self, seconds: float) -> None:
         if self.timeout_s > 0:
@@ -60,12 +62,14 @@ class StepDeadline(Callback):
         self._arm(self.timeout_s)
 
     def _arm_after(self, state: State) -> None:
-        """The deadline after this step: `stall_timeout_s` when a checkpoint or an export follows it."""
-        if self.writes(int(state.timestamp.batch)):
-            self._arm(self.timeout_s)
-            self._last = None  # the next interval holds the write: not a step's time
-        else:
-            self._arm(self.deadline())
+        """The deadline after this step: `stall_timeout_s` when a checkpoint or an export follows it (until
+        `after_save`)."""
+        self._arm(self.timeout_s if self.writes(int(state.timestamp.batch)) else self.deadline())
+
+    def saved(self) -> None:
+        """The step's writes are done: the next step is timed from now, under the step deadline."""
+        self._last = time.monotonic()
+        self._arm(self.deadline())
 
     def batch_end(self, state: State, logger: Logger) -> None:
         now = time.monotonic()
@@ -86,3 +90,14 @@ class StepDeadline(Callback):
 
     def close(self, state: State, logger: Logger) -> None:
         self.watchdog.disarm("step")
+
+
+class _AfterSave(Callback):
+    """StepDeadline's hook after the step's saves (Composer's CheckpointSaver, then the upload)."""
+
+    def __init__(self, deadline: StepDeadline):
+        self.deadline = deadline
+
+    def batch_checkpoint(self, state: State, logger: Logger) -> None:
+        if self.deadline.writes(int(state.timestamp.batch)):
+            self.deadline.saved()

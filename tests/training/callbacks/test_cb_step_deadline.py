@@ -145,23 +145,36 @@ class ArmedAtSave(Callback):
         self.seen[int(state.timestamp.batch)] = armed(self.watchdog)[0]
 
 
+class SlowSave(Callback):
+    """Composer's save taking `seconds` (before the saver at BATCH_CHECKPOINT, on the steps that save)."""
+
+    def __init__(self, seconds: float, every: int):
+        self.seconds, self.every = seconds, every
+
+    def batch_checkpoint(self, state, logger):
+        if int(state.timestamp.batch) % self.every == 0:
+            time.sleep(self.seconds)
+
+
 def test_every_checkpoint_including_the_final_one_is_written_under_stall_timeout_s(watchdog, tmp_path):
     """Composer saves at the step's BATCH_CHECKPOINT (the end-of-training save too, before FIT_END): each save runs
-    under what BATCH_END armed. The step after a save is not timed, and the other steps keep the step deadline."""
+    under what BATCH_END armed. After the save (`after_save`, after the saver) the step deadline is back, and the
+    next step is timed from the save's end: a save's time is no step's."""
     steps, every = WARMUP + 6, WARMUP + 2
     cb = StepDeadline(watchdog, timeout_s=900, floor_s=60, writes=writes_at(steps, every, 0))
     probe = ArmedAtSave(watchdog)
     saver = CheckpointSaver(folder=str(ckpt_dir(tmp_path)), save_interval=f"{every}ba", num_checkpoints_to_keep=-1)
-    fit = Fit([cb, probe, saver], max_steps=steps)
+    fit = Fit([cb, probe, SlowSave(0.5, every), saver, cb.after_save], max_steps=steps)
     fit.fit_start()
     for _ in range(every):
         fit.step()
     assert int(saver.last_checkpoint_batch) == every
     assert probe.seen[every] > 900 - 5  # the save at step `every`
     assert probe.seen[every - 1] <= 60  # a step with no save: the step deadline
+    assert armed(watchdog)[0] <= 60  # after the save: the step deadline again
     timed = len(cb.times)
     fit.step()
-    assert len(cb.times) == timed  # its interval held the save
+    assert len(cb.times) == timed + 1 and cb.times[-1] < 0.5  # timed from the save's end
     assert probe.seen[every + 1] <= 60
     for _ in range(steps - every - 1):
         fit.step()
@@ -187,3 +200,16 @@ def test_a_validation_before_a_save_hands_the_save_stall_timeout_s(watchdog):
 def test_writes_at_names_every_interval_and_the_last_step():
     writes = writes_at(25, 10, 0, 4)
     assert [s for s in range(1, 26) if writes(s)] == [4, 8, 10, 12, 16, 20, 24, 25]
+
+
+def test_frequent_saves_do_not_delay_the_step_deadline(watchdog):
+    """A run that writes every 3 steps times every step (from each save's end): after WARMUP + 1 steps the deadline
+    is the floor, as without saves (CI: a stall after 14 steps waited stall_timeout_s while saves cost timings)."""
+    cb = StepDeadline(watchdog, timeout_s=900, floor_s=60, writes=writes_at(100, 3, 6))
+    fit = Fit([cb, cb.after_save], max_steps=100)
+    fit.fit_start()
+    for _ in range(WARMUP + 1):
+        fit.step()
+    assert len(cb.times) == WARMUP and cb.deadline() == 60
+    fit.step()  # step WARMUP + 2 (12): a checkpoint and an export follow, then the step deadline again
+    assert armed(watchdog)[0] <= 60
