@@ -1,7 +1,7 @@
 """The cost of the samples logged during training (docs/sample.md), as a share of the training time between two
 sampling rounds, for sft_v10's settings. Not a test.
 
-    OMP_NUM_THREADS=2 .venv/bin/python bench/sample_cost.py            # wide preset, 3 x 16 x 32 latents, CPU
+    OMP_NUM_THREADS=2 .venv/bin/python bench/sample_cost.py     # wide preset, 3 x 16 x 32 latents, CPU: ~5 min
 
 Measured here, in one process, all at one geometry (`--frames/--height/--width`, full text rows):
 * `train`: one micro-batch of training as a rank runs it in production: `GcTrainModel.loss(forward(batch))`,
@@ -107,7 +107,8 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=3)
     ap.add_argument("--height", type=int, default=16)
     ap.add_argument("--width", type=int, default=32)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=3, help="timed calls of each DiT side (after one untimed)")
+    ap.add_argument("--decode_reps", type=int, default=1, help="timed VAE decodes (after one untimed; ~1.5 min each)")
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--global_batch", type=int, default=16)
     ap.add_argument("--micro_batch", type=int, default=1)
@@ -128,7 +129,7 @@ def main() -> None:
     t1 = dit_times(1, geo, args.reps)
     t2 = dit_times(2, geo, args.reps)
     train, sample = (a + (args.blocks - 1) * (b - a) for a, b in zip(t1, t2))
-    decode = vae_decode_time(geo, args.reps)
+    decode = vae_decode_time(geo, args.decode_reps)
     slots = math.ceil(args.sample_n / args.gpus)
     accum = args.global_batch // (args.gpus * args.micro_batch)
     round_s = slots * 2 * (args.sample_steps * sample + decode)
