@@ -16,12 +16,13 @@ import numpy as np
 import torch
 
 from gcc.geometry import Geometry, latent_frame_spans
+from gcc.sampling.decoders import SynthDecoder
 from gcc.sampling.media import sheet_rows, write_contact_sheet, write_json, write_panels_mp4
 from gcc.sampling.metrics import video_metrics
 from gcc.sampling.sampler import sync
 from gcc.sampling.vae import load_vae, vae_decode, vae_encode
 from gcc.synth import world as synth
-from gcc.synth.decode import agreement, cells_to_pixels, decode_classes, gt_cell_classes
+from gcc.synth.decode import agreement, cells_to_pixels, gt_cell_classes
 from gcc.tools.sample.errors import SampleError
 from gcc.tools.sample.sources import read_gt, resample_rgb
 from gcc.vocab import NULL_PROMPT, colorize
@@ -106,7 +107,8 @@ class SynthJudge:
                 f"--data_root {a.data_root}: marked as gcc.synth.world's ({synth.MARKER}), but its text "
                 f"table has keys that world does not write: {sorted(keys - set(synth.PROMPT_KEYS))}"
             )
-        self.a, self.keys, self.vocab = a, table.keys, vocab
+        self.a, self.vocab = a, vocab
+        self.decoder = SynthDecoder(table.keys, vocab)  # the one the samples during training use
 
     def header(self) -> dict[str, Any]:
         return {"model_dir": "", "vae": ""}
@@ -121,7 +123,8 @@ class SynthJudge:
         """gt: the majority class per latent cell [T, h, w] -> (metrics row, [H, W], timings {decode, metrics})."""
         cid = clip.clip_id
         t1 = time.perf_counter()
-        gen = decode_classes(gen_lat, [self.keys[int(i)] for i in clip.context_ids], self.vocab)
+        decoded = self.decoder.decode(gen_lat, clip.context_ids, gen_lat)
+        gen = decoded.cells
         t2 = time.perf_counter()
         frames = [
             {
@@ -141,7 +144,7 @@ class SynthJudge:
         }
         panels = [
             colorize(cells_to_pixels(gt), self.vocab),
-            colorize(cells_to_pixels(gen), self.vocab),
+            decoded.frames,
             colorize(sem, self.vocab),
         ]
         write_panels_mp4(out / f"{cid}.mp4", *panels, fps=self.a.fps)
