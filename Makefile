@@ -1,4 +1,5 @@
 # Two commands matter: `make demo` and `make test`. Each sets up .venv first if it is missing.
+SHELL   := /bin/bash
 PY      ?= python3.11
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -6,8 +7,12 @@ STAMP   := $(VENV)/.installed
 DEMO    ?= runs/demo
 # pytest workers: 2 matches the CI machine; override with `make test JOBS=1`
 JOBS    ?= 2
+# tests handed out one at a time (the long ones first: tests/conftest.py), so no worker idles at the end
+PYTEST  := $(BIN)/python -m pytest -n $(JOBS) --maxschedchunk 1 -q -rs
+# the wall and CPU time of everything the command ran (every process it started), printed when it ends
+TIMED   = TIMEFORMAT="$@: %0R s wall, %0U s user + %0S s sys CPU"; time
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test test-fast durations lint bench clean
 
 setup: $(STAMP)
 
@@ -29,10 +34,17 @@ lint: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m gcc.tools.demo --out $(DEMO)
 
+# everything (CI): lint, then every test; ends with its wall and CPU time
 test: $(STAMP)
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -n $(JOBS) -q -rs --durations=25 tests
+	@$(TIMED) ( $(BIN)/ruff check . && $(BIN)/ruff format --check . && $(PYTEST) --durations=25 tests )
+
+# the edit loop: lint and the tests not marked slow (unit, contract and in-process tests), a few minutes
+test-fast: $(STAMP)
+	@$(TIMED) ( $(BIN)/ruff check . && $(BIN)/ruff format --check . && $(PYTEST) -m "not slow" tests )
+
+# tests/durations.json anew (each test's time in a full run: the order tests are handed out in)
+durations: $(STAMP)
+	GCC_DURATIONS_OUT=tests/durations.json $(PYTEST) tests
 
 bench: $(STAMP)
 	$(BIN)/python bench/convert.py

@@ -149,7 +149,7 @@ def profiled_train(out: str, read_fd: int, write_fd: int, turn: int, argv: list[
     from gcc.model.objective import GcTrainModel
     from gcc.training import builders
     from gcc.training.callbacks.grad_clip import GradClip
-    from gcc.training.trainer import main
+    from gcc.training.entry import main
 
     totals: dict[str, float] = collections.defaultdict(float)
     marks: dict[str, dict[str, float]] = {}  # totals as BATCH_END begins: at step WARM, and at the latest step

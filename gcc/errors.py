@@ -29,6 +29,10 @@ class DiskFull(Exception):
     """A local write failed for want of space. The message names what was written and the filesystem."""
 
 
+class Refusal(Exception):
+    """The run must not start (docs/design.md §9.5): exit code 3 with this message."""
+
+
 class LockTimeout(Exception):
     """A node-wide lock that another process has held for too long (or a lock folder another user planted). The
     message names the lock file and its holder."""

@@ -5,9 +5,11 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -80,27 +82,82 @@ def env() -> dict:
     return dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
 
 
-def launch(run_dir, shards, *overrides, n=2, timeout=900, launcher=()) -> subprocess.CompletedProcess:
-    """One launch to its end. On a timeout the whole process group goes (the launcher and its ranks): ranks left
-    behind would burn the CPU that the other tests share."""
-    args = cmd(run_dir, shards, *overrides, n=n, launcher=launcher)
-    with subprocess.Popen(
-        args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    ) as p:
-        out, err = finish(p, timeout, run_dir, both=True)
-    return subprocess.CompletedProcess(args, p.returncode, out, err)
+# what an unclean end prints: the abort of a thread unwound through C++, the resource tracker cleaning up after a
+# rank, an error that escaped
+UNCLEAN = ("terminate called", "resource_tracker", "Traceback")
 
 
-def start_bg(run_dir, shards, *overrides, n=2, launcher=(), prefix=()) -> subprocess.Popen:
-    """A launch in its own process group, so a signal reaches the launcher and every rank, as on a cluster."""
-    return subprocess.Popen(
-        cmd(run_dir, shards, *overrides, n=n, launcher=launcher, prefix=prefix),
+def _flag(launcher: Sequence[str], name: str) -> str | None:
+    return launcher[launcher.index(name) + 1] if name in launcher else None
+
+
+def _rank_logs(run_dir: Path, launcher: Sequence[str]) -> list[str]:
+    """The launcher's --stdout/--stderr flags: where the ranks other than rank 0 print (rank 0 prints on the
+    launcher's own streams). The test's own, or files of this launch beside its run folder (`launch_logs`)."""
+    if _flag(launcher, "--stdout") is not None and _flag(launcher, "--stderr") is not None:
+        return list(launcher)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    logs = Path(tempfile.mkdtemp(dir=run_dir.parent, prefix=f"{run_dir.name}.launch."))
+    flags = list(launcher)
+    for name, ext in (("--stdout", "out"), ("--stderr", "err")):
+        if _flag(launcher, name) is None:
+            flags += [name, str(logs / f"rank{{rank}}.{ext}")]
+    return flags
+
+
+class Launch(subprocess.Popen):
+    """A launch in a session of its own (the launcher and every process it starts), with what `finish` needs to
+    check how it ended: its run folder, its rank count, where its other ranks print."""
+
+    run_dir: Path
+    n: int
+    launcher: list[str]
+    overrides: tuple[str, ...]
+
+    def rank_output(self) -> str:
+        """What ranks 1..n-1 printed (their files), each under a header line."""
+        parts = []
+        for name in ("--stdout", "--stderr"):
+            for rank in range(1, self.n):
+                f = Path(_flag(self.launcher, name).format(rank=rank, world_size=self.n, local_rank=rank))
+                if f.is_file():
+                    parts.append(f"--- rank {rank} {name[2:]} ({f.name})\n{f.read_text(errors='replace')}")
+        return "\n".join(parts)
+
+
+def start_bg(run_dir, shards, *overrides, n=2, launcher=(), prefix=(), pipe_stderr=False) -> Launch:
+    """A launch in its own process group, so a signal reaches the launcher and every rank, as on a cluster. Rank 0
+    and the launcher print on the pipe (stdout; stderr apart with `pipe_stderr`), the other ranks into files."""
+    flags = _rank_logs(Path(run_dir), launcher)
+    p = Launch(
+        cmd(run_dir, shards, *overrides, n=n, launcher=flags, prefix=prefix),
         env=env(),
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=subprocess.PIPE if pipe_stderr else subprocess.STDOUT,
         text=True,
         start_new_session=True,
     )
+    p.run_dir, p.n, p.launcher, p.overrides = Path(run_dir), n, flags, overrides
+    return p
+
+
+def launch(run_dir, shards, *overrides, n=2, timeout=900, launcher=(), clean=True) -> subprocess.CompletedProcess:
+    """One launch to its end (a hang fails with every process's stacks: `finish`); what it printed, every rank's
+    ended cleanly (`clean`: `assert_clean_end`)."""
+    p = start_bg(run_dir, shards, *overrides, n=n, launcher=launcher, pipe_stderr=True)
+    with p:
+        out, err = finish(p, timeout, both=True, clean=clean)
+    logs = Path(_flag(p.launcher, "--stderr")).parent
+    if logs.name.startswith(f"{Path(run_dir).name}.launch."):  # ours: the launcher's (and rank 0's) output too
+        (logs / "launcher.out").write_text(out)
+        (logs / "launcher.err").write_text(err)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def launch_logs(run_dir: Path) -> list[Path]:
+    """The folders of what each `launch` of `run_dir` printed, oldest first: `launcher.out`/`launcher.err` (the
+    launcher and rank 0), `rank<N>.out`/`rank<N>.err` (the other ranks)."""
+    return sorted(run_dir.parent.glob(f"{run_dir.name}.launch.*"), key=lambda p: p.stat().st_mtime)
 
 
 def session_processes(sid: int) -> list[tuple[int, str]]:
@@ -146,21 +203,72 @@ def _compact(stacks: str) -> str:
     return "\n".join(line[:160] for line in stacks.splitlines() if line.strip() and not any(k in line for k in skip))
 
 
-def finish(p: subprocess.Popen, timeout: float, run_dir: Path | None = None, both: bool = False):
+def leftover_shm(run_dir: Path, overrides: Sequence[str] = ()) -> int:
+    """Streaming segments still registered for the run's node cache (released now, so that a failure leaves
+    nothing either)."""
+    from gcc.compat.streaming import release_stale_shm
+
+    cache = next((Path(o.split("=", 1)[1]) for o in overrides if o.startswith("data.cache_dir=")), None)
+    cache = (cache or run_dir / "cache") / "node0"
+    return release_stale_shm([cache / "train", cache / "val"])
+
+
+def assert_clean_end(p: Launch, output: str) -> None:
+    """How every launch that ended by itself (or on a preemption signal) must end (docs/training.md, "How a launch
+    ends"): no process of it left 30 s after the launcher, none of the UNCLEAN lines from any rank, no Streaming
+    shared memory of its cache left."""
+    deadline = time.time() + 30
+    while (left := session_processes(p.pid)) and time.time() < deadline:
+        time.sleep(0.2)
+    if left:
+        report = hang_report(p.pid, p.run_dir)
+        os.killpg(p.pid, signal.SIGKILL)
+        raise AssertionError(f"still running 30 s after the launcher exited: {left}\n{report}")
+    everything = output + "\n" + p.rank_output()
+    unclean = [u for u in UNCLEAN if u in everything]
+    assert not unclean, (f"the launch ended uncleanly: {unclean}", everything[-6000:])
+    assert leftover_shm(p.run_dir, p.overrides) == 0, "the launch left Streaming shared memory behind"
+
+
+def finish(p: subprocess.Popen, timeout: float, both: bool = False, clean: bool = True):
     """The output of a launch started in a session of its own (`start_bg`), once it has ended. A launch still running
     after `timeout` is a hang: the failure carries its stacks and train.log (hang_report), and the whole session is
-    killed (ranks left behind would burn the CPU that the other tests share). `both`: (stdout, stderr)."""
+    killed (ranks left behind would burn the CPU that the other tests share). With `clean`, a `Launch` must have
+    ended cleanly (`assert_clean_end`). `both`: (stdout, stderr)."""
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        report = hang_report(p.pid, run_dir)
+        report = hang_report(p.pid, getattr(p, "run_dir", None))
         os.killpg(p.pid, signal.SIGKILL)
         out, err = p.communicate()
         tail = out[-3000:] if isinstance(out, str) else out.decode(errors="replace")[-3000:]
         raise AssertionError(
             f"the launch did not end within {timeout} s\n{report}\n--- its output (tail)\n{tail}"
         ) from None
+    if clean and isinstance(p, Launch):
+        assert_clean_end(p, out + (err or ""))
     return (out, err) if both else out
+
+
+def stopped_copy(reference: Path, run_dir: Path, at: int = 9) -> Path:
+    """`run_dir`: the reference run as a launch killed while it wrote step 12's checkpoint leaves it (every row and
+    export up to step 12 written, `latest` on step `at`'s checkpoint, none newer): a relaunch resumes from step
+    `at` and must give the reference's rows from there on. The reference keeps the checkpoints of steps 9 and 12."""
+    from gcc.training.run_folder import checkpoint_step
+
+    ignore = shutil.ignore_patterns("cache", "tensorboard", "samples", ".lock")
+    shutil.copytree(reference, run_dir, symlinks=True, ignore=ignore)
+    ckpts = run_dir / "checkpoints"
+    kept = []
+    for p in ckpts.glob("ep*-ba*"):
+        if checkpoint_step(p.name) > at:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        elif checkpoint_step(p.name) == at:
+            kept.append(p.name)
+    assert len(kept) == 1, f"the reference has no checkpoint of step {at}: {sorted(q.name for q in ckpts.iterdir())}"
+    (ckpts / "latest-rank0.pt").unlink()
+    os.symlink(kept[0], ckpts / "latest-rank0.pt")
+    return run_dir
 
 
 def ok(r: subprocess.CompletedProcess) -> subprocess.CompletedProcess:

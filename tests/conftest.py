@@ -1,9 +1,17 @@
 """Shared fixtures. `prepared_tiny` is a session-wide synthetic dataset in the prepared layout (docs/design.md §4):
 24 tiny clips, seed 0 (which clips are val/dropped/NaN-ground is documented in gcc/synth/world.py). Treat it as
-read-only; a test that modifies data writes its own copy with `make_prepared(tmp_path, clips=..., seed=...)`."""
+read-only; a test that modifies data writes its own copy with `make_prepared(tmp_path, clips=..., seed=...)`.
+Datasets and launches that several tests read are built once for the session, whichever xdist worker asks first
+(`shared`).
+
+The order: the tests that `durations.json` knows to take LONG_S or more run first, longest first, so that no worker
+is left with a long test at the end while the other idles; the rest keep pytest's order. `make durations` (tests'
+call times of a run, GCC_DURATIONS_OUT) writes the table anew after tests were added or changed."""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -18,9 +26,39 @@ PREPARED_TINY_SEED = 0
 
 
 @pytest.fixture(scope="session")
-def prepared_tiny(tmp_path_factory):
+def shared(tmp_path_factory, worker_id):
+    """`shared(name, build)`: the folder `name`, built by `build(path)` once for the whole test session: by the
+    first xdist worker that asks, under a file lock, while the others wait for it and then read it. Treat it as
+    read-only. A build that failed fails every test that asks for it, with the first failure's message."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if worker_id != "master" else base  # the folder the session's workers share
+
+    def get(name: str, build) -> Path:
+        path = root / "shared" / name
+        path.parent.mkdir(exist_ok=True)
+        done, failed = path.with_name(name + ".done"), path.with_name(name + ".failed")
+        with FileLock(str(path) + ".lock"):
+            if failed.exists():
+                pytest.fail(f"the shared {name} could not be built (in another worker):\n{failed.read_text()}")
+            if not done.exists():
+                try:
+                    build(path)
+                except BaseException as e:
+                    failed.write_text(f"{type(e).__name__}: {e}"[-20000:])
+                    raise
+                done.touch()
+        return path
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def prepared_tiny(shared):
     """Root Path of a tiny prepared dataset (24 clips, seed 0), written once per session."""
-    return make_prepared(tmp_path_factory.mktemp("prepared_tiny"), clips=PREPARED_TINY_CLIPS, seed=PREPARED_TINY_SEED)
+    build = lambda p: make_prepared(p, clips=PREPARED_TINY_CLIPS, seed=PREPARED_TINY_SEED)  # noqa: E731
+    return shared("prepared_tiny", build) / "prepared"
 
 
 @pytest.fixture(scope="session")
@@ -42,39 +80,86 @@ def s3_bucket(s3, monkeypatch) -> str:
     return f"s3://{s3.new_bucket()}"
 
 
+def _converted(root: Path, clips: int, seed: int, chunk_clips: int) -> None:
+    """`root/prepared`: `clips` synthetic clips (seed `seed`), converted to MDS in `root/shards`."""
+    from gcc.data.convert import convert
+
+    convert(make_prepared(root, clips=clips, seed=seed), str(root / "shards"), chunk_clips=chunk_clips, progress=False)
+
+
 @pytest.fixture(scope="session")
-def shards(tmp_path_factory):
+def shards(shared):
     """The loader tests' shards: 24 tiny clips (seed 3) converted to MDS in chunks of 4; read-only, its prepared
-    source is `shards.parent / "prepared"`. The folder is this session's (and xdist worker's) own; a test streams
-    it into a cache folder of its own (a fresh name: Streaming keys its shared memory on it)."""
-    from gcc.data.convert import convert
-
-    root = tmp_path_factory.mktemp("loader")
-    out = root / "shards"
-    convert(make_prepared(root, clips=24, seed=3), str(out), chunk_clips=4, progress=False)
-    return out
+    source is `shards.parent / "prepared"`. A test streams it into a cache folder of its own (a fresh name:
+    Streaming keys its shared memory on it)."""
+    return shared("loader", lambda p: _converted(p, clips=24, seed=3, chunk_clips=4)) / "shards"
 
 
 @pytest.fixture(scope="session")
-def e2e_shards(tmp_path_factory):
+def e2e_shards(shared):
     """The end-to-end tests' shards: 32 tiny clips (seed 1) converted to MDS; read-only."""
-    from gcc.data.convert import convert
-
-    root = tmp_path_factory.mktemp("e2e")
-    out = root / "shards"
-    convert(make_prepared(root, clips=32, seed=1), str(out), chunk_clips=8, progress=False)
-    return out
+    return shared("e2e", lambda p: _converted(p, clips=32, seed=1, chunk_clips=8)) / "shards"
 
 
 @pytest.fixture(scope="session")
-def reference(e2e_shards, tmp_path_factory):
+def reference(e2e_shards, shared):
     """One uninterrupted 12-step DDP run on 2 ranks (tests/_launch.py BASE) with a loader worker per rank and
-    samples during training (SAMPLES); interrupted runs, mostly without either, must reproduce it."""
+    samples during training (SAMPLES), launched once for the session; interrupted runs, mostly without either,
+    must reproduce it."""
     from _launch import SAMPLES, WORKER, launch, ok
 
-    run_dir = tmp_path_factory.mktemp("ref") / "run"
-    ok(launch(run_dir, e2e_shards, WORKER, *SAMPLES))
-    return run_dir
+    return shared("ref", lambda p: ok(launch(p / "run", e2e_shards, WORKER, *SAMPLES))) / "run"
+
+
+@pytest.fixture
+def in_process():
+    """For a test that runs an entry point's main() in this process: what a process would have thrown away is put
+    back afterwards. The `gcc` and root loggers' handlers and levels (an entry configures its console and may open
+    `<run_dir>/train.log`; the tools call logging.basicConfig), and boto3's default session, which keeps the first
+    credentials it resolved."""
+    import logging
+
+    loggers = [logging.getLogger("gcc"), logging.getLogger()]
+    saved = [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
+    yield
+    for lg, handlers, level, propagate in saved:
+        for h in list(lg.handlers):
+            if h not in handlers:
+                lg.removeHandler(h)
+                h.close()
+        for h in handlers:
+            if h not in lg.handlers:
+                lg.addHandler(h)
+        lg.setLevel(level)
+        lg.propagate = propagate
+    boto3 = sys.modules.get("boto3")
+    if boto3 is not None:
+        boto3.DEFAULT_SESSION = None
+
+
+DURATIONS = Path(__file__).with_name("durations.json")
+LONG_S = 8.0  # a test known to take this long is handed out first
+
+
+def pytest_collection_modifyitems(session, config, items):
+    known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    long = sorted((it for it in items if known.get(it.nodeid, 0) >= LONG_S), key=lambda it: -known[it.nodeid])
+    items[:] = long + [it for it in items if known.get(it.nodeid, 0) < LONG_S]
+
+
+_calls: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":
+        _calls[report.nodeid] = report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    out = os.environ.get("GCC_DURATIONS_OUT")
+    if out and not hasattr(session.config, "workerinput"):  # the controller sees every worker's reports
+        table = {k: round(v, 1) for k, v in sorted(_calls.items()) if v >= 1.0}
+        Path(out).write_text(json.dumps(table, indent=0, sort_keys=True) + "\n")
 
 
 def pytest_configure(config):

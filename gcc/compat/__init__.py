@@ -13,10 +13,13 @@ meant for that check: a run under it logs a warning naming each library outside 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import logging
 import os
 import sys
+import types
+from collections.abc import Iterable, Iterator
 
 from gcc.exit_codes import CONFIG
 
@@ -75,3 +78,40 @@ def stop(message: str) -> None:
     """End the import (and so the process, exit code 2) with `message` on stderr."""
     print(f"error: {message}", file=sys.stderr, flush=True)
     raise UnverifiedLibrary(message)
+
+
+class Unavailable:
+    """What a stand-in module (`stand_ins`) gives for any name: a placeholder that refuses to be used."""
+
+    def __init__(self, *args, **kwargs):
+        raise ImportError("not loaded in this process: a part of a library that gcc never uses (gcc/compat)")
+
+
+class _StandIn(types.ModuleType):
+    def __init__(self, name: str):
+        super().__init__(name, "a stand-in: gcc/compat")
+        self.__path__: list[str] = []  # a package: `import <stand-in>.<sub>` finds nothing
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return Unavailable
+
+
+@contextlib.contextmanager
+def stand_ins(names: Iterable[str], absent: Iterable[str] = ()) -> Iterator[None]:
+    """While a library loads, each module of `names` (a part of the library, or of a dependency, that gcc never uses
+    and that the library's package imports anyway) is an empty stand-in, so it costs nothing: `import x` and `from
+    x import Name` succeed and give placeholders (`Unavailable`) that raise when used. Each module of `absent` is
+    missing instead (its import raises ModuleNotFoundError: for a library that imports it only if installed). A
+    module already loaded is left as it is. Afterwards the names are free again: a later import of one loads the
+    real module."""
+    placed: dict[str, types.ModuleType | None] = {n: _StandIn(n) for n in names if n not in sys.modules}
+    placed.update({n: None for n in absent if n not in sys.modules})
+    sys.modules.update(placed)
+    try:
+        yield
+    finally:
+        for name, module in placed.items():
+            if name in sys.modules and sys.modules[name] is module:
+                del sys.modules[name]

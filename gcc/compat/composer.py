@@ -13,28 +13,66 @@
 - `LocalTensorboardLogger`: Composer's TensorboardLogger with one event file per launch (overrides its `_flush`);
   its `log_samples` writes the training samples as image summaries (an animated GIF per video, as torch's
   `add_video` does without needing moviepy, and the PNG contact sheet), through torch's private file writer.
+- What a run loads of Composer: the parts it never uses are stand-ins while Composer and `composer.algorithms`
+  load (below); `cpu_model` names the CPU in Composer's environment record (replaces `collect_env.get_cpu_model`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import re
 from collections import OrderedDict
 
 import torch
 
-from gcc.compat import require
+from gcc.compat import require, stand_ins
 
 VERIFIED = "0.32.1"
 # checked before the library is imported: a changed library is then named, not met as an ImportError
 require("mosaicml", VERIFIED, "gcc/compat/composer.py")
 
-from composer.callbacks import CheckpointSaver
-from composer.core import Callback, Engine, Event, State
-from composer.distributed import prepare_distributed
-from composer.loggers import Logger, LoggerDestination, TensorboardLogger
-from composer.utils import dist
+# What a run's processes load of Composer (`stand_ins`, gcc/compat/__init__.py; the run's entry loads Composer here
+# first: gcc/training/entry.py). Composer's package loads parts that a run never uses: torchmetrics' text and audio
+# metrics (the text ones import transformers' AutoModel), PEFT (for its HuggingFace model class) and the MosaicML
+# platform's client, mcli (for its logger, which Composer adds only on that platform). And a Trainer loads
+# `composer.algorithms` (to order the algorithms: core/passes.py), which loads every algorithm, two of which (gated
+# linear units, ALiBi) load transformers' BERT, RoBERTa and GPT-2 models. About 4 s of every rank's start, for
+# nothing gcc uses: stand-ins (PEFT absent: Composer then knows it as not installed) while Composer and its
+# algorithms load. On the MosaicML platform mcli is loaded as usual.
+_UNUSED = [
+    f"torchmetrics.{kind}{part}"
+    for kind in ("text", "audio", "functional.text", "functional.audio")
+    for part in ("", "._deprecated")
+]
+if os.environ.get("MOSAICML_PLATFORM", "false").lower() != "true":  # Composer's MOSAICML_PLATFORM_ENV_VAR
+    _UNUSED.append("mcli")
+
+with stand_ins(_UNUSED + ["composer.algorithms.gated_linear_units", "composer.algorithms.alibi"], absent=["peft"]):
+    import composer.algorithms  # noqa: F401  (loaded now: see above)
+    from composer.callbacks import CheckpointSaver
+    from composer.core import Callback, Engine, Event, State
+    from composer.distributed import prepare_distributed
+    from composer.loggers import Logger, LoggerDestination, TensorboardLogger
+    from composer.utils import collect_env, dist
+
+
+# Composer names the CPU in its environment record (`get_composer_env_dict`: a Trainer's hyperparameters, every
+# checkpoint's metadata) with py-cpuinfo, which probes the CPU in a Python subprocess: ~1.2 s of CPU in every rank.
+# The name is the kernel's (/proc/cpuinfo's "model name", the same brand string), read without a process.
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "CPU"
+
+
+collect_env.get_cpu_model = cpu_model
 
 from gcc.compat.torch import add_summary
 

@@ -7,6 +7,8 @@
   `_get_path`, and the `locals` segment's layout, `_unpack_locals`).
 - `node_registration_lock`: Streaming's shared-memory registration serialised between jobs on one node (its
   optimistic scan for a free prefix number races another job's).
+- `SizedAttachSharedMemory`: an attach to a shared segment waits until its creator has sized it (installed as
+  `streaming.base.shared.memory.BuiltinSharedMemory`, which Streaming's create-or-attach calls).
 - `StreamingBase`, the StreamingDataset that gcc's dataset builds on, with:
   - `epoch`: the epoch of the running iteration, in each worker (`_resume_incr_epoch` computes it there);
   - a failed shard fetch handed back (`_shard_states`, `_cache_filelock`): Streaming leaves it marked PREPARING;
@@ -28,14 +30,16 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 from collections.abc import Sequence
+from multiprocessing.shared_memory import SharedMemory as BuiltinSharedMemory
 from pathlib import Path
 from tempfile import gettempdir
 from typing import Any
 
 import numpy as np
 
-from gcc.compat import require
+from gcc.compat import require, stand_ins
 
 VERIFIED = "0.13.0"
 # checked before the library is imported: a changed library is then named, not met as an ImportError
@@ -43,12 +47,20 @@ require("mosaicml-streaming", VERIFIED, "gcc/compat/streaming.py")
 
 import torch.distributed as tdist
 from boto3.session import Session
-from streaming import StreamingDataset
-from streaming.base.constant import BARRIER_FILELOCK, CACHE_FILELOCK, LOCALS, SHM_TO_CLEAN
-from streaming.base.dataset import _ShardState
-from streaming.base.shared.memory import SharedMemory  # attaches without resource-tracker ownership
-from streaming.base.shared.prefix import _get_path, _unpack_locals
-from streaming.base.storage import download as streaming_download
+
+# Streaming's package imports its example datasets when it loads (streaming/__init__.py): streaming.text's C4, Pile
+# and EnWiki import transformers' AutoTokenizer (which pulls in torch._dynamo), streaming.vision torchvision's,
+# streaming.multimodal more: about 1.5 s in every rank and every loader forkserver, for classes gcc never uses.
+# Stand-ins take their place while Streaming loads (`stand_ins`, gcc/compat/__init__.py).
+with stand_ins(["streaming.multimodal", "streaming.text", "streaming.vision"]):
+    from streaming import MDSWriter, StreamingDataset  # noqa: F401  (MDSWriter: for gcc/data/convert.py)
+    from streaming.base.constant import BARRIER_FILELOCK, CACHE_FILELOCK, LOCALS, SHM_TO_CLEAN
+    from streaming.base.dataset import _ShardState
+    from streaming.base.shared import memory as streaming_memory
+    from streaming.base.shared.memory import SharedMemory  # attaches without resource-tracker ownership
+    from streaming.base.shared.prefix import _get_path, _unpack_locals
+    from streaming.base.storage import download as streaming_download
+    from streaming.base.util import merge_index  # noqa: F401  (for gcc/data/convert.py)
 
 from gcc import storage
 from gcc.locks import hold_flock, user_lock_dir
@@ -120,6 +132,35 @@ def node_registration_lock(timeout_s: float = REGISTRATION_LOCK_TIMEOUT_S):
 
 
 # ---- shared memory -------------------------------------------------------------------------------------------
+# Streaming creates each shared segment of a dataset (its barrier, its epoch counter, ...) in whichever local rank
+# gets there first and attaches to it in the others (`streaming.base.shared.memory.SharedMemory`: create; on
+# FileExistsError sleep 7 ms, then attach). The creator gives the segment its size (ftruncate) only after it created
+# it (shm_open), so a rank whose attach falls in between finds it empty and fails ("ValueError: cannot mmap an empty
+# file": seen on a loaded machine, where the creator can be off the CPU for longer than 7 ms). Here an attach waits,
+# bounded, until the segment has its size.
+SHM_SIZE_WAIT_S = 60.0
+
+
+class SizedAttachSharedMemory(BuiltinSharedMemory):
+    """Python's SharedMemory, whose attach (`create=False`) to a segment of a known `size` waits until the segment
+    has a size: its creator may not have set it yet."""
+
+    def __init__(self, name: str | None = None, create: bool = False, size: int = 0):
+        if not create and name is not None and size > 0:
+            path, deadline = Path("/dev/shm") / name.lstrip("/"), time.monotonic() + SHM_SIZE_WAIT_S
+            while time.monotonic() < deadline:
+                try:
+                    if os.stat(path).st_size:
+                        break
+                except FileNotFoundError:  # none to attach to: Python's own error follows
+                    break
+                time.sleep(0.005)
+        super().__init__(name, create, size)
+
+
+streaming_memory.BuiltinSharedMemory = SizedAttachSharedMemory
+
+
 def release_stale_shm(local_dirs: Sequence[str | Path] | None = None, scan: int = 256) -> int:
     """Unlink Streaming shared memory left by a *dead* launch that used these cache folders (with `local_dirs`
     None: segments whose every cache folder is gone, which nothing can be using).

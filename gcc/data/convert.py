@@ -91,7 +91,8 @@ def chunk_is_done(plan: Plan, split: str, idx: int, rows: list[dict[str, Any]]) 
 
 def write_chunk(plan: Plan, split: str, idx: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Convert one chunk; returns its stats. Nothing becomes visible unless the whole chunk succeeded."""
-    from streaming import MDSWriter  # heavy (streaming ~2 s over torch): keeps --help and argument errors fast
+    # heavy (streaming ~2 s over torch): keeps --help and argument errors fast
+    from gcc.compat.streaming import MDSWriter
 
     final = storage.join(plan.out, split, chunk_name(idx))
     remote = storage.is_remote(plan.out)
@@ -224,7 +225,8 @@ def convert(
 ) -> dict[str, Any]:
     """Convert (or finish converting) `src` into `out` as the dataset `name` (None: `default_name(src)`); returns
     the manifest. Raises BadInput."""
-    from streaming.base.util import merge_index  # heavy (streaming ~2 s): keeps --help and argument errors fast
+    # heavy (streaming ~2 s): keeps --help and argument errors fast
+    from gcc.compat.streaming import merge_index
 
     t0 = time.time()
     src = Path(src)

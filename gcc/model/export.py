@@ -18,6 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from gcc import __version__
+from gcc.compat.deepspeed import zero_to_fp32
 from gcc.model.dit import COND_PREFIX, GcDiT, build_gc_dit, model_config, read_slice, wan_keys
 from gcc.model.fsdp import fill_local
 from gcc.storage import atomic_path
@@ -270,8 +271,7 @@ def load_legacy_zero(model: GcDiT, ckpt_dir: str | os.PathLike, tag: str | None 
     """Warm start from a legacy accelerate + DeepSpeed ZeRO `save_state` directory, consolidated by deepspeed's
     own zero_to_fp32. Needs the optional extra `legacy` (deepspeed)."""
     try:
-        # optional: deepspeed is the `legacy` extra, needed only for a ZeRO warm start
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        get_fp32_state_dict_from_zero_checkpoint = zero_to_fp32()
     except ImportError as e:
         raise RuntimeError(
             "importing a DeepSpeed ZeRO checkpoint needs deepspeed: install the optional extra "

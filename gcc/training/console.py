@@ -22,9 +22,9 @@ import sys
 import time
 from pathlib import Path
 
+from gcc.errors import Refusal
 from gcc.redact import RedactingFilter
 from gcc.training.config import ConfigError
-from gcc.training.run_folder import Refusal
 
 PREFIX = "gcc.train: "
 ALL_RANKS = {"all_ranks": True}

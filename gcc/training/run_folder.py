@@ -31,16 +31,13 @@ from typing import Any
 
 from gcc.compat.composer import CHECKPOINT_RE, LATEST_LINK
 from gcc.compat.torch import DCP_METADATA
+from gcc.errors import Refusal
 from gcc.storage import atomic_write, sha256_file
 
 logger = logging.getLogger(__name__)
 
 # Composer's names for a checkpoint (a DDP file or an FSDP folder) and its "latest" link; what completes a DCP folder
 CKPT_RE, LATEST = CHECKPOINT_RE, LATEST_LINK
-
-
-class Refusal(Exception):
-    """The run must not start (docs/design.md §9.5): exit code 3 with this message."""
 
 
 # ---- lock ---------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The gc25d run on Composer: `composer -n N gcc/train.py <yaml> [dotted.key=value ...]` (docs/design.md §9).
 
 Order of a launch:
-1. parse and validate the config on every rank (exit 2 naming the key: nothing has started yet);
+1. parse and validate the config on every rank (gcc/training/entry.py, before torch and Composer are loaded: exit
+   2 naming the key, nothing has started yet);
 2. join the process group; global rank 0 takes the run lock, checks the data (manifest, train/val leak),
    the run signature (run.json) and repairs the checkpoint folder; every rank gets its verdict (exit 3 on a
    refusal, the same on all ranks);
@@ -17,41 +18,33 @@ On 6-8 the rank stops at once: nothing is checkpointed after the fault was seen,
 
 from __future__ import annotations
 
-import argparse
 import gc
 import logging
 import os
-import signal
-import sys
 import time
 import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed as tdist
 from composer.devices import DeviceCPU, DeviceGPU
 from composer.utils import dist
 
 from gcc import exit_codes
 from gcc.compat.composer import run_after_checkpoint_saver
-from gcc.compat.torch import default_store
-from gcc.data.dataset import stop_loader_workers
 from gcc.errors import DamagedData, LockTimeout, StorageUnavailable, disk_full
 from gcc.model.dit import count_params
-from gcc.redact import secret_keys
 from gcc.sampling.vae import VaeError
 from gcc.training import builders as B
 from gcc.training.batch_change import continue_after_change
 from gcc.training.callbacks import NonFiniteLoss, PreemptedBeforeFirstStep
 from gcc.training.callbacks.train_stats import peak_rss_gb
 from gcc.training.checkpoint_store import TakenOver, store_for
-from gcc.training.config import ConfigError, check_inputs, load_config, to_dict
-from gcc.training.console import ALL_RANKS, RUN_LOG_ONLY, configure_logging, open_run_log
+from gcc.training.console import ALL_RANKS, RUN_LOG_ONLY
 from gcc.training.launch import agree_on_start, fetch_on_this_node
-from gcc.training.peer_fault import PEER_GRACE_S, announce, peer_fault, stop_watching
+from gcc.training.peer_fault import announce, peer_fault
 from gcc.training.run_folder import Refusal, RunLock, repair_checkpoints
-from gcc.training.watchdog import stop_watchdogs
-from gcc.workers import start_resource_tracker, stop_forkserver
+from gcc.training.teardown import end_launch, leave_on_fault, stop_threads
+from gcc.workers import start_resource_tracker
 
 EXIT_CONFIG, EXIT_REFUSED, EXIT_NONFINITE = exit_codes.CONFIG, exit_codes.REFUSED, exit_codes.NONFINITE
 EXIT_STALLED, EXIT_DATA, EXIT_STORAGE, EXIT_DISK = (
@@ -206,129 +199,14 @@ def _run(cfg) -> int:
     return 0
 
 
-# The end of a launch (docs/training.md, "How a launch ends"): how long a rank's own threads get to stop, and
-# how long a rank waits for the others before it closes the process group without them. The ranks come from the
-# same step and from Composer's closing barrier, so they arrive within moments of each other.
-THREAD_STOP_S = 10.0
-END_BARRIER_S = 60.0
-END_ARRIVED, END_LEFT = "gcc/end/arrived", "gcc/end/left"
-
-
-def stop_threads() -> bool:
-    """Stop and join this rank's own threads: the peer-fault watch and the stall watchdog. Both are daemon threads,
-    and the peer watch spends its time in store calls: one still inside such a call when the interpreter shuts
-    down is ended by CPython with pthread_exit, whose unwinding through the call's C++ frames aborts the process
-    ("terminate called without an active exception", exit -6). False if one did not stop in time."""
-    watch, dog = stop_watching(THREAD_STOP_S), stop_watchdogs(THREAD_STOP_S)
-    return watch and dog
-
-
-def leave_now(code: int) -> None:
-    """Exit at once with `code`, past interpreter shutdown (the fault paths, docs/training.md "How a launch
-    ends"): the log and the streams flushed, nothing else run."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def _end_barrier(store, rank: int, world: int, timeout_s: float) -> bool:
-    """Wait until every rank has arrived here (at most `timeout_s`, then say so and go on: False). Rank 0, whose process
-    keeps the store, leaves last: it waits for the others to have seen the count, so no rank queries a store that
-    is gone. A fault that a peer records meanwhile ends this rank with that fault's code, as during the run."""
-    deadline = time.monotonic() + timeout_s
-    arrived = store.add(END_ARRIVED, 1)
-    while True:
-        left = store.add(END_LEFT, 0) if rank == 0 else 0
-        if arrived >= world and (rank != 0 or left >= world - 1):
-            if rank != 0:
-                store.add(END_LEFT, 1)
-            return True
-        fault = peer_fault(rank)
-        if fault is not None:
-            logger.error(f"rank {rank}: {fault[1]}", extra=ALL_RANKS)
-            leave_now(fault[0])
-        if time.monotonic() > deadline:
-            logger.warning(
-                f"rank {rank}: {min(arrived, world)} of {world} ranks reached the end of the launch within "
-                f"{timeout_s:g} s; closing the process group without the others",
-                extra=ALL_RANKS,
-            )
-            return False
-        time.sleep(0.05)
-        arrived = store.add(END_ARRIVED, 0)
-
-
-def _drain_gloo_workers(tdist):
-    """Let gloo's worker threads finish with the collectives that came before, so that closing the process group
-    cannot deadlock. A collective whose Python tensors were freed while a worker still held them (the temporaries
-    of `broadcast_object_list`, for one) leaves that worker needing the GIL to drop them, which it does after the
-    caller's wait() has returned, holding the queue's lock. `destroy_process_group` joins the workers while
-    holding the GIL: a worker still at that point never finishes (seen as a launch that hangs at its end). A
-    collective call waits for the queue's lock with the GIL released, so each of two collectives on a tensor held
-    here lets every such worker finish first. The caller keeps the returned tensor until the group is closed: a
-    worker still holding it when it is freed would need the GIL in turn."""
-    held = torch.zeros(1)
-    for _ in range(2):
-        tdist.all_reduce(held)
-    return held
-
-
-def close_process_group(timeout_s: float = END_BARRIER_S) -> None:
-    """All ranks together (`_end_barrier`), then `destroy_process_group`: its threads (gloo's, the store's server
-    on rank 0) stop here rather than somewhere in interpreter shutdown."""
-    if "torch.distributed" not in sys.modules:
-        return
-    if not (tdist.is_available() and tdist.is_initialized()):
-        return
-    rank, world = tdist.get_rank(), tdist.get_world_size()
-    together = True
+def launch(cfg) -> int:
+    """The run of a checked config (gcc/training/entry.py), to the end of the launch on this rank."""
     try:
-        if world > 1:
-            together = _end_barrier(default_store(), rank, world, timeout_s)
-    except Exception as e:  # the store's host, rank 0, is gone: it left on its own (its deadline passed)
-        together = False
-        logger.warning(
-            f"rank {rank}: the other ranks are gone ({type(e).__name__}: {e}); closing the process group without them",
-            extra=ALL_RANKS,
-        )
-    try:
-        held = _drain_gloo_workers(tdist) if together else None
-        tdist.destroy_process_group()
-        del held
-    except Exception as e:
-        logger.warning(f"rank {rank}: closing the process group failed ({type(e).__name__}: {e})", extra=ALL_RANKS)
-
-
-def end_launch(code: int) -> int:
-    """The orderly end of a launch, for a code that every rank reaches together (0 finished, preempted or nothing
-    to do; 2 bad config; 3 refused; 4 non-finite loss): the loader workers, then the forkserver, then this rank's
-    threads stop; then the process group closes on all ranks together. Loggers (TensorBoard's writer thread) and
-    the checkpoint uploads were closed by the trainer's close()."""
-    took: dict[str, float] = {}
-    t0 = time.monotonic()
-    stop_loader_workers()  # none, in a launch that built no loader
-    stop_forkserver()
-    took["workers and forkserver"] = time.monotonic() - t0
-    t0 = time.monotonic()
-    if not stop_threads():
-        # still inside a store call after THREAD_STOP_S (a store that does not answer): interpreter shutdown could
-        # abort the process, so leave as a fault does
-        logger.warning(f"rank {_rank()}: a watch thread did not stop within {THREAD_STOP_S:g} s; exiting at once")
-        leave_now(code)
-    took["threads"] = time.monotonic() - t0
-    t0 = time.monotonic()
-    close_process_group()
-    took["process group"] = time.monotonic() - t0
-    logger.debug(
-        f"rank {_rank()}: end of the launch (exit {code}): " + ", ".join(f"{k} {v:.2f} s" for k, v in took.items())
-    )
-    return code
-
-
-def main(argv: list[str] | None = None) -> int:
-    try:
-        code = _main(argv)
+        if cfg.precision != "fp32" and not torch.cuda.is_available():
+            logger.error(f"config error: precision: {cfg.precision} needs a GPU; on CPU set precision=fp32")
+            code = EXIT_CONFIG
+        else:
+            code = run(cfg)
         if code in exit_codes.FAULTS:
             leave_on_fault(code)
         code = end_launch(code)
@@ -344,62 +222,4 @@ def main(argv: list[str] | None = None) -> int:
     # Everything that needs closing is closed: the interpreter's last collection would only walk every object of
     # torch, Composer and the model (seconds on a loaded machine), so they are left out of it.
     gc.freeze()
-    if code in exit_codes.TOGETHER and _rank() != 0:
-        # Composer's launcher reports the first non-zero exit in rank order and kills the rest: let rank 0
-        # exit first, so the launcher's code is ours (2/3/4), not rank 0's -15 from that cleanup. The launcher
-        # kills us as soon as rank 0 is gone (a loaded machine can take several seconds to tear rank 0 down).
-        # A fault (6-8) is seen by one rank while the others wait in a collective: that rank exits at once.
-        time.sleep(60)
     return code
-
-
-def leave_on_fault(code: int) -> None:
-    """The end of a launch on a fault (5-8), the same on every rank (docs/training.md "How a launch ends")."""
-    # The fault is in the store (rank 0 keeps it): stay a moment so that the other ranks read it and stop with
-    # this code rather than on their collective's bare error. Then exit now, not through interpreter shutdown:
-    # shutdown restores SIGTERM's default action, and the launcher's SIGTERM (sent to every rank once one has
-    # failed) would turn this code into -15. Every rank ends a fault this way, the ones that learn of it from
-    # their watch thread too (StallWatchdog.stop_for_peer), and so does a missed deadline: a peer may be stuck in
-    # a collective, so there is no end barrier to wait for. The loader workers and the forkserver stop by
-    # themselves when their rank is gone (gcc/workers.py).
-    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
-        for s in (signal.SIGTERM, signal.SIGUSR1):  # the launcher's SIGTERM then: nothing left to save
-            signal.signal(s, signal.SIG_IGN)
-        time.sleep(PEER_GRACE_S)
-    leave_now(code)
-
-
-def _main(argv: list[str] | None) -> int:
-    configure_logging("INFO", _rank())
-    p = argparse.ArgumentParser(prog="gcc/train.py", description="Train the gc25d teacher (docs/design.md §9).")
-    p.add_argument("yaml", help="run config, e.g. yamls/sft_v10.yaml")
-    p.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. optim.lr=2e-5")
-    args = p.parse_args(argv)
-    try:  # every rank checks the config and what it names before any work: the same verdict everywhere
-        cfg = load_config(args.yaml, args.overrides)
-        cfg.per_rank_batch(int(os.environ.get("WORLD_SIZE", 1)))
-        check_inputs(cfg)
-        if cfg.precision != "fp32" and not torch.cuda.is_available():
-            raise ConfigError(f"precision: {cfg.precision} needs a GPU; on CPU set precision=fp32")
-    except ConfigError as e:
-        logger.error(f"config error: {e}")
-        return EXIT_CONFIG
-    except StorageUnavailable as e:
-        logger.error(f"storage unavailable: {e}. Relaunch the same command once the store answers")
-        return EXIT_STORAGE
-    configure_logging(cfg.log_level, _rank())
-    try:  # every rank: rank 0's lines and each rank's own warnings, from here on (docs/training.md)
-        open_run_log(cfg.run_dir, _rank(), int(os.environ.get("WORLD_SIZE", 1)))
-    except ConfigError as e:
-        logger.error(f"config error: {e}")
-        return EXIT_CONFIG
-    except Refusal as e:
-        logger.error(f"refused: {e}")
-        return EXIT_REFUSED
-    for key in secret_keys(to_dict(cfg)):
-        logger.warning(
-            f"{key}: holds a credential; gcc masks it in its own files and logs, but the yaml or the "
-            f"command line, and the library it is passed to, may keep it: set it through the "
-            f'environment instead (docs/training.md, "Trust and safety")'
-        )
-    return run(cfg)

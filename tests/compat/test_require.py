@@ -3,7 +3,6 @@ the version it was verified with, the process stops with a message (exit 2) unle
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import subprocess
@@ -68,15 +67,17 @@ def test_a_process_that_meets_it_ends_with_the_message_and_no_traceback():
 
 def test_the_entry_script_run_by_path_leaves_only_gcc_importable():
     """`composer -n 8 gcc/train.py ...` runs the file by path, which puts gcc/ first on sys.path: `data`, `model`,
-    `tools` and `training` would be importable top-level names in every rank."""
+    `tools` and `training` would be importable top-level names in every rank. The entry swaps that folder for the
+    one that holds `gcc`, so `gcc` is this checkout's."""
     code = (
         "import importlib.util, runpy, sys\n"
         f"sys.path[0] = {str(ROOT / 'gcc')!r}\n"  # what Python does for a script run by path
         f"runpy.run_path({str(ROOT / 'gcc' / 'train.py')!r}, run_name='gcc_entry')\n"
         "print([n for n in ('data', 'model', 'tools', 'training', 'synth') if importlib.util.find_spec(n)])\n"
-        "print(importlib.util.find_spec('gcc') is not None)\n"
+        "print(sys.path[0], importlib.util.find_spec('gcc').origin)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.splitlines()[-2:] == ["[]", "True"], r.stdout  # (DeepSpeed prints a line on import)
-    assert importlib.util.find_spec("gcc") is not None
+    others, where = r.stdout.splitlines()[-2:]
+    assert others == "[]", r.stdout
+    assert where == f"{ROOT} {ROOT / 'gcc' / '__init__.py'}", r.stdout

@@ -3,16 +3,20 @@ installed Streaming. Each fails when that behaviour changes under a new version.
 
 from __future__ import annotations
 
+import _posixshmem
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
 import pytest
 from streaming.base.dataset import StreamingDataset, _Iterator, _ShardState
+
+import gcc.compat.streaming  # noqa: F401  (installs its fixes)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,3 +86,22 @@ def test_a_damaged_shard_met_by_a_download_thread_stops_every_rank_of_the_node_n
         pytest.fail("a rank still waits for its loader 180 s after one of its shards was found damaged")
     for rank, out in enumerate(outs):
         assert "ERROR DamagedData" in out and bad.name in out, f"rank {rank}: {out[-2000:]}"
+
+
+def test_an_attach_waits_for_the_creator_to_size_the_segment():
+    """What a loaded machine showed (a rank's attach between its peer's shm_open and ftruncate: "cannot mmap an
+    empty file"), made deterministic: the segment exists with no size, its creator sizes it 0.3 s later."""
+    from streaming.base.shared.memory import SharedMemory as StreamingSharedMemory
+
+    name = f"gcc_test_{uuid.uuid4().hex[:12]}"
+    fd = _posixshmem.shm_open(f"/{name}", os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+    sizer = threading.Timer(0.3, os.ftruncate, (fd, 64))
+    try:
+        sizer.start()
+        shm = StreamingSharedMemory(name, size=64, auto_cleanup=False)  # create -> FileExistsError -> attach
+        assert shm.shm.size == 64 and shm.opened_shms and not shm.created_shms
+        shm.shm.close()
+    finally:
+        sizer.join()
+        os.close(fd)
+        _posixshmem.shm_unlink(f"/{name}")

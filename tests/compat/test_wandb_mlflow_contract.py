@@ -5,25 +5,30 @@ from __future__ import annotations
 
 import pytest
 import torch
+import wandb  # both are dev dependencies (pyproject.toml): a broken install fails here, it is not skipped
 
+from gcc.compat import OVERRIDE, UnverifiedLibrary
+from gcc.compat import loggers as adapter
 from gcc.compat.loggers import check_installed, wandb_for_composer
 
 
 def test_wandb_lost_the_method_composer_calls_and_the_alias_gives_the_url():
-    wandb = pytest.importorskip("wandb")
     assert isinstance(getattr(wandb.Run, "url", None), property)  # what the alias reads
     wandb_for_composer()
     assert callable(wandb.Run.get_url)
 
 
-def test_check_installed_passes_for_the_verified_versions_and_ignores_other_names():
-    pytest.importorskip("wandb")
-    pytest.importorskip("mlflow")
-    check_installed({"wandb": {}, "mlflow": {}, "tensorboard": {}})
+def test_check_installed_passes_for_the_verified_versions_and_stops_on_another(monkeypatch):
+    monkeypatch.delenv(OVERRIDE, raising=False)
+    check_installed({"wandb": {}, "mlflow": {}, "tensorboard": {}})  # the installed ones are the verified ones
+    for dist, name in (("wandb", "wandb"), ("mlflow-skinny", "mlflow")):
+        monkeypatch.setitem(adapter.VERIFIED, dist, "0.0.1")
+        with pytest.raises(UnverifiedLibrary, match=f"{dist} .* verified with {dist} 0.0.1"):
+            check_installed({name: {}})
+        check_installed({"tensorboard": {}})  # a logger it does not check: nothing to stop
 
 
 def test_composers_mlflow_logger_keeps_the_client_and_run_id_the_samples_are_logged_with(tmp_path, monkeypatch):
-    pytest.importorskip("mlflow")
     from composer.core import State
     from composer.loggers import Logger, MLFlowLogger
 

@@ -298,6 +298,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_killed_conversion_resumes_to_identical_output(src, tmp_path, caplog):
     clean = tmp_path / "clean"
     C.convert(src, str(clean), chunk_clips=2, progress=False)
@@ -384,6 +385,7 @@ def test_the_name_is_recorded_once_and_checked(src, tmp_path, caplog):
     assert not (tmp_path / "o2").exists()
 
 
+@pytest.mark.slow
 def test_console_entry_points(src, tmp_path):
     out = tmp_path / "out"
     r = subprocess.run(

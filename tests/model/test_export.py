@@ -302,7 +302,7 @@ def test_inspect_cli(tmp_path, capsys):
 
 
 _WRITE_ZERO2 = textwrap.dedent("""
-    import os, sys, torch, deepspeed
+    import os, sys, torch, deepspeed, deepspeed.ops
     from gcc.model.dit import build_gc_dit
 
     class Module(torch.nn.Module):  # the legacy trainer's module: the DiT under `dit.`
@@ -315,6 +315,9 @@ _WRITE_ZERO2 = textwrap.dedent("""
         def forward(self, x):
             return self.dit.patch_embedding(x).square().mean() + sum(p.sum() for p in self.parameters()) * 0
 
+    # no DeepSpeed op is needed by this ZeRO-2 step (torch's AdamW, gloo): none is probed or compiled (DeepSpeed
+    # would compile its CPU shared-memory op on first use, about 100 s on a fresh machine)
+    deepspeed.ops.__compatible_ops__ = {}
     deepspeed.init_distributed(dist_backend="gloo")
     m = Module()
     cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2},

@@ -327,24 +327,6 @@ def test_lean_engine_calls_what_composers_engine_calls_and_visits_only_handlers(
     assert visited[Event.BATCH_END] == ["Methods", "Everything", "CheckpointSaver", "Log"]
 
 
-def test_the_nvml_check_deepspeed_sets_is_undone_unless_the_user_set_it():
-    """DeepSpeed (imported by DiffSynth when installed) sets PYTORCH_NVML_BASED_CUDA_CHECK=1 for the process,
-    which makes every torch.cuda.is_available() load NVML again; a user's own setting is kept."""
-    import os
-    import subprocess
-    import sys
-
-    probe = (
-        "import os, sys; import gcc.compat.diffsynth; "
-        "print('deepspeed' in sys.modules, os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK'))"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
-    for user, want in ((None, "True None"), ("1", "True 1")):
-        e = env if user is None else dict(env, PYTORCH_NVML_BASED_CUDA_CHECK=user)
-        out = subprocess.run([sys.executable, "-c", probe], env=e, capture_output=True, text=True, check=True)
-        assert out.stdout.split("\n")[-2] == want, out
-
-
 def test_val_timesteps_resolve_to_scheduler_timesteps():
     got = resolve_timesteps(make_scheduler(1000, 5.0), [200, 500, 800])
     assert [round(t, 1) for _, t in got] == [201.3, 500.6, 799.7]

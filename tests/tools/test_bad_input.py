@@ -2,8 +2,10 @@
 the input (file, flag or key) and says what was expected, never a traceback. The trainer answers bad config
 before any rank starts work; its data and run-folder problems keep their codes (3 refused, 6 damaged data).
 
-Each case runs the real entry point as a subprocess: the console scripts, `python gcc/train.py` (one process,
-fast) and, for a few cases, the `composer -n 2` launcher."""
+Each case calls the entry point's own `main(argv)` in this process (the console scripts' functions and gcc/train.py's)
+and reads what it printed: the message and the exit code are the process's, and an exception that escaped would
+fail the test with its traceback. The process boundary is proven where it is the point: every console script as a
+real process in tests/test_cli.py, the trainer's run-phase verdicts and the `composer -n 2` launcher below."""
 
 from __future__ import annotations
 
@@ -19,10 +21,28 @@ import pytest
 import torch
 from test_cli import ROOT
 
+from gcc.data.convert import main as convert_main
+from gcc.synth.world import main as synth_main
+from gcc.tools.inspect_ckpt import main as inspect_main
+from gcc.tools.maskstats import main as maskstats_main
+from gcc.tools.plot import main as plot_main
+from gcc.tools.sample.cli import main as sample_main
+from gcc.training.entry import main as train_main
+
 BIN = Path(sys.executable).parent
 YAML = str(ROOT / "yamls" / "tiny_cpu.yaml")
 TRAIN = [sys.executable, str(ROOT / "gcc" / "train.py")]
 COMPOSER = [str(BIN / "composer"), "-n", "2", str(ROOT / "gcc" / "train.py")]
+# each program's main(argv), as its console script (pyproject.toml) or gcc/train.py calls it
+MAINS: dict[str, Callable[[list[str]], int]] = {
+    "gcc.train": train_main,
+    "convert_data": convert_main,
+    "gcc-synth": synth_main,
+    "gcc-inspect": inspect_main,
+    "gcc-plot": plot_main,
+    "gcc-maskstats": maskstats_main,
+    "gcc-sample": sample_main,
+}
 
 
 def env() -> dict:
@@ -33,6 +53,24 @@ def run(cmd: list[str], timeout: float = 300, preexec_fn=None) -> subprocess.Com
     return subprocess.run(
         cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env(), preexec_fn=preexec_fn
     )
+
+
+@pytest.fixture
+def call(in_process, capsys, monkeypatch):
+    """`call(prog, argv)`: the program's main(argv) in this process, as a CompletedProcess of what it printed (an
+    argparse error's SystemExit is its exit code, as for the process)."""
+
+    def call(prog: str, argv: list[str]) -> subprocess.CompletedProcess:
+        monkeypatch.setattr(sys, "argv", [prog])
+        capsys.readouterr()
+        try:
+            code = MAINS[prog](argv)
+        except SystemExit as e:
+            code = e.code
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess([prog, *argv], code, out, err)
+
+    return call
 
 
 TRAINER_VERDICTS = ("config error: ", "refused: ", "damaged data: ", "storage unavailable: ")
@@ -108,7 +146,6 @@ class World:
 
     def train(self, *overrides: str, yaml: str = YAML) -> list[str]:
         return [
-            *TRAIN,
             yaml,
             f"run_dir={self.run_dir}",
             f"data.path={self.shards}",
@@ -139,7 +176,7 @@ def _no_null_table(w: World) -> Path:
 
 
 def _convert(w: World, src, *flags: str, out=None) -> list[str]:
-    return [str(BIN / "convert_data"), "--src", str(src), "--out", str(out or w.tmp / "out"), "--no_progress", *flags]
+    return ["--src", str(src), "--out", str(out or w.tmp / "out"), "--no_progress", *flags]
 
 
 def _prep_break(w: World, rel: str, data: bytes | None) -> Path:
@@ -157,7 +194,6 @@ def _prep_break(w: World, rel: str, data: bytes | None) -> Path:
 def _sample(w: World, *flags: str, data_root=None, out_dir=None, ckpt=None) -> list[str]:
     data_root = data_root or w.request.getfixturevalue("prepared_tiny")
     return [
-        str(BIN / "gcc-sample"),
         "--ckpt",
         ckpt or w.tiny_export(),
         "--model",
@@ -176,7 +212,7 @@ def _sample(w: World, *flags: str, data_root=None, out_dir=None, ckpt=None) -> l
 
 
 def _maskstats(w: World, *flags: str, data=None) -> list[str]:
-    return [str(BIN / "gcc-maskstats"), "--data", str(data or w.shards), "--n", "2", *flags]
+    return ["--data", str(data or w.shards), "--n", "2", *flags]
 
 
 def _plot_run(
@@ -367,7 +403,7 @@ CASES: dict[str, Case] = {
         "convert_data",
         2,
         lambda w: (
-            [str(BIN / "convert_data"), "--src", str(w.prepared()), "--out", w.file("afile"), "--no_progress"],
+            ["--src", str(w.prepared()), "--out", w.file("afile"), "--no_progress"],
             ["--out", "afile", "is a file, expected a folder"],
         ),
     ),
@@ -375,7 +411,7 @@ CASES: dict[str, Case] = {
         "convert_data",
         2,
         lambda w: (
-            [str(BIN / "convert_data"), "--src", str(w.prepared()), "--out", str(w.prepared()) + "/", "--no_progress"],
+            ["--src", str(w.prepared()), "--out", str(w.prepared()) + "/", "--no_progress"],
             ["--out", "is --src"],
         ),
     ),
@@ -394,7 +430,7 @@ CASES: dict[str, Case] = {
         "convert_data",
         2,
         lambda w: (
-            [str(BIN / "convert_data"), "--src", str(w.prepared()), "--out", "gs://bucket/x", "--no_progress"],
+            ["--src", str(w.prepared()), "--out", "gs://bucket/x", "--no_progress"],
             ["--out gs://bucket/x", "s3://bucket/prefix"],
         ),
     ),
@@ -455,65 +491,65 @@ CASES: dict[str, Case] = {
     "synth-out-a-file": (
         "gcc-synth",
         2,
-        lambda w: ([str(BIN / "gcc-synth"), "--out", w.file("afile")], ["--out", "is a file, expected a folder"]),
+        lambda w: (["--out", w.file("afile")], ["--out", "is a file, expected a folder"]),
     ),
     "synth-out-under-a-file": (
         "gcc-synth",
         2,
         lambda w: (
-            [str(BIN / "gcc-synth"), "--out", w.file("afile") + "/x"],
+            ["--out", w.file("afile") + "/x"],
             ["--out", "afile is a file, expected a folder"],
         ),
     ),
     "synth-out-s3": (
         "gcc-synth",
         2,
-        lambda w: ([str(BIN / "gcc-synth"), "--out", "s3://bucket/x"], ["--out s3://bucket/x", "local folder"]),
+        lambda w: (["--out", "s3://bucket/x"], ["--out s3://bucket/x", "local folder"]),
     ),
     "synth-out-not-empty": (
         "gcc-synth",
         2,
-        lambda w: ([str(BIN / "gcc-synth"), "--out", str(w.prepared())], ["--out", "not empty", "--overwrite"]),
+        lambda w: (["--out", str(w.prepared())], ["--out", "not empty", "--overwrite"]),
     ),
     "synth-seed-negative": (
         "gcc-synth",
         2,
-        lambda w: ([str(BIN / "gcc-synth"), "--out", str(w.tmp / "s"), "--seed", "-1"], ["--seed", ">= 0"]),
+        lambda w: (["--out", str(w.tmp / "s"), "--seed", "-1"], ["--seed", ">= 0"]),
     ),
     "synth-clips-zero": (
         "gcc-synth",
         2,
-        lambda w: ([str(BIN / "gcc-synth"), "--out", str(w.tmp / "s"), "--clips", "0"], ["--clips", ">= 1"]),
+        lambda w: (["--out", str(w.tmp / "s"), "--clips", "0"], ["--clips", ">= 1"]),
     ),
     # ---- gcc-inspect -----------------------------------------------------------------------------------------
     "inspect-unknown-model": (
         "gcc-inspect",
         2,
-        lambda w: ([str(BIN / "gcc-inspect"), "--model", "nope"], ["--model 'nope'", "ti2v-5b"]),
+        lambda w: (["--model", "nope"], ["--model 'nope'", "ti2v-5b"]),
     ),
     "inspect-unknown-vocab": (
         "gcc-inspect",
         2,
         lambda w: (
-            [str(BIN / "gcc-inspect"), "--model", "tiny", "--vocab", "klingon"],
+            ["--model", "tiny", "--vocab", "klingon"],
             ["--vocab", "klingon", "parts"],
         ),
     ),
     "inspect-file-a-folder": (
         "gcc-inspect",
         2,
-        lambda w: ([str(BIN / "gcc-inspect"), w.folder()], ["folder", "is a folder, expected a file"]),
+        lambda w: ([w.folder()], ["folder", "is a folder, expected a file"]),
     ),
     "inspect-file-missing": (
         "gcc-inspect",
         2,
-        lambda w: ([str(BIN / "gcc-inspect"), str(w.tmp / "nope")], ["nope", "not found"]),
+        lambda w: ([str(w.tmp / "nope")], ["nope", "not found"]),
     ),
     "inspect-file-garbage": (
         "gcc-inspect",
         2,
         lambda w: (
-            [str(BIN / "gcc-inspect"), w.file("x.safetensors")],
+            [w.file("x.safetensors")],
             ["x.safetensors", "cannot be read as safetensors"],
         ),
     ),
@@ -521,36 +557,36 @@ CASES: dict[str, Case] = {
     "plot-no-step-column": (
         "gcc-plot",
         2,
-        lambda w: ([str(BIN / "gcc-plot"), _plot_run(w, b"a,b\n1,2\n")], ["train_log.csv", "'step'"]),
+        lambda w: ([_plot_run(w, b"a,b\n1,2\n")], ["train_log.csv", "'step'"]),
     ),
     "plot-not-utf8": (
         "gcc-plot",
         2,
-        lambda w: ([str(BIN / "gcc-plot"), _plot_run(w, NOT_UTF8)], ["train_log.csv", "not a CSV log"]),
+        lambda w: ([_plot_run(w, NOT_UTF8)], ["train_log.csv", "not a CSV log"]),
     ),
     "plot-val-no-timestep": (
         "gcc-plot",
         2,
-        lambda w: ([str(BIN / "gcc-plot"), _plot_run(w, val_csv=b"step,mse\n1,1\n")], ["val_log.csv", "'timestep'"]),
+        lambda w: ([_plot_run(w, val_csv=b"step,mse\n1,1\n")], ["val_log.csv", "'timestep'"]),
     ),
     "plot-val-a-folder": (
         "gcc-plot",
         2,
         lambda w: (
-            [str(BIN / "gcc-plot"), _plot_run(w, val_folder=True)],
+            [_plot_run(w, val_folder=True)],
             ["val_log.csv", "is a folder, expected a file"],
         ),
     ),
     "plot-no-run-folder": (
         "gcc-plot",
         2,
-        lambda w: ([str(BIN / "gcc-plot"), str(w.tmp / "nope")], ["train_log.csv", "no train rows"]),
+        lambda w: ([str(w.tmp / "nope")], ["train_log.csv", "no train rows"]),
     ),
     "plot-out-a-folder": (
         "gcc-plot",
         2,
         lambda w: (
-            [str(BIN / "gcc-plot"), _plot_run(w), "--out", w.folder()],
+            [_plot_run(w), "--out", w.folder()],
             ["--out", "is a folder, expected a file name"],
         ),
     ),
@@ -558,14 +594,14 @@ CASES: dict[str, Case] = {
         "gcc-plot",
         2,
         lambda w: (
-            [str(BIN / "gcc-plot"), _plot_run(w), "--out", w.file("afile") + "/c.png"],
+            [_plot_run(w), "--out", w.file("afile") + "/c.png"],
             ["--out", "afile is a file, expected a folder"],
         ),
     ),
     "plot-smoothing-nan": (
         "gcc-plot",
         2,
-        lambda w: ([str(BIN / "gcc-plot"), _plot_run(w), "--smoothing", "nan"], ["--smoothing", "[0, 1)"]),
+        lambda w: ([_plot_run(w), "--smoothing", "nan"], ["--smoothing", "[0, 1)"]),
     ),
     # ---- gcc-maskstats ---------------------------------------------------------------------------------------
     "maskstats-manifest-not-utf8": (
@@ -633,7 +669,6 @@ CASES: dict[str, Case] = {
         2,
         lambda w: (
             [
-                str(BIN / "gcc-sample"),
                 "--base",
                 "--model_dir",
                 str(Path(w.file("wan/Wan2.2_VAE.pth")).parent),
@@ -668,10 +703,10 @@ CASES: dict[str, Case] = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_bad_input_is_one_message_and_exit_2(case, tmp_path, request):
+def test_bad_input_is_one_message_and_exit_2(case, tmp_path, request, call):
     prog, code, make = CASES[case]
     argv, fragments = make(World(tmp_path, request))
-    r = run(argv)
+    r = call(prog, argv)
     check(r, code, fragments, prog)
     if prog == "gcc.train":  # before any work: not even the run folder
         assert not (tmp_path / "run").exists()
@@ -681,6 +716,7 @@ def test_bad_input_is_one_message_and_exit_2(case, tmp_path, request):
         assert not (tmp_path / "prepared" / "manifest.json").exists()
 
 
+@pytest.mark.slow
 def test_sample_refuses_a_checkpoint_of_another_preset_before_building_it(tmp_path, request):
     """`--model ti2v-5b` with a tiny export: found from the header, not after building 5B parameters in fp32 (20 GB):
     the tool runs with its address space capped at 10 GiB."""
@@ -691,12 +727,14 @@ def test_sample_refuses_a_checkpoint_of_another_preset_before_building_it(tmp_pa
     w = World(tmp_path, request)
     argv = _sample(w, "--val_n", "1")
     argv[argv.index("tiny")] = "ti2v-5b"
-    r = run(argv, preexec_fn=cap)
+    r = run([str(BIN / "gcc-sample"), *argv], preexec_fn=cap)
     check(r, 2, ["--ckpt", "step-1.safetensors", "key set differs", "ti2v-5b"], "gcc-sample")
     assert not (tmp_path / "eval").exists()
 
 
+@pytest.mark.slow
 # ---- the trainer's data and run folder: refusals (3) and damaged data (6), no traceback ------------------------
+# (found by rank 0 once the process group is up: a real trainer process, `python gcc/train.py`)
 @pytest.mark.parametrize(
     "case", ["manifest-garbage", "run-json-garbage", "run-json-a-list", "text-table-garbage", "batch-beyond-the-data"]
 )
@@ -715,14 +753,14 @@ def test_the_trainers_data_and_run_folder_problems_keep_their_codes(case, tmp_pa
     else:
         data, code = _garbage_table(w), 6
         fragments = ["damaged data", "table.safetensors", "not a text table"]
-    check(run(w.train(f"data.path={data}", *extra)), code, fragments, "gcc.train")
+    check(run([*TRAIN, *w.train(f"data.path={data}", *extra)]), code, fragments, "gcc.train")
 
 
 # ---- object storage --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "case", ["train-data", "train-checkpoint-dir", "convert-out", "maskstats-data", "train-no-credentials"]
 )
-def test_a_bucket_that_does_not_exist_is_named(case, tmp_path, request, s3_bucket, monkeypatch):
+def test_a_bucket_that_does_not_exist_is_named(case, tmp_path, request, s3_bucket, monkeypatch, call):
     w = World(tmp_path, request)
     url = "s3://no-such-bucket-gcc/x"
     fragments = ["no-such-bucket-gcc", "does not exist"]
@@ -742,10 +780,10 @@ def test_a_bucket_that_does_not_exist_is_named(case, tmp_path, request, s3_bucke
         argv, prog, fragments = _convert(w, w.prepared(), out=url), "convert_data", ["--out", *fragments]
     else:
         argv, prog, fragments = _maskstats(w, data=url), "gcc-maskstats", ["--data", *fragments]
-    check(run(argv), 2, fragments, prog)
+    check(call(prog, argv), 2, fragments, prog)
 
 
-def test_object_storage_that_does_not_answer_is_exit_7(tmp_path, request, monkeypatch):
+def test_object_storage_that_does_not_answer_is_exit_7(tmp_path, request, monkeypatch, call):
     monkeypatch.setenv("S3_ENDPOINT_URL", "http://127.0.0.1:9")  # discard port: nothing listens
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     for k, v in {
@@ -755,8 +793,9 @@ def test_object_storage_that_does_not_answer_is_exit_7(tmp_path, request, monkey
     }.items():
         monkeypatch.setenv(k, v)
     w = World(tmp_path, request)
-    check(run(w.train("checkpoint_dir=s3://bucket/x")), 7, ["storage unavailable", "s3://bucket/x"], "gcc.train")
-    r = run(_convert(w, w.prepared(), out="s3://bucket/x"))
+    r = call("gcc.train", w.train("checkpoint_dir=s3://bucket/x"))
+    check(r, 7, ["storage unavailable", "s3://bucket/x"], "gcc.train")
+    r = call("convert_data", _convert(w, w.prepared(), out="s3://bucket/x"))
     check(r, 7, ["storage unavailable", "s3://bucket/x"], "convert_data")
 
 
@@ -772,7 +811,7 @@ def test_the_launcher_answers_bad_config_with_exit_2(case, tmp_path, request):
         if case == "override-bad-yaml"
         else w.train(f"run_dir={w.file('afile')}")
     )
-    argv = COMPOSER + argv[len(TRAIN) :]
+    argv = COMPOSER + argv
     fragments = {
         "yaml-syntax": ["bad.yaml", "not valid yaml"],
         "override-bad-yaml": ["seed=[1", "not valid yaml"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import signal
 import subprocess
 import sys
 import zipfile
@@ -148,9 +149,17 @@ def test_lock_refuses_a_second_holder_and_frees_on_release(tmp_path):
 
 
 def test_lock_of_a_killed_process_does_not_block(tmp_path):
-    code = f"from gcc.training.run_folder import RunLock; RunLock({str(tmp_path)!r}).acquire(); import os; os._exit(9)"
-    subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    RunLock(tmp_path).acquire()
+    """A process that took the lock and died without releasing it (its exit code says it got that far)."""
+    code = (
+        f"from gcc.training.run_folder import RunLock; RunLock({str(tmp_path)!r}).acquire(); "
+        "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True)
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]  # killed holding the lock, not failed before taking it
+    assert (tmp_path / ".lock").is_file()
+    lock = RunLock(tmp_path)
+    lock.acquire()
+    lock.release()
 
 
 def test_signature_mismatch_names_every_field(tmp_path):

@@ -9,9 +9,10 @@ import re
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
-from _launch import WORKER, exact, finish, launch, ok, rows, start_bg, wait_for
+from _launch import WORKER, exact, finish, launch, ok, rows, start_bg, stopped_copy, wait_for
 
 from gcc.data import convert as C
 from gcc.synth.world import make_prepared
@@ -26,33 +27,61 @@ def _flip(path, start: int, n: int = 64) -> None:
     path.write_bytes(bytes(b))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("damage", ["bytes", "cut", "missing", "index"])
-def test_damaged_shard_stops_the_run_naming_it_and_the_repaired_data_resumes_exactly(
-    damage, e2e_shards, reference, tmp_path
-):
-    shards = tmp_path / "shards"
-    shutil.copytree(e2e_shards, shards)
-    name = "train/index.json" if damage == "index" else SHARD
-    bad = shards / name
+def _damage(shards, damage: str) -> Path:
+    """Damage the copy `shards` of the e2e data as `damage` says; returns the damaged file's path."""
+    bad = shards / ("train/index.json" if damage == "index" else SHARD)
     if damage == "bytes":
         _flip(bad, bad.stat().st_size // 2)
     elif damage in ("cut", "index"):
         bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 3])
     else:
         bad.unlink()
-    run_dir = tmp_path / "run"
-    t0 = time.time()
-    r = launch(run_dir, shards, WORKER, timeout=300)  # met in the loader worker
-    took = time.time() - t0
+    return bad
+
+
+def _stopped_on_damage(r, bad: Path, took: float) -> None:
     out = r.stdout + r.stderr
     assert r.returncode == 6, out[-3000:]  # the launcher's code is the faulting rank's, not a peer's collateral
     assert "damaged data" in out and str(bad) in out, out[-3000:]
     assert "Traceback" not in out, out[-3000:]  # each rank says why it stopped; no rank dies on a bare error
     assert took < 240, f"took {took:.0f} s to stop"
 
-    shutil.copyfile(e2e_shards / name, bad)  # repaired
-    ok(launch(run_dir, shards))
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["bytes", "cut", "missing", "index"])
+def test_damaged_data_stops_the_run_naming_the_file(damage, e2e_shards, tmp_path):
+    """Met in the loader worker (or, for the index, where the dataset is opened): every rank stops with exit 6
+    naming the file, before any step, and nothing is written that a relaunch could take for progress."""
+    shards = tmp_path / "shards"
+    shutil.copytree(e2e_shards, shards)
+    bad = _damage(shards, damage)
+    run_dir = tmp_path / "run"
+    t0 = time.time()
+    r = launch(run_dir, shards, WORKER, timeout=300)
+    _stopped_on_damage(r, bad, time.time() - t0)
+    assert not list((run_dir / "checkpoints").glob("ep*")) and not list(run_dir.glob("step-*"))
+    assert not (run_dir / "train_log.csv").exists() or rows(run_dir) == []
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_damaged_data_resumes_exactly_once_the_data_is_repaired(e2e_shards, reference, tmp_path):
+    """A run at step 9's checkpoint (tests/_launch.py stopped_copy) relaunched on data whose index was damaged:
+    it stops with exit 6 before any step, leaving its checkpoints as they were; relaunched on the repaired data it
+    resumes from step 9 and gives the uninterrupted run's rows exactly."""
+    shards = tmp_path / "shards"
+    shutil.copytree(e2e_shards, shards)
+    bad = _damage(shards, "index")
+    run_dir = stopped_copy(reference, tmp_path / "run", at=9)
+    before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    t0 = time.time()
+    r = launch(run_dir, shards, WORKER, timeout=300)
+    _stopped_on_damage(r, bad, time.time() - t0)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before
+    assert os.readlink(run_dir / "checkpoints" / "latest-rank0.pt") == "ep1-ba9-rank0.pt"
+
+    shutil.copyfile(e2e_shards / "train" / "index.json", bad)  # repaired
+    r = ok(launch(run_dir, shards))
+    assert f"resuming from {run_dir / 'checkpoints' / 'ep1-ba9-rank0.pt'}" in r.stdout, r.stdout[-3000:]
     assert exact(rows(run_dir)) == exact(rows(reference))
 
 
@@ -107,35 +136,36 @@ def _fill(mnt, leave: int):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("during", ["checkpoint", "export"])
-def test_a_full_disk_stops_the_run_keeping_nothing_partial_and_the_relaunch_resumes_exactly(
-    during, e2e_shards, reference, small_disk
-):
-    """The run folder on a small tmpfs: a launch to step 3 (its checkpoint and export), then the disk is filled to
-    64 KB: the relaunch fails writing the step-6 checkpoint (or the step-4 export), exits 8 naming the disk, and
-    leaves no partial file; with the space freed the next relaunch continues from step 3 exactly."""
-    run_dir = small_disk / "run"
-    ok(launch(run_dir, e2e_shards, "max_steps=3"))
+def test_a_full_disk_stops_the_run_keeping_nothing_partial(during, e2e_shards, reference, small_disk):
+    """The run folder on a small tmpfs, at step 9's checkpoint (tests/_launch.py stopped_copy), then the disk is
+    filled to 64 KB: the relaunch fails writing the step-12 checkpoint (or the step-10 export), exits 8 naming the
+    disk, and leaves no partial file. With the space freed, the next relaunch (after the checkpoint's failure)
+    resumes from step 9 and gives the uninterrupted run's rows exactly."""
+    run_dir = stopped_copy(reference, small_disk / "run", at=9)
+    exports = sorted(p.name for p in run_dir.glob("step-*"))
     filler = _fill(small_disk, leave=64 << 10)
-    cadence = ["val_every=0", "export_every=0"] if during == "checkpoint" else ["val_every=0", "export_every=4"]
+    cadence = ["val_every=0", "export_every=0"] if during == "checkpoint" else ["val_every=0", "export_every=10"]
     r = launch(run_dir, e2e_shards, *cadence, timeout=300)
     out = r.stdout + r.stderr
     assert r.returncode == 8, out[-3000:]
     assert "disk full: no space left on device" in out and f"filesystem {small_disk}" in out, out[-3000:]
-    assert "last complete checkpoint: ep0-ba3-rank0.pt" in out, out[-3000:]
+    assert "last complete checkpoint: ep1-ba9-rank0.pt" in out, out[-3000:]
     if during == "export":  # the message names the file
-        assert f"no space left on device writing {run_dir / 'step-4.safetensors'}" in out, out[-3000:]
+        assert f"no space left on device writing {run_dir / 'step-10.safetensors'}" in out, out[-3000:]
     else:  # Composer's torch.save does not say which file; the cut one is removed at once, saying so
-        assert re.search(r"removing incomplete/stale ep\d+-ba6-rank0\.pt", out), out[-3000:]
+        assert re.search(r"removing incomplete/stale ep\d+-ba12-rank0\.pt", out), out[-3000:]
     ckpts = run_dir / "checkpoints"
-    assert sorted(p.name for p in ckpts.iterdir()) == ["ep0-ba3-rank0.pt", "latest-rank0.pt"]
-    assert os.readlink(ckpts / "latest-rank0.pt") == "ep0-ba3-rank0.pt"
-    assert sorted(p.name for p in run_dir.glob("step-*")) == ["step-3.safetensors"]  # no partial export
+    assert sorted(p.name for p in ckpts.iterdir()) == ["ep1-ba9-rank0.pt", "latest-rank0.pt"]
+    assert os.readlink(ckpts / "latest-rank0.pt") == "ep1-ba9-rank0.pt"
+    assert sorted(p.name for p in run_dir.glob("step-*")) == exports  # no partial export
     assert not [p for p in run_dir.rglob("*.tmp*")], "a temporary file was left behind"
-    assert max(int(x["step"]) for x in rows(run_dir)) >= 4  # it did train on before the write that failed
+    assert max(int(x["step"]) for x in rows(run_dir)) >= 10  # it did train on before the write that failed
+    if during == "export":  # that a relaunch then resumes exactly: the checkpoint case
+        return
 
     filler.unlink()  # space freed
     r = ok(launch(run_dir, e2e_shards))
-    assert "resuming from" in r.stdout and "ep0-ba3-rank0.pt" in r.stdout
+    assert "resuming from" in r.stdout and "ep1-ba9-rank0.pt" in r.stdout
     assert exact(rows(run_dir)) == exact(rows(reference))
 
 
@@ -165,7 +195,7 @@ def test_object_storage_going_away_stops_the_run_naming_the_object_and_the_relau
         wait_for(lambda: (run_dir / "checkpoints" / "latest-rank0.pt").exists(), p, "the first checkpoint")
         server.stop()
         t0 = time.time()
-        out = finish(p, 300, run_dir)
+        out = finish(p, 300)
         assert p.returncode == 7, out[-3000:]
         assert f"storage unavailable: {remote}/train/" in out, out[-3000:]  # names the object
         assert "Traceback" not in out, out[-3000:]

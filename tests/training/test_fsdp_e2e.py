@@ -29,6 +29,7 @@ from _launch import (
     rows,
     same_samples,
     start_bg,
+    stopped_copy,
     wait_for_step,
 )
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -41,12 +42,11 @@ AC = "model.grad_ckpt=true"  # activation checkpointing per block, applied by Co
 NUMERIC = ["loss", "mse", "grad_norm", "sem_rms", "x_rms"]  # the same computation, summed in another order
 
 
-@pytest.fixture(scope="module")
-def fsdp_reference(e2e_shards, tmp_path_factory):
-    """One uninterrupted 12-step FSDP2 run on 2 ranks; the interrupted FSDP runs must reproduce it."""
-    run_dir = tmp_path_factory.mktemp("fsdp_ref") / "run"
-    ok(launch(run_dir, e2e_shards, FSDP, AC, *SAMPLES))
-    return run_dir
+@pytest.fixture(scope="session")
+def fsdp_reference(e2e_shards, shared):
+    """One uninterrupted 12-step FSDP2 run on 2 ranks, launched once for the session; the interrupted FSDP runs
+    must reproduce it."""
+    return shared("fsdp_ref", lambda p: ok(launch(p / "run", e2e_shards, FSDP, AC, *SAMPLES))) / "run"
 
 
 def ckpt_folders(run_dir: Path) -> list[Path]:
@@ -129,27 +129,34 @@ def test_fsdp_exact_resume_after_sigkill_never_reads_a_partial_checkpoint(fsdp_r
     same_samples(fsdp_reference, run_dir)  # sharded sampling after a resume: the same pictures
 
 
-def test_fsdp_preemption_checkpoints_and_resumes(fsdp_reference, e2e_shards, tmp_path):
+def test_fsdp_preemption_writes_a_complete_sharded_checkpoint(e2e_shards, tmp_path):
+    """SIGTERM to the process group: the ranks finish the step, write the sharded checkpoint (every rank's shard and
+    DCP's .metadata, which completes it) and exit 0. That a sharded checkpoint resumes exactly:
+    test_fsdp_exact_resume_after_sigkill_never_reads_a_partial_checkpoint; a preempted DDP run's relaunch:
+    tests/training/test_train_e2e.py."""
     run_dir = tmp_path / "run"
     p = start_bg(run_dir, e2e_shards, WORKER, FSDP, AC)
     wait_for_step(run_dir, 4, p)
     os.killpg(p.pid, signal.SIGTERM)
-    out = finish(p, 600, run_dir)
-    assert "preempted: stopped after step" in out, out[-4000:]
+    out = finish(p, 600)
+    assert p.returncode == 0 and "preempted: stopped after step" in out, out[-4000:]
     stopped = int(out.split("preempted: stopped after step ")[1].split()[0])
-    assert latest_step(run_dir) == stopped and (ckpt_folders(run_dir)[-1] / ".metadata").is_file()
-    ok(launch(run_dir, e2e_shards, FSDP, AC))
-    assert exact(rows(run_dir)) == exact(rows(fsdp_reference))
+    assert latest_step(run_dir) == stopped
+    assert sorted(f.name for f in ckpt_folders(run_dir)[-1].iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert checkpoint_step(ckpt_folders(run_dir)[-1]) == stopped
 
 
-@pytest.mark.parametrize("before, after", [(2, 1), (1, 2)])
-def test_fsdp_world_size_change_continues_the_run(fsdp_reference, e2e_shards, tmp_path, before, after):
-    """Same global batch on another number of ranks: the sharded checkpoint is read back resharded (weights,
-    AdamW moments), the data continues where it stopped; numbers equal up to summation order."""
-    run_dir = tmp_path / "run"
-    ok(launch(run_dir, e2e_shards, FSDP, AC, "max_steps=6", n=before))
-    r = ok(launch(run_dir, e2e_shards, FSDP, AC, n=after))
-    assert "resuming from" in r.stdout
+def test_fsdp_world_size_changes_continue_the_run(fsdp_reference, e2e_shards, tmp_path):
+    """Same global batch on another number of ranks, 2 -> 1 -> 2: the FSDP reference at step 9's checkpoint
+    (tests/_launch.py stopped_copy) continued on 1 rank to step 11, then on 2 ranks to step 12. Each sharded
+    checkpoint is read back resharded (weights, AdamW moments), the data continues where it stopped; numbers equal
+    up to summation order."""
+    run_dir = stopped_copy(fsdp_reference, tmp_path / "run", at=9)
+    r = ok(launch(run_dir, e2e_shards, FSDP, AC, "max_steps=11", n=1))
+    assert "resuming from" in r.stdout and "ep1-ba9" in r.stdout
+    assert sorted(f.name for f in ckpt_folders(run_dir)[-1].iterdir()) == [".metadata", "__0_0.distcp"]  # 1 rank's
+    r = ok(launch(run_dir, e2e_shards, FSDP, AC))
+    assert "resuming from" in r.stdout and "ep2-ba11" in r.stdout
     same_draws(rows(run_dir), rows(fsdp_reference), rel=1e-4)
 
 
@@ -164,8 +171,7 @@ def test_fsdp_refusals_and_the_nonfinite_stop(e2e_shards, tmp_path):
     assert_grad_norm_logged_before_clipping(rows(run_dir))
     r = launch(run_dir, e2e_shards, "parallelism=ddp", "val_every=0", clip)  # DDP cannot read these checkpoints
     assert r.returncode == 3 and "parallelism: 'fsdp' -> 'ddp'" in r.stderr
-    r = ok(launch(run_dir, e2e_shards, FSDP, "max_steps=4", "val_every=0", clip))  # the same run resumes
-    assert "resuming from" in r.stdout and [int(x["step"]) for x in rows(run_dir)] == [1, 2, 3, 4]
+    assert [checkpoint_step(p) for p in ckpt_folders(run_dir)] == [3] and latest_step(run_dir) == 3  # untouched
 
 
 def test_wide_preset_loads_published_layout_base_weights_by_shard(tmp_path):

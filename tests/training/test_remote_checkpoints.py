@@ -17,7 +17,7 @@ from contextlib import contextmanager, suppress
 
 import pytest
 import torch
-from _launch import WORKER, exact, export_tensors, finish, launch, ok, rows, start_bg, wait_for
+from _launch import WORKER, exact, export_tensors, finish, launch, ok, rows, start_bg, stopped_copy, wait_for
 
 from gcc import storage
 from gcc.training.checkpoint_store import CheckpointStore
@@ -77,10 +77,12 @@ def test_sigkill_then_a_fresh_machine_resumes_exactly_from_remote_checkpoints(
     uploaded = {k for k in storage.list_prefix(remote) if k.endswith(".safetensors")}
     assert uploaded == {"step-6.safetensors", "step-12.safetensors"}
 
-    # a run folder that holds another run is refused against the prefix, before any work: the prefix stays its
-    # owner's (the refused launch claims nothing)
-    other = tmp_path / "other"
-    ok(launch(other, e2e_shards, "max_steps=1", "checkpoint_every=1", "val_every=0", "export_every=0", "seed=5"))
+    # a run folder that holds another run (the reference's, as a run of seed 5: its run.json says so) is refused
+    # against the prefix, before any work: the prefix stays its owner's (the refused launch claims nothing)
+    other = stopped_copy(reference, tmp_path / "other", at=12)
+    record = json.loads((other / "run.json").read_text())
+    record["signature"]["seed"] = 5
+    (other / "run.json").write_text(json.dumps(record))
     owner = store.head()
     r = launch(other, e2e_shards, f"checkpoint_dir={remote}", "seed=5")
     assert r.returncode == 3 and "hold different runs" in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
@@ -136,7 +138,7 @@ def test_a_launch_that_lost_its_prefix_uploads_nothing_more_and_stops_with_3(
         before = storage.list_prefix(remote)
         second = CheckpointStore(remote).claim()  # what a second launch on the same prefix does first
         os.killpg(p.pid, signal.SIGCONT)
-        out = finish(p, 300, run_dir)
+        out = finish(p, 300)
     assert p.returncode == 3, out[-3000:]
     assert f"{remote}: another launch claimed this checkpoint prefix" in out, out[-3000:]
     assert "Traceback" not in out, out[-3000:]

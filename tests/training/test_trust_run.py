@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -24,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SECRET = "0123456789abcdef0123456789abcdef01234567"
 
 
+@pytest.mark.slow
 def test_credentials_stay_out_of_gccs_files_and_logs(e2e_shards, tmp_path):
     """A W&B key in the yaml and a token in a URL's user info: config.json, run.json, done.json, the CSV logs,
     the export's metadata and the job log never hold them. (W&B's own files under wandb/ hold what W&B is given:
@@ -191,14 +193,28 @@ def _snapshot(run_dir: Path) -> dict[str, bytes]:
     }
 
 
-def test_a_run_folder_with_outputs_but_no_checkpoint_is_refused_and_allow_existing_moves_them_aside(
-    e2e_shards, tmp_path
-):
-    import shutil
+@pytest.fixture(scope="session")
+def two_steps(e2e_shards, shared):
+    """A finished single-process run of 2 steps (`_train`): its checkpoint and its step-2 export; read-only (copy
+    it: `_copy`)."""
 
-    run_dir = tmp_path / "run"
-    r = _train(run_dir, e2e_shards, "max_steps=2")
-    assert r.returncode == 0, r.stderr[-3000:]
+    def build(path: Path) -> None:
+        r = _train(path / "run", e2e_shards, "max_steps=2")
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+    return shared("two_steps", build) / "run"
+
+
+def _copy(run: Path, dst: Path) -> Path:
+    shutil.copytree(run, dst, symlinks=True, ignore=shutil.ignore_patterns("cache", ".lock"))
+    return dst
+
+
+@pytest.mark.slow
+def test_a_run_folder_with_outputs_but_no_checkpoint_is_refused_and_allow_existing_moves_them_aside(
+    two_steps, e2e_shards, tmp_path
+):
+    run_dir = _copy(two_steps, tmp_path / "run")
     shutil.rmtree(run_dir / "checkpoints")  # deleted, or a run stopped before its first checkpoint
     before = _snapshot(run_dir)
     assert "step-2.safetensors" in before and before["train_log.csv"].count(b"\n") == 3
@@ -215,19 +231,21 @@ def test_a_run_folder_with_outputs_but_no_checkpoint_is_refused_and_allow_existi
     assert (run_dir / "train_log.csv").read_bytes().count(b"\n") == 3  # the new start's own two rows
 
 
-def test_autoresume_off_in_a_used_folder_is_refused(e2e_shards, tmp_path):
-    run_dir = tmp_path / "run"
-    assert _train(run_dir, e2e_shards, "max_steps=2").returncode == 0
+@pytest.mark.slow
+def test_autoresume_off_in_a_used_folder_is_refused(two_steps, e2e_shards, tmp_path):
+    run_dir = _copy(two_steps, tmp_path / "run")
+    before = {p.name: p.read_bytes() for p in (run_dir / "checkpoints").iterdir()}
+    assert list(before) and all(n.startswith(("ep0-ba2", "latest")) for n in before), sorted(before)
     r = _train(run_dir, e2e_shards, "max_steps=4", "autoresume=false")
     assert r.returncode == 3 and "autoresume is off" in r.stderr and "1 checkpoint(s)" in r.stderr, r.stderr[-2000:]
-    assert (run_dir / "checkpoints" / "ep0-ba2-rank0.pt").is_file() or list((run_dir / "checkpoints").glob("ep*"))
+    # the refused launch left the checkpoints as they were
+    assert {p.name: p.read_bytes() for p in (run_dir / "checkpoints").iterdir()} == before
 
 
-def test_a_warm_started_run_resumes_after_its_init_ckpt_moved(e2e_shards, tmp_path):
-    first = tmp_path / "first"
-    assert _train(first, e2e_shards, "max_steps=2").returncode == 0
+@pytest.mark.slow
+def test_a_warm_started_run_resumes_after_its_init_ckpt_moved(two_steps, e2e_shards, tmp_path):
     init = tmp_path / "init.safetensors"
-    (first / "step-2.safetensors").rename(init)
+    shutil.copyfile(two_steps / "step-2.safetensors", init)
     run_dir = tmp_path / "run"
     r = _train(run_dir, e2e_shards, "max_steps=2", f"model.init_ckpt={init}")
     assert r.returncode == 0, r.stderr[-3000:]

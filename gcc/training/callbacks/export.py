@@ -13,10 +13,10 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
+from gcc.errors import Refusal
 from gcc.model.export import EXPORT_DTYPE, save_gc
 from gcc.model.fsdp import full_state_dict
 from gcc.training.checkpoint_store import CheckpointStore, TakenOver
-from gcc.training.run_folder import Refusal
 
 log = logging.getLogger(__name__)  # not `logger`: Composer passes its Logger under that name
 

@@ -11,7 +11,9 @@ import signal
 import time
 
 import pytest
+import torch
 from _cbfit import Fit
+from composer.callbacks import CheckpointSaver
 from composer.core import Callback
 
 from gcc.training.callbacks import PreemptedBeforeFirstStep, Preemption, StepSync
@@ -88,8 +90,13 @@ def test_the_signal_arms_the_grace_deadline_on_the_watchdog(watchdog):
         fit.fit_end()
 
 
-def test_before_the_first_step_a_signal_stops_every_rank_with_nothing_to_save(watchdog):
-    fit, preemption = wired(watchdog)
+def test_before_the_first_step_a_signal_stops_the_fit_before_any_step_and_any_save(watchdog, tmp_path):
+    """With Composer's own CheckpointSaver in the fit (a save after every step): the signal raises out of the fit
+    before step 1, so no step runs and nothing is saved. Every rank of a launch stopping so, exit 0, no checkpoint:
+    tests/training/test_train_e2e.py test_preempted_in_the_step0_validation_..."""
+    saver = CheckpointSaver(folder=str(tmp_path / "ckpt"), save_interval="1ba")
+    fit, preemption = wired(watchdog, saver)
+    weights = [p.detach().clone() for p in fit.model.parameters()]
     fit.fit_start()
     try:
         preemption.stop_before_first_step(fit.state)  # no signal: nothing happens
@@ -97,6 +104,10 @@ def test_before_the_first_step_a_signal_stops_every_rank_with_nothing_to_save(wa
         os.kill(os.getpid(), signal.SIGTERM)
         with pytest.raises(PreemptedBeforeFirstStep, match="stopped before step 1, after the step-0 validation"):
             preemption.stop_before_first_step(fit.state)
+            fit.step()  # what the fit would do next, had nothing raised
         assert preemption.preempted_at == 0
     finally:
         fit.fit_end()
+    assert int(fit.state.timestamp.batch) == 0
+    assert all(torch.equal(a, b) for a, b in zip(weights, fit.model.parameters()))
+    assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())

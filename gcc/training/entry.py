@@ -1,0 +1,86 @@
+"""The first part of every rank's launch (`gcc/train.py`): the command line, the config and what it names, the
+console and `train.log`, all before torch and Composer are loaded. A bad config is answered in about a second
+(exit 2 naming the key), not after the several seconds those imports take; the run itself is
+gcc/training/trainer.py."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+
+from gcc import exit_codes
+from gcc.errors import Refusal, StorageUnavailable
+from gcc.redact import secret_keys
+from gcc.training.config import ConfigError, TrainConfig, check_inputs, load_config, to_dict
+from gcc.training.console import configure_logging, open_run_log
+
+logger = logging.getLogger(__name__)
+
+# Composer's launcher reports the first non-zero exit in rank order and kills the other ranks: on a code every rank
+# reaches together, the other ranks let rank 0 exit first, so that the launcher's code is ours (2/3/4), not rank
+# 0's -15 from that cleanup. The launcher kills them as soon as rank 0 is gone (a loaded machine can take several
+# seconds to tear rank 0 down), so this is an upper bound, not a wait.
+RANK0_FIRST_S = 60.0
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", 0))
+
+
+def _world() -> int:
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
+def prepare(argv: list[str] | None) -> TrainConfig | int:
+    """The command line and the config checked, on every rank alike (nothing has started yet), then the console at
+    the config's level and this rank's share of `<run_dir>/train.log`. The config, or the exit code of the verdict
+    (already logged)."""
+    configure_logging("INFO", _rank())
+    p = argparse.ArgumentParser(prog="gcc/train.py", description="Train the gc25d teacher (docs/design.md §9).")
+    p.add_argument("yaml", help="run config, e.g. yamls/sft_v10.yaml")
+    p.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. optim.lr=2e-5")
+    args = p.parse_args(argv)
+    try:  # every rank checks the config and what it names before any work: the same verdict everywhere
+        cfg = load_config(args.yaml, args.overrides)
+        cfg.per_rank_batch(_world())
+        check_inputs(cfg)
+    except ConfigError as e:
+        logger.error(f"config error: {e}")
+        return exit_codes.CONFIG
+    except StorageUnavailable as e:
+        logger.error(f"storage unavailable: {e}. Relaunch the same command once the store answers")
+        return exit_codes.STORAGE
+    configure_logging(cfg.log_level, _rank())
+    try:  # every rank: rank 0's lines and each rank's own warnings, from here on (docs/training.md)
+        open_run_log(cfg.run_dir, _rank(), _world())
+    except ConfigError as e:
+        logger.error(f"config error: {e}")
+        return exit_codes.CONFIG
+    except Refusal as e:
+        logger.error(f"refused: {e}")
+        return exit_codes.REFUSED
+    for key in secret_keys(to_dict(cfg)):
+        logger.warning(
+            f"{key}: holds a credential; gcc masks it in its own files and logs, but the yaml or the "
+            f"command line, and the library it is passed to, may keep it: set it through the "
+            f'environment instead (docs/training.md, "Trust and safety")'
+        )
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = prepare(argv)
+    if isinstance(cfg, TrainConfig):
+        # heavy (torch, Composer, DiffSynth: seconds): loaded only for a config that passed, so a bad one is
+        # answered at once. Composer first through its adapter, which keeps the parts a run never uses out.
+        import gcc.compat.composer  # noqa: F401
+        from gcc.training.trainer import launch
+
+        code = launch(cfg)
+    else:
+        code = cfg
+    if code in exit_codes.TOGETHER and _rank() != 0 and _world() > 1:
+        time.sleep(RANK0_FIRST_S)  # see RANK0_FIRST_S
+    return code
