@@ -170,16 +170,21 @@ def release_stale_shm(local_dirs: Sequence[str | Path] | None = None, scan: int 
     every Streaming segment on the node, other live jobs' included (their loaders then fail): never call it.
     This removes only segments registered for our own folders (call it only while holding the run lock: no
     live run uses them) or for folders that no longer exist. Returns the number of prefixes released."""
+    return release_shm(shm_prefixes(local_dirs, scan))
+
+
+def shm_prefixes(local_dirs: Sequence[str | Path] | None = None, scan: int = 256) -> list[int]:
+    """The prefixes of the Streaming segments registered for these cache folders (with `local_dirs` None: for
+    folders that no longer exist). Streaming's numbers only grow on a node (it skips numbers whose lock files remain
+    in /tmp), so the segments that exist are looked at rather than a fixed range."""
     ours = {os.path.abspath(str(d)) for d in local_dirs or ()}
-    released = 0
-    # Streaming's prefix numbers only grow on a node (it skips numbers whose lock files remain in /tmp), so
-    # look at the segments that exist rather than a fixed range
     shm_dir = Path("/dev/shm")
     prefixes = (
         sorted(int(p.name[:6]) for p in shm_dir.glob("[0-9][0-9][0-9][0-9][0-9][0-9]_" + LOCALS))
         if shm_dir.is_dir()
         else range(scan)
     )
+    found = []
     for prefix in prefixes:
         try:
             shm = SharedMemory(_get_path(prefix, LOCALS), create=False, auto_cleanup=False)
@@ -192,14 +197,20 @@ def release_stale_shm(local_dirs: Sequence[str | Path] | None = None, scan: int 
                 continue
         elif not ours.intersection(os.path.abspath(t) for t in theirs):
             continue
+        found.append(prefix)
+    return found
+
+
+def release_shm(prefixes: Sequence[int]) -> int:
+    """Unlink the Streaming segments and lock files of these prefixes; returns how many prefixes."""
+    for prefix in prefixes:
         for name in SHM_TO_CLEAN:
             with contextlib.suppress(FileNotFoundError, PermissionError):
                 _posixshmem.shm_unlink("/" + _get_path(prefix, name))
         for lock in (BARRIER_FILELOCK, CACHE_FILELOCK):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(gettempdir(), _get_path(prefix, lock)))
-        released += 1
-    return released
+    return len(prefixes)
 
 
 # ---- the dataset ---------------------------------------------------------------------------------------------
