@@ -62,15 +62,21 @@ def same_samples(a: Path, b: Path, steps: Sequence[int] = (0, 6, 12)) -> None:
 
 
 def cmd(
-    run_dir: Path, shards: Path, *overrides: str, n: int = 2, launcher: Sequence[str] = (), prefix: Sequence[str] = ()
+    run_dir: Path,
+    shards: Path,
+    *overrides: str,
+    n: int = 2,
+    launcher: Sequence[str] = (),
+    prefix: Sequence[str] = (),
+    direct: bool = False,
 ) -> list[str]:
-    """`prefix` runs the launcher under another command (e.g. `unshare`); `launcher` are the launcher's flags."""
+    """`composer -n <n> gcc/train.py tiny_cpu.yaml ...`, or with `direct` one rank without the launcher (`python
+    gcc/train.py ...`, as on one GPU: where the launcher is not what a test is about, its start is saved). `prefix`
+    runs the command under another (e.g. `unshare`); `launcher` are the launcher's flags."""
+    launch_with = [sys.executable] if direct else [COMPOSER, "-n", str(n), *launcher]
     return [
         *prefix,
-        COMPOSER,
-        "-n",
-        str(n),
-        *launcher,
+        *launch_with,
         str(ROOT / "gcc" / "train.py"),
         str(ROOT / "yamls" / "tiny_cpu.yaml"),
         f"run_dir={run_dir}",
@@ -135,13 +141,15 @@ class Launch(subprocess.Popen):
         return "\n".join(parts)
 
 
-def start_bg(run_dir, shards, *overrides, n=2, launcher=(), prefix=(), pipe_stderr=False) -> Launch:
+def start_bg(run_dir, shards, *overrides, n=2, launcher=(), prefix=(), pipe_stderr=False, direct=False) -> Launch:
     """A launch in its own process group, so a signal reaches the launcher and every rank, as on a cluster. Rank 0
-    and the launcher print on the pipe (stdout; stderr apart with `pipe_stderr`), the other ranks into files."""
+    and the launcher print on the pipe (stdout; stderr apart with `pipe_stderr`), the other ranks into files.
+    `direct`: one rank without the launcher (`cmd`)."""
+    n = 1 if direct else n
     flags = _rank_logs(Path(run_dir), launcher)
     shm_before = set(shm_prefixes(_node_cache(Path(run_dir), overrides)))
     p = Launch(
-        cmd(run_dir, shards, *overrides, n=n, launcher=flags, prefix=prefix),
+        cmd(run_dir, shards, *overrides, n=n, launcher=flags, prefix=prefix, direct=direct),
         env=env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE if pipe_stderr else subprocess.STDOUT,
@@ -152,10 +160,12 @@ def start_bg(run_dir, shards, *overrides, n=2, launcher=(), prefix=(), pipe_stde
     return p
 
 
-def launch(run_dir, shards, *overrides, n=2, timeout=900, launcher=(), clean=True) -> subprocess.CompletedProcess:
+def launch(
+    run_dir, shards, *overrides, n=2, timeout=900, launcher=(), clean=True, direct=False
+) -> subprocess.CompletedProcess:
     """One launch to its end (a hang fails with every process's stacks: `finish`); what it printed, every rank's
-    ended cleanly (`clean`: `assert_clean_end`)."""
-    p = start_bg(run_dir, shards, *overrides, n=n, launcher=launcher, pipe_stderr=True)
+    ended cleanly (`clean`: `assert_clean_end`). `direct`: one rank without the launcher (`cmd`)."""
+    p = start_bg(run_dir, shards, *overrides, n=n, launcher=launcher, pipe_stderr=True, direct=direct)
     with p:
         out, err = finish(p, timeout, both=True, clean=clean)
     logs = Path(_flag(p.launcher, "--stderr")).parent

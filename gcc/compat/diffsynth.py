@@ -31,7 +31,14 @@ require("diffsynth", VERIFIED, "gcc/compat/diffsynth.py")
 if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # for the processes this one starts
     inductor_config.compile_threads = 1
-with stand_ins(["diffsynth.core.data"], absent=["deepspeed", "torch.nn.attention.flex_attention"]):
+_UNUSED = [
+    "diffsynth.core.data",  # training datasets
+    "diffsynth.core.loader.config",  # model configs, downloads (modelscope)
+    "diffsynth.core.loader.model",  # its model loader (transformers' DeepSpeed integration)
+    # its own trainer: training module, logger and runner (accelerate), parsers, losses, DMD2
+    *(f"diffsynth.diffusion.{m}" for m in ("training_module", "logger", "runner", "parsers", "loss", "dmd2")),
+]
+with stand_ins(_UNUSED, absent=["deepspeed", "torch.nn.attention.flex_attention"]):
     from diffsynth.core.loader.file import load_state_dict
     from diffsynth.core.vram.initialization import skip_model_initialization
     from diffsynth.diffusion.flow_match import FlowMatchScheduler

@@ -50,9 +50,11 @@ from boto3.session import Session
 
 # Streaming's package imports its example datasets when it loads (streaming/__init__.py): streaming.text's C4, Pile
 # and EnWiki import transformers' AutoTokenizer (which pulls in torch._dynamo), streaming.vision torchvision's,
-# streaming.multimodal more: about 1.5 s in every rank and every loader forkserver, for classes gcc never uses.
-# Stand-ins take their place while Streaming loads (`stand_ins`, gcc/compat/__init__.py).
-with stand_ins(["streaming.multimodal", "streaming.text", "streaming.vision"]):
+# streaming.multimodal more; and its StreamingDataLoader (streaming.base.dataloader) imports transformers for two
+# batch types. About 2 s in every rank and every loader forkserver, for classes gcc never uses (its loader is
+# torch's DataLoader: gcc/data/dataset.py). Stand-ins take their place while Streaming loads (`stand_ins`,
+# gcc/compat/__init__.py).
+with stand_ins(["streaming.multimodal", "streaming.text", "streaming.vision", "streaming.base.dataloader"]):
     from streaming import MDSWriter, StreamingDataset  # noqa: F401  (MDSWriter: for gcc/data/convert.py)
     from streaming.base.constant import BARRIER_FILELOCK, CACHE_FILELOCK, LOCALS, SHM_TO_CLEAN
     from streaming.base.dataset import _ShardState

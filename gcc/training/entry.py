@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import time
 
 from gcc import exit_codes
@@ -15,6 +16,7 @@ from gcc.errors import Refusal, StorageUnavailable
 from gcc.redact import secret_keys
 from gcc.training.config import ConfigError, TrainConfig, check_inputs, load_config, to_dict
 from gcc.training.console import configure_logging, open_run_log
+from gcc.workers import PREEMPTION_SIGNALS
 
 logger = logging.getLogger(__name__)
 
@@ -82,5 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         code = cfg
     if code in exit_codes.TOGETHER and _rank() != 0 and _world() > 1:
+        # nothing is left to save: the launcher's SIGTERM ends this rank at once (the handlers a run installed would
+        # only note it, and the launcher would wait out its 30 s before its SIGKILL)
+        for s in PREEMPTION_SIGNALS:
+            signal.signal(s, signal.SIG_DFL)
         time.sleep(RANK0_FIRST_S)  # see RANK0_FIRST_S
     return code

@@ -152,7 +152,7 @@ def test_fsdp_world_size_changes_continue_the_run(fsdp_reference, e2e_shards, tm
     checkpoint is read back resharded (weights, AdamW moments), the data continues where it stopped; numbers equal
     up to summation order."""
     run_dir = stopped_copy(fsdp_reference, tmp_path / "run", at=9)
-    r = ok(launch(run_dir, e2e_shards, FSDP, AC, "max_steps=11", n=1))
+    r = ok(launch(run_dir, e2e_shards, FSDP, AC, "max_steps=11", direct=True))  # one rank
     assert "resuming from" in r.stdout and "ep1-ba9" in r.stdout
     assert sorted(f.name for f in ckpt_folders(run_dir)[-1].iterdir()) == [".metadata", "__0_0.distcp"]  # 1 rank's
     r = ok(launch(run_dir, e2e_shards, FSDP, AC))
@@ -175,14 +175,14 @@ def test_fsdp_refusals_and_the_nonfinite_stop(e2e_shards, tmp_path):
 
 
 def test_wide_preset_loads_published_layout_base_weights_by_shard(tmp_path):
-    """The real TI2V-5B layer shapes (2 blocks), base weights as published (3 files + index, bf16): after one
-    step at lr 0 the export holds exactly the files' Wan weights and the seeded, zero-output condition."""
+    """The real TI2V-5B layer shapes (one block of them), base weights as published (3 files + index, bf16): after
+    one step at lr 0 the export holds exactly the files' Wan weights and the seeded, zero-output condition."""
     from gcc.data.convert import convert
     from gcc.synth.world import write_prepared
 
     model_dir = tmp_path / "wan"
     model_dir.mkdir()
-    base = save_wan_layout(model_dir, n_shards=3, preset="wide", seed=5, dtype=torch.bfloat16)
+    base = save_wan_layout(model_dir, n_shards=3, preset="wide", seed=5, dtype=torch.bfloat16, num_layers=1)
     shards = tmp_path / "shards"
     convert(write_prepared(tmp_path / "prepared", clips=8, geometry="wide", seed=3), str(shards), progress=False)
     run_dir = tmp_path / "run"
@@ -193,6 +193,7 @@ def test_wide_preset_loads_published_layout_base_weights_by_shard(tmp_path):
             FSDP,
             AC,
             "model.preset=wide",
+            "model.overrides={num_layers: 1}",
             f"model.model_dir={model_dir}",
             "optim.lr=0",
             "optim.cond_lr=0",

@@ -247,7 +247,7 @@ def test_sigterm_while_a_rank_waits_for_data_stops_the_run_with_stacks(e2e_shard
     process group still ends both within the grace, with rank 1's stacks in the run folder; the last
     checkpoint (step 4's) is left as it was, the one a relaunch resumes from."""
     run_dir = tmp_path / "run"
-    grace = 20
+    grace = 12
     p = start_bg(
         run_dir,
         e2e_shards,
@@ -284,7 +284,7 @@ def test_elastic_resume_on_one_rank_keeps_global_batches(reference, e2e_shards, 
     """The reference at step 9's checkpoint (2 ranks, mid-epoch 1) continued on 1 rank with the same global batch 4
     (micro 1 × accumulation 4): the same clips and draws at every step, across the epoch's end."""
     run_dir = stopped_copy(reference, tmp_path / "run", at=9)
-    r = ok(launch(run_dir, e2e_shards, n=1))
+    r = ok(launch(run_dir, e2e_shards, direct=True))  # one rank (without the launcher: it is not the point)
     assert "resuming from" in r.stdout and "ep1-ba9-rank0.pt" in r.stdout
     got, want = rows(run_dir), rows(reference)
     assert [int(r["step"]) for r in got] == list(range(1, 13))
@@ -303,7 +303,7 @@ def test_a_changed_global_batch_continues_at_the_next_epoch(reference, e2e_shard
     ranks (which share the node's Streaming state) with global batch 4, both start epoch 4."""
     run_dir = tmp_path / "run"
     shutil.copytree(reference, run_dir, symlinks=True, ignore=shutil.ignore_patterns("cache", "tensorboard", ".lock"))
-    r = ok(launch(run_dir, e2e_shards, "global_batch=2", "max_steps=23", n=1))
+    r = ok(launch(run_dir, e2e_shards, "global_batch=2", "max_steps=23", direct=True))  # one rank
     assert "resuming from" in r.stdout and "ep2-ba12-rank0.pt" in r.stdout
     assert (
         "global batch changed from 4 (the checkpoint's) to 2: step 12 continues at the start of epoch 3; the "
@@ -346,7 +346,7 @@ def test_data_limit_trains_on_one_seeded_subset_across_ranks_and_a_resume(e2e_sh
     run_dir = tmp_path / "run"
     quiet = ["data.limit=8", "val_every=0", "export_every=0"]
     ok(launch(run_dir, e2e_shards, "max_steps=3", *quiet))
-    r = ok(launch(run_dir, e2e_shards, "max_steps=6", *quiet, n=1))
+    r = ok(launch(run_dir, e2e_shards, "max_steps=6", *quiet, direct=True))  # one rank
     assert "resuming from" in r.stdout and "global batch changed" not in r.stdout
     train = json.loads((e2e_shards / "manifest.json").read_text())["splits"]["train"]["clip_ids"]
     want = sorted(train[i] for i in subset_ids(len(train), 8, seed=0))  # tiny_cpu.yaml's seed
@@ -400,10 +400,11 @@ def test_preempted_in_the_step0_validation_then_a_changed_signature_refused_then
 def test_second_launch_refused_stale_lock_ignored(e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
     # far more steps than it can take while the second launch starts (on a loaded machine that takes a while)
-    p = start_bg(run_dir, e2e_shards, "max_steps=1000000", "val_every=0", "export_every=0")
+    # one rank each, without the launcher: the lock is global rank 0's
+    p = start_bg(run_dir, e2e_shards, "max_steps=1000000", "val_every=0", "export_every=0", direct=True)
     try:
         wait_for_step(run_dir, 4, p)
-        r = launch(run_dir, e2e_shards, "max_steps=1000000")
+        r = launch(run_dir, e2e_shards, "max_steps=1000000", direct=True)
         assert p.poll() is None, "the first launch ended: this test needs it alive"
         assert r.returncode == 3 and "another live run holds" in r.stderr, (r.stdout[-3000:], r.stderr[-3000:])
     finally:
@@ -412,7 +413,7 @@ def test_second_launch_refused_stale_lock_ignored(e2e_shards, tmp_path):
     at = checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt"))
     # the dead run's lock does not block: the relaunch takes the lock, finds the run at its checkpoint, which is
     # already max_steps, says so and exits 0 (that a relaunch after a SIGKILL resumes: test_exact_resume_after_sigkill)
-    r = ok(launch(run_dir, e2e_shards, f"max_steps={at}"))
+    r = ok(launch(run_dir, e2e_shards, f"max_steps={at}", direct=True))
     assert f"nothing to do: {run_dir} is at step {at} >= max_steps={at}" in r.stdout
 
 
@@ -438,10 +439,11 @@ def test_warm_start_and_lineage_over_two_resumes(reference, e2e_shards, tmp_path
     init = reference / "step-12.safetensors"
     run_dir = tmp_path / "run"
     quiet = ["val_every=0", "export_every=2", "checkpoint_every=2"]
-    ok(launch(run_dir, e2e_shards, "max_steps=2", f"model.init_ckpt={init}", *quiet))
+    # one rank each, without the launcher: the warm start and its lineage are rank 0's
+    ok(launch(run_dir, e2e_shards, "max_steps=2", f"model.init_ckpt={init}", *quiet, direct=True))
     assert float(rows(run_dir)[0]["sem_rms"]) > 0  # the warm-started cond is not zero
-    ok(launch(run_dir, e2e_shards, "max_steps=4", f"model.init_ckpt={init}", *quiet))
-    ok(launch(run_dir, e2e_shards, "max_steps=6", f"model.init_ckpt={init}", *quiet))
+    ok(launch(run_dir, e2e_shards, "max_steps=4", f"model.init_ckpt={init}", *quiet, direct=True))
+    ok(launch(run_dir, e2e_shards, "max_steps=6", f"model.init_ckpt={init}", *quiet, direct=True))
     meta = {n: export_tensors(run_dir / f"step-{n}.safetensors")[1] for n in (2, 4, 6)}
     assert {m["init_ckpt"] for m in meta.values()} == {str(init.resolve())}
     assert (meta[2]["resumed_from"], meta[2]["resumed_step"]) == ("", "")
@@ -452,20 +454,22 @@ def test_warm_start_and_lineage_over_two_resumes(reference, e2e_shards, tmp_path
 
 
 def test_learning_uses_the_condition(e2e_shards, tmp_path):
-    """The chain is right end to end: the loss falls and validation shows the semantic condition is used."""
+    """The chain is right end to end: the loss falls and validation shows the semantic condition is used. 200 steps
+    of 8 clips in one micro-batch on one rank (the loss at 200 is ~0.6 of the first steps', gap_uncond 0.025-0.04 per
+    timestep: the thresholds leave a margin of 3 and more)."""
     run_dir = tmp_path / "run"
     ok(
         launch(
             run_dir,
             e2e_shards,
-            "max_steps=300",
-            "val_every=300",
+            "max_steps=200",
+            "val_every=200",
             "val_n=8",
             "export_every=0",
-            "checkpoint_every=300",
+            "checkpoint_every=200",
             "global_batch=8",
-            "micro_batch=8",  # one forward a step: the same global batch at a third of the cost of 4 × 2
-            n=1,
+            "micro_batch=8",  # one forward a step: a third of the cost of 4 micro-batches of 2, the same global batch
+            direct=True,  # one rank, without the launcher
             timeout=1800,
         )
     )
@@ -473,7 +477,7 @@ def test_learning_uses_the_condition(e2e_shards, tmp_path):
     first, last = [float(x["mse"]) for x in r[:20]], [float(x["mse"]) for x in r[-20:]]
     assert sum(last) / 20 < 0.8 * sum(first) / 20
     v = rows(run_dir, "val_log")
-    gaps = {s: [float(x["gap_uncond"]) for x in v if int(x["step"]) == s] for s in (0, 300)}
-    # at step 0 the zero-initialised condition adds nothing (the gap is exactly 0); learned, it is ~1e-2
+    gaps = {s: [float(x["gap_uncond"]) for x in v if int(x["step"]) == s] for s in (0, 200)}
+    # at step 0 the zero-initialised condition adds nothing (the gap is exactly 0); learned, it is a few 1e-2
     assert gaps[0] == [0.0] * 3, v
-    assert all(g > 0.003 for g in gaps[300]) and sum(gaps[300]) / len(gaps[300]) > 0.005, v
+    assert all(g > 0.005 for g in gaps[200]) and sum(gaps[200]) / len(gaps[200]) > 0.01, v
