@@ -48,18 +48,15 @@ def prepare(argv: list[str] | None) -> TrainConfig | int:
         cfg = load_config(args.yaml, args.overrides)
         cfg.per_rank_batch(_world())
         check_inputs(cfg)
+        configure_logging(cfg.log_level, _rank())
+        # every rank: rank 0's lines and each rank's own warnings, from here on (docs/training.md)
+        open_run_log(cfg.run_dir, _rank(), _world())
     except ConfigError as e:
         logger.error(f"config error: {e}")
         return exit_codes.CONFIG
     except StorageUnavailable as e:
         logger.error(f"storage unavailable: {e}. Relaunch the same command once the store answers")
         return exit_codes.STORAGE
-    configure_logging(cfg.log_level, _rank())
-    try:  # every rank: rank 0's lines and each rank's own warnings, from here on (docs/training.md)
-        open_run_log(cfg.run_dir, _rank(), _world())
-    except ConfigError as e:
-        logger.error(f"config error: {e}")
-        return exit_codes.CONFIG
     except Refusal as e:
         logger.error(f"refused: {e}")
         return exit_codes.REFUSED
