@@ -82,8 +82,12 @@ def main(argv: list[str] | None = None) -> int:
         code = cfg
     if code in exit_codes.TOGETHER and _rank() != 0 and _world() > 1:
         # nothing is left to save: the launcher's SIGTERM ends this rank at once (the handlers a run installed would
-        # only note it, and the launcher would wait out its 30 s before its SIGKILL)
+        # only note it, and the launcher would wait out its 30 s before its SIGKILL), through the interpreter's
+        # orderly exit, so that the finalizers release this rank's semaphores and shared memory
+        def leave(signum, frame):
+            raise SystemExit(code)
+
         for s in PREEMPTION_SIGNALS:
-            signal.signal(s, signal.SIG_DFL)
+            signal.signal(s, leave)
         time.sleep(RANK0_FIRST_S)  # see RANK0_FIRST_S
     return code
