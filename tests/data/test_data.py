@@ -219,23 +219,25 @@ RANK_SCRIPT = """
 import json, os, sys, hashlib
 sys.path[:0] = {tests!r}  # this test's folder and tests/ (its helpers)
 from pathlib import Path
-from test_data import batch_digests, HEAVY
-from gcc.data.dataset import GcStreamingDataset, build_dataloader
+from test_data import rank_batches
 
 if __name__ == "__main__":  # loader workers import this file (forkserver): nothing may run at import
     rank = int(os.environ.get("RANK", 0))
-    ds = GcStreamingDataset({out!r}, "train", Path({cache!r}),  # one cache per node, shared by its ranks
-                            batch_size=int(sys.argv[1]), seed=0,
-                            dropouts=HEAVY)
-    dl = build_dataloader(ds, batch_size=int(sys.argv[1]), num_workers=1)
-    res = [batch_digests(b) for b in dl]
+    res = rank_batches({out!r}, Path({cache!r}), int(sys.argv[1]))  # one cache per node, shared by its ranks
     Path({res!r}, f"rank{{rank}}.json").write_text(json.dumps(res))
 """
 
 
+def rank_batches(shards, cache: Path, batch_size: int) -> list[list[tuple]]:
+    """This rank's batches of an epoch (one loader worker), as digests."""
+    ds = GcStreamingDataset(shards, "train", cache, batch_size=batch_size, seed=0, dropouts=HEAVY)
+    return [batch_digests(b) for b in build_dataloader(ds, batch_size=batch_size, num_workers=1)]
+
+
 @pytest.mark.slow
 def test_same_global_batches_for_1_and_2_ranks(shards, tmp_path):
-    """Real separate processes via the composer launcher: global batch 4 = 1 rank × 4 = 2 ranks × 2."""
+    """Global batch 4 = 1 rank × 4 (in this process) = 2 ranks × 2 (separate processes via the composer
+    launcher)."""
 
     def launch(nproc, per_rank_bs, tag):
         res = tmp_path / tag
@@ -260,7 +262,7 @@ def test_same_global_batches_for_1_and_2_ranks(shards, tmp_path):
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         return [json.loads((res / f"rank{i}.json").read_text()) for i in range(nproc)]
 
-    one = launch(1, 4, "one")[0]
+    one = json.loads(json.dumps(rank_batches(str(shards), tmp_path / "cache_one", 4)))  # as the ranks write them
     two = launch(2, 2, "two")
     global_two = [sorted(map(tuple, two[0][i] + two[1][i])) for i in range(len(two[0]))]
     # Streaming pads an epoch to a multiple of the rank count by repeating samples, so only the epoch's

@@ -1,6 +1,6 @@
 """The production path on CPU: `parallelism: fsdp` (Composer's FSDP2, sharded DCP checkpoints) under the real
 `composer -n 2` launcher (gloo), with everything docs/training.md promises of a run: the same training as DDP,
-exact resume after SIGKILL (a partial checkpoint folder included), SIGTERM preemption, world-size changes,
+exact resume past a partial checkpoint folder, SIGTERM preemption, world-size changes,
 rotation across restarts, the signature refusal, the NaN stop; and the `wide` preset (the real TI2V-5B layer
 shapes) loading published-layout base weights shard by shard.
 """
@@ -102,29 +102,29 @@ def test_fsdp_trains_as_ddp_and_writes_sharded_checkpoints(fsdp_reference, refer
     )
 
 
-def test_fsdp_exact_resume_after_sigkill_never_reads_a_partial_checkpoint(fsdp_reference, e2e_shards, tmp_path):
-    run_dir = tmp_path / "run"
-    p = start_bg(run_dir, e2e_shards, WORKER, FSDP, AC, *SAMPLES)
-    wait_for_step(run_dir, 8, p)  # past the step-6 checkpoint, before step 9's
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
-    # what a kill in the middle of the next sharded save leaves: the ranks' shards, no .metadata (DCP writes it
-    # last, via a temporary name) -- and, at worst, `latest` already pointing at it
+def test_fsdp_exact_resume_never_reads_a_partial_checkpoint(fsdp_reference, e2e_shards, tmp_path):
+    """The FSDP reference as a launch killed while it wrote step 12's sharded checkpoint leaves it
+    (tests/_launch.py stopped_copy): the ranks' shards of step 12 without DCP's .metadata (DCP writes it last, via a
+    temporary name) and, at worst, `latest` already pointing at them. The relaunch removes that folder, resumes
+    from step 9 and gives the reference's rows, export and samples exactly. A real SIGKILL and its relaunch:
+    tests/training/test_train_e2e.py (the kill is the same for both parallelisms; what it leaves is this)."""
+    run_dir = stopped_copy(fsdp_reference, tmp_path / "run", at=9)
+    for step in (0, 6):  # the samples written before step 9 (stopped_copy keeps none)
+        shutil.copytree(fsdp_reference / "samples" / f"step-{step}", run_dir / "samples" / f"step-{step}")
     ckpts = run_dir / "checkpoints"
     done = ckpts / os.readlink(ckpts / "latest-rank0.pt")
-    assert checkpoint_step(done) == 6
-    partial = ckpts / "ep9-ba9"
-    shutil.copytree(done, partial)
+    partial = ckpts / "ep2-ba12"
+    shutil.copytree(fsdp_reference / "checkpoints" / partial.name, partial)
     (partial / ".metadata").rename(partial / ".metadata.tmp")
     (ckpts / "latest-rank0.pt").unlink()
     os.symlink(partial.name, ckpts / "latest-rank0.pt")
     r = ok(launch(run_dir, e2e_shards, FSDP, AC, *SAMPLES))
-    assert "removing incomplete/stale ep9-ba9" in r.stdout and "resuming from" in r.stdout
+    assert f"removing incomplete/stale {partial.name}" in r.stdout and f"resuming from {done}" in r.stdout, r.stdout
     assert exact(rows(run_dir)) == exact(rows(fsdp_reference))  # to the last digit
     a, _ = export_tensors(fsdp_reference / "step-12.safetensors")
     b, meta_b = export_tensors(run_dir / "step-12.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert meta_b["resumed_step"] == "6" and meta_b["resumed_from"].endswith(f"/{done.name}")
+    assert meta_b["resumed_step"] == "9" and meta_b["resumed_from"].endswith(f"/{done.name}")
     assert [checkpoint_step(p) for p in ckpt_folders(run_dir)] == [9, 12]  # rotation across the restart
     same_samples(fsdp_reference, run_dir)  # sharded sampling after a resume: the same pictures
 
@@ -132,7 +132,7 @@ def test_fsdp_exact_resume_after_sigkill_never_reads_a_partial_checkpoint(fsdp_r
 def test_fsdp_preemption_writes_a_complete_sharded_checkpoint(e2e_shards, tmp_path):
     """SIGTERM to the process group: the ranks finish the step, write the sharded checkpoint (every rank's shard and
     DCP's .metadata, which completes it) and exit 0. That a sharded checkpoint resumes exactly:
-    test_fsdp_exact_resume_after_sigkill_never_reads_a_partial_checkpoint; a preempted DDP run's relaunch:
+    test_fsdp_exact_resume_never_reads_a_partial_checkpoint; a preempted DDP run's relaunch:
     tests/training/test_train_e2e.py."""
     run_dir = tmp_path / "run"
     p = start_bg(run_dir, e2e_shards, WORKER, FSDP, AC)
@@ -169,7 +169,8 @@ def test_fsdp_refusals_and_the_nonfinite_stop(e2e_shards, tmp_path):
     assert [checkpoint_step(p) for p in ckpt_folders(run_dir)] == [3]  # nothing of the poisoned state
     assert [int(x["step"]) for x in rows(run_dir)] == [1, 2, 3, 4]
     assert_grad_norm_logged_before_clipping(rows(run_dir))
-    r = launch(run_dir, e2e_shards, "parallelism=ddp", "val_every=0", clip)  # DDP cannot read these checkpoints
+    # DDP cannot read these checkpoints: refused before any work, on one rank as on two
+    r = launch(run_dir, e2e_shards, "parallelism=ddp", "val_every=0", clip, direct=True)
     assert r.returncode == 3 and "parallelism: 'fsdp' -> 'ddp'" in r.stderr
     assert [checkpoint_step(p) for p in ckpt_folders(run_dir)] == [3] and latest_step(run_dir) == 3  # untouched
 

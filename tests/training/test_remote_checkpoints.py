@@ -84,7 +84,7 @@ def test_sigkill_then_a_fresh_machine_resumes_exactly_from_remote_checkpoints(
     record["signature"]["seed"] = 5
     (other / "run.json").write_text(json.dumps(record))
     owner = store.head()
-    r = launch(other, e2e_shards, f"checkpoint_dir={remote}", "seed=5")
+    r = launch(other, e2e_shards, f"checkpoint_dir={remote}", "seed=5", direct=True)  # refused before any work
     assert r.returncode == 3 and "hold different runs" in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
     assert store.head() == owner
 
