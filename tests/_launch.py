@@ -161,7 +161,7 @@ def start_bg(run_dir, shards, *overrides, n=2, launcher=(), prefix=(), pipe_stde
 
 
 def launch(
-    run_dir, shards, *overrides, n=2, timeout=900, launcher=(), clean=True, direct=False
+    run_dir, shards, *overrides, n=2, timeout=600, launcher=(), clean=True, direct=False
 ) -> subprocess.CompletedProcess:
     """One launch to its end (a hang fails with every process's stacks: `finish`); what it printed, every rank's
     ended cleanly (`clean`: `assert_clean_end`). `direct`: one rank without the launcher (`cmd`)."""
@@ -271,6 +271,10 @@ def finish(p: subprocess.Popen, timeout: float, both: bool = False, clean: bool 
         raise AssertionError(
             f"the launch did not end within {timeout} s\n{report}\n--- its output (tail)\n{tail}"
         ) from None
+    except BaseException:  # pytest-timeout's, a KeyboardInterrupt: no launch outlives its test (nor its Popen's
+        os.killpg(p.pid, signal.SIGKILL)  # __exit__, which would wait for it forever)
+        p.communicate()
+        raise
     if clean and isinstance(p, Launch):
         assert_clean_end(p, out + (err or ""))
     return (out, err) if both else out
