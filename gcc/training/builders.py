@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +61,7 @@ from gcc.training.checkpoint_store import store_for
 from gcc.training.config import TrainConfig, samples_during_training
 from gcc.training.launch import RunStart, data_name, train_clips
 from gcc.training.peer_fault import PEER_GRACE_S, announce, watch_peers
+from gcc.training.ranks import node_rank, rank, world_size
 from gcc.training.run_folder import ckpt_dir
 from gcc.training.watchdog import StallWatchdog
 
@@ -69,18 +69,10 @@ logger = logging.getLogger(__name__)
 
 
 # ---- where things live ---------------------------------------------------------------------------------
-def env_int(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
-
-
-def world_size() -> int:
-    return env_int("WORLD_SIZE", 1)
-
-
 def cache_dir(cfg: TrainConfig) -> Path:
     """Per-node shard cache, shared by the node's ranks (Streaming's download/lock protocol needs that)."""
     base = Path(cfg.data.cache_dir) if cfg.data.cache_dir else Path(cfg.run_dir) / "cache"
-    return base / f"node{env_int('NODE_RANK', 0)}"
+    return base / f"node{node_rank()}"
 
 
 # ---- data ----------------------------------------------------------------------------------------------
@@ -123,7 +115,7 @@ def build_train_loader(cfg: TrainConfig, per_rank_batch: int) -> DataLoader:
         limit=cfg.data.limit,
     )
     collate = gc_collate
-    if cfg.inject_stall_step and env_int("RANK", 0) == cfg.inject_stall_rank:
+    if cfg.inject_stall_step and rank() == cfg.inject_stall_rank:
         collate = StallAt(gc_collate, cfg.inject_stall_step)
     # every optimizer step sees the whole global batch: an epoch's partial tail is dropped (which samples that
     # are varies with the epoch's shuffle; docs/training.md, "Epochs")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import time
 
@@ -16,6 +15,7 @@ from gcc.errors import Refusal, StorageUnavailable
 from gcc.redact import secret_keys
 from gcc.training.config import ConfigError, TrainConfig, check_inputs, load_config, to_dict
 from gcc.training.console import configure_logging, open_run_log
+from gcc.training.ranks import rank, world_size
 from gcc.workers import PREEMPTION_SIGNALS
 
 logger = logging.getLogger(__name__)
@@ -27,30 +27,22 @@ logger = logging.getLogger(__name__)
 RANK0_FIRST_S = 60.0
 
 
-def _rank() -> int:
-    return int(os.environ.get("RANK", 0))
-
-
-def _world() -> int:
-    return int(os.environ.get("WORLD_SIZE", 1))
-
-
 def prepare(argv: list[str] | None) -> TrainConfig | int:
     """The command line and the config checked, on every rank alike (nothing has started yet), then the console at
     the config's level and this rank's share of `<run_dir>/train.log`. The config, or the exit code of the verdict
     (already logged)."""
-    configure_logging("INFO", _rank())
+    configure_logging("INFO", rank())
     p = argparse.ArgumentParser(prog="gcc/train.py", description="Train the gc25d teacher (docs/design.md §9).")
     p.add_argument("yaml", help="run config, e.g. yamls/sft_v10.yaml")
     p.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. optim.lr=2e-5")
     args = p.parse_args(argv)
     try:  # every rank checks the config and what it names before any work: the same verdict everywhere
         cfg = load_config(args.yaml, args.overrides)
-        cfg.per_rank_batch(_world())
+        cfg.per_rank_batch(world_size())
         check_inputs(cfg)
-        configure_logging(cfg.log_level, _rank())
+        configure_logging(cfg.log_level, rank())
         # every rank: rank 0's lines and each rank's own warnings, from here on (docs/training.md)
-        open_run_log(cfg.run_dir, _rank(), _world())
+        open_run_log(cfg.run_dir, rank(), world_size())
     except ConfigError as e:
         logger.error(f"config error: {e}")
         return exit_codes.CONFIG
@@ -80,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         code = launch(cfg)
     else:
         code = cfg
-    if code in exit_codes.TOGETHER and _rank() != 0 and _world() > 1:
+    if code in exit_codes.TOGETHER and rank() != 0 and world_size() > 1:
         # nothing is left to save: the launcher's SIGTERM ends this rank at once (the handlers a run installed would
         # only note it, and the launcher would wait out its 30 s before its SIGKILL), through the interpreter's
         # orderly exit, so that the finalizers release this rank's semaphores and shared memory

@@ -33,6 +33,7 @@ from gcc.redact import redact
 from gcc.storage import atomic_write, join
 from gcc.training.checkpoint_store import CheckpointStore, Head, store_for
 from gcc.training.config import ConfigError, TrainConfig
+from gcc.training.ranks import world_size
 from gcc.training.run_folder import (
     REPLACED,
     Refusal,
@@ -167,8 +168,8 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
     check_data(
         manifest,
         cfg.data.path,
-        cfg.per_rank_batch(int(os.environ.get("WORLD_SIZE", 1))),
-        int(os.environ.get("WORLD_SIZE", 1)),
+        cfg.per_rank_batch(world_size()),
+        world_size(),
         cfg.data.limit,
     )
     run_dir = Path(cfg.run_dir)

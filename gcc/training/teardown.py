@@ -17,14 +17,11 @@ import torch.distributed as tdist
 from gcc.compat.torch import default_store
 from gcc.training.console import ALL_RANKS
 from gcc.training.peer_fault import PEER_GRACE_S, peer_fault, stop_watching
+from gcc.training.ranks import rank, world_size
 from gcc.training.watchdog import stop_watchdogs
 from gcc.workers import stop_forkserver
 
 logger = logging.getLogger(__name__)
-
-
-def _rank() -> int:
-    return int(os.environ.get("RANK", 0))
 
 
 # The end of a launch (docs/training.md, "How a launch ends"): how long a rank's own threads get to stop, and
@@ -137,14 +134,14 @@ def end_launch(code: int) -> int:
     if not stop_threads():
         # still inside a store call after THREAD_STOP_S (a store that does not answer): interpreter shutdown could
         # abort the process, so leave as a fault does
-        logger.warning(f"rank {_rank()}: a watch thread did not stop within {THREAD_STOP_S:g} s; exiting at once")
+        logger.warning(f"rank {rank()}: a watch thread did not stop within {THREAD_STOP_S:g} s; exiting at once")
         leave_now(code)
     took["threads"] = time.monotonic() - t0
     t0 = time.monotonic()
     close_process_group()
     took["process group"] = time.monotonic() - t0
     logger.debug(
-        f"rank {_rank()}: end of the launch (exit {code}): " + ", ".join(f"{k} {v:.2f} s" for k, v in took.items())
+        f"rank {rank()}: end of the launch (exit {code}): " + ", ".join(f"{k} {v:.2f} s" for k, v in took.items())
     )
     return code
 
@@ -158,7 +155,7 @@ def leave_on_fault(code: int) -> None:
     # their watch thread too (StallWatchdog.stop_for_peer), and so does a missed deadline: a peer may be stuck in
     # a collective, so there is no end barrier to wait for. The loader workers and the forkserver stop by
     # themselves when their rank is gone (gcc/workers.py).
-    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+    if world_size() > 1:
         for s in (signal.SIGTERM, signal.SIGUSR1):  # the launcher's SIGTERM then: nothing left to save
             signal.signal(s, signal.SIG_IGN)
         time.sleep(PEER_GRACE_S)

@@ -31,7 +31,7 @@ from composer.utils import dist
 
 from gcc import exit_codes
 from gcc.compat.composer import run_after_checkpoint_saver
-from gcc.errors import DamagedData, LockTimeout, StorageUnavailable, disk_full
+from gcc.errors import DamagedData, LockTimeout, Refusal, StorageUnavailable, disk_full
 from gcc.model.dit import count_params
 from gcc.sampling.vae import VaeError
 from gcc.training import builders as B
@@ -42,7 +42,8 @@ from gcc.training.checkpoint_store import TakenOver, store_for
 from gcc.training.console import ALL_RANKS, RUN_LOG_ONLY
 from gcc.training.launch import agree_on_start, fetch_on_this_node
 from gcc.training.peer_fault import announce, peer_fault
-from gcc.training.run_folder import Refusal, RunLock, repair_checkpoints
+from gcc.training.ranks import rank, world_size
+from gcc.training.run_folder import RunLock, repair_checkpoints
 from gcc.training.teardown import end_launch, leave_on_fault, stop_threads
 from gcc.workers import start_resource_tracker
 
@@ -56,10 +57,6 @@ EXIT_STALLED, EXIT_DATA, EXIT_STORAGE, EXIT_DISK = (
 
 
 logger = logging.getLogger(__name__)
-
-
-def _rank() -> int:
-    return int(os.environ.get("RANK", 0))
 
 
 def fault_message(e: BaseException) -> str:
@@ -99,14 +96,14 @@ def run(cfg) -> int:
     except Exception as e:
         fault = as_fault(e, cfg.run_dir)
         if fault is not None:
-            announce(_rank(), *fault)
+            announce(rank(), *fault)
         else:  # a collective that failed because a peer stopped on a fault: that fault's code, not ours
-            fault = peer_fault(_rank(), include_own=True)
+            fault = peer_fault(rank(), include_own=True)
             if fault is None:
                 raise
         code, message = fault
-        logger.error(f"rank {_rank()}: {message}", extra=ALL_RANKS)
-        if code == EXIT_DISK and _rank() == 0:  # a save cut short by the full disk goes now, not at the relaunch
+        logger.error(f"rank {rank()}: {message}", extra=ALL_RANKS)
+        if code == EXIT_DISK and rank() == 0:  # a save cut short by the full disk goes now, not at the relaunch
             latest = repair_checkpoints(Path(cfg.run_dir))
             logger.error(f"last complete checkpoint: {latest.name if latest else 'none'}")
         return code
@@ -114,7 +111,7 @@ def run(cfg) -> int:
 
 def _run(cfg) -> int:
     start_resource_tracker()  # before anything registers shared memory: a SIGUSR1 must not end it
-    world, per_rank = B.world_size(), cfg.per_rank_batch(B.world_size())
+    world, per_rank = world_size(), cfg.per_rank_batch(world_size())
     device = DeviceGPU() if torch.cuda.is_available() else DeviceCPU()
     if not torch.cuda.is_available():  # ranks share the CPU: don't oversubscribe its cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
@@ -215,7 +212,7 @@ def launch(cfg) -> int:
         # its threads stop first (stop_threads); the other ranks may never get to an end barrier: none is waited for
         if isinstance(e, Exception):  # the console gets Python's own traceback; train.log gets it here
             logger.error(
-                f"rank {_rank()}: stopped on an unexpected error", exc_info=True, extra={**ALL_RANKS, **RUN_LOG_ONLY}
+                f"rank {rank()}: stopped on an unexpected error", exc_info=True, extra={**ALL_RANKS, **RUN_LOG_ONLY}
             )
         stop_threads()
         raise
