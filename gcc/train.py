@@ -12,7 +12,7 @@ _here = os.path.dirname(os.path.abspath(__file__))
 if sys.path and os.path.abspath(sys.path[0] or os.curdir) == _here:
     sys.path[0] = os.path.dirname(_here)
 
-from gcc.training.entry import main  # noqa: E402  (after the path fix above)
+from gcc.training.entry import run  # noqa: E402  (after the path fix above)
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run(sys.argv[1:])

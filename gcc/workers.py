@@ -75,6 +75,15 @@ def start_resource_tracker() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def wait_readable(fd: int, timeout_s: float | None = None) -> bool:
+    """Wait until `fd` is readable (at most `timeout_s`, None for ever); False on the timeout. Through poll, not
+    select: select cannot take a descriptor numbered 1024 or above (ValueError), which a rank with many files and
+    sockets open reaches, and the thread that waits would die of it."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if timeout_s is None else max(0, int(timeout_s * 1000))))
+
+
 def exit_with(pid: int) -> None:
     """End this process as soon as process `pid` ends (a thread waits on its pidfd)."""
     try:
@@ -83,7 +92,7 @@ def exit_with(pid: int) -> None:
         os._exit(0)
 
     def wait() -> None:
-        select.select([fd], [], [])  # a pidfd becomes readable when its process exits
+        wait_readable(fd)  # a pidfd becomes readable when its process exits
         os._exit(0)
 
     threading.Thread(target=wait, name="gcc-exit-with-requester", daemon=True).start()

@@ -21,6 +21,22 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests' own helper modules (s3s
 
 from gcc.synth.world import make_prepared
 
+
+def _raise_open_files_limit(want: int = 65536) -> None:
+    """Streaming keeps every dataset's shared memory, and so its descriptors (~7 a dataset), open until the
+    process exits (its cleanup is an atexit handler, which holds the objects). A rank builds two datasets; a test
+    worker builds hundreds, past the 1024 that many machines set as the soft limit. The soft limit is raised
+    toward the hard one for the test processes only."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+_raise_open_files_limit()
+
 PREPARED_TINY_CLIPS = 24
 PREPARED_TINY_SEED = 0
 

@@ -155,9 +155,14 @@ def test_a_killed_rank_leaves_no_worker_and_no_forkserver(shards, tmp_path):
 
 
 WATCHDOG_SCRIPT = """
-import signal, sys, time
+import os, resource, signal, sys, time
 from gcc.training.watchdog import StallWatchdog
 
+# a rank with many files and sockets open: the watchdog's own descriptors come after them (above 1024, where
+# select() cannot go)
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+held = [os.open(os.devnull, os.O_RDONLY) for _ in range(int(sys.argv[3]))]
 wd = StallWatchdog(sys.argv[1], rank=3, poll_s=0.1)
 if sys.argv[2] == "signal":
     signal.signal(signal.SIGTERM, lambda *a: None)  # does nothing: the watchdog's thread must arm the deadline
@@ -174,12 +179,12 @@ waiting_for_data()
 """
 
 
-@pytest.mark.parametrize("how", ["signal", "arm"])
-def test_a_missed_deadline_writes_the_stacks_and_exits(tmp_path, how):
+@pytest.mark.parametrize("how, open_fds", [("signal", 0), ("arm", 0), ("signal", 1100)])
+def test_a_missed_deadline_writes_the_stacks_and_exits(tmp_path, how, open_fds):
     script = tmp_path / "blocked.py"
     script.write_text(textwrap.dedent(WATCHDOG_SCRIPT))
     p = subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path / "run"), how],
+        [sys.executable, str(script), str(tmp_path / "run"), how, str(open_fds)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -8,13 +8,16 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 import time
+from typing import NoReturn
 
 from gcc import exit_codes
 from gcc.errors import Refusal, StorageUnavailable
 from gcc.redact import secret_keys
 from gcc.training.config import ConfigError, TrainConfig, check_inputs, load_config, to_dict
 from gcc.training.console import configure_logging, open_run_log
+from gcc.training.process_exit import code_of, exit_process
 from gcc.training.ranks import rank, world_size
 from gcc.workers import PREEMPTION_SIGNALS
 
@@ -74,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         code = cfg
     if code in exit_codes.TOGETHER and rank() != 0 and world_size() > 1:
         # nothing is left to save: the launcher's SIGTERM ends this rank at once (the handlers a run installed would
-        # only note it, and the launcher would wait out its 30 s before its SIGKILL), through the interpreter's
-        # orderly exit, so that the finalizers release this rank's semaphores and shared memory
+        # only note it, and the launcher would wait out its 30 s before its SIGKILL), through the
+        # orderly exit (`run`), so that the finalizers release this rank's semaphores and shared memory
         def leave(signum, frame):
             raise SystemExit(code)
 
@@ -83,3 +86,17 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(s, leave)
         time.sleep(RANK0_FIRST_S)  # see RANK0_FIRST_S
     return code
+
+
+def run(argv: list[str]) -> NoReturn:
+    """`main`, then the process's exit with its code through `exit_process` (the exit handlers, then `os._exit`),
+    whatever way `main` ended: a `SystemExit` (Composer's SIGTERM handler, the launcher's SIGTERM above) with its
+    code, an error with Python's own traceback and 1."""
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = code_of(e)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    exit_process(code)

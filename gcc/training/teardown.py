@@ -1,22 +1,22 @@
 """How a launch ends (docs/training.md, "How a launch ends"), on every rank: in order for a code every rank reaches
-together (`end_launch`: loader workers, forkserver, this rank's threads, then the process group closed by all
-ranks together), at once on a fault (`leave_on_fault`). Kept apart from the run (gcc/training/trainer.py): it
+together (`end_launch`: loader workers, forkserver, this rank's threads, then all ranks wait for each other),
+at once on a fault (`leave_on_fault`). Either way the process then exits past interpreter shutdown, without
+destroying the process group (gcc/training/process_exit.py). Kept apart from the run (gcc/training/trainer.py): it
 needs neither Composer nor the model."""
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import time
 
-import torch
 import torch.distributed as tdist
 
 from gcc.compat.torch import default_store
 from gcc.training.console import ALL_RANKS
 from gcc.training.peer_fault import PEER_GRACE_S, peer_fault, stop_watching
+from gcc.training.process_exit import leave_now
 from gcc.training.ranks import rank, world_size
 from gcc.training.watchdog import stop_watchdogs
 from gcc.workers import stop_forkserver
@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 
 # The end of a launch (docs/training.md, "How a launch ends"): how long a rank's own threads get to stop, and
-# how long a rank waits for the others before it closes the process group without them. The ranks come from the
+# how long a rank waits for the others before it ends without them. The ranks come from the
 # same step and from Composer's closing barrier, so they arrive within moments of each other.
 THREAD_STOP_S = 10.0
 END_BARRIER_S = 60.0
@@ -39,15 +39,6 @@ def stop_threads() -> bool:
     ("terminate called without an active exception", exit -6). False if one did not stop in time."""
     watch, dog = stop_watching(THREAD_STOP_S), stop_watchdogs(THREAD_STOP_S)
     return watch and dog
-
-
-def leave_now(code: int) -> None:
-    """Exit at once with `code`, past interpreter shutdown (the fault paths, docs/training.md "How a launch
-    ends"): the log and the streams flushed, nothing else run."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def _end_barrier(store, rank: int, world: int, timeout_s: float) -> bool:
@@ -69,7 +60,7 @@ def _end_barrier(store, rank: int, world: int, timeout_s: float) -> bool:
         if time.monotonic() > deadline:
             logger.warning(
                 f"rank {rank}: {min(arrived, world)} of {world} ranks reached the end of the launch within "
-                f"{timeout_s:g} s; closing the process group without the others",
+                f"{timeout_s:g} s; ending without the others",
                 extra=ALL_RANKS,
             )
             return False
@@ -77,51 +68,26 @@ def _end_barrier(store, rank: int, world: int, timeout_s: float) -> bool:
         arrived = store.add(END_ARRIVED, 0)
 
 
-def _drain_gloo_workers(tdist):
-    """Let gloo's worker threads finish with the collectives that came before, so that closing the process group
-    cannot deadlock. A collective whose Python tensors were freed while a worker still held them (the temporaries
-    of `broadcast_object_list`, for one) leaves that worker needing the GIL to drop them, which it does after the
-    caller's wait() has returned, holding the queue's lock. `destroy_process_group` joins the workers while
-    holding the GIL: a worker still at that point never finishes (seen as a launch that hangs at its end). A
-    collective call waits for the queue's lock with the GIL released, so each of two collectives on a tensor held
-    here lets every such worker finish first. The caller keeps the returned tensor until the group is closed: a
-    worker still holding it when it is freed would need the GIL in turn."""
-    held = torch.zeros(1)
-    for _ in range(2):
-        tdist.all_reduce(held)
-    return held
-
-
-def close_process_group(timeout_s: float = END_BARRIER_S) -> None:
-    """All ranks together (`_end_barrier`), then `destroy_process_group`: its threads (gloo's, the store's server
-    on rank 0) stop here rather than somewhere in interpreter shutdown."""
+def wait_for_all_ranks(timeout_s: float | None = None) -> None:
+    """All ranks together (`_end_barrier`), so that rank 0, whose process keeps the store, leaves last. The
+    process group is not destroyed: its threads end with the process (gcc/training/process_exit.py says why)."""
     if "torch.distributed" not in sys.modules:
         return
-    if not (tdist.is_available() and tdist.is_initialized()):
+    if not (tdist.is_available() and tdist.is_initialized()) or tdist.get_world_size() < 2:
         return
-    rank, world = tdist.get_rank(), tdist.get_world_size()
-    together = True
+    rank = tdist.get_rank()
     try:
-        if world > 1:
-            together = _end_barrier(default_store(), rank, world, timeout_s)
+        _end_barrier(default_store(), rank, tdist.get_world_size(), END_BARRIER_S if timeout_s is None else timeout_s)
     except Exception as e:  # the store's host, rank 0, is gone: it left on its own (its deadline passed)
-        together = False
         logger.warning(
-            f"rank {rank}: the other ranks are gone ({type(e).__name__}: {e}); closing the process group without them",
-            extra=ALL_RANKS,
+            f"rank {rank}: the other ranks are gone ({type(e).__name__}: {e}); ending without them", extra=ALL_RANKS
         )
-    try:
-        held = _drain_gloo_workers(tdist) if together else None
-        tdist.destroy_process_group()
-        del held
-    except Exception as e:
-        logger.warning(f"rank {rank}: closing the process group failed ({type(e).__name__}: {e})", extra=ALL_RANKS)
 
 
 def end_launch(code: int) -> int:
     """The orderly end of a launch, for a code that every rank reaches together (0 finished, preempted or nothing
     to do; 2 bad config; 3 refused; 4 non-finite loss): the loader workers, then the forkserver, then this rank's
-    threads stop; then the process group closes on all ranks together. Loggers (TensorBoard's writer thread) and
+    threads stop; then all ranks wait for each other (`wait_for_all_ranks`). Loggers (TensorBoard's writer thread) and
     the checkpoint uploads were closed by the trainer's close()."""
     took: dict[str, float] = {}
     t0 = time.monotonic()
@@ -132,14 +98,14 @@ def end_launch(code: int) -> int:
     took["workers and forkserver"] = time.monotonic() - t0
     t0 = time.monotonic()
     if not stop_threads():
-        # still inside a store call after THREAD_STOP_S (a store that does not answer): interpreter shutdown could
-        # abort the process, so leave as a fault does
+        # still inside a store call after THREAD_STOP_S (a store that does not answer): the exit handlers could
+        # wait on it, so leave as a fault does
         logger.warning(f"rank {rank()}: a watch thread did not stop within {THREAD_STOP_S:g} s; exiting at once")
         leave_now(code)
     took["threads"] = time.monotonic() - t0
     t0 = time.monotonic()
-    close_process_group()
-    took["process group"] = time.monotonic() - t0
+    wait_for_all_ranks()
+    took["end barrier"] = time.monotonic() - t0
     logger.debug(
         f"rank {rank()}: end of the launch (exit {code}): " + ", ".join(f"{k} {v:.2f} s" for k, v in took.items())
     )

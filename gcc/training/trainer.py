@@ -8,8 +8,8 @@ Order of a launch:
    refusal, the same on all ranks);
 3. build data, model (base/warm-start weights only when there is no checkpoint to resume), optimizer,
    callbacks, loggers and Composer's Trainer with autoresume; fit;
-4. end: loader workers, forkserver and this rank's threads stop, then the process group closes on all ranks
-   together (`end_launch`); a fault leaves at once instead, on every rank (docs/training.md "How a launch ends").
+4. end: loader workers, forkserver and this rank's threads stop, then all ranks wait for each other (`end_launch`);
+   a fault leaves at once instead, on every rank (docs/training.md "How a launch ends").
 Exit codes: 0 done or preempted (checkpoint written), 2 bad config, 3 refused, 4 non-finite loss, 5 stalled (a
 rank missed a deadline; every thread's stack is in <run_dir>/stacks/), 6 damaged data (a shard or index that
 cannot be read back as convert_data wrote it), 7 object storage unavailable (after bounded retries), 8 disk full.
@@ -18,7 +18,6 @@ On 6-8 the rank stops at once: nothing is checkpointed after the fault was seen,
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import time
@@ -208,15 +207,13 @@ def launch(cfg) -> int:
             leave_on_fault(code)
         code = end_launch(code)
     except BaseException as e:
-        # an error, or the SystemExit of Composer's SIGTERM handler: the rank ends through interpreter shutdown, so
-        # its threads stop first (stop_threads); the other ranks may never get to an end barrier: none is waited for
+        # an error, or the SystemExit of Composer's SIGTERM handler: the rank ends through its exit handlers
+        # (gcc/training/entry.py, `run`), so its threads stop first (stop_threads); the other ranks may never get
+        # to an end barrier: none is waited for
         if isinstance(e, Exception):  # the console gets Python's own traceback; train.log gets it here
             logger.error(
                 f"rank {rank()}: stopped on an unexpected error", exc_info=True, extra={**ALL_RANKS, **RUN_LOG_ONLY}
             )
         stop_threads()
         raise
-    # Everything that needs closing is closed: the interpreter's last collection would only walk every object of
-    # torch, Composer and the model (seconds on a loaded machine), so they are left out of it.
-    gc.freeze()
     return code

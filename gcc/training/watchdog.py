@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import signal
 import sys
 import threading
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from gcc import exit_codes
 from gcc.training.console import ALL_RANKS  # each rank's own line: on its console and in train.log
+from gcc.workers import wait_readable
 
 EXIT_STALLED = exit_codes.STALLED
 STACKS_DIR = "stacks"
@@ -129,7 +129,7 @@ class StallWatchdog:
 
     def _loop(self) -> None:
         while not self._stopping:
-            ready, _, _ = select.select([self._wake_r], [], [], self.poll_s)
+            ready = wait_readable(self._wake_r, self.poll_s)
             if self._stopping:
                 return
             if ready:

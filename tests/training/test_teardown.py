@@ -1,17 +1,19 @@
 """How a launch ends (docs/training.md, "How a launch ends"): every rank stops its loader workers, forkserver and
-threads, then the ranks close the process group together, then exit with the run's code. A finished run exits
+threads, then the ranks wait for each other, then each exits with the run's code past interpreter shutdown,
+without destroying the process group. A finished run exits
 0 on every rank, never -6 ("terminate called without an active exception": a daemon thread still inside a
 store call when the interpreter shut down), and leaves no shared memory and no process of its own behind.
 
 Every launch of the suite checks that it ended so (tests/_launch.py, `assert_clean_end`); the tests here add the
-conditions that made it fail before: short launches beside a busy process, a refused launch, and a deterministic
-reproduction of the thread that aborted interpreter shutdown. `GCC_STRESS_ROUNDS` sets how many short launches
+conditions that made it fail before: short launches beside a busy process, a refused launch, and deterministic
+reproductions of the thread that aborted interpreter shutdown and of the gloo worker that hung it. `GCC_STRESS_ROUNDS` sets how many short launches
 the stress test makes (1 in `make test`; `python bench/stress.py` runs many)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -72,6 +74,7 @@ BUSY_WATCH = """
 import socket, sys, time
 import torch.distributed as dist
 from gcc.training.peer_fault import watch_peers
+from gcc.training.process_exit import exit_process
 from gcc.training.teardown import end_launch
 from gcc.training.watchdog import StallWatchdog
 
@@ -82,7 +85,7 @@ dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, w
 watch_peers(0, lambda code, message: None, poll_s=0)
 StallWatchdog(sys.argv[2], 0, poll_s=0.01)
 time.sleep(0.5)
-sys.exit(end_launch(0) if sys.argv[1] == "end" else 0)
+exit_process(end_launch(0)) if sys.argv[1] == "end" else sys.exit(0)
 """
 
 
@@ -106,3 +109,66 @@ def test_the_end_of_a_launch_stops_the_threads_that_would_abort_interpreter_shut
     assert any(
         a.returncode == -signal.SIGABRT and "terminate called without an active exception" in a.stderr for a in aborts
     ), [(a.returncode, a.stderr[-500:]) for a in aborts]
+
+
+# Rank 0 ends while gloo's worker still holds the tensor of a collective it left behind (its peer, rank 1, joins
+# the collective 2 s later and never reaches the end barrier, which rank 0 waits out in 0.5 s). Destroying the
+# process group there ("destroy") joins that worker while holding the GIL, and the worker needs the GIL to drop the
+# tensor: a certain hang, the race that hung about one launch in thirty at its end.
+LATE_PEER = """
+import os, sys, time
+import torch, torch.distributed as dist
+from gcc.training import teardown
+from gcc.training.process_exit import exit_process
+
+rank, port, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+if rank == 1:
+    time.sleep(2)
+    dist.all_reduce(torch.ones(1))
+    time.sleep(1)  # rank 0 has its result
+    os._exit(0)
+work = dist.all_reduce(torch.ones(1), async_op=True)
+del work  # the worker now holds the only reference to the tensor
+teardown.END_BARRIER_S = 0.5
+code = teardown.end_launch(0)
+if mode == "destroy":
+    dist.destroy_process_group()
+exit_process(code)
+"""
+
+
+def _late_peer(mode: str) -> tuple[subprocess.Popen, subprocess.Popen]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    return tuple(
+        subprocess.Popen(
+            [sys.executable, "-c", LATE_PEER, str(r), port, mode],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for r in (0, 1)
+    )
+
+
+def test_a_rank_ends_while_a_gloo_worker_still_holds_its_tensor_and_exits():
+    ended, hung = _late_peer("end"), _late_peer("destroy")
+    try:
+        _, err = ended[0].communicate(timeout=120)
+        assert ended[0].returncode == 0, (ended[0].returncode, err[-3000:])
+        assert "1 of 2 ranks reached the end of the launch" in err, err[-3000:]  # the barrier was waited out
+        ended[1].wait(timeout=60)
+        # the control: the same end with the group destroyed never finishes
+        hung[1].wait(timeout=60)
+        with pytest.raises(subprocess.TimeoutExpired):
+            hung[0].wait(timeout=5)
+    finally:
+        for p in (*ended, *hung):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
