@@ -156,15 +156,14 @@ def two_nodes(run_dir, shards, *overrides) -> tuple[str, str]:
     from _launch import ROOT, cmd, env
     from s3server import _free_port
 
-    args = cmd(
-        run_dir,
-        shards,
-        *overrides,
-        n=1,
-        launcher=["--world_size", "2", "--master_addr", "127.0.0.1", "--master_port", str(_free_port())],
-    )
+    port = str(_free_port())
+
+    def args(node: int) -> list[str]:
+        flags = ["--world_size", "2", "--master_addr", "127.0.0.1", "--master_port", port, "--node_rank", str(node)]
+        return cmd(run_dir, shards, *overrides, n=1, launcher=flags)
+
     node0 = subprocess.Popen(
-        args[:3] + ["--node_rank", "0"] + args[3:],
+        args(0),
         env=env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -174,7 +173,7 @@ def two_nodes(run_dir, shards, *overrides) -> tuple[str, str]:
     tmp1 = tempfile.mkdtemp(prefix="gcc-node1-")  # short: the forkserver's socket path must fit AF_UNIX's limit
     script = (
         f"mount -t tmpfs none {run_dir} && mount -t tmpfs none /dev/shm && "
-        f"{shlex.join(args[:3] + ['--node_rank', '1'] + args[3:])}; rc=$?; "
+        f"{shlex.join(args(1))}; rc=$?; "
         f"echo NODE1_CHECKPOINTS; (cd {run_dir}/checkpoints && find . -type f | sort); exit $rc"
     )
     node1 = subprocess.Popen(
