@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         code = cfg
     if code in exit_codes.TOGETHER and rank() != 0 and world_size() > 1:
         # nothing is left to save: the launcher's SIGTERM ends this rank at once (the handlers a run installed would
-        # only note it, and the launcher would wait out its 30 s before its SIGKILL), through the
-        # orderly exit (`run`), so that the finalizers release this rank's semaphores and shared memory
+        # only note it, and the launcher would wait out its 30 s before its SIGKILL), through the orderly exit
+        # (`run`), so that the finalizers release this rank's semaphores and shared memory
         def leave(signum, frame):
             raise SystemExit(code)
 

@@ -68,7 +68,7 @@ def _end_barrier(store, rank: int, world: int, timeout_s: float) -> bool:
         arrived = store.add(END_ARRIVED, 0)
 
 
-def wait_for_all_ranks(timeout_s: float | None = None) -> None:
+def wait_for_all_ranks() -> None:
     """All ranks together (`_end_barrier`), so that rank 0, whose process keeps the store, leaves last. The
     process group is not destroyed: its threads end with the process (gcc/training/process_exit.py says why)."""
     if "torch.distributed" not in sys.modules:
@@ -77,7 +77,7 @@ def wait_for_all_ranks(timeout_s: float | None = None) -> None:
         return
     rank = tdist.get_rank()
     try:
-        _end_barrier(default_store(), rank, tdist.get_world_size(), END_BARRIER_S if timeout_s is None else timeout_s)
+        _end_barrier(default_store(), rank, tdist.get_world_size(), END_BARRIER_S)
     except Exception as e:  # the store's host, rank 0, is gone: it left on its own (its deadline passed)
         logger.warning(
             f"rank {rank}: the other ranks are gone ({type(e).__name__}: {e}); ending without them", extra=ALL_RANKS

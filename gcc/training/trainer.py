@@ -110,7 +110,8 @@ def run(cfg) -> int:
 
 def _run(cfg) -> int:
     start_resource_tracker()  # before anything registers shared memory: a SIGUSR1 must not end it
-    world, per_rank = world_size(), cfg.per_rank_batch(world_size())
+    world = world_size()
+    per_rank = cfg.per_rank_batch(world)
     device = DeviceGPU() if torch.cuda.is_available() else DeviceCPU()
     if not torch.cuda.is_available():  # ranks share the CPU: don't oversubscribe its cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from _launch import ROOT, WORKER, launch
+from s3server import _free_port
 
 pytestmark = pytest.mark.slow
 
@@ -139,9 +139,7 @@ exit_process(code)
 
 
 def _late_peer(mode: str) -> tuple[subprocess.Popen, subprocess.Popen]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    port = str(_free_port())
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     return tuple(
         subprocess.Popen(
