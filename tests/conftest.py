@@ -19,6 +19,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests' own helper modules (s3server)
 
+from hostile import process_state_restored
+
 from gcc.synth.world import make_prepared
 
 
@@ -130,27 +132,9 @@ def reference(e2e_shards, shared):
 @pytest.fixture
 def in_process():
     """For a test that runs an entry point's main() in this process: what a process would have thrown away is put
-    back afterwards. The `gcc` and root loggers' handlers and levels (an entry configures its console and may open
-    `<run_dir>/train.log`; the tools call logging.basicConfig), and boto3's default session, which keeps the first
-    credentials it resolved."""
-    import logging
-
-    loggers = [logging.getLogger("gcc"), logging.getLogger()]
-    saved = [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
-    yield
-    for lg, handlers, level, propagate in saved:
-        for h in list(lg.handlers):
-            if h not in handlers:
-                lg.removeHandler(h)
-                h.close()
-        for h in handlers:
-            if h not in lg.handlers:
-                lg.addHandler(h)
-        lg.setLevel(level)
-        lg.propagate = propagate
-    boto3 = sys.modules.get("boto3")
-    if boto3 is not None:
-        boto3.DEFAULT_SESSION = None
+    back afterwards (tests/hostile.py `process_state_restored`)."""
+    with process_state_restored():
+        yield
 
 
 DURATIONS = Path(__file__).with_name("durations.json")

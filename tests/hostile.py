@@ -1,0 +1,207 @@
+"""The one invariant of hostile input (docs/training.md, "Trust and safety"), checked by the fuzz tests in
+tests/fuzz/ over inputs that Hypothesis generates.
+
+Whatever an entry point is given, it ends with exit 0 or a code of `gcc/exit_codes.py` and, when not 0, one
+printable line `<prog>: ...` saying what is wrong: never a traceback, never an exception out of `main`, within
+`TIME_LIMIT_S`, and no file outside the folder it was told to write changes. `run_entry` calls an entry's
+`main(argv)` in this process (so that hundreds of cases stay fast) with the process's state put back afterwards
+(`process_state_restored`), under a timer that interrupts a hang (`Overran`) instead of waiting for it.
+
+The fuzz runs are reproducible: the `gcc` Hypothesis profile derandomizes (the same cases on every run, chosen
+from a fixed seed) and keeps no example database; `GCC_FUZZ_EXAMPLES` scales the number of cases (default 1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+
+from hypothesis import HealthCheck, settings
+
+from gcc import exit_codes
+
+CODES = frozenset(v for k, v in vars(exit_codes).items() if k.isupper() and isinstance(v, int))
+TIME_LIMIT_S = 30.0  # a case that runs longer is a hang (the largest honest case takes a few seconds)
+SCALE = float(os.environ.get("GCC_FUZZ_EXAMPLES", "1"))
+
+settings.register_profile(
+    "gcc",
+    derandomize=True,  # the same cases on every run: a failure is reproduced by rerunning the test
+    database=None,
+    deadline=None,  # time is bounded by run_entry's timer, not Hypothesis's (a loaded machine is not a bug)
+    print_blob=False,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
+settings.load_profile("gcc")
+
+
+def examples(n: int) -> settings:
+    """Hypothesis settings for `n` cases (times GCC_FUZZ_EXAMPLES)."""
+    return settings(max_examples=max(1, round(n * SCALE)))
+
+
+@contextmanager
+def process_state_restored() -> Iterator[None]:
+    """What a process would have thrown away is put back afterwards: the `gcc` and root loggers' handlers and
+    levels (an entry configures its console and may open `<run_dir>/train.log`; the tools call
+    logging.basicConfig), and boto3's default session, which keeps the first credentials it resolved."""
+    loggers = [logging.getLogger("gcc"), logging.getLogger()]
+    saved = [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
+    try:
+        yield
+    finally:
+        for lg, handlers, level, propagate in saved:
+            for h in list(lg.handlers):
+                if h not in handlers:
+                    lg.removeHandler(h)
+                    h.close()
+            for h in handlers:
+                if h not in lg.handlers:
+                    lg.addHandler(h)
+            lg.setLevel(level)
+            lg.propagate = propagate
+        boto3 = sys.modules.get("boto3")
+        if boto3 is not None:
+            boto3.DEFAULT_SESSION = None
+
+
+class Overran(BaseException):
+    """An entry ran past TIME_LIMIT_S (a BaseException, so that no `except Exception` of the code under test
+    turns it into an ordinary error)."""
+
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Interrupt this (main) thread with `Overran` after `seconds`: a real signal, so that a read blocked in the
+    kernel (a FIFO, a socket) is interrupted too. SIGUSR2: nothing in gcc or pytest-timeout uses it."""
+    done = threading.Event()
+
+    def on_signal(signum, frame):
+        raise Overran(f"still running after {seconds:.0f} s")
+
+    def timer():
+        if not done.wait(seconds):
+            signal.pthread_kill(main, signal.SIGUSR2)
+
+    main = threading.main_thread().ident
+    old = signal.signal(signal.SIGUSR2, on_signal)
+    t = threading.Thread(target=timer, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        done.set()
+        t.join()
+        signal.signal(signal.SIGUSR2, old)
+
+
+@dataclass
+class Outcome:
+    prog: str
+    argv: list[str]
+    code: int
+    out: str
+    err: str
+    seconds: float
+
+    def __str__(self) -> str:
+        return f"{self.prog} {self.argv} -> {self.code} in {self.seconds:.1f} s\n{(self.out + self.err)[-3000:]}"
+
+
+def mains() -> dict[str, Callable[[list[str]], int]]:
+    """Each program's main(argv), as its console script (pyproject.toml) or gcc/train.py calls it."""
+    from gcc.data.convert import main as convert_main
+    from gcc.synth.world import main as synth_main
+    from gcc.tools.compare import main as compare_main
+    from gcc.tools.inspect_ckpt import main as inspect_main
+    from gcc.tools.maskstats import main as maskstats_main
+    from gcc.tools.plot import main as plot_main
+    from gcc.tools.sample.cli import main as sample_main
+    from gcc.training.entry import main as train_main
+
+    return {
+        "gcc.train": train_main,
+        "convert_data": convert_main,
+        "gcc-synth": synth_main,
+        "gcc-inspect": inspect_main,
+        "gcc-plot": plot_main,
+        "gcc-compare": compare_main,
+        "gcc-maskstats": maskstats_main,
+        "gcc-sample": sample_main,
+    }
+
+
+def run_entry(prog: str, argv: list[str], limit_s: float = TIME_LIMIT_S, cwd: Path | None = None) -> Outcome:
+    """`prog`'s main(argv) in this process (in the folder `cwd`, if given): its exit code and everything it
+    printed or logged. An exception out of main propagates (the test fails with it); a hang raises Overran."""
+    out, err = io.StringIO(), io.StringIO()
+    logged = logging.StreamHandler(err)  # the tools' log lines (pytest's own handlers would swallow them)
+    t0 = time.monotonic()
+    with process_state_restored(), redirect_stdout(out), redirect_stderr(err):
+        logging.getLogger().addHandler(logged)
+        argv0, cwd0 = sys.argv, os.getcwd()
+        sys.argv = [prog]
+        try:
+            if cwd is not None:
+                os.chdir(cwd)
+            with time_limit(limit_s):
+                code = mains()[prog](argv)
+        except SystemExit as e:  # argparse's answer to a bad flag
+            code = e.code if isinstance(e.code, int) else 1
+        finally:
+            sys.argv = argv0
+            os.chdir(cwd0)
+            logging.getLogger().removeHandler(logged)
+    return Outcome(prog, argv, code, out.getvalue(), err.getvalue(), time.monotonic() - t0)
+
+
+# the first words of an entry's answer to bad input: the tools' `<prog>: error: `, the trainer's verdicts
+VERDICTS = ("error: ", "config error: ", "refused: ", "damaged data: ", "storage unavailable: ", "disk full: ")
+
+
+def assert_clean(o: Outcome, codes: frozenset[int] = CODES) -> None:
+    """The invariant (module docstring) of one outcome."""
+    text = o.out + o.err
+    assert "Traceback (most recent call last)" not in text, str(o)
+    assert o.code in codes, str(o)
+    if o.code not in (exit_codes.OK, exit_codes.DIFFER):
+        lines = [
+            ln
+            for ln in o.err.splitlines()
+            if ln.startswith(f"{o.prog}: ") and ln[len(o.prog) + 2 :].startswith(VERDICTS)
+        ]
+        assert lines, f"no one-line message `{o.prog}: error: ...`\n{o}"
+        assert all(ln.isprintable() for ln in lines), f"a control character in the message\n{o}"
+
+
+def digest_tree(root: Path, skip: Path | None = None) -> dict[str, str]:
+    """{relative path: what it is} of everything under `root` except `skip` (links by their target, files by
+    content): two digests differ when any file outside `skip` changed."""
+    found = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        d = Path(dirpath)
+        if skip is not None and (d == skip or skip in d.parents):
+            dirnames[:] = []
+            continue
+        for name in dirnames + filenames:
+            p = d / name
+            rel = str(p.relative_to(root))
+            if p.is_symlink():
+                found[rel] = "-> " + os.readlink(p)
+            elif p.is_file():
+                found[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+            elif p.is_dir():
+                found[rel] = "dir"
+            else:
+                found[rel] = "other"
+    return found
