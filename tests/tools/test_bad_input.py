@@ -901,7 +901,7 @@ CREDENTIAL_ENTRIES: dict[str, tuple[str, Callable[[World], list[str]]]] = {
     "maskstats-data": ("gcc-maskstats", lambda w: _maskstats(w, data=CREDENTIAL_URL)),
     "maskstats-json": ("gcc-maskstats", lambda w: _maskstats(w, "--json", CREDENTIAL_URL, data=CREDENTIAL_URL)),
     "sample-ckpt": ("gcc-sample", lambda w: _sample(w, "--val_n", "1", ckpt=CREDENTIAL_URL, data_root=w.folder())),
-    "sample-data-root": ("gcc-sample", lambda w: _sample(w, "--val_n", "1", ckpt="x", data_root=CREDENTIAL_URL)),
+    "sample-data-root": ("gcc-sample", lambda w: _sample(w, "--val_n", "1", data_root=CREDENTIAL_URL)),
     "sample-out-dir": (
         "gcc-sample",
         lambda w: _sample(w, "--val_n", "1", ckpt="x", data_root=w.folder(), out_dir=CREDENTIAL_URL),
