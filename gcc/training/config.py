@@ -1,7 +1,9 @@
 """The typed run configuration: yaml + dotted `key=value` overrides -> `TrainConfig`, validated before any work.
 
-Defaults are the v10 run (docs/design.md §8). Unknown keys, wrong types and inconsistent batch settings raise
-`ConfigError` naming the key; `gcc/train.py` turns that into a one-line message and exit code 2.
+Defaults are the v10 run (docs/design.md §8). Unknown keys, wrong types, values outside their range (`BOUNDS`,
+`MODEL_BOUNDS`), a path with credentials in it and inconsistent batch settings raise `ConfigError` naming the key;
+`gcc/train.py` turns that into a one-line message and exit code 2. The yaml and the overrides are read by a bounded
+loader (`_BoundedLoader`; docs/training.md, "Trust and safety").
 """
 
 from __future__ import annotations
