@@ -39,7 +39,7 @@ USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)(?:[^/?#@\s]+|[^/?#@\s:]*:
 # user:password@host without a scheme (botocore echoes an s3:// URL's bucket so: 'KEY:SECRET@bucket')
 BARE_USERINFO = re.compile(r"(?<![\w.~%+:/-])[\w.~%+-]+:(?!//)[^\s@'\"]*@(?=[\w-])")
 # name=value, in a URL's query (?sig=..., &auth=...) or in free text (api_key=..., X-Amz-Credential=...)
-ASSIGNMENT = re.compile(r"(?<![\w.-])([A-Za-z_][\w.-]*)=([^\s&#,;'\"]+)")
+ASSIGNMENT = re.compile(r"(?<![\w.])([A-Za-z_][\w.-]*)=([^\s&#,;'\"]+)")
 # 'name': 'value' and "name": "value" (a dict's repr, JSON)
 QUOTED_PAIR = re.compile(r"""(['"])([\w.-]+)\1(\s*:\s*)(['"])(.*?)\4""")
 # an Authorization header's credentials, and a bearer token wherever it is written (the scheme's own spelling,

@@ -49,6 +49,7 @@ def test_config_json_keeps_no_sig_auth_pwd_bearer_or_key():
         ("http://alice:PASSWORD@mlflow:5000/api", "mlflow:5000/api"),
         ("https://h/x?sig=SIGVALUE&auth=AUTHVALUE&n=2", "n=2"),
         ("loggers.wandb.api_key=KEYVALUE wandb_key=KEYVALUE pwd=PWDVALUE", "loggers.wandb.api_key="),
+        ("argv: --wandb_key=KEYVALUE --n 2", "--n 2"),
     ],
 )
 def test_redact_text_masks_presigned_urls_headers_and_bare_user_info(line, kept):
