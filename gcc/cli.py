@@ -18,9 +18,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from gcc import exit_codes
+from gcc import exit_codes, redact
 from gcc.errors import BadInput, DiskFull, StorageUnavailable
 from gcc.redact import redact_text
+from gcc.storage import userinfo_problem
 
 EXIT_BAD_INPUT, EXIT_STORAGE, EXIT_DISK = exit_codes.CONFIG, exit_codes.STORAGE, exit_codes.DISK
 
@@ -56,7 +57,10 @@ def _file_in_the_way(p: Path) -> Path | None:
 
 
 def folder_problem(path: str | os.PathLike) -> str | None:
-    """Why `path` cannot be (or become) a folder to write into: it, or a folder above it, is a file. None if it can."""
+    """Why `path` cannot be (or become) a folder to write into: it, or a folder above it, is a file; it is a URL
+    with credentials in it (`gcc.storage.userinfo_problem`, as for each of these checks). None if it can."""
+    if problem := userinfo_problem(str(path)):
+        return problem
     p = Path(path)
     blocker = _file_in_the_way(p)
     if blocker is None:
@@ -66,6 +70,8 @@ def folder_problem(path: str | os.PathLike) -> str | None:
 
 def file_problem(path: str | os.PathLike) -> str | None:
     """Why `path` cannot be written as a file: it is a folder, or a folder above it is a file. None if it can."""
+    if problem := userinfo_problem(str(path)):
+        return problem
     p = Path(path)
     if p.is_dir():
         return "is a folder, expected a file name"
@@ -75,6 +81,8 @@ def file_problem(path: str | os.PathLike) -> str | None:
 
 def input_file_problem(path: str | os.PathLike) -> str | None:
     """Why `path` cannot be read as a file: missing, or a folder. None if it can."""
+    if problem := userinfo_problem(str(path)):
+        return problem
     p = Path(path)
     if not p.exists():
         return "not found"
@@ -84,7 +92,9 @@ def input_file_problem(path: str | os.PathLike) -> str | None:
 
 
 def run_tool(prog: str, body: Callable[[], int], bad: tuple[type[BaseException], ...] = ()) -> int:
-    """`body()`'s exit code, or the message and exit code of an input error it raised (module docstring)."""
+    """`body()`'s exit code, or the message and exit code of an input error it raised (module docstring). Every
+    line the tool logs or reports from here on, a traceback included, has its credentials masked (gcc/redact.py)."""
+    redact.install()
     try:
         from botocore.exceptions import BotoCoreError, ClientError  # optional: only object-storage (s3://) errors
 

@@ -1,36 +1,74 @@
 """Secrets never reach a file or a log (docs/training.md, "Trust and safety").
 
 A yaml may carry credentials: a W&B `api_key`, an MLflow `tracking_uri` with a token in its user info
-(`https://user:token@host`), a `?token=...` in a URL. `redact` returns a copy of a config tree with the values of
-credential-like keys replaced and the user info and credential query values of every URI masked; `redact_text`
-masks them in one string. config.json, run.json, export metadata and every log line go through them.
+(`https://user:token@host`), a `?sig=...` in a presigned URL. `redact` returns a copy of a config tree with the
+values of credential-like keys replaced and the user info and credential query values of every URI masked;
+`redact_text` masks them in one string. config.json, run.json, export metadata and every log line go through them.
+
+`install` puts `redact_text` between every line a process logs or a traceback it prints and the stream: every
+`logging` record (its message, its traceback and its stack, whatever logger and handler), Python's own traceback
+of an uncaught error in the main thread or another, and warnings. Every rank (gcc/training/entry.py) and every
+tool (gcc/cli.py `run_tool`) installs it first.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import sys
+import threading
+import traceback
+import warnings
 from typing import Any
 
 MASK = "***"
-# a key whose value is a credential: api_key, access_key_id, secret_access_key, token, password, auth_token, ...
-SECRET_KEY = re.compile(
-    r"(^|[_.-])(api[_-]?key|access[_-]?key([_-]?id)?|secret([_-]?(access[_-]?)?key)?|"
-    r"private[_-]?key|(auth[_-]?)?token|password|passwd|credentials?|auth)($|[_.-])",
-    re.I,
+# the words that make a key's value a credential, as one part of the key (api_key, aws.secret, auth_token, ...)
+_WORDS = (
+    r"api[_-]?key|access[_-]?key([_-]?id)?|secret([_-]?(access[_-]?)?key)?|private[_-]?key|(auth[_-]?)?token|"
+    r"password|passwd|pwd|bearer|credentials?|auth"
 )
-# scheme://user[:password]@ -> scheme://***@
-USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s]+@")
-# ?token=... / &api_key=... in a URL
-SECRET_QUERY = re.compile(r"([?&][^=&\s]*(?:token|key|secret|password|signature|credential)[^=&\s]*=)[^&#\s]+", re.I)
+# a key whose value is a credential: one of the words as a part of it, or any key ending in `key` (wandb_key)
+SECRET_KEY = re.compile(rf"(^|[_.-])({_WORDS})($|[_.-])|key$", re.I)
+# in text and URLs only (a config tree has a run `signature`, which is not a secret): presigned URLs' `sig=`,
+# `X-Amz-Signature=`, `X-Amz-Credential=`; a name ending in key or token (wandb_key=, apikey=), not a key path's
+# last part alone (`dotted.key=value` in a usage line)
+_TEXT_KEY = re.compile(rf"(^|[_.-])({_WORDS}|sig|signature)($|[_.-])|(?<=[A-Za-z0-9_-])(key|token)$", re.I)
+# scheme://user[:password]@ -> scheme://***@; a password may hold a '/' (an AWS secret key does): with a ':' in
+# the authority, everything up to the '@'
+USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)(?:[^/?#@\s]+|[^/?#@\s:]*:[^@\s]*)@")
+# user:password@host without a scheme (botocore echoes an s3:// URL's bucket so: 'KEY:SECRET@bucket')
+BARE_USERINFO = re.compile(r"(?<![\w.~%+:/-])[\w.~%+-]+:(?!//)[^\s@'\"]*@(?=[\w-])")
+# name=value, in a URL's query (?sig=..., &auth=...) or in free text (api_key=..., X-Amz-Credential=...)
+ASSIGNMENT = re.compile(r"(?<![\w.])([A-Za-z_][\w.-]*)=([^\s&#,;'\"]+)")
+# 'name': 'value' and "name": "value" (a dict's repr, JSON)
+QUOTED_PAIR = re.compile(r"""(['"])([\w.-]+)\1(\s*:\s*)(['"])(.*?)\4""")
+# an Authorization header's credentials, and a bearer token wherever it is written (the scheme's own spelling,
+# so that "the bearer of" stays)
+AUTHORIZATION = re.compile(r"""(\bauthorization['"]?\s*[:=]\s*['"]?(?:[A-Za-z][\w-]*\s+)?)[^\s'",}]+""", re.I)
+BEARER = re.compile(r"(\b(?:Bearer|BEARER)\s+)[A-Za-z0-9._~+/=-]+")
 
 
 def is_secret_key(key: object) -> bool:
     return isinstance(key, str) and bool(SECRET_KEY.search(key))
 
 
+def _mask_assignment(m: re.Match) -> str:
+    return f"{m[1]}={MASK}" if _TEXT_KEY.search(m[1]) and m[2] != MASK else m[0]
+
+
+def _mask_pair(m: re.Match) -> str:
+    if not _TEXT_KEY.search(m[2]) or m[5] in ("", MASK):
+        return m[0]
+    return f"{m[1]}{m[2]}{m[1]}{m[3]}{m[4]}{MASK}{m[4]}"
+
+
 def redact_text(text: str) -> str:
-    return SECRET_QUERY.sub(rf"\1{MASK}", USERINFO.sub(rf"\1{MASK}@", text))
+    text = USERINFO.sub(rf"\1{MASK}@", text)
+    text = BARE_USERINFO.sub(f"{MASK}@", text)
+    text = ASSIGNMENT.sub(_mask_assignment, text)
+    text = QUOTED_PAIR.sub(_mask_pair, text)
+    text = AUTHORIZATION.sub(rf"\1{MASK}", text)
+    return BEARER.sub(rf"\1{MASK}", text)
 
 
 def redact(obj: Any) -> Any:
@@ -59,12 +97,73 @@ def secret_keys(obj: Any, prefix: str = "") -> list[str]:
     return [prefix.rstrip(".")] if isinstance(obj, str) and redact_text(obj) != obj else []
 
 
+_TRACEBACKS = logging.Formatter()
+
+
+def redact_record(record: logging.LogRecord) -> logging.LogRecord:
+    """Mask `record` in place: its final message (its arguments included), its traceback and its stack. The
+    traceback is formatted here, once, into `exc_text`, and `exc_info` dropped, so that no formatter prints the
+    exception unmasked."""
+    try:
+        message = record.getMessage()
+    except Exception:  # arguments that do not fit the format: logging would print both in its error report
+        message = f"{record.msg} {record.args}"
+    masked = redact_text(message)
+    if masked != message:
+        record.msg, record.args = masked, None
+    if record.exc_info:
+        if not record.exc_text:
+            record.exc_text = _TRACEBACKS.formatException(record.exc_info)
+        record.exc_info = None
+    if record.exc_text:
+        record.exc_text = redact_text(record.exc_text)
+    if record.stack_info:
+        record.stack_info = redact_text(record.stack_info)
+    return record
+
+
 class RedactingFilter(logging.Filter):
-    """Masks credentials in a record's final message (its arguments included) before any handler writes it."""
+    """Masks credentials in a record (`redact_record`) before any handler writes it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        masked = redact_text(message)
-        if masked != message:
-            record.msg, record.args = masked, None
+        redact_record(record)
         return True
+
+
+def _excepthook(exc_type, exc, tb) -> None:
+    """Python's report of an uncaught error, masked."""
+    sys.stderr.write(redact_text("".join(traceback.format_exception(exc_type, exc, tb))))
+    sys.stderr.flush()
+
+
+def _thread_excepthook(args) -> None:
+    """threading's report of a thread's uncaught error (its default's words), masked."""
+    if args.exc_type is SystemExit:
+        return
+    name = args.thread.name if args.thread is not None else threading.get_ident()
+    text = "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
+    sys.stderr.write(redact_text(f"Exception in thread {name}:\n{text}"))
+    sys.stderr.flush()
+
+
+def install() -> None:
+    """Mask every line this process logs or reports (module docstring): each logging record as it is made,
+    the main thread's and other threads' uncaught errors, warnings. Idempotent."""
+    factory = logging.getLogRecordFactory()
+    if not getattr(factory, "redacting", False):
+
+        def make_record(*args, **kwargs) -> logging.LogRecord:
+            return redact_record(factory(*args, **kwargs))
+
+        make_record.redacting = True
+        logging.setLogRecordFactory(make_record)
+    sys.excepthook = _excepthook
+    threading.excepthook = _thread_excepthook
+    if not getattr(warnings.formatwarning, "redacting", False):
+        formatwarning = warnings.formatwarning
+
+        def masked_warning(*args, **kwargs) -> str:
+            return redact_text(formatwarning(*args, **kwargs))
+
+        masked_warning.redacting = True
+        warnings.formatwarning = masked_warning

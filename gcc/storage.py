@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from gcc.errors import StorageUnavailable, disk_full, is_unreachable
+from gcc.errors import BadInput, StorageUnavailable, disk_full, is_unreachable
+from gcc.inputs import shown
 
 
 def fsync_dir(d: str | os.PathLike) -> None:
@@ -99,8 +101,42 @@ S3_MAX_ATTEMPTS = 5
 S3_CONNECT_TIMEOUT_S = 10
 
 
+MAX_S3_ATTEMPTS = 100  # AWS_MAX_ATTEMPTS beyond this would make a store that does not answer a stall
+
+
 def s3_attempts() -> int:
-    return int(os.environ.get("AWS_MAX_ATTEMPTS") or S3_MAX_ATTEMPTS)
+    """botocore's attempts at each request: AWS_MAX_ATTEMPTS, else S3_MAX_ATTEMPTS. A value that is not an integer
+    in [1, MAX_S3_ATTEMPTS] is a BadInput naming the variable."""
+    raw = os.environ.get("AWS_MAX_ATTEMPTS") or ""
+    if not raw:
+        return S3_MAX_ATTEMPTS
+    n = int(raw) if raw.strip().isdigit() and len(raw.strip()) <= 9 else 0
+    if not 1 <= n <= MAX_S3_ATTEMPTS:
+        raise BadInput(
+            f"AWS_MAX_ATTEMPTS={shown(raw, 40)!r}: expected a positive integer, at most {MAX_S3_ATTEMPTS} (the "
+            f"attempts at each S3 request; unset, {S3_MAX_ATTEMPTS})"
+        )
+    return n
+
+
+def userinfo_problem(url: str) -> str | None:
+    """Why `url` must not be used: it carries credentials (`s3://KEY:SECRET@bucket/p`), which would reach logs,
+    files and error messages. None for a local path or a URL without user info. Every place a URL enters (the
+    config's paths, the tools' flags, `bucket_problem`) asks this (docs/training.md, "Trust and safety")."""
+    # one slash as well: a URL that went through pathlib (Path("s3://b") is "s3:/b") still names its store
+    m = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):/+(.*)", str(url), re.S)
+    if m is None:
+        return None
+    scheme, rest = m.groups()
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    port = authority.rpartition(":")[2] if ":" in authority else ""
+    # a secret may hold a '/' (AWS's do): then the '@' lies past the authority, which keeps 'KEY:part-of-SECRET'
+    if "@" in authority or (":" in authority and (scheme.lower() == "s3" or not port.isdigit())):
+        return (
+            "a URL with credentials in it (user:password@) is refused: set them in the environment "
+            "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) or an AWS profile"
+        )
+    return None
 
 
 def s3_config(read_timeout: float = 60, unsigned: bool = False):
@@ -172,6 +208,13 @@ def bucket_problem(url: str) -> str | None:
         bucket, _ = _split_s3(url)
     except ValueError:
         return "only local paths and s3://bucket/prefix URLs are supported"
+    problem = userinfo_problem(url)
+    if problem:
+        return problem
+    try:
+        s3_attempts()
+    except BadInput as e:
+        return str(e)
     if not bucket:
         return "no bucket name (expected s3://bucket/prefix)"
     from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError  # optional: s3:// only

@@ -394,6 +394,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise BadInput(f"--workers and --chunk_clips must be >= 1, got {args.workers} and {args.chunk_clips}")
     if not 0 < args.size_limit < 1 << 32:  # Streaming's MDSWriter stores sample offsets as uint32
         raise BadInput(f"--size_limit must be in [1, 2**32) bytes, got {args.size_limit}")
+    if problem := storage.userinfo_problem(args.src):  # --out: bucket_problem and folder_problem ask it too
+        raise BadInput(f"--src {args.src}: {problem}")
     if storage.is_remote(args.out):
         problem = storage.bucket_problem(args.out)
         if problem:

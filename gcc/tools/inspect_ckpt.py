@@ -16,6 +16,7 @@ import sys
 
 from safetensors import safe_open
 
+from gcc import redact
 from gcc.cli import fail, input_file_problem
 from gcc.vocab import VOCABS
 
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    redact.install()  # as run_tool does for the other tools (gcc/cli.py): credentials masked in every report
     ap = build_parser()
     args = ap.parse_args(argv)
     if (args.file is None) == (args.model is None):

@@ -1,7 +1,9 @@
 """The typed run configuration: yaml + dotted `key=value` overrides -> `TrainConfig`, validated before any work.
 
-Defaults are the v10 run (docs/design.md §8). Unknown keys, wrong types and inconsistent batch settings raise
-`ConfigError` naming the key; `gcc/train.py` turns that into a one-line message and exit code 2.
+Defaults are the v10 run (docs/design.md §8). Unknown keys, wrong types, values outside their range (`BOUNDS`,
+`MODEL_BOUNDS`), a path with credentials in it and inconsistent batch settings raise `ConfigError` naming the key;
+`gcc/train.py` turns that into a one-line message and exit code 2. The yaml and the overrides are read by a bounded
+loader (`_BoundedLoader`; docs/training.md, "Trust and safety").
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import yaml
 from safetensors import SafetensorError
 
 from gcc import storage
-from gcc.cli import folder_problem, input_file_problem, os_error_message
+from gcc.cli import folder_problem, input_file_problem
+from gcc.errors import BadInput
+from gcc.inputs import MAX_DEPTH, read_text, shown
 from gcc.workers import PREEMPTION_GRACE_S
 
 
@@ -244,32 +248,112 @@ def _yaml_problem(e: yaml.YAMLError) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}: {what}" if mark is not None else what
 
 
-MAX_YAML_BYTES = 16 << 20
+# a yaml's aliases (*name) and its values, aliases expanded: beyond these it is refused before it is built (a
+# kilobyte of nested aliases expands to billions of values, which every later walk of the config would visit)
+MAX_YAML_ALIASES = 100
+MAX_YAML_VALUES = 100_000
+_STR, _MERGE = "tag:yaml.org,2002:str", "tag:yaml.org,2002:merge"
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader (plain data, no Python objects) that refuses, naming the key path: more than
+    MAX_YAML_ALIASES aliases, nesting deeper than gcc.inputs.MAX_DEPTH (aliases expanded; Python's recursion
+    would end in a RecursionError), more than MAX_YAML_VALUES values once aliases are expanded, an alias inside
+    the node it names, and a key that is not a string (`1:`, `true:`, `null:`: quote it)."""
+
+    def __init__(self, text: str, where: str, root: tuple[str, ...] = ()):
+        super().__init__(text)
+        self.where, self.path, self.aliases = where, list(root), 0
+
+    def _refuse(self, path: list[str], what: str) -> ConfigError:
+        shown_path = path if len(path) <= 8 else [*path[:4], "…", *path[-3:]]
+        return ConfigError(f"{self.where}: {'.'.join(shown_path) or '(top level)'}: {what}")
+
+    def compose_node(self, parent, index):
+        step = None
+        if isinstance(parent, yaml.MappingNode):  # index: the key's node, None while the key itself is composed
+            step = shown(index.value, 60) if isinstance(index, yaml.ScalarNode) else "?"
+        elif isinstance(parent, yaml.SequenceNode):
+            step = str(index)
+        if step is not None and index is not None:
+            self.path.append(step)
+        try:
+            if len(self.path) > MAX_DEPTH:
+                raise self._refuse(self.path, f"nested deeper than {MAX_DEPTH} levels")
+            if self.check_event(yaml.AliasEvent):
+                self.aliases += 1
+                if self.aliases > MAX_YAML_ALIASES:
+                    raise self._refuse(self.path, f"more than {MAX_YAML_ALIASES} aliases (*name)")
+            node = super().compose_node(parent, index)
+            if isinstance(parent, yaml.MappingNode) and index is None and node.tag not in (_STR, _MERGE):
+                key = shown(node.value, 60) if isinstance(node, yaml.ScalarNode) else f"a {node.id}"
+                raise self._refuse(self.path, f"key {key!r} is not a string (quote it)")
+            return node
+        finally:
+            if step is not None and index is not None:
+                self.path.pop()
+
+    def compose_document(self):
+        node = super().compose_document()
+        self._measure(node, list(self.path), {}, set())
+        return node
+
+    def _measure(self, node, path: list[str], seen: dict, open_: set) -> tuple[int, int]:
+        """(values, levels) under `node` with aliases expanded, each node measured once (aliases share nodes)."""
+        if id(node) in open_:
+            raise self._refuse(path, "an alias refers to a node that holds it")
+        if id(node) not in seen:
+            open_.add(id(node))
+            if isinstance(node, yaml.MappingNode):
+                children = [
+                    (f"{shown(k.value, 60)}" if isinstance(k, yaml.ScalarNode) else "?", v) for k, v in node.value
+                ]
+                children += [("?", k) for k, _ in node.value]
+            elif isinstance(node, yaml.SequenceNode):
+                children = [(str(i), v) for i, v in enumerate(node.value)]
+            else:
+                children = []
+            values, levels = 1, 0
+            for step, child in children:
+                if len(path) >= MAX_DEPTH:
+                    raise self._refuse(path, f"nested deeper than {MAX_DEPTH} levels (aliases expanded)")
+                v, lv = self._measure(child, [*path, step], seen, open_)
+                values, levels = values + v, max(levels, lv + 1)
+                if values > MAX_YAML_VALUES:
+                    raise self._refuse(path, f"more than {MAX_YAML_VALUES} values once its aliases are expanded")
+            open_.discard(id(node))
+            seen[id(node)] = (values, levels)
+        values, levels = seen[id(node)]
+        if len(path) + levels > MAX_DEPTH:
+            raise self._refuse(path, f"nested deeper than {MAX_DEPTH} levels (aliases expanded)")
+        return values, levels
+
+
+def _load_yaml(text: str, where: str, invalid: str, root: tuple[str, ...] = ()) -> Any:
+    """`text` read by `_BoundedLoader` (key paths start at `root`); a ConfigError starting with `where` (a refusal)
+    or `invalid` (a yaml error)."""
+    loader = _BoundedLoader(text, where, root)
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{invalid} ({_yaml_problem(e)})") from None
+    finally:
+        loader.dispose()
 
 
 def read_yaml(path: str | Path) -> dict:
-    """The yaml file's mapping of keys ({} for an empty file); a ConfigError naming the file when it cannot be."""
+    """The yaml file's mapping of keys ({} for an empty file); a ConfigError naming the file when it cannot be.
+    Read through gcc.inputs (a regular file of at most its cap) and `_BoundedLoader`."""
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"{p}: config file not found")
     if p.is_dir():
         raise ConfigError(f"{p}: is a folder, expected a yaml config file")
     try:
-        with open(p, "rb") as f:  # bounded: a path such as /dev/zero must not fill the memory
-            data = f.read(MAX_YAML_BYTES + 1)
-        if len(data) > MAX_YAML_BYTES:
-            raise ConfigError(f"{p}: larger than {MAX_YAML_BYTES >> 20} MB, not a yaml config file")
-        text = data.decode("utf-8")
-    except OSError as e:
-        raise ConfigError(f"config file {os_error_message(e)}") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(
-            f"{p}: not a yaml config file (not UTF-8 text: byte {e.start} is {e.object[e.start]:#04x})"
-        ) from None
-    try:
-        tree = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid yaml ({_yaml_problem(e)})") from None
+        text = read_text(p, "yaml")
+    except BadInput as e:
+        raise ConfigError(f"config file {e}") from None
+    tree = _load_yaml(text, str(p), f"{p}: not valid yaml")
     if tree is None:
         return {}
     if not isinstance(tree, dict):
@@ -279,16 +363,15 @@ def read_yaml(path: str | Path) -> dict:
 
 def parse_override(ov: str) -> tuple[str, Any]:
     """`dotted.key=value` -> (key, the value read as yaml, as in the file)."""
+    said = repr(shown(ov, 120))  # how a message quotes it: a long override is cut
     if "=" not in ov:
-        raise ConfigError(f"override {ov!r}: expected dotted.key=value")
+        raise ConfigError(f"override {said}: expected dotted.key=value")
     key, raw = ov.split("=", 1)
     key = key.strip()
     if not all(key.split(".")):
-        raise ConfigError(f"override {ov!r}: empty key name (expected dotted.key=value)")
-    try:
-        return key, yaml.safe_load(raw)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"override {ov!r}: the value {raw!r} is not valid yaml ({_yaml_problem(e)})") from None
+        raise ConfigError(f"override {said}: empty key name (expected dotted.key=value)")
+    invalid = f"override {said}: the value {shown(raw, 120)!r} is not valid yaml"
+    return key, _load_yaml(raw, f"override {said}", invalid, tuple(key.split(".")))
 
 
 def load_config(yaml_path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
@@ -306,76 +389,99 @@ def _get(cfg, dotted: str):
     return cfg
 
 
+DAY_S = 86400.0
+STEPS = 10**9
+# The range of every field that sizes work (steps, clips, batches, processes, seconds), lowest first: a value
+# outside is refused before anything is built, naming the field and the range. An exclusive lower bound (a
+# duration that must not be 0) is written as the bound and `True`.
+BOUNDS: dict[str, tuple[float, float, str] | tuple[float, float, str, bool]] = {
+    "global_batch": (1, 1 << 16, ""),
+    "micro_batch": (1, 4096, ""),
+    "grad_accum": (0, 1 << 16, ""),  # 0 = derived
+    "max_steps": (1, STEPS, ""),
+    "checkpoint_every": (1, STEPS, ""),
+    "keep_checkpoints": (1, 1000, ""),
+    "export_every": (0, STEPS, ""),
+    "val_every": (0, STEPS, ""),
+    "val_n": (0, 100_000, ""),
+    "val_batch": (1, 4096, ""),
+    "sample_every": (0, 1_000_000, ""),
+    "sample_n": (0, 1000, ""),
+    "sample_steps": (1, 1000, ""),
+    "keep_samples": (0, 1_000_000, ""),
+    "console_log_every": (0, STEPS, ""),  # 0 = no progress lines
+    "optim.warmup_steps": (0, STEPS, ""),
+    "inject_nonfinite_step": (0, STEPS, ""),
+    "inject_nonfinite_rank": (0, 1 << 16, ""),
+    "inject_stall_step": (0, STEPS, ""),
+    "inject_stall_rank": (0, 1 << 16, ""),
+    "inject_stop_after_commit_step": (0, STEPS, ""),
+    "data.num_workers": (0, 256, ""),
+    "data.num_canonical_nodes": (1, 1 << 16, ""),
+    "dist_timeout": (0, 7 * DAY_S, " seconds", True),
+    "preemption_grace_s": (0, DAY_S, " seconds", True),
+    "stall_timeout_s": (0, 7 * DAY_S, " seconds"),  # 0 = off
+    "stall_floor_s": (0, 7 * DAY_S, " seconds", True),
+}
+MAX_VAL_TIMESTEPS = 1000
+MAX_CACHE_LIMIT = 1 << 50  # data.cache_limit: a PiB
+# the config's paths: local, or s3:// URLs (data.path, checkpoint_dir), never with credentials in them
+PATH_KEYS = (
+    "run_dir",
+    "checkpoint_dir",
+    "data.path",
+    "data.cache_dir",
+    "model.model_dir",
+    "model.init_ckpt",
+    "model.legacy_zero_ckpt",
+    "model.vae_path",
+)
+
+
+def _num(x: float) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def _check_bounds(cfg: TrainConfig) -> None:
+    for key, (low, high, unit, *exclusive) in BOUNDS.items():
+        value = _get(cfg, key)
+        if value <= low if exclusive else value < low:
+            lowest = f"> {_num(low)}" if exclusive else f">= {_num(low)}"
+            raise ConfigError(f"{key}: must be {lowest}{unit} and at most {_num(high)}{unit}, got {value}")
+        if value > high:
+            lowest = f"> {_num(low)}" if exclusive else f">= {_num(low)}"
+            raise ConfigError(f"{key}: must be at most {_num(high)}{unit} (and {lowest}), got {value}")
+
+
 def validate(cfg: TrainConfig) -> None:
+    for key in PATH_KEYS:
+        problem = storage.userinfo_problem(_get(cfg, key))
+        if problem:
+            raise ConfigError(f"{key}: {problem}")
     for key, allowed in CHOICES.items():
         if _get(cfg, key) not in allowed:
             raise ConfigError(f"{key}: must be one of {allowed}, got {_get(cfg, key)!r}")
-    for key in (
-        "global_batch",
-        "micro_batch",
-        "max_steps",
-        "checkpoint_every",
-        "keep_checkpoints",
-        "export_every",
-        "val_every",
-        "val_batch",
-    ):
-        if _get(cfg, key) < (0 if key in ("export_every", "val_every") else 1):
-            raise ConfigError(f"{key}: must be positive, got {_get(cfg, key)}")
-    if cfg.val_n < 0:
-        raise ConfigError(f"val_n: must be >= 0, got {cfg.val_n}")
-    for key in ("sample_every", "sample_n", "keep_samples"):
-        if _get(cfg, key) < 0:
-            raise ConfigError(f"{key}: must be >= 0, got {_get(cfg, key)}")
-    if cfg.sample_steps < 1:
-        raise ConfigError(f"sample_steps: must be >= 1, got {cfg.sample_steps}")
+    _check_bounds(cfg)
     for key in ("data.text_dropout", "data.cond_dropout", "data.mask_p", "data.max_frame_coverage"):
         if not 0.0 <= _get(cfg, key) <= 1.0:
             raise ConfigError(f"{key}: must be in [0, 1], got {_get(cfg, key)}")
-    for key in ("dist_timeout", "preemption_grace_s", "stall_floor_s"):
-        if _get(cfg, key) <= 0:
-            raise ConfigError(f"{key}: must be > 0 seconds, got {_get(cfg, key)}")
-    if cfg.stall_timeout_s < 0:
-        raise ConfigError(f"stall_timeout_s: must be >= 0 seconds (0 = off), got {cfg.stall_timeout_s}")
-    if cfg.console_log_every < 0:
-        raise ConfigError(f"console_log_every: must be >= 0 (0 = no progress lines), got {cfg.console_log_every}")
-    if cfg.data.num_workers < 0:
-        raise ConfigError(f"data.num_workers: must be >= 0, got {cfg.data.num_workers}")
     if cfg.checkpoint_dir and not re.fullmatch(r"s3://[^/]+/.*[^/].*", cfg.checkpoint_dir):
         raise ConfigError(
             f"checkpoint_dir: must be empty (checkpoints in <run_dir>/checkpoints) or "
             f"s3://bucket/prefix, got {cfg.checkpoint_dir!r}"
         )
-    if cfg.grad_accum < 0:
-        raise ConfigError(f"grad_accum: must be >= 0 (0 = derived), got {cfg.grad_accum}")
     if cfg.global_batch % cfg.micro_batch:
         raise ConfigError(f"global_batch={cfg.global_batch} is not a multiple of micro_batch={cfg.micro_batch}")
     if not 0 <= cfg.seed < 2**32:  # Composer's and Streaming's range
         raise ConfigError(f"seed: must be in [0, 2**32), got {cfg.seed}")
-    for key in (
-        "optim.lr",
-        "optim.cond_lr",
-        "optim.weight_decay",
-        "optim.grad_clip",
-        "optim.warmup_steps",
-        "inject_nonfinite_step",
-        "inject_nonfinite_rank",
-        "inject_stall_step",
-        "inject_stall_rank",
-    ):
+    for key in ("optim.lr", "optim.cond_lr", "optim.weight_decay", "optim.grad_clip"):
         if _get(cfg, key) < 0:
             raise ConfigError(f"{key}: must be >= 0, got {_get(cfg, key)}")
-    if cfg.dist_timeout > MAX_TIMEOUT_S:
+    if cfg.data.limit is not None and not 1 <= cfg.data.limit <= STEPS:
         raise ConfigError(
-            f"dist_timeout: must be at most {MAX_TIMEOUT_S:.3g} seconds (Python's timedelta), got {cfg.dist_timeout}"
+            f"data.limit: must be a positive number of train clips, or null (the whole train split), at most "
+            f"{STEPS}, got {cfg.data.limit}"
         )
-    if cfg.data.limit is not None and cfg.data.limit < 1:
-        raise ConfigError(
-            f"data.limit: must be a positive number of train clips, or null (the whole train split), "
-            f"got {cfg.data.limit}"
-        )
-    if cfg.data.num_canonical_nodes < 1:
-        raise ConfigError(f"data.num_canonical_nodes: must be >= 1, got {cfg.data.num_canonical_nodes}")
     if cfg.data.cache_limit:
         from streaming.base.util import bytes_to_int  # heavy (streaming pulls torch, ~3 s): config stays light
 
@@ -383,15 +489,16 @@ def validate(cfg: TrainConfig) -> None:
             limit = bytes_to_int(cfg.data.cache_limit)
         except ValueError:
             limit = 0
-        if limit <= 0:
+        if not 0 < limit <= MAX_CACHE_LIMIT:
             raise ConfigError(
-                f"data.cache_limit: must be empty (no limit) or a size such as 200gb, got {cfg.data.cache_limit!r}"
+                f"data.cache_limit: must be empty (no limit) or a size such as 200gb, at most 1pb, "
+                f"got {cfg.data.cache_limit!r}"
             )
     bad_t = [t for t in cfg.val_timesteps if _as_float(t) is None or not 0 <= _as_float(t) <= 1000]
-    if bad_t or (not cfg.val_timesteps and cfg.val_every and cfg.val_n):
+    if bad_t or (not cfg.val_timesteps and cfg.val_every and cfg.val_n) or len(cfg.val_timesteps) > MAX_VAL_TIMESTEPS:
         raise ConfigError(
-            f"val_timesteps: must be a non-empty list of numbers in [0, 1000] (scheduler timesteps), "
-            f"got {cfg.val_timesteps!r}"
+            f"val_timesteps: must be a non-empty list of at most {MAX_VAL_TIMESTEPS} numbers in [0, 1000] "
+            f"(scheduler timesteps), got {shown(cfg.val_timesteps)}"
         )
     _check_model_overrides(cfg.model.overrides)
     if cfg.loggers:  # last: it imports Composer (seconds)
@@ -402,12 +509,26 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError("; ".join(problems))
 
 
-# Python's timedelta holds at most 999,999,999 days
-MAX_TIMEOUT_S = 999_999_999 * 86400.0
+# the largest value of each model.overrides field (each of a tuple's items): the model is built, on the meta device,
+# before the run starts; the 5B model has 30 layers of width 3072
+MODEL_BOUNDS = {
+    "num_layers": 256,
+    "dim": 1 << 16,
+    "ffn_dim": 1 << 18,
+    "num_heads": 1024,
+    "in_dim": 4096,
+    "out_dim": 4096,
+    "patch_size": 64,
+    "text_dim": 1 << 16,
+    "freq_dim": 1 << 16,
+    "cond_hidden": 1 << 16,
+    "eps": 1.0,
+}
 
 
 def _check_model_overrides(overrides: dict) -> None:
-    """model.overrides: fields of the preset's DiTConfig (docs/model.md), each of its type; the vocab is model.vocab."""
+    """model.overrides: fields of the preset's DiTConfig (docs/model.md), each of its type and within MODEL_BOUNDS;
+    the vocab is model.vocab."""
     if not overrides:
         return
     from gcc.model.dit import DiTConfig  # heavy (torch, diffsynth): config stays light without overrides
@@ -417,24 +538,25 @@ def _check_model_overrides(overrides: dict) -> None:
         if k not in hints or k == "vocab":
             hint = " (set model.vocab instead)" if k == "vocab" else ""
             raise ConfigError(
-                f"model.overrides.{k}: not a field of the model config{hint}; known: {sorted(set(hints) - {'vocab'})}"
+                f"model.overrides.{shown(k, 60)}: not a field of the model config{hint}; "
+                f"known: {sorted(set(hints) - {'vocab'})}"
             )
-        typ = hints[k]
+        typ, high = hints[k], MODEL_BOUNDS.get(k, 1 << 16)
         if typing.get_origin(typ) is tuple:
             ok = (
                 isinstance(v, list)
                 and len(v) == len(typing.get_args(typ))
-                and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v)
+                and all(isinstance(x, int) and not isinstance(x, bool) and 0 < x <= high for x in v)
             )
-            want = f"a list of {len(typing.get_args(typ))} positive integers"
+            want = f"a list of {len(typing.get_args(typ))} integers in [1, {_num(high)}]"
         elif typ is float:
-            ok = _as_float(v) is not None and math.isfinite(_as_float(v)) and _as_float(v) > 0
-            want = "a positive number"
+            ok = _as_float(v) is not None and math.isfinite(_as_float(v)) and 0 < _as_float(v) <= high
+            want = f"a number in (0, {_num(high)}]"
         else:
-            ok = isinstance(v, int) and not isinstance(v, bool) and v > 0
-            want = "a positive integer"
+            ok = isinstance(v, int) and not isinstance(v, bool) and 0 < v <= high
+            want = f"a positive integer, at most {_num(high)}"
         if not ok:
-            raise ConfigError(f"model.overrides.{k}: expected {want}, got {v!r}")
+            raise ConfigError(f"model.overrides.{k}: expected {want}, got {shown(repr(v))}")
 
 
 def samples_during_training(cfg: TrainConfig) -> bool:

@@ -12,8 +12,8 @@ import sys
 import time
 from typing import NoReturn
 
-from gcc import exit_codes
-from gcc.errors import Refusal, StorageUnavailable
+from gcc import exit_codes, redact
+from gcc.errors import BadInput, Refusal, StorageUnavailable
 from gcc.redact import secret_keys
 from gcc.training.config import ConfigError, TrainConfig, check_inputs, load_config, to_dict
 from gcc.training.console import configure_logging, open_run_log
@@ -34,6 +34,7 @@ def prepare(argv: list[str] | None) -> TrainConfig | int:
     """The command line and the config checked, on every rank alike (nothing has started yet), then the console at
     the config's level and this rank's share of `<run_dir>/train.log`. The config, or the exit code of the verdict
     (already logged)."""
+    redact.install()  # every line this rank logs or reports, tracebacks included, masked from here on
     configure_logging("INFO", rank())
     p = argparse.ArgumentParser(prog="gcc/train.py", description="Train the gc25d teacher (docs/design.md §9).")
     p.add_argument("yaml", help="run config, e.g. yamls/sft_v10.yaml")
@@ -46,7 +47,7 @@ def prepare(argv: list[str] | None) -> TrainConfig | int:
         configure_logging(cfg.log_level, rank())
         # every rank: rank 0's lines and each rank's own warnings, from here on (docs/training.md)
         open_run_log(cfg.run_dir, rank(), world_size())
-    except ConfigError as e:
+    except (ConfigError, BadInput) as e:  # BadInput: a setting such as AWS_MAX_ATTEMPTS, a file the config names
         logger.error(f"config error: {e}")
         return exit_codes.CONFIG
     except StorageUnavailable as e:

@@ -14,6 +14,8 @@ import os
 import sys
 from typing import NoReturn
 
+from gcc.redact import redact_text
+
 
 def leave_now(code: int) -> NoReturn:
     """Exit at once with `code` (the fault paths): the log and the streams flushed, nothing else run."""
@@ -40,5 +42,5 @@ def code_of(e: SystemExit) -> int:
         return 0
     if isinstance(e.code, int):
         return e.code
-    print(e.code, file=sys.stderr)
+    print(redact_text(str(e.code)), file=sys.stderr)
     return 1

@@ -144,11 +144,12 @@ class World:
     def run_dir(self) -> str:
         return str(self.tmp / "run")
 
-    def train(self, *overrides: str, yaml: str = YAML) -> list[str]:
+    def train(self, *overrides: str, yaml: str = YAML, data: str | None = None) -> list[str]:
+        """The trainer's argv; `data`: data.path (default the session's shards) for a case refused before it is read."""
         return [
             yaml,
             f"run_dir={self.run_dir}",
-            f"data.path={self.shards}",
+            f"data.path={self.shards if data is None else data}",
             "progress_bar=false",
             "loggers={}",
             "max_steps=1",
@@ -234,6 +235,15 @@ def _manifest(w: World, text: str | bytes) -> Path:
 
 
 NOT_UTF8 = b"\xff\xfe\x00garbage"
+UNREAD = "data-never-read"  # data.path of a config refused before its data is looked at
+# a 460-byte yaml whose aliases expand to 9**9 values under loggers.mlflow.tags (every walk of the config visited them
+# all: the launch hung after creating train.log)
+ANCHOR_BOMB = (
+    "loggers:\n  mlflow:\n    tags:\n      a0: &a0 ["
+    + ", ".join(["lol"] * 9)
+    + "]\n"
+    + "".join(f"      a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]\n" for i in range(1, 9))
+)
 
 CASES: dict[str, Case] = {
     # ---- the trainer: bad config is exit 2 before any work ---------------------------------------------------
@@ -257,7 +267,11 @@ CASES: dict[str, Case] = {
         2,
         lambda w: (w.train(yaml=w.file("list.yaml", "- 1\n")), ["list.yaml", "expected a mapping of keys"]),
     ),
-    "train-yaml-endless": ("gcc.train", 2, lambda w: (w.train(yaml="/dev/zero"), ["/dev/zero", "larger than"])),
+    "train-yaml-endless": (
+        "gcc.train",
+        2,
+        lambda w: (w.train(yaml="/dev/zero"), ["/dev/zero", "expected a regular yaml file"]),
+    ),
     "train-yaml-missing": (
         "gcc.train",
         2,
@@ -368,6 +382,71 @@ CASES: dict[str, Case] = {
         lambda w: (w.train(f"model.vae_path={w.folder('vae')}"), ["model.vae_path", "is a folder, expected a file"]),
     ),
     "train-sample-steps-zero": ("gcc.train", 2, lambda w: (w.train("sample_steps=0"), ["sample_steps", ">= 1"])),
+    # ---- the yaml loader is bounded (gcc/training/config.py _BoundedLoader): refused naming the key path ----------
+    "train-yaml-int-key": (
+        "gcc.train",
+        2,
+        lambda w: (
+            w.train(yaml=w.file("k.yaml", "seed: 0\n1: 2\n"), data=UNREAD),
+            ["k.yaml", "key '1' is not a string"],
+        ),
+    ),
+    "train-yaml-bool-key": (
+        "gcc.train",
+        2,
+        lambda w: (w.train(yaml=w.file("k.yaml", "optim:\n  true: 2\n"), data=UNREAD), ["optim", "key 'true'"]),
+    ),
+    "train-override-int-key": (
+        "gcc.train",
+        2,
+        lambda w: (w.train("loggers={mlflow: {tags: {1: x}}}", data=UNREAD), ["loggers.mlflow.tags", "key '1'"]),
+    ),
+    "train-yaml-anchor-bomb": (
+        "gcc.train",
+        2,
+        lambda w: (
+            w.train(yaml=w.file("bomb.yaml", ANCHOR_BOMB), data=UNREAD),
+            ["loggers.mlflow.tags", "more than 100000"],
+        ),
+    ),
+    "train-yaml-too-many-aliases": (
+        "gcc.train",
+        2,
+        lambda w: (
+            w.train(yaml=w.file("a.yaml", "x: &x 1\nval_timesteps: [" + ", ".join(["*x"] * 101) + "]\n"), data=UNREAD),
+            ["a.yaml", "val_timesteps", "more than 100 aliases"],
+        ),
+    ),
+    "train-yaml-alias-inside-itself": (
+        "gcc.train",
+        2,
+        lambda w: (
+            w.train(yaml=w.file("c.yaml", "val_timesteps: &t [*t]\n"), data=UNREAD),
+            ["refers to a node that holds"],
+        ),
+    ),
+    "train-yaml-5000-deep": (
+        "gcc.train",
+        2,
+        lambda w: (
+            w.train(yaml=w.file("deep.yaml", "seed: " + "[" * 5000 + "]" * 5000 + "\n"), data=UNREAD),
+            ["deep.yaml", "seed.0.0", "nested deeper than 64 levels"],
+        ),
+    ),
+    # ---- numeric bounds on what sizes work (gcc/training/config.py BOUNDS, MODEL_BOUNDS) -------------------------
+    "train-num-layers-huge": (
+        "gcc.train",
+        2,
+        lambda w: (
+            w.train("model.overrides={num_layers: 100000000}", data=UNREAD),
+            ["model.overrides.num_layers", "at most 256", "100000000"],
+        ),
+    ),
+    "train-val-n-huge": (
+        "gcc.train",
+        2,
+        lambda w: (w.train("val_n=10000000", data=UNREAD), ["val_n", "at most 100000"]),
+    ),
     "train-legacy-ckpt-without-latest": (
         "gcc.train",
         2,
@@ -797,6 +876,66 @@ def test_object_storage_that_does_not_answer_is_exit_7(tmp_path, request, monkey
     check(r, 7, ["storage unavailable", "s3://bucket/x"], "gcc.train")
     r = call("convert_data", _convert(w, w.prepared(), out="s3://bucket/x"))
     check(r, 7, ["storage unavailable", "s3://bucket/x"], "convert_data")
+
+
+# ---- credentials in a URL: refused where the URL enters, never printed (docs/training.md, "Trust and safety") ----
+SECRET = "SeCrEt/Word"  # an AWS secret key may hold a '/'
+CREDENTIAL_URL = f"s3://AKIDKEY:{SECRET}@bucket/p"
+# every flag or key that takes a path or URL: (prog, world -> argv)
+CREDENTIAL_ENTRIES: dict[str, tuple[str, Callable[[World], list[str]]]] = {
+    **{
+        f"train-{key}": ("gcc.train", lambda w, key=key: w.train(f"{key}={CREDENTIAL_URL}", data=UNREAD))
+        for key in (
+            "data.path",
+            "checkpoint_dir",
+            "run_dir",
+            "data.cache_dir",
+            "model.model_dir",
+            "model.init_ckpt",
+            "model.legacy_zero_ckpt",
+            "model.vae_path",
+        )
+    },
+    "convert-src": ("convert_data", lambda w: _convert(w, CREDENTIAL_URL)),
+    "convert-out": ("convert_data", lambda w: _convert(w, w.folder("src"), out=CREDENTIAL_URL)),
+    "maskstats-data": ("gcc-maskstats", lambda w: _maskstats(w, data=CREDENTIAL_URL)),
+    "maskstats-json": ("gcc-maskstats", lambda w: _maskstats(w, "--json", CREDENTIAL_URL, data=CREDENTIAL_URL)),
+    "sample-ckpt": ("gcc-sample", lambda w: _sample(w, "--val_n", "1", ckpt=CREDENTIAL_URL, data_root=w.folder())),
+    "sample-data-root": ("gcc-sample", lambda w: _sample(w, "--val_n", "1", data_root=CREDENTIAL_URL)),
+    "sample-out-dir": (
+        "gcc-sample",
+        lambda w: _sample(w, "--val_n", "1", ckpt="x", data_root=w.folder(), out_dir=CREDENTIAL_URL),
+    ),
+    "inspect-file": ("gcc-inspect", lambda w: [CREDENTIAL_URL]),
+    "plot-run-dir": ("gcc-plot", lambda w: [CREDENTIAL_URL]),
+    "plot-out": ("gcc-plot", lambda w: [_plot_run(w), "--out", CREDENTIAL_URL]),
+    "synth-out": ("gcc-synth", lambda w: ["--out", CREDENTIAL_URL, "--clips", "1"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CREDENTIAL_ENTRIES))
+def test_a_url_with_credentials_is_refused_and_its_secret_never_printed(case, tmp_path, request, call, monkeypatch):
+    """`s3://KEY:SECRET@bucket/p` anywhere a path enters: exit 2 before anything is read or written, one line, and
+    neither the secret nor a traceback on the console (the trainer used to exit 1 with botocore's traceback
+    echoing the bucket `KEY:SECRET@bucket`; gcc-maskstats printed it; gcc-plot wrote its PNG to the local path
+    `s3:/KEY:SECRET@bucket/p` and printed that)."""
+    monkeypatch.chdir(tmp_path)  # a tool that took the URL for a local path writes here, not in the checkout
+    prog, make = CREDENTIAL_ENTRIES[case]
+    r = call(prog, make(World(tmp_path, request)))
+    check(r, 2, [], prog)
+    assert SECRET not in r.stdout + r.stderr and "SeCrEt" not in r.stdout + r.stderr, r.stdout + r.stderr
+    if prog == "gcc.train":
+        assert "credentials" in r.stderr and not (tmp_path / "run").exists(), r.stderr
+
+
+@pytest.mark.parametrize("prog", ["gcc.train", "gcc-maskstats"])
+def test_aws_max_attempts_that_is_not_a_number_is_named(prog, tmp_path, request, monkeypatch, call):
+    """AWS_MAX_ATTEMPTS=abc: exit 2 naming the variable and what it must be (the message blamed S3_ENDPOINT_URL)."""
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "abc")
+    w = World(tmp_path, request)
+    argv = w.train(data="s3://bucket/p") if prog == "gcc.train" else _maskstats(w, data="s3://bucket/p")
+    line = check(call(prog, argv), 2, ["AWS_MAX_ATTEMPTS='abc'", "expected a positive integer"], prog)
+    assert "S3_ENDPOINT_URL" not in line, line
 
 
 # ---- the real launcher: bad config stops every rank before any work, exit 2 ----------------------------------

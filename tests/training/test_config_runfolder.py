@@ -99,8 +99,8 @@ def test_sft_v10_is_the_spec_defaults():
         (["data.limit=2.5"], "data.limit: expected int or null, got float 2.5"),
         (["data.limit=true"], "data.limit: expected int or null, got bool True"),
         (["data.limit=all"], "data.limit: expected int or null, got str 'all'"),
-        (["sample_steps=0"], "sample_steps: must be >= 1, got 0"),
-        (["sample_n=-1"], "sample_n: must be >= 0, got -1"),
+        (["sample_steps=0"], "sample_steps: must be >= 1 and at most 1000, got 0"),
+        (["sample_n=-1"], "sample_n: must be >= 0 and at most 1000, got -1"),
         (["sample_cfg=.nan"], "sample_cfg: expected a finite number, got nan"),
     ],
 )

@@ -167,3 +167,42 @@ def test_tensorboard_wandb_and_mlflow_get_the_same_keys_and_a_relaunch_continues
         assert names == {f"{c}.{v}" for c in clips for v in ("cond.mp4", "uncond.mp4", "png")} | {"samples.json"}
     for keys in (tb, wb, ml):
         assert {"sample/agreement_cond", "sample/agreement_uncond", "sample/seconds"} <= keys
+
+
+@pytest.mark.slow
+def test_the_password_of_an_unreachable_mlflow_uri_is_masked_on_the_console_and_in_the_run_folder(tmp_path, shards):
+    """MLFLOW_TRACKING_URI=http://alice:PASSWORD@host that does not answer: MLflow's error names the URL, and its
+    traceback reached the console (Python's report, through torch's excepthook) and train.log (the trainer's
+    exc_info record) with the password in it. The process is the point: the console's report is the interpreter's."""
+    run_dir = tmp_path / "run"
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        MLFLOW_TRACKING_URI="http://alice:PASSWORD@127.0.0.1:9",  # the discard port: nothing answers
+        MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
+        MLFLOW_HTTP_REQUEST_TIMEOUT="5",
+    )
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "gcc" / "train.py"),
+            str(TINY),
+            f"run_dir={run_dir}",
+            f"data.path={shards}",
+            "max_steps=1",
+            "progress_bar=false",
+            "data.num_workers=0",
+            "loggers={mlflow: {}}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=env,
+    )
+    console = r.stdout + r.stderr
+    assert r.returncode != 0 and "http://***@127.0.0.1:9" in console, console[-4000:]
+    log = (run_dir / "train.log").read_text()
+    assert "http://***@127.0.0.1:9" in log, log[-4000:]
+    written = [p for p in run_dir.rglob("*") if p.is_file() and b"PASSWORD" in p.read_bytes()]
+    assert "PASSWORD" not in console and "alice" not in console and not written, (written, console[-4000:])

@@ -1,0 +1,157 @@
+"""Secrets never leave (docs/training.md, "Trust and safety"): what config.json keeps (`redact`), every log line
+and its traceback (`RedactingFilter`, the record factory that `redact.install` sets), and Python's own report of an
+uncaught error in any thread of a tool or a rank (the excepthooks `redact.install` sets)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gcc.redact import MASK, redact, redact_text
+from gcc.training.console import configure_logging, open_run_log
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_config_json_keeps_no_sig_auth_pwd_bearer_or_key():
+    """config.json is `redact(asdict(cfg))` (gcc/training/builders.py resolved_config): a presigned URL's sig= and
+    auth=, and keys named pwd, bearer or ending in key (wandb_key) were kept as written."""
+    tree = {
+        "loggers": {
+            "mlflow": {
+                "tracking_uri": "https://mlflow.example/p?sig=SIGVALUE&auth=AUTHVALUE&experiment=7",
+                "tags": {"pwd": "PWDVALUE", "bearer": "BEARERVALUE", "wandb_key": "WANDBVALUE", "team": "vision"},
+            }
+        },
+        "data": {"path": "s3://bucket/p"},
+    }
+    text = json.dumps(redact(tree))
+    for secret in ("SIGVALUE", "AUTHVALUE", "PWDVALUE", "BEARERVALUE", "WANDBVALUE"):
+        assert secret not in text, text
+    assert "experiment=7" in text and "vision" in text and "s3://bucket/p" in text  # the rest is kept
+
+
+@pytest.mark.parametrize(
+    "line, kept",
+    [
+        ("GET https://b.s3.amazonaws.com/k?X-Amz-Credential=AKIDX%2F2024&X-Amz-Signature=f00d", "b.s3.amazonaws.com/k"),
+        ("header X-Amz-Credential=AKIDX/20240101/us-east-1/s3/aws4_request, SignedHeaders=host", "SignedHeaders=host"),
+        ("Authorization: Bearer xyzTOKEN", "Authorization: Bearer"),
+        ("{'Authorization': 'Bearer xyzTOKEN'}", "Authorization"),
+        ('Invalid bucket name "AKIDX:SECRETVALUE@bucket": Bucket name must match', "@bucket"),
+        ("s3://AKIDX:SECRET/VALUE@bucket/p", "@bucket/p"),  # a '/' in the secret, as AWS's may have
+        ("http://alice:PASSWORD@mlflow:5000/api", "mlflow:5000/api"),
+        ("https://h/x?sig=SIGVALUE&auth=AUTHVALUE&n=2", "n=2"),
+        ("loggers.wandb.api_key=KEYVALUE wandb_key=KEYVALUE pwd=PWDVALUE", "loggers.wandb.api_key="),
+        ("argv: --wandb_key=KEYVALUE --n 2", "--n 2"),
+    ],
+)
+def test_redact_text_masks_presigned_urls_headers_and_bare_user_info(line, kept):
+    masked = redact_text(line)
+    for secret in ("AKIDX", "f00d", "xyzTOKEN", "SECRET", "VALUE", "PASSWORD", "alice"):
+        assert secret not in masked, masked
+    assert kept in masked and MASK in masked, masked
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "global_batch=16 is not a multiple of micro_batch=3",
+        "override 'seed': expected dotted.key=value",
+        "sample_sigma=0.5 design=3 at 12:30 for user@example.com",
+        "the bearer of this run folder",
+    ],
+)
+def test_redact_text_keeps_lines_without_credentials(line):
+    assert redact_text(line) == line
+
+
+def _secret_error() -> BaseException:
+    try:
+        raise RuntimeError("API request to http://alice:PASSWORD@mlflow:5000/api failed")
+    except RuntimeError as e:
+        return e
+
+
+def test_a_traceback_logged_with_exc_info_is_masked_on_the_console_and_in_train_log(tmp_path, capsys, in_process):
+    """The trainer logs a rank's traceback to train.log with exc_info (gcc/training/trainer.py): the filter masked
+    the message only, the exception's text (an MLflow URL with its password) went out as it was."""
+    configure_logging("INFO", 0)
+    log = open_run_log(tmp_path / "run", 0, 1)
+    logger = logging.getLogger("gcc.test_redact")
+    e = _secret_error()
+    logger.error("stopped on an unexpected error", exc_info=(type(e), e, e.__traceback__))
+    logger.warning("a stack %s", "http://alice:PASSWORD@mlflow/", stack_info=True)  # this line is in the stack
+    logging.getLogger("gcc").handlers[-1].flush()
+    err = capsys.readouterr().err
+    written = log.read_text()
+    for text in (err, written):
+        assert "PASSWORD" not in text and "alice" not in text, text
+        assert "RuntimeError: API request to http://***@mlflow:5000/api failed" in text, text
+        assert "Traceback (most recent call last)" in text, text  # the traceback itself is kept, masked
+
+
+def test_every_logger_of_a_process_is_masked_once_installed(capsys, in_process, monkeypatch):
+    """A library's own logger and handler (MLflow's, botocore's) bypass gcc's handlers: the record factory that
+    `redact.install` sets masks every record as it is made."""
+    import threading
+    import warnings
+
+    from gcc import redact
+
+    for owner, name in ((sys, "excepthook"), (threading, "excepthook"), (warnings, "formatwarning")):
+        monkeypatch.setattr(owner, name, getattr(owner, name))  # put back after the test
+    factory = logging.getLogRecordFactory()
+    redact.install()
+    lib = logging.getLogger("some_library.test_redact")
+    handler = logging.StreamHandler(sys.stderr)
+    lib.addHandler(handler)
+    try:
+        e = _secret_error()
+        lib.error("request to %s", "s3://AKIDX:SECRET@bucket/p", exc_info=(type(e), e, e.__traceback__))
+    finally:
+        lib.removeHandler(handler)
+        logging.setLogRecordFactory(factory)
+    err = capsys.readouterr().err
+    assert "SECRET" not in err and "PASSWORD" not in err and "s3://***@bucket/p" in err, err
+
+
+SCRIPT = """
+import threading
+from gcc.cli import run_tool
+
+def bug():
+    raise RuntimeError("s3://AKIDX:SECRETVALUE@bucket/p")
+
+def body():
+    t = threading.Thread(target=bug, name="worker")
+    t.start()
+    t.join()
+    bug()
+
+run_tool("gcc-tool", body)
+"""
+
+
+def test_uncaught_errors_of_every_thread_are_reported_masked():
+    """A tool's bug keeps its traceback (gcc/cli.py), in the main thread and in another, but masked: Python's own
+    report printed the URL's secret. The process is the point: the report is the interpreter's, at its end."""
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SCRIPT)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    assert r.returncode == 1, r.stderr
+    assert "SECRETVALUE" not in r.stderr and "AKIDX" not in r.stderr, r.stderr
+    assert "Exception in thread worker:" in r.stderr and r.stderr.count("RuntimeError: s3://***@bucket/p") == 2, (
+        r.stderr
+    )
