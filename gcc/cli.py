@@ -20,6 +20,7 @@ from pathlib import Path
 
 from gcc import exit_codes, redact
 from gcc.errors import BadInput, DiskFull, StorageUnavailable
+from gcc.inputs import printable
 from gcc.redact import redact_text
 from gcc.storage import userinfo_problem
 
@@ -37,7 +38,8 @@ _ERRNO_WORDS = {
 
 
 def fail(prog: str, message: str, code: int = EXIT_BAD_INPUT) -> int:
-    print(f"{prog}: error: {redact_text(message)}", file=sys.stderr, flush=True)  # a URL's credentials masked
+    # a URL's credentials masked, a control character from outside escaped
+    print(f"{prog}: error: {printable(redact_text(message))}", file=sys.stderr, flush=True)
     return code
 
 

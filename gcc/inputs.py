@@ -336,27 +336,19 @@ def decompress_zstd(data: bytes, cap: int, where: str) -> bytes:
     return result
 
 
+def printable(text: str) -> str:
+    """`text` with its control characters other than newline and tab escaped (ESC as \\x1b, CR as \\r, ...): a
+    name or a cell from outside, inside a message, cannot move the cursor, clear the screen or overwrite the line it
+    is printed in. Every message line of the tools and every log record goes through it."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in text)
+
+
 def shown(value: object, limit: int = 200) -> str:
-    """`value` as text safe to print: control characters (ESC, CR, ...) and other unprintables escaped, at most
-    `limit` characters, so that a name or a cell from outside cannot rewrite the line it is printed in."""
+    """`value` as text safe to print on one line: every unprintable character escaped (newlines too), at most
+    `limit` characters."""
     text = str(value)
     if not text.isprintable():
         text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-__all__ = [
-    "CAPS",
-    "MAX_DEPTH",
-    "decompress_zstd",
-    "load_json",
-    "load_json_object",
-    "npy_members",
-    "open_regular",
-    "open_text",
-    "parse_json",
-    "read_bytes",
-    "read_text",
-    "safetensors_header",
-    "shown",
-]

@@ -21,6 +21,8 @@ import traceback
 import warnings
 from typing import Any
 
+from gcc.inputs import printable
+
 MASK = "***"
 # the words that make a key's value a credential, as one part of the key (api_key, aws.secret, auth_token, ...)
 _WORDS = (
@@ -108,7 +110,7 @@ def redact_record(record: logging.LogRecord) -> logging.LogRecord:
         message = record.getMessage()
     except Exception:  # arguments that do not fit the format: logging would print both in its error report
         message = f"{record.msg} {record.args}"
-    masked = redact_text(message)
+    masked = printable(redact_text(message))  # a name from outside cannot rewrite the console's line either
     if masked != message:
         record.msg, record.args = masked, None
     if record.exc_info:

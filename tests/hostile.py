@@ -166,6 +166,8 @@ def run_entry(prog: str, argv: list[str], limit_s: float = TIME_LIMIT_S, cwd: Pa
 
 
 # the first words of an entry's answer to bad input: the tools' `<prog>: error: `, the trainer's verdicts
+# the trainer's command-line parser is named as the user runs it (argparse's `gcc/train.py: error: ...`)
+ALIASES = {"gcc.train": ("gcc.train", "gcc/train.py")}
 VERDICTS = ("error: ", "config error: ", "refused: ", "damaged data: ", "storage unavailable: ", "disk full: ")
 
 
@@ -178,7 +180,8 @@ def assert_clean(o: Outcome, codes: frozenset[int] = CODES) -> None:
         lines = [
             ln
             for ln in o.err.splitlines()
-            if ln.startswith(f"{o.prog}: ") and ln[len(o.prog) + 2 :].startswith(VERDICTS)
+            for name in ALIASES.get(o.prog, (o.prog,))
+            if ln.startswith(f"{name}: ") and ln[len(name) + 2 :].startswith(VERDICTS)
         ]
         assert lines, f"no one-line message `{o.prog}: error: ...`\n{o}"
         assert all(ln.isprintable() for ln in lines), f"a control character in the message\n{o}"

@@ -245,6 +245,7 @@ def _yaml_problem(e: yaml.YAMLError) -> str:
     """A yaml error's own words, with the line and column where the file has them."""
     mark = getattr(e, "problem_mark", None)
     what = " ".join(str(x) for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x) or str(e)
+    what = " ".join(what.split())  # one line (a reader error spans two)
     return f"line {mark.line + 1}, column {mark.column + 1}: {what}" if mark is not None else what
 
 
@@ -332,13 +333,14 @@ class _BoundedLoader(yaml.SafeLoader):
 def _load_yaml(text: str, where: str, invalid: str, root: tuple[str, ...] = ()) -> Any:
     """`text` read by `_BoundedLoader` (key paths start at `root`); a ConfigError starting with `where` (a refusal)
     or `invalid` (a yaml error)."""
-    loader = _BoundedLoader(text, where, root)
     try:
-        return loader.get_single_data()
+        loader = _BoundedLoader(text, where, root)  # its reader refuses a control character at once
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.YAMLError as e:
         raise ConfigError(f"{invalid} ({_yaml_problem(e)})") from None
-    finally:
-        loader.dispose()
 
 
 def read_yaml(path: str | Path) -> dict:
