@@ -201,3 +201,17 @@ def test_sample_shows_a_clip_id_with_control_characters_escaped(tmp_path, call, 
     r = call("gcc-sample", _sample_argv(ckpt, data, tmp_path / "eval", "--clip_ids", cid))
     assert "\x1b" not in r.stdout + r.stderr and "\r" not in r.stdout + r.stderr, repr(r.stderr)
     check(r, 2, ["--clip_ids: clip id", repr(cid)], "gcc-sample")
+
+
+def test_inspect_shows_a_metadata_key_with_control_characters_escaped(tmp_path, call):
+    """Before: the metadata's keys were printed raw (their values through repr)."""
+
+    def hostile_key(header: dict, data: bytes) -> bytes:
+        header["__metadata__"]["x\x1b[2J\rgone"] = "v\x1b[31m"
+        return data
+
+    path = edit_header(tiny_export(tmp_path / "step-1.safetensors"), hostile_key)
+    r = call("gcc-inspect", [str(path)])
+    assert "\x1b" not in r.stdout + r.stderr and "\r" not in r.stdout + r.stderr, repr(r.stdout + r.stderr)
+    assert "  x\\x1b[2J\\rgone = 'v\\x1b[31m'" in r.stdout
+    check(r, 2, ["metadata keys differ", "unexpected ['x\\x1b[2J\\rgone']"], "gcc-inspect")
