@@ -17,6 +17,8 @@ import os
 import re
 from pathlib import Path
 
+from gcc.inputs import shown
+
 # one path component: starts with a letter, digit or underscore (never '.', so never '..' or a hidden file)
 COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=@-]{0,199}")
 # a shard of a convert_data split: MDS's own names, under the converter's chunk folders
@@ -29,7 +31,7 @@ class UnsafeName(ValueError):
 
 
 def _shown(value: object) -> str:
-    return repr(value)[:120]
+    return shown(repr(value), 120)  # quoted, control characters escaped, bounded
 
 
 def check_component(value: object, what: str) -> str:

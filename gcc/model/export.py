@@ -7,7 +7,10 @@ it is complete on disk and re-read: writes go to `<path>.tmp<pid>`, are checked 
 
 from __future__ import annotations
 
+import collections
+import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -19,7 +22,9 @@ from safetensors.torch import save_file
 
 from gcc import __version__
 from gcc.compat.deepspeed import zero_to_fp32
-from gcc.model.dit import COND_PREFIX, GcDiT, build_gc_dit, model_config, read_slice, wan_keys
+from gcc.errors import BadInput
+from gcc.inputs import TensorEntry, safetensors_header
+from gcc.model.dit import COND_PREFIX, PRESETS, GcDiT, build_gc_dit, model_config, read_slice, wan_keys
 from gcc.model.fsdp import fill_local
 from gcc.storage import atomic_path
 from gcc.vocab import VOCABS, num_classes
@@ -129,20 +134,62 @@ def _check_metadata(meta: Mapping[str, Any], where: str) -> None:
         raise GcCkptError(f"{where}: metadata values must be strings: {bad}")
     for k, v in GC_META.items():
         if meta[k] != v:
-            raise GcCkptError(f"{where}: metadata {k}={meta[k]!r}, expected {v!r}")
+            raise GcCkptError(f"{where}: metadata {k}={meta[k][:80]!r}, expected {v!r}")
     if meta["vocab"] not in VOCABS:
-        raise GcCkptError(f"{where}: metadata vocab={meta['vocab']!r} is not one of {VOCABS}")
+        raise GcCkptError(f"{where}: metadata vocab={meta['vocab'][:80]!r} is not one of {VOCABS}")
 
 
-@lru_cache(maxsize=8)
+# a block's key: `blocks.<index>.<suffix>`; an index of more than 9 digits is no GcDiT's
+_BLOCK_KEY = re.compile(r"blocks\.(0|[1-9][0-9]{0,8})\.(.+)", re.DOTALL)
+# the dtypes a plain Wan export may hold (the copy into the model casts them); a gc25d export is BF16 alone
+_WAN_DTYPES = ("BF16", "F16", "F32", "F64")
+
+
+@lru_cache(maxsize=16)
+def _structure(preset: str, vocab: str) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """({key outside the blocks: shape}, {a block's key suffix: shape}) of the preset, read from the preset built
+    with ONE block on the meta device: every other block is that block again, so the layout of any block count is
+    known without building a model of that many blocks."""
+    sd = build_gc_dit(model_config(preset, num_layers=1, vocab=vocab), device="meta").state_dict()
+    outside = {k: tuple(v.shape) for k, v in sd.items() if not k.startswith("blocks.")}
+    block = {k[len("blocks.0.") :]: tuple(v.shape) for k, v in sd.items() if k.startswith("blocks.0.")}
+    return outside, block
+
+
+def preset_layout(preset: str, vocab: str, num_layers: int | None = None) -> dict[str, tuple[int, ...]]:
+    """{key: shape} of the preset's GcDiT (its own block count unless `num_layers` is given)."""
+    outside, block = _structure(preset, vocab)
+    n = PRESETS[preset].num_layers if num_layers is None else num_layers
+    return {**outside, **{f"blocks.{i}.{s}": shape for i in range(n) for s, shape in block.items()}}
+
+
 def gc_key_set(num_layers: int) -> frozenset[str]:
     """The export key set of a GcDiT with `num_layers` blocks (key names do not depend on widths)."""
-    return frozenset(build_gc_dit(model_config("tiny", num_layers=num_layers), device="meta").state_dict())
+    return frozenset(preset_layout("tiny", "parts", num_layers))
 
 
-def _num_layers(keys) -> int:
-    idx = {int(k.split(".")[1]) for k in keys if k.startswith("blocks.") and k.split(".")[1].isdigit()}
-    return max(idx) + 1 if idx else 0
+def _block_count(keys, where: str) -> int:
+    """The number of blocks a key set holds, from the names alone and bounded by them: every key is one of a
+    GcDiT (outside the blocks, or a block's), and the block indices are exactly 0..n-1 with n the number of
+    distinct indices, so n never exceeds the number of keys (a key `blocks.100000000.x` is refused by name, it
+    never becomes a model of that many blocks)."""
+    outside, block = _structure("tiny", "parts")  # key names do not depend on widths or vocab
+    indices: dict[int, str] = {}
+    for k in keys:
+        m = _BLOCK_KEY.fullmatch(k)
+        if m is None or m[2] not in block:
+            if k not in outside:
+                raise GcCkptError(f"{where}: unexpected key {k[:120]!r}, not a key of a GcDiT")
+            continue
+        indices.setdefault(int(m[1]), k)
+    n = len(indices)
+    for i, k in sorted(indices.items()):
+        if i >= n:
+            raise GcCkptError(
+                f"{where}: key {k[:120]!r} names block {i}, but the file holds {n} block(s): expected "
+                f"indices 0..{n - 1}"
+            )
+    return n
 
 
 def _key_diff(have: set[str], want: set[str], where: str) -> None:
@@ -150,47 +197,133 @@ def _key_diff(have: set[str], want: set[str], where: str) -> None:
     if missing or unexpected:
         raise GcCkptError(
             f"{where}: key set differs: missing {missing[:8]}{'...' if len(missing) > 8 else ''} "
-            f"({len(missing)}), unexpected {unexpected[:8]}{'...' if len(unexpected) > 8 else ''} "
-            f"({len(unexpected)})"
+            f"({len(missing)}), unexpected {[k[:120] for k in unexpected[:8]]}"
+            f"{'...' if len(unexpected) > 8 else ''} ({len(unexpected)})"
         )
 
 
-def check_gc_ckpt(path: str | os.PathLike, vocab: str | None = None, expected_keys: set[str] | None = None) -> dict:
-    """Check a gc25d export: metadata (docs/design.md §9.9), vocab (== `vocab` if given), key set (== `expected_keys`, else the
-    GcDiT key set for its block count), every tensor BF16, cond input width = the vocab's V. Returns a summary."""
-    path = str(path)
+def _header(path: str) -> tuple[dict[str, TensorEntry], dict[str, str]]:
     try:
-        fh = safe_open(path, "pt")
-    except Exception as e:  # not a safetensors file at all
-        raise GcCkptError(f"{path}: cannot be read as safetensors: {e}") from e
-    with fh:
-        meta = fh.metadata() or {}
-        if meta.get("format") != "gc25d":
-            raise GcCkptError(f"{path}: not a gc25d export (metadata format={meta.get('format')!r})")
+        return safetensors_header(path)
+    except BadInput as e:  # the message names the file
+        raise GcCkptError(f"cannot be read as safetensors: {e}") from None
+
+
+def _matching_preset(tensors: Mapping[str, TensorEntry], vocab: str, n: int) -> str | None:
+    """The preset whose layout with `n` blocks is the file's, or None (a run with model.overrides)."""
+    for name in PRESETS:
+        if all(tensors[k].shape == shape for k, shape in preset_layout(name, vocab, n).items()):
+            return name
+    return None
+
+
+def _check_shapes_alike(tensors: Mapping[str, TensorEntry], vocab: str, where: str) -> None:
+    """Without a declared preset: every tensor has the rank of its GcDiT key, every block is shaped as block 0,
+    and the cond's input is the vocab's width."""
+    outside, block = _structure("tiny", vocab)
+    for k in sorted(tensors):
+        m = _BLOCK_KEY.fullmatch(k) if k.startswith("blocks.") else None
+        ref = outside[k] if m is None else block[m[2]]
+        shape = tensors[k].shape
+        if len(shape) != len(ref):
+            raise GcCkptError(
+                f"{where}: {k} has shape {shape}, expected {len(ref)} dimension(s), as in every GcDiT"
+                + (f" ({ref} in the 'tiny' preset)" if ref else "")
+            )
+        if m is not None and shape != tensors[f"blocks.0.{m[2]}"].shape:
+            raise GcCkptError(
+                f"{where}: {k} has shape {shape}, expected {tensors[f'blocks.0.{m[2]}'].shape} (as blocks.0.{m[2]}: "
+                "every block is alike)"
+            )
+
+
+def _check_cond_width(tensors: Mapping[str, TensorEntry], vocab: str, where: str) -> None:
+    k = COND_PREFIX + "proj_in.weight"
+    if tensors[k].shape[1] != num_classes(vocab):  # its rank is checked first
+        raise GcCkptError(
+            f"{where}: {k} has {tensors[k].shape[1]} input classes, vocab {vocab!r} has {num_classes(vocab)}"
+        )
+
+
+def read_export(
+    path: str | os.PathLike,
+    expected: Mapping[str, tuple[int, ...]] | None = None,
+    vocab: str | None = None,
+    preset: str | None = None,
+    allow_wan: bool = False,
+    vocab_from: str = "the expected",
+) -> dict:
+    """The one reader of an export's header (docs/training.md, "Trust and safety"): gcc-inspect, gcc-sample and
+    the trainer's warm start all come here before a tensor is read or a model is built from a file.
+
+    The header alone is read (`gcc.inputs.safetensors_header`: its size bounded, every tensor's bytes inside the
+    file), then the metadata (docs/design.md §9.9) and the vocab (== `vocab` when given), then the key set and every
+    tensor's dtype and shape against the layout declared by the caller: `expected` ({key: shape}, a model's), or
+    the `preset` (its own block count), or, with neither, the key names of a GcDiT whose block count the names
+    bound (`_block_count`). Any difference is a GcCkptError naming the file, the key and what was expected.
+
+    `allow_wan`: a plain Wan export (no gc25d metadata, no cond keys) is accepted, its keys checked against the
+    Wan keys of the layout. Returns {"tensors": {key: TensorEntry}, "metadata", "kind": "gc25d"|"wan", "vocab",
+    "num_layers", "preset" (the declared one, or the one whose layout the file matches, or None)}."""
+    path = str(path)
+    tensors, meta = _header(path)
+    has_cond = any(k.startswith(COND_PREFIX) for k in tensors)
+    if meta.get("format") != "gc25d" and (has_cond or not allow_wan):
+        what = f"holds {COND_PREFIX}* keys but is " if has_cond and allow_wan else ""
+        fmt = meta.get("format")
+        raise GcCkptError(f"{path}: {what}not a gc25d export (metadata format={fmt if fmt is None else fmt[:40]!r})")
+    kind = "gc25d" if meta.get("format") == "gc25d" else "wan"
+    if kind == "gc25d":
         _check_metadata(meta, path)
         if vocab is not None and meta["vocab"] != vocab:
-            raise GcCkptError(f"{path}: vocab {meta['vocab']!r} differs from the expected {vocab!r}")
-        keys = set(fh.keys())
-        _key_diff(keys, set(expected_keys) if expected_keys is not None else set(gc_key_set(_num_layers(keys))), path)
-        n_params = 0
-        for k in sorted(keys):
-            sl = fh.get_slice(k)
-            if sl.get_dtype() != _ST_DTYPE:
-                raise GcCkptError(f"{path}: {k} is {sl.get_dtype()}, expected {_ST_DTYPE}")
-            shape = sl.get_shape()
-            n_params += int(torch.Size(shape).numel())
-            if k == COND_PREFIX + "proj_in.weight" and shape[1] != num_classes(meta["vocab"]):
-                raise GcCkptError(
-                    f"{path}: {k} has {shape[1]} input classes, vocab {meta['vocab']!r} has "
-                    f"{num_classes(meta['vocab'])}"
-                )
+            raise GcCkptError(f"{path}: vocab {meta['vocab']!r} differs from {vocab_from} {vocab!r}")
+    file_vocab = meta["vocab"] if kind == "gc25d" else (vocab or "parts")
+    if expected is None and preset is not None:
+        expected = preset_layout(preset, file_vocab)
+    if expected is not None:
+        want = {k: s for k, s in expected.items() if kind == "gc25d" or not k.startswith(COND_PREFIX)}
+        _key_diff(set(tensors), set(want), path)
+        n = len({k.split(".")[1] for k in want if k.startswith("blocks.")})  # the caller's, not the file's
+    else:
+        n = _block_count(tensors, path)
+        _key_diff(set(tensors), set(gc_key_set(n)), path)
+    dtypes = (_ST_DTYPE,) if kind == "gc25d" else _WAN_DTYPES
+    for k in sorted(tensors):
+        if tensors[k].dtype not in dtypes:
+            raise GcCkptError(f"{path}: {k} is {tensors[k].dtype}, expected {' or '.join(dtypes)}")
+    if expected is not None:
+        who = f"the {preset!r} preset" if preset is not None else "the model"
+        for k in sorted(want):
+            if tensors[k].shape != tuple(want[k]):
+                raise GcCkptError(f"{path}: {k} has shape {tensors[k].shape}, {who} expects {tuple(want[k])}")
+    else:
+        _check_shapes_alike(tensors, file_vocab, path)
+        preset = _matching_preset(tensors, file_vocab, n)
+    if kind == "gc25d":
+        _check_cond_width(tensors, file_vocab, path)
+    return {"tensors": tensors, "metadata": meta, "kind": kind, "vocab": file_vocab, "num_layers": n, "preset": preset}
+
+
+def check_gc_ckpt(
+    path: str | os.PathLike,
+    vocab: str | None = None,
+    expected: Mapping[str, tuple[int, ...]] | None = None,
+    preset: str | None = None,
+) -> dict:
+    """Check a gc25d export (`read_export`): metadata (docs/design.md §9.9), vocab (== `vocab` if given), key set,
+    every tensor BF16 and of the expected shape (`expected`, or the `preset`'s, else GcDiT-shaped), cond input width
+    = the vocab's V. Returns a summary."""
+    info = read_export(path, expected=expected, vocab=vocab, preset=preset)
+    tensors = info["tensors"]
     return {
-        "path": path,
-        "n_keys": len(keys),
-        "num_layers": _num_layers(keys),
-        "n_params": n_params,
-        "vocab": meta["vocab"],
-        "metadata": dict(meta),
+        "path": str(path),
+        "n_keys": len(tensors),
+        "num_layers": info["num_layers"],
+        "n_params": sum(math.prod(e.shape) for e in tensors.values()),
+        "vocab": info["vocab"],
+        "preset": info["preset"],
+        "dtypes": dict(collections.Counter(e.dtype for e in tensors.values())),
+        "metadata": dict(info["metadata"]),
     }
 
 
@@ -203,10 +336,11 @@ def save_gc(state_dict: Mapping[str, torch.Tensor], path: str | os.PathLike, met
         for k, v in state_dict.items()
     }
     # refuse anything but a GcDiT state dict before touching the disk
-    _key_diff(set(tensors), set(gc_key_set(_num_layers(tensors))), f"{path} (state dict to export)")
+    where = f"{path} (state dict to export)"
+    _key_diff(set(tensors), set(gc_key_set(_block_count(tensors, where))), where)
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=dict(metadata))
-        check_gc_ckpt(tmp, vocab=metadata["vocab"], expected_keys=set(tensors))
+        check_gc_ckpt(tmp, vocab=metadata["vocab"], expected={k: tuple(v.shape) for k, v in tensors.items()})
     return path
 
 
@@ -241,30 +375,22 @@ def _load_checked(
 
 def load_gc_weights(model: GcDiT, path: str | os.PathLike, check_only: bool = False) -> dict:
     """Warm start from a gc25d export of the model's vocab, or from a plain Wan export (no gc_sem_cond.* keys:
-    the cond starts at zero). Returns {"kind": "gc25d"|"wan", "path", "vocab"}. With `check_only` nothing is read
-    but the file's header (keys, shapes, metadata), checked against `model`, which may be on the meta device: a
-    file that does not fit is refused before the model is built."""
+    the cond starts at zero). Returns {"kind": "gc25d"|"wan", "path", "vocab"}. The file's header is checked
+    against `model` first (`read_export`); with `check_only` nothing more is read, and `model` may be on the meta
+    device: a file that does not fit is refused before the model is built."""
     path = str(path)
-    try:
-        fh = safe_open(path, "pt")
-    except Exception as e:
-        raise GcCkptError(f"{path}: cannot be read as safetensors: {e}") from e
-    with fh:
-        meta = fh.metadata() or {}
-        keys = list(fh.keys())
-        has_cond = any(k.startswith(COND_PREFIX) for k in keys)
-        if has_cond or meta.get("format") == "gc25d":
-            if meta.get("format") != "gc25d":
-                raise GcCkptError(
-                    f"{path}: holds {COND_PREFIX}* keys but is not a gc25d export "
-                    f"(metadata format={meta.get('format')!r})"
-                )
-            if meta.get("vocab") != model.vocab:
-                raise GcCkptError(f"{path}: vocab {meta.get('vocab')!r} differs from the model's {model.vocab!r}")
-            has_cond = True  # a gc25d file must carry the cond; missing ones are reported by the key check
-        shapes = {k: tuple(fh.get_slice(k).get_shape()) for k in keys}
-        _load_checked(model, shapes, lambda k, sl: read_slice(fh, k, sl), path, has_cond, check_only)
-    return {"kind": "gc25d" if has_cond else "wan", "path": path, "vocab": meta.get("vocab", model.vocab)}
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    info = read_export(path, expected=expected, vocab=model.vocab, allow_wan=True, vocab_from="the model's")
+    has_cond = info["kind"] == "gc25d"
+    if not check_only:
+        shapes = {k: e.shape for k, e in info["tensors"].items()}
+        try:
+            fh = safe_open(path, "pt")
+        except Exception as e:  # changed since its header was read
+            raise GcCkptError(f"{path}: cannot be read as safetensors: {e}") from e
+        with fh:
+            _load_checked(model, shapes, lambda k, sl: read_slice(fh, k, sl), path, has_cond)
+    return {"kind": info["kind"], "path": path, "vocab": info["vocab"] if has_cond else model.vocab}
 
 
 def load_legacy_zero(model: GcDiT, ckpt_dir: str | os.PathLike, tag: str | None = None) -> dict:
@@ -308,5 +434,7 @@ __all__ = [
     "load_gc_weights",
     "load_legacy_zero",
     "load_state_dict_gc",
+    "preset_layout",
+    "read_export",
     "save_gc",
 ]

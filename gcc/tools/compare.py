@@ -4,7 +4,7 @@ Made to prove a resume exact (docs/training.md, "Checking a resume"): a run that
 against the same run uninterrupted. Compared, step by step, over the steps in [--from, --to]:
 * `train_log.csv` on the columns a resumed run reproduces (`gcc.training.columns.EXACT_TRAIN`: the step's clips,
   epoch, timestep, drops and mask, loss, mse, lr, grad_norm, ...; the timing and memory columns are skipped);
-* `val_log.csv` on every column (`EXACT_VAL`), row by (step, timestep); when both folders hold one;
+* `val_log.csv` on every column (`EXACT_VAL`), row by (step, timestep), when the folders hold one (both must);
 * the exports both folders hold (`step-N.safetensors`), tensor by tensor (names, dtypes, shapes, values); their
   metadata differs by design (`resumed_from`) and is not compared.
 
@@ -14,7 +14,9 @@ last digit (the CSV holds each float's exact repr), or with `--rtol` within a re
 size sums in another order); the draws (step, epoch, clips, timestep, drops, n) always compare exactly.
 
 Prints the first step that differs and exits 1, or that they agree (exit 0); bad input (a folder without
-train_log.csv, a log or export that is not the trainer's) is exit 2 with one line naming it (gcc/cli.py).
+train_log.csv, a log or export that is not the trainer's) is exit 2 with one line naming it (gcc/cli.py), and so is
+nothing to compare: a train_log.csv without a row in the range, a val_log.csv that one folder holds and the other
+does not. A cell or a name from the files is printed escaped (`gcc.inputs.shown`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +34,7 @@ from safetensors import SafetensorError, safe_open
 from gcc import exit_codes
 from gcc.cli import run_tool
 from gcc.errors import BadInput
+from gcc.inputs import open_text, safetensors_header, shown
 from gcc.training.columns import EXACT_TRAIN, EXACT_VAL
 
 EXIT_DIFFER = exit_codes.DIFFER
@@ -50,16 +54,15 @@ def read_log(run_dir: Path, name: str, columns: list[str], required: bool) -> di
     missing. BadInput when the file is not a log the trainer wrote: a missing column, a row of another length, a
     step that is not an integer, a key twice (a relaunch's log holds each step once)."""
     path = run_dir / f"{name}.csv"
-    if path.is_dir():
-        raise BadInput(f"{path}: is a folder, expected a file")
-    if not path.exists():
+    if not os.path.lexists(path):
         if required:
             raise BadInput(f"{path}: not found; is {run_dir} a run folder?")
         return None
     key_columns = ["step"] if name == "train_log" else ["step", "timestep"]
     rows: dict[tuple, dict[str, str]] = {}
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        # a regular file of bounded size, never a FIFO or a device (docs/training.md, "Trust and safety")
+        with open_text(path, "csv") as f:
             reader = csv.reader(f)
             header = next(reader, [])
             missing = [c for c in columns if c not in header]
@@ -80,13 +83,13 @@ def read_log(run_dir: Path, name: str, columns: list[str], required: bool) -> di
                 if key in rows:
                     raise BadInput(f"{path}:{line}: a second row of {_where(key)}; a run's log holds each once")
                 rows[key] = row
-    except (UnicodeDecodeError, csv.Error) as e:
+    except csv.Error as e:
         raise BadInput(f"{path}: not a CSV log that gcc/train.py wrote ({e})") from None
     return rows
 
 
 def _where(key: tuple) -> str:
-    return f"step {key[0]}" + (f", timestep {key[1]}" if len(key) > 1 else "")
+    return f"step {key[0]}" + (f", timestep {shown(key[1], 40)}" if len(key) > 1 else "")
 
 
 def _same(column: str, a: str, b: str, rtol: float) -> bool:
@@ -112,10 +115,17 @@ def diff_log(
         for c in columns:
             if not _same(c, a[k][c], b[k][c], rtol):
                 out.append(
-                    Difference(k[0], f"{name}.csv {_where(k)}: {c} {a[k][c][:80]} (RUN_A) != {b[k][c][:80]} (RUN_B)")
+                    Difference(
+                        k[0],
+                        f"{name}.csv {_where(k)}: {c} {shown(a[k][c], 80)} (RUN_A) != {shown(b[k][c], 80)} (RUN_B)",
+                    )
                 )
                 break
     return sum(lo <= k[0] <= hi for k in a), out
+
+
+def _rows_in(rows: dict, lo: int, hi: int) -> int:
+    return sum(lo <= k[0] <= hi for k in rows)
 
 
 def export_steps(run_dir: Path) -> dict[int, Path]:
@@ -132,6 +142,25 @@ def diff_export(a: Path, b: Path, step: int, rtol: float) -> Difference | None:
     """The first tensor that differs between two exports (by name, dtype, shape, value), or None."""
     import torch  # heavy (~1.3 s): keeps --help and argument errors fast
 
+    # the headers first (gcc.inputs.safetensors_header: bounded, every tensor inside its file), names, dtypes and
+    # shapes compared from them before a tensor is read
+    ha, hb = safetensors_header(a)[0], safetensors_header(b)[0]
+    ka, kb = set(ha), set(hb)
+    if ka != kb:
+        only = sorted(ka - kb)[:3] or sorted(kb - ka)[:3]
+        return Difference(
+            step,
+            f"step-{step}.safetensors: tensor names differ ({[shown(k, 80) for k in only]} only in "
+            f"{'RUN_A' if ka - kb else 'RUN_B'})",
+        )
+    for k in sorted(ka):
+        if ha[k][:2] != hb[k][:2]:
+            return Difference(
+                step,
+                f"step-{step}.safetensors: tensor {shown(k, 80)} is {ha[k].dtype} {list(ha[k].shape)} (RUN_A), "
+                f"{hb[k].dtype} {list(hb[k].shape)} (RUN_B)",
+            )
+
     def opened(p: Path):
         try:
             return safe_open(str(p), "pt")
@@ -139,23 +168,11 @@ def diff_export(a: Path, b: Path, step: int, rtol: float) -> Difference | None:
             raise BadInput(f"{p}: not a safetensors export ({e})") from None
 
     with opened(a) as fa, opened(b) as fb:
-        ka, kb = set(fa.keys()), set(fb.keys())
-        if ka != kb:
-            only = sorted(ka - kb)[:3] or sorted(kb - ka)[:3]
-            return Difference(
-                step, f"step-{step}.safetensors: tensor names differ ({only} only in {'RUN_A' if ka - kb else 'RUN_B'})"
-            )
         for k in sorted(ka):
             try:
                 x, y = fa.get_tensor(k), fb.get_tensor(k)
             except (SafetensorError, TypeError) as e:  # a dtype torch does not know, say
-                raise BadInput(f"step-{step}.safetensors: tensor {k} cannot be read ({e})") from None
-            if x.dtype != y.dtype or x.shape != y.shape:
-                return Difference(
-                    step,
-                    f"step-{step}.safetensors: tensor {k} is {x.dtype} {list(x.shape)} (RUN_A), "
-                    f"{y.dtype} {list(y.shape)} (RUN_B)",
-                )
+                raise BadInput(f"step-{step}.safetensors: tensor {shown(k, 80)} cannot be read ({e})") from None
             same = (
                 torch.equal(x, y)
                 if rtol == 0
@@ -164,7 +181,7 @@ def diff_export(a: Path, b: Path, step: int, rtol: float) -> Difference | None:
             if not same:
                 return Difference(
                     step,
-                    f"step-{step}.safetensors: tensor {k} differs (max abs difference "
+                    f"step-{step}.safetensors: tensor {shown(k, 80)} differs (max abs difference "
                     f"{(x.float() - y.float()).abs().max().item():.3g})",
                 )
     return None
@@ -174,12 +191,19 @@ def compare(a: Path, b: Path, lo: int = 0, hi: int = sys.maxsize, rtol: float = 
     """(agree, report lines): every log row and common export in steps [lo, hi]."""
     lines: list[str] = []
     first: list[Difference] = []
+    steps = f"steps {lo}..{hi}" if hi < sys.maxsize else f"steps from {lo}"
     for name, columns, required in LOGS:
         ra, rb = read_log(a, name, columns, required), read_log(b, name, columns, required)
         if ra is None or rb is None:
-            if ra is not None or rb is not None:
-                lines.append(f"{name}.csv: only in {'RUN_A' if rb is None else 'RUN_B'}; not compared")
+            if ra is not None or rb is not None:  # "they agree" would not be true of a file not compared
+                here, there = (a, b) if rb is None else (b, a)
+                raise BadInput(f"nothing to compare: {here / f'{name}.csv'} exists, {there / f'{name}.csv'} does not")
             continue
+        if name == "train_log":  # a row every step: a side without one in the range has nothing to compare
+            for run, rows in ((a, ra), (b, rb)):
+                if not _rows_in(rows, lo, hi):
+                    held = f"it holds steps {min(rows)[0]}..{max(rows)[0]}" if rows else "it holds no row"
+                    raise BadInput(f"nothing to compare: {run / f'{name}.csv'} holds no row in {steps} ({held})")
         n, diffs = diff_log(name, ra, rb, columns, lo, hi, rtol)
         if diffs:
             first.append(diffs[0])

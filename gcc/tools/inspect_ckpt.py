@@ -1,10 +1,12 @@
 """Inspect a gc25d export or a model preset.
 
     gcc-inspect FILE.safetensors   # key count, dtypes, parameter count, metadata; runs check_gc_ckpt
+    gcc-inspect FILE.safetensors --model tiny   # ... and checks every key and shape against that preset
     gcc-inspect --model ti2v-5b    # builds the preset on the meta device: key count, parameter count
 
-(also `python -m gcc.tools.inspect_ckpt`). Exit status 2 when the file cannot be read or the check fails, as
-every gcc tool's for bad input (gcc/cli.py).
+(also `python -m gcc.tools.inspect_ckpt`). The file's header alone is read (never its tensors, never a model built
+from it): without --model its key names must be a GcDiT's and fix the block count, every block shaped alike.
+Exit status 2 when the file cannot be read or the check fails, as every gcc tool's for bad input (gcc/cli.py).
 """
 
 from __future__ import annotations
@@ -14,42 +16,44 @@ import collections
 import math
 import sys
 
-from safetensors import safe_open
-
 from gcc import redact
 from gcc.cli import fail, input_file_problem
+from gcc.errors import BadInput
+from gcc.inputs import safetensors_header, shown
 from gcc.vocab import VOCABS
 
 PROG = "gcc-inspect"
 
 
-def inspect_file(path: str, vocab: str | None = None) -> int:
+def inspect_file(path: str, vocab: str | None = None, preset: str | None = None) -> int:
     problem = input_file_problem(path)
     if problem:
-        return fail(PROG, f"{path}: {problem} (expected a .safetensors export)")
-    # heavy (torch, diffsynth ~5 s): keeps --help and argument errors fast
-    from gcc.model.export import GcCkptError, check_gc_ckpt
-
+        return fail(PROG, f"{shown(path)}: {problem} (expected a .safetensors export)")
     try:
-        with safe_open(path, "pt") as fh:
-            keys = list(fh.keys())
-            dtypes = collections.Counter(fh.get_slice(k).get_dtype() for k in keys)
-            n_params = sum(math.prod(fh.get_slice(k).get_shape()) for k in keys)
-            meta = fh.metadata() or {}
-    except Exception as e:
-        return fail(PROG, f"{path}: cannot be read as safetensors: {e}")
-    print(f"file       {path}")
-    print(f"keys       {len(keys)}")
+        tensors, meta = safetensors_header(path)  # the header alone, bounded (docs/training.md "Trust and safety")
+    except BadInput as e:  # the message names the file
+        return fail(PROG, f"cannot be read as safetensors: {e}")
+    dtypes = collections.Counter(e.dtype for e in tensors.values())
+    n_params = sum(math.prod(e.shape) for e in tensors.values())
+    print(f"file       {shown(path)}")
+    print(f"keys       {len(tensors)}")
     print(f"dtypes     {dict(dtypes)}")
     print(f"params     {n_params:,} ({n_params / 1e9:.3f} B)")
     print("metadata")
     for k, v in meta.items():
-        print(f"  {k} = {v!r}")
+        print(f"  {shown(k, 80)} = {shown(repr(v))}")
+    # heavy (torch, diffsynth ~5 s): keeps --help and argument errors fast
+    from gcc.model.export import GcCkptError, check_gc_ckpt
+
     try:
-        info = check_gc_ckpt(path, vocab=vocab)
+        info = check_gc_ckpt(path, vocab=vocab, preset=preset)
     except GcCkptError as e:
         return fail(PROG, f"check failed: {e}")
-    print(f"check_gc_ckpt OK: {info['n_keys']} keys, {info['num_layers']} blocks, vocab {info['vocab']}")
+    layout = f"the {info['preset']!r} preset" if info["preset"] else "no preset's widths (a run with model.overrides)"
+    print(
+        f"check_gc_ckpt OK: {info['n_keys']} keys, {info['num_layers']} blocks, vocab {info['vocab']}, "
+        f"shaped as {layout}"
+    )
     return 0
 
 
@@ -69,7 +73,9 @@ def inspect_model(name: str, vocab: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("file", nargs="?", help="a gc25d .safetensors export")
-    ap.add_argument("--model", help="a model preset name, e.g. ti2v-5b or tiny")
+    ap.add_argument(
+        "--model", help="a model preset name, e.g. ti2v-5b or tiny (with FILE: the preset the file must match)"
+    )
     ap.add_argument(
         "--vocab", choices=VOCABS, default=None, help="expected vocab (file) / vocab to build (model; default parts)"
     )
@@ -80,15 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     redact.install()  # as run_tool does for the other tools (gcc/cli.py): credentials masked in every report
     ap = build_parser()
     args = ap.parse_args(argv)
-    if (args.file is None) == (args.model is None):
-        ap.error("give exactly one of FILE or --model")
+    if args.file is None and args.model is None:
+        ap.error("give FILE, --model, or both")
     if args.model is not None:
         from gcc.model.dit import PRESETS  # heavy (torch, diffsynth ~5 s): keeps --help and argument errors fast
 
         if args.model not in PRESETS:
-            ap.error(f"--model {args.model!r}: unknown preset; known: {', '.join(sorted(PRESETS))}")
+            ap.error(f"--model {shown(args.model)!r}: unknown preset; known: {', '.join(sorted(PRESETS))}")
+    if args.file is None:
         return inspect_model(args.model, args.vocab or "parts")
-    return inspect_file(args.file, args.vocab)
+    return inspect_file(args.file, args.vocab, args.model)
 
 
 if __name__ == "__main__":

@@ -11,45 +11,58 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import os
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 from gcc.cli import EXIT_BAD_INPUT, file_problem, os_error_message, run_tool
 from gcc.errors import BadInput
+from gcc.inputs import open_text, shown
 from gcc.storage import atomic_path
 
 EXIT_NO_LOG = EXIT_BAD_INPUT
 
 
 def read_rows(path: Path, needs: tuple[str, ...] = ("step",)) -> list[dict[str, float]]:
-    """The CSV's rows as floats (text columns such as `clips` dropped); [] when the file is missing. A row without
-    a number in each of `needs` (the last one, while a run is writing it) is left out; a file that is not such a
-    CSV (no `needs` columns in its header, not UTF-8 text) is BadInput naming it."""
-    if not path.exists():
+    """The CSV's rows as floats (text columns such as `clips` dropped); [] when the file is missing. The last row
+    without a number in each of `needs` (a run is writing it) is left out; a file that is not such a CSV (no
+    `needs` columns in its header, not UTF-8 text, an earlier row without a number in one of `needs`, an inf or
+    nan there in any row) is BadInput naming it, the row and the column, the cell shown escaped
+    (`gcc.inputs.shown`)."""
+    if not os.path.lexists(path):
         return []
-    out = []
+    out, partial = [], None
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        # a regular file of bounded size, never a FIFO or a device (docs/training.md, "Trust and safety")
+        with open_text(path, "csv") as f:
             reader = csv.DictReader(f)
             missing = [c for c in needs if c not in (reader.fieldnames or [])]
             if missing:
                 raise BadInput(
                     f"{path}: no {', '.join(repr(c) for c in missing)} column(s) (header: "
-                    f"{','.join(reader.fieldnames or [])[:200]!r}); not a log that gcc/train.py wrote"
+                    f"{shown(repr(','.join(reader.fieldnames or [])))}); not a log that gcc/train.py wrote"
                 )
-            for r in reader:
+            for line, r in enumerate(reader, 2):  # the header is line 1
+                if partial is not None:  # not the last row: the file is not a log the trainer wrote
+                    raise BadInput(partial)
                 row = {}
                 for k, v in r.items():
                     try:
                         row[k] = float(v)
                     except (TypeError, ValueError):
                         continue
-                if all(c in row for c in needs):
+                for c in needs:
+                    if c in row and not math.isfinite(row[c]):  # a number no step or timestep is: never partial
+                        raise BadInput(f"{path}:{line}: column {c!r} is {row[c]}, expected a finite number")
+                bad = next((c for c in needs if c not in row), None)
+                if bad is None:
                     out.append(row)
+                else:
+                    partial = f"{path}:{line}: column {bad!r} is {shown(repr(r[bad]), 80)}, expected a number"
     except OSError as e:
         raise BadInput(os_error_message(e)) from None
-    except (UnicodeDecodeError, csv.Error) as e:
+    except csv.Error as e:
         raise BadInput(f"{path}: not a CSV log that gcc/train.py wrote ({e})") from None
     return out
 

@@ -641,7 +641,7 @@ CASES: dict[str, Case] = {
     "plot-not-utf8": (
         "gcc-plot",
         2,
-        lambda w: ([_plot_run(w, NOT_UTF8)], ["train_log.csv", "not a CSV log"]),
+        lambda w: ([_plot_run(w, NOT_UTF8)], ["train_log.csv", "not a csv file (not UTF-8"]),
     ),
     "plot-val-no-timestep": (
         "gcc-plot",
@@ -653,7 +653,7 @@ CASES: dict[str, Case] = {
         2,
         lambda w: (
             [_plot_run(w, val_folder=True)],
-            ["val_log.csv", "is a folder, expected a file"],
+            ["val_log.csv", "is a folder, expected a regular csv file"],
         ),
     ),
     "plot-no-run-folder": (

@@ -4,7 +4,9 @@ tests/training/test_train_e2e.py, test_exact_resume_after_sigkill.)"""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -206,7 +208,7 @@ def test_bad_input_is_exit_2_naming_it(uninterrupted, tmp_path, capsys):
     assert "train_log.csv:14: 2 fields, the header has 18" in error(uninterrupted, bad)
     (bad / "train_log.csv").write_text(text)
     (bad / "step-6.safetensors").write_bytes(b"not an export")
-    assert "step-6.safetensors: not a safetensors export" in error(uninterrupted, bad)
+    assert "step-6.safetensors: its header claims" in error(uninterrupted, bad)  # read alone (gcc/inputs.py)
     with pytest.raises(SystemExit) as e:  # a usage error: argparse's exit 2
         main([str(uninterrupted), str(bad), "--rtol", "-1"])
     assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1].startswith("gcc-compare: error: --rtol")
@@ -220,3 +222,82 @@ def test_bad_input_is_exit_2_naming_it(uninterrupted, tmp_path, capsys):
     )
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.strip() == f"gcc-compare: error: {empty / 'train_log.csv'}: not found; is {empty} a run folder?"
+
+
+@contextlib.contextmanager
+def within(seconds: float):
+    """Fail, not hang, when the block takes longer than `seconds` (SIGALRM: the main thread). pytest's failure is
+    no Exception, so that no tool's error handling turns it into an answer."""
+
+    def expired(*_):
+        pytest.fail(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _one_error(capsys) -> str:
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert "Traceback" not in out + err and len(lines) == 1 and lines[0].startswith("gcc-compare: error: "), err
+    return lines[0]
+
+
+def test_two_empty_train_logs_are_nothing_to_compare_not_agreement(tmp_path, capsys):
+    """Logs holding their header alone: no row was compared, so "they agree" would say nothing; exit 2."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for run in (a, b):
+        run.mkdir()
+        (run / "train_log.csv").write_text(",".join(TRAIN_COLUMNS) + "\n")  # the header only
+    assert main([str(a), str(b)]) == 2
+    assert f"nothing to compare: {a / 'train_log.csv'} holds no row" in _one_error(capsys)
+
+
+def test_from_past_both_logs_is_nothing_to_compare(uninterrupted, tmp_path, capsys):
+    b = write_run(tmp_path / "b", launch=1, exports=False)
+    assert main([str(uninterrupted), str(b), "--from", str(STEPS + 1)]) == 2
+    line = _one_error(capsys)
+    assert "nothing to compare" in line and f"steps from {STEPS + 1}" in line and f"holds steps 1..{STEPS}" in line
+    assert main([str(uninterrupted), str(b), "--from", "100", "--to", "200"]) == 2
+    assert "holds no row in steps 100..200" in _one_error(capsys)
+
+
+def test_a_val_log_in_one_run_only_is_nothing_to_compare(uninterrupted, tmp_path, capsys):
+    b = write_run(tmp_path / "b", launch=1, exports=False)
+    (b / "val_log.csv").unlink()
+    for argv, here in (([uninterrupted, b], uninterrupted), ([b, uninterrupted], uninterrupted)):
+        assert main([str(p) for p in argv]) == 2
+        line = _one_error(capsys)
+        assert f"nothing to compare: {here / 'val_log.csv'} exists, {b / 'val_log.csv'} does not" in line
+
+
+def test_control_characters_in_a_cell_are_printed_escaped(uninterrupted, tmp_path, capsys):
+    """A clips cell holding ESC and CR (a terminal's clear-screen, a carriage return that would overwrite the
+    line) is shown escaped in the report, never raw."""
+    hostile = "clip\x1b[2J\x1b[31mred\rgone"
+    b = write_run(
+        tmp_path / "b",
+        launch=1,
+        exports=False,
+        train_edit=lambda r: r.update(clips=hostile) if r["step"] == 3 else None,
+    )
+    assert main([str(uninterrupted), str(b)]) == 1
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\r" not in out, repr(out)
+    assert "step 3: clips" in out and "clip\\x1b[2J\\x1b[31mred\\rgone (RUN_B)" in out
+
+
+def test_a_fifo_as_a_log_is_refused_not_waited_on(uninterrupted, tmp_path, capsys):
+    import os
+
+    b = write_run(tmp_path / "b", launch=1, exports=False)
+    (b / "val_log.csv").unlink()
+    os.mkfifo(b / "val_log.csv")  # no writer: an open() for reading would wait for ever
+    with within(10):
+        assert main([str(uninterrupted), str(b)]) == 2
+    assert f"{b / 'val_log.csv'}: is a FIFO (named pipe)" in _one_error(capsys)

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 from PIL import Image
+from test_compare import within
 
 from gcc.tools import plot
 from gcc.training.callbacks import TRAIN_COLUMNS, VAL_COLUMNS
@@ -107,3 +108,62 @@ def test_the_demos_validation_table_shows_step_0_beside_the_later_steps(tmp_path
             for k, f in (("mse", ".4f"), ("gap_uncond", "+.4f"), ("gap_nulltext", "+.4f"))
         ]
         assert line.split()[1:4] == want
+
+
+def _one_error(capsys) -> str:
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert "Traceback" not in out + err and len(lines) == 1 and lines[0].startswith("gcc-plot: error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("row, value", [(1, "inf"), (40, "inf"), (20, "nan"), (40, "-inf")])
+def test_a_step_inf_or_nan_is_exit_2_naming_file_row_and_column(tmp_path, capsys, row, value):
+    """A step no log holds (inf, nan), first, last or in between: one line naming the file, the row and the
+    column, not a traceback (int(inf)) nor a plot of it."""
+    _run_folder(tmp_path)
+    path = tmp_path / "train_log.csv"
+    lines = path.read_text().splitlines()
+    lines[row] = value + lines[row][lines[row].index(",") :]  # line 0 is the header
+    path.write_text("\n".join(lines) + "\n")
+    assert plot.main([str(tmp_path)]) == 2
+    line = _one_error(capsys)
+    assert f"{path}:{row + 1}: column 'step' is {float(value)}, expected a finite number" in line
+    assert not (tmp_path / "curves.png").exists()
+
+
+def test_a_timestep_inf_in_the_val_log_is_exit_2(tmp_path, capsys):
+    _run_folder(tmp_path)
+    path = tmp_path / "val_log.csv"
+    lines = path.read_text().splitlines()
+    fields = lines[2].split(",")
+    fields[1] = "inf"
+    lines[2] = ",".join(fields)
+    path.write_text("\n".join(lines) + "\n")
+    assert plot.main([str(tmp_path)]) == 2
+    assert f"{path}:3: column 'timestep' is inf, expected a finite number" in _one_error(capsys)
+
+
+def test_control_characters_in_a_cell_are_printed_escaped(tmp_path, capsys):
+    """A step cell holding ESC and CR in the middle of the log (not a row being written: it is not the last) is
+    refused, the cell shown escaped; the last row without a step (a run is writing it) is still left out."""
+    _run_folder(tmp_path)
+    path = tmp_path / "train_log.csv"
+    lines = path.read_text().splitlines()
+    lines[5] = '"1\x1b[2J\rx"' + lines[5][lines[5].index(",") :]
+    path.write_text("\n".join(lines) + "\n")
+    assert plot.main([str(tmp_path)]) == 2
+    line = _one_error(capsys)
+    assert "\x1b" not in line and "\r" not in line, repr(line)
+    assert f"{path}:6: column 'step' is '1\\x1b[2J\\rx', expected a number" in line
+    path.write_text("\n".join(lines[:5] + lines[6:] + ['"1\x1b']) + "\n")  # the last row: left out
+    assert [r["step"] for r in plot.read_rows(path)] == [float(s) for s in range(1, 41) if s != 5]
+
+
+def test_a_fifo_as_a_log_is_refused_not_waited_on(tmp_path, capsys):
+    import os
+
+    os.mkfifo(tmp_path / "train_log.csv")  # no writer: an open() for reading would wait for ever
+    with within(10):
+        assert plot.main([str(tmp_path)]) == 2
+    assert f"{tmp_path / 'train_log.csv'}: is a FIFO (named pipe)" in _one_error(capsys)

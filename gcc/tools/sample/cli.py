@@ -34,6 +34,8 @@ from tqdm import tqdm
 from gcc import exit_codes
 from gcc.cli import folder_problem, run_tool
 from gcc.geometry import Geometry
+from gcc.inputs import shown
+from gcc.names import UnsafeName, check_component
 from gcc.sampling.media import FPS, write_json
 from gcc.sampling.sampler import clip_noise, sample_latents, sync
 from gcc.sampling.vae import VaeError, find_vae_file
@@ -118,7 +120,7 @@ class SetProgress:
     def clip_bar(self, n: int, cid: str, device) -> Callable[[], None]:
         self._bar = tqdm(
             total=self.steps,
-            desc=f"[{n + 1}/{self.n_clips}] {cid}",
+            desc=f"[{n + 1}/{self.n_clips}] {shown(cid)}",
             unit="step",
             leave=False,
             mininterval=1.0,
@@ -186,7 +188,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     if a.model not in PRESETS:
         raise SampleError(f"--model {a.model!r}: unknown preset; known: {sorted(PRESETS)}")
     if a.ckpt:
-        vocab, ckpt_kind = ckpt_vocab(a.ckpt, a.vocab)
+        vocab, ckpt_kind = ckpt_vocab(a.ckpt, a.vocab, a.model)
     else:
         vocab, ckpt_kind = a.vocab or "parts", "base"
         if not a.model_dir:
@@ -207,8 +209,14 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         )
     try:
         wanted = parse_clip_ids(a.clip_ids) if a.clip_ids else None
+        # a clip id of the data is a checked name (gcc/names.py): one that is not cannot be there, and is shown
+        # escaped, never printed raw (docs/training.md, "Trust and safety")
+        for cid in wanted or ():
+            check_component(cid, "--clip_ids: clip id")
     except UnicodeDecodeError as e:  # an @file that is not text
-        raise SampleError(f"--clip_ids {a.clip_ids}: not UTF-8 text (byte {e.start})") from None
+        raise SampleError(f"--clip_ids {shown(a.clip_ids)}: not UTF-8 text (byte {e.start})") from None
+    except UnsafeName as e:
+        raise SampleError(f"{e}; no clip of the data has such an id") from None
     rows = src.rows_for(wanted)
     clip_ids = select_clips(rows, wanted, a.val_n)
     if vae_path is not None:
@@ -236,7 +244,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         geo = Geometry.from_shapes(lat.shape, src.table.shape)
         sem_ids = clip.sem_ids()
         if sem_ids.shape != geo.sem_shape:
-            raise SampleError(f"clip {cid}: sem ids {sem_ids.shape} do not match latents {tuple(lat.shape)}")
+            raise SampleError(f"clip {shown(cid)}: sem ids {sem_ids.shape} do not match latents {tuple(lat.shape)}")
         sem = sem_ids if vocab == "parts" else collapse_parts(sem_ids)
         if a.sem_mode == "unknown":
             sem = np.full_like(sem, UNKNOWN)
@@ -273,7 +281,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         progress.clip_done(time.perf_counter() - t_data)
         for k in tot:
             tot[k] += row["timings"][k]
-        logger.info("[%d/%d] %s: %s (%.1fs sampling)", n + 1, len(clip_ids), cid, judge.describe(row), t1 - t0)
+        logger.info("[%d/%d] %s: %s (%.1fs sampling)", n + 1, len(clip_ids), shown(cid), judge.describe(row), t1 - t0)
 
     metrics = {
         "ckpt": str(a.ckpt) if a.ckpt else "",

@@ -4,36 +4,33 @@ from __future__ import annotations
 
 import os
 
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 
 from gcc.cli import input_file_problem
+from gcc.inputs import shown
 from gcc.tools.sample.errors import SampleError
 
 
-def ckpt_vocab(path: str | os.PathLike, requested: str | None) -> tuple[str, str]:
-    """(vocab, kind) of a checkpoint: a gc25d export's metadata vocab (checked in full by `check_gc_ckpt`; a
-    `requested` vocab that differs is an error), or `requested` (default parts) for a plain Wan export."""
+def ckpt_vocab(path: str | os.PathLike, requested: str | None, model: str | None = None) -> tuple[str, str]:
+    """(vocab, kind) of a checkpoint: a gc25d export's metadata vocab (a `requested` vocab that differs is an
+    error), or `requested` (default parts) for a plain Wan export. Its header alone is read and checked against
+    the `model` preset (`gcc.model.export.read_export`: key set, dtypes, shapes), before any model is built."""
     # heavy (diffsynth, ~4 s): gcc-sample imports this module; keeps --help and argument errors fast
-    from gcc.model.export import GcCkptError, check_gc_ckpt
+    from gcc.model.export import GcCkptError, read_export
 
     path = str(path)
     problem = input_file_problem(path)
     if problem:
-        raise SampleError(f"--ckpt {path}: {problem} (expected a .safetensors export)")
+        raise SampleError(f"--ckpt {shown(path)}: {problem} (expected a .safetensors export)")
     try:
-        with safe_open(path, "pt") as fh:
-            meta = fh.metadata() or {}
-    except Exception as e:
-        raise SampleError(f"--ckpt {path}: cannot be read as safetensors: {e}") from None
-    if meta.get("format") != "gc25d":
-        return requested or "parts", "wan"
-    try:
-        info = check_gc_ckpt(path)
+        info = read_export(path, preset=model, vocab=None, allow_wan=True)
     except GcCkptError as e:
-        raise SampleError(str(e)) from None
+        raise SampleError(f"--ckpt {e}" + (f" (the model: --model {model!r})" if model else "")) from None
+    if info["kind"] == "wan":
+        return requested or "parts", "wan"
     if requested is not None and info["vocab"] != requested:
         raise SampleError(
-            f"--ckpt {path} has vocab {info['vocab']!r} (metadata), but --vocab {requested!r} was requested"
+            f"--ckpt {shown(path)} has vocab {info['vocab']!r} (metadata), but --vocab {requested!r} was requested"
         )
     return info["vocab"], "gc25d"
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from gcc.geometry import Geometry, latent_frame_spans
+from gcc.inputs import shown
 from gcc.sampling.decoders import SynthDecoder
 from gcc.sampling.media import sheet_rows, write_contact_sheet, write_json, write_panels_mp4
 from gcc.sampling.metrics import video_metrics
@@ -64,7 +65,7 @@ class VaeJudge:
             sync(device)
         t3 = time.perf_counter()
         if gen.shape != gt.shape:
-            raise SampleError(f"clip {cid}: decoded video {gen.shape} differs from the ground truth {gt.shape}")
+            raise SampleError(f"clip {shown(cid)}: decoded video {gen.shape} differs from the ground truth {gt.shape}")
         m = video_metrics(gen, gt, ssim=not a.no_ssim, device=device)
         rm = video_metrics(recon, gt, ssim=not a.no_ssim, device=device) if recon is not None else None
         write_panels_mp4(out / f"{cid}.mp4", gt, gen, colorize(sem, self.vocab), fps=a.fps)
@@ -151,17 +152,17 @@ class SynthJudge:
         spans, labels, sheet = latent_frame_spans(geo.T), [], []
         for k in sheet_rows(geo.T):
             _lo, hi = spans[k]
-            shown = hi - 1  # the last pixel frame of the latent frame: the condition as the model saw it there
-            sheet.append([p[shown] for p in panels])
+            last = hi - 1  # the last pixel frame of the latent frame: the condition as the model saw it there
+            sheet.append([p[last] for p in panels])
             what = "given" if k == 0 else f"agreement {_fmt(frames[k]['class_agreement'], 2)}"
-            labels.append(f"latent frame {k}\npixel frame {shown}\n{what}")
+            labels.append(f"latent frame {k}\npixel frame {last}\n{what}")
         present = np.unique(np.concatenate([gt.ravel(), gen.ravel(), np.unique(sem)]))
         write_contact_sheet(
             out / f"{cid}.png",
             sheet,
             ["GT classes", "generated classes", "condition (model input)"],
             labels,
-            f"{cid}: class agreement {_fmt(row['class_agreement'], 3)} (latent frames 1..)",
+            f"{shown(cid)}: class agreement {_fmt(row['class_agreement'], 3)} (latent frames 1..)",
             present,
             self.vocab,
         )
@@ -178,7 +179,7 @@ class SynthJudge:
 
     @staticmethod
     def summary(metrics: dict[str, Any]) -> str:
-        per = ", ".join(f"{c} {_fmt(r['class_agreement'], 2)}" for c, r in metrics["clips"].items())
+        per = ", ".join(f"{shown(c)} {_fmt(r['class_agreement'], 2)}" for c, r in metrics["clips"].items())
         mean = metrics["mean"]
         return (
             f"class agreement, generated vs GT class per latent cell (latent frames 1..): mean "
