@@ -31,7 +31,9 @@ from hypothesis import HealthCheck, settings
 from gcc import exit_codes
 
 CODES = frozenset(v for k, v in vars(exit_codes).items() if k.isupper() and isinstance(v, int))
-TIME_LIMIT_S = 30.0  # a case that runs longer is a hang (the largest honest case takes a few seconds)
+TIME_LIMIT_S = (
+    120.0  # a case that runs longer is a hang (the largest honest case takes seconds, its first imports included)
+)
 SCALE = float(os.environ.get("GCC_FUZZ_EXAMPLES", "1"))
 
 settings.register_profile(
@@ -113,6 +115,11 @@ class Outcome:
     out: str
     err: str
     seconds: float
+
+    # subprocess.CompletedProcess's names, so that a check written for a process reads an outcome too
+    returncode = property(lambda self: self.code)
+    stdout = property(lambda self: self.out)
+    stderr = property(lambda self: self.err)
 
     def __str__(self) -> str:
         return f"{self.prog} {self.argv} -> {self.code} in {self.seconds:.1f} s\n{(self.out + self.err)[-3000:]}"

@@ -278,7 +278,6 @@ def test_gcc_inspect_answers_any_export(dataset, blob):
     before = digest_tree(case)
     o = run_entry("gcc-inspect", [str(case / "export.safetensors")])
     assert_clean(o)
-    assert o.seconds < 10, o  # a header is read, no model is built from a crafted key
     assert digest_tree(case) == before, o
 
 

@@ -19,30 +19,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from hostile import Outcome, run_entry
 from test_cli import ROOT
-
-from gcc.data.convert import main as convert_main
-from gcc.synth.world import main as synth_main
-from gcc.tools.inspect_ckpt import main as inspect_main
-from gcc.tools.maskstats import main as maskstats_main
-from gcc.tools.plot import main as plot_main
-from gcc.tools.sample.cli import main as sample_main
-from gcc.training.entry import main as train_main
 
 BIN = Path(sys.executable).parent
 YAML = str(ROOT / "yamls" / "tiny_cpu.yaml")
 TRAIN = [sys.executable, str(ROOT / "gcc" / "train.py")]
 COMPOSER = [str(BIN / "composer"), "-n", "2", str(ROOT / "gcc" / "train.py")]
-# each program's main(argv), as its console script (pyproject.toml) or gcc/train.py calls it
-MAINS: dict[str, Callable[[list[str]], int]] = {
-    "gcc.train": train_main,
-    "convert_data": convert_main,
-    "gcc-synth": synth_main,
-    "gcc-inspect": inspect_main,
-    "gcc-plot": plot_main,
-    "gcc-maskstats": maskstats_main,
-    "gcc-sample": sample_main,
-}
 
 
 def env() -> dict:
@@ -56,21 +39,10 @@ def run(cmd: list[str], timeout: float = 300, preexec_fn=None) -> subprocess.Com
 
 
 @pytest.fixture
-def call(in_process, capsys, monkeypatch):
-    """`call(prog, argv)`: the program's main(argv) in this process, as a CompletedProcess of what it printed (an
-    argparse error's SystemExit is its exit code, as for the process)."""
-
-    def call(prog: str, argv: list[str]) -> subprocess.CompletedProcess:
-        monkeypatch.setattr(sys, "argv", [prog])
-        capsys.readouterr()
-        try:
-            code = MAINS[prog](argv)
-        except SystemExit as e:
-            code = e.code
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess([prog, *argv], code, out, err)
-
-    return call
+def call(in_process) -> Callable[[str, list[str]], Outcome]:
+    """`call(prog, argv)`: the program's main(argv) in this process (tests/hostile.py `run_entry`): its exit code
+    (an argparse error's SystemExit is its exit code, as for the process) and what it printed."""
+    return run_entry
 
 
 TRAINER_VERDICTS = ("config error: ", "refused: ", "damaged data: ", "storage unavailable: ")

@@ -4,15 +4,14 @@ tests/training/test_train_e2e.py, test_exact_resume_after_sigkill.)"""
 
 from __future__ import annotations
 
-import contextlib
 import math
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from _gc_helpers import export_metadata, tiny_dit
+from hostile import time_limit
 
 from gcc.model.export import save_gc
 from gcc.tools.compare import main
@@ -224,23 +223,6 @@ def test_bad_input_is_exit_2_naming_it(uninterrupted, tmp_path, capsys):
     assert r.stderr.strip() == f"gcc-compare: error: {empty / 'train_log.csv'}: not found; is {empty} a run folder?"
 
 
-@contextlib.contextmanager
-def within(seconds: float):
-    """Fail, not hang, when the block takes longer than `seconds` (SIGALRM: the main thread). pytest's failure is
-    no Exception, so that no tool's error handling turns it into an answer."""
-
-    def expired(*_):
-        pytest.fail(f"still running after {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
-
 def _one_error(capsys) -> str:
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
@@ -298,6 +280,6 @@ def test_a_fifo_as_a_log_is_refused_not_waited_on(uninterrupted, tmp_path, capsy
     b = write_run(tmp_path / "b", launch=1, exports=False)
     (b / "val_log.csv").unlink()
     os.mkfifo(b / "val_log.csv")  # no writer: an open() for reading would wait for ever
-    with within(10):
+    with time_limit(10):
         assert main([str(uninterrupted), str(b)]) == 2
     assert f"{b / 'val_log.csv'}: is a FIFO (named pipe)" in _one_error(capsys)

@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 import pytest
+from hostile import time_limit
 from PIL import Image
-from test_compare import within
 
 from gcc.tools import plot
 from gcc.training.callbacks import TRAIN_COLUMNS, VAL_COLUMNS
@@ -164,6 +164,6 @@ def test_a_fifo_as_a_log_is_refused_not_waited_on(tmp_path, capsys):
     import os
 
     os.mkfifo(tmp_path / "train_log.csv")  # no writer: an open() for reading would wait for ever
-    with within(10):
+    with time_limit(10):
         assert plot.main([str(tmp_path)]) == 2
     assert f"{tmp_path / 'train_log.csv'}: is a FIFO (named pipe)" in _one_error(capsys)
