@@ -195,6 +195,25 @@ def atomic_copy(src: str | os.PathLike, path: str | os.PathLike, root: str | os.
         shutil.copyfileobj(source, f, 1 << 24)
 
 
+NAME_MAX, PATH_MAX = 255, 4096  # bytes of one path component and of a whole path (Linux)
+
+
+def local_path_problem(path: str) -> str | None:
+    """Why `path` cannot name a local file or folder: empty (it would be the current folder), a NUL character, a
+    component over NAME_MAX bytes or a path over PATH_MAX bytes. None if it can."""
+    if not path:
+        return "empty, expected a folder"
+    if "\0" in path:
+        return "holds a NUL character"
+    raw = os.fsencode(path)
+    if len(raw) >= PATH_MAX:
+        return f"{len(raw)} bytes long, more than a path may be ({PATH_MAX - 1})"
+    long = next((c for c in raw.split(b"/") if len(c) > NAME_MAX), None)
+    if long is not None:
+        return f"a component of {len(long)} bytes, more than {NAME_MAX} ({long[:40].decode(errors='replace')}...)"
+    return None
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
