@@ -145,3 +145,20 @@ def test_a_second_run_sharing_a_cache_dir_is_refused_naming_the_first(e2e_shards
         lock.release()
     _, lock = _prepare(_cfg(second, e2e_shards, f"data.cache_dir={cache}"))
     lock.release()
+
+
+def test_the_prefix_record_is_copied_into_a_fresh_run_folder_only_by_a_launch_that_passed(
+    e2e_shards, tmp_path, s3_bucket
+):
+    """A run folder with no run.json takes the checkpoint prefix's (a fresh machine): not when the launch is then
+    refused (another run's signature), and once it passes, written as the prefix holds it."""
+    prefix = f"{s3_bucket}/run"
+    _, lock = _prepare(_cfg(tmp_path / "first", e2e_shards, f"checkpoint_dir={prefix}"))
+    lock.release()
+    fresh = tmp_path / "fresh"
+    with pytest.raises(Refusal, match="different signature"):
+        _prepare(_cfg(fresh, e2e_shards, f"checkpoint_dir={prefix}", "seed=7"))
+    assert not (fresh / "run.json").exists()
+    _, lock = _prepare(_cfg(fresh, e2e_shards, f"checkpoint_dir={prefix}"))
+    lock.release()
+    assert (fresh / "run.json").read_bytes() == (tmp_path / "first" / "run.json").read_bytes()
