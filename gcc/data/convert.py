@@ -412,7 +412,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--src", required=True, help="prepared data root (holds index/, latents/, sem/, meta/, text/, READY)"
     )
     p.add_argument(
-        "--out", required=True, help="output: a local folder or s3://bucket/prefix (S3_ENDPOINT_URL honoured)"
+        "--out",
+        required=True,
+        help="output: a local folder or s3://bucket/prefix (S3_ENDPOINT_URL honoured), new or empty or an earlier "
+        "convert_data output (never a prepared dataset or another tool's folder)",
     )
     p.add_argument(
         "--name",
