@@ -5,8 +5,10 @@ Rank 0's checks (`prepare_run`) are called in this process; the config's in the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -162,3 +164,27 @@ def test_the_prefix_record_is_copied_into_a_fresh_run_folder_only_by_a_launch_th
     _, lock = _prepare(_cfg(fresh, e2e_shards, f"checkpoint_dir={prefix}"))
     lock.release()
     assert (fresh / "run.json").read_bytes() == (tmp_path / "first" / "run.json").read_bytes()
+
+
+@pytest.mark.slow
+def test_a_live_run_keeps_its_cache_dir_when_a_second_run_names_it(e2e_shards, tmp_path):
+    """Two launches, one data.cache_dir: the second is refused (exit 3) naming the first, which trains on to its
+    end with its Streaming shared memory intact (the second's start would have released it)."""
+    from _launch import finish, launch, rows, start_bg, wait_for_step
+
+    cache = tmp_path / "cache"
+    first = start_bg(tmp_path / "first", e2e_shards, f"data.cache_dir={cache}", "max_steps=6", direct=True)
+    try:
+        wait_for_step(tmp_path / "first", 1, first)
+        r = launch(tmp_path / "second", e2e_shards, f"data.cache_dir={cache}", "max_steps=6", direct=True)
+        assert r.returncode == exit_codes.REFUSED, r.stdout[-2000:] + r.stderr[-2000:]
+        assert f"another live run holds {cache / 'node0' / '.lock'}" in r.stderr, r.stderr[-2000:]
+        assert f"run {tmp_path / 'first'}" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+        out, err = finish(first, 600, both=True)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):  # the first launch's whole session, if it still runs
+            os.killpg(first.pid, signal.SIGKILL)
+        first.communicate()
+        raise
+    assert first.returncode == 0, out[-2000:] + err[-3000:]
+    assert max(int(row["step"]) for row in rows(tmp_path / "first")) == 6
