@@ -161,10 +161,10 @@ def cache_dir(cfg: TrainConfig) -> Path:
 
 
 def hold_cache(cfg: TrainConfig, lock: RunLock) -> None:
-    """A run's own `data.cache_dir` is locked by its node's local rank 0 (`RunLock.hold_cache`): a second run
-    sharing it is refused, naming the holder. The default cache is inside the run folder: the run lock covers it."""
-    if cfg.data.cache_dir:
-        lock.hold_cache(cache_dir(cfg))
+    """The node's shard cache is locked by its local rank 0 (`RunLock.hold_cache`): a second run sharing it (a
+    `data.cache_dir` of its own, or one naming this run's default `<run_dir>/cache`) is refused, naming the
+    holder, before its start could release this run's live Streaming shared memory."""
+    lock.hold_cache(cache_dir(cfg))
 
 
 def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
@@ -172,7 +172,6 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
     check runs before the first write: a refused launch leaves the run folder as it was (but its lock file and a
     line in train.log), and the checkpoint prefix too."""
     lock.acquire()
-    hold_cache(cfg, lock)
     run_dir = Path(cfg.run_dir)
     check_run_folder(run_dir)
     try:
@@ -208,6 +207,7 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
     if latest is None and not (cfg.autoresume and committed is not None and committed.checkpoint):
         # nothing to resume: a start from step 0
         check_fresh_start(cfg, run_dir, committed, repair.doomed if repair is not None else ())
+    hold_cache(cfg, lock)  # the last check (the default cache is in the run folder: its lock file is a first write)
     # only now, every check passed, the first writes: a refused launch leaves the prefix (and its live owner) and
     # the run folder alone
     if store is not None:
@@ -299,8 +299,6 @@ def fetch_on_this_node(cfg: TrainConfig, start: RunStart, lock: RunLock) -> None
     rank 0 resumes from, unless its folder holds it file for file as committed (the manifest rank 0 read). A node
     that cannot is a Refusal on every rank."""
     fetch = bool(cfg.checkpoint_dir and start.resumed_from)
-    if not (fetch or cfg.data.cache_dir):
-        return
     name, run_dir, files = Path(start.resumed_from).name, Path(cfg.run_dir), start.committed_files
     refused = ""
     if dist.get_local_rank() == 0 and dist.get_global_rank() != 0:

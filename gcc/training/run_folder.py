@@ -33,7 +33,7 @@ from gcc.compat.composer import CHECKPOINT_RE, LATEST_LINK
 from gcc.compat.torch import DCP_METADATA
 from gcc.errors import Refusal
 from gcc.locks import LockHeld, take_flock
-from gcc.storage import atomic_write, sha256_file
+from gcc.storage import atomic_write, open_folder, sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -372,8 +372,9 @@ def set_aside(run_dir: Path, stamp: str) -> Path:
     """Start over on purpose (`allow_existing: true`): move everything a run wrote into
     `<run_dir>/replaced/<stamp>/`, so that nothing is lost; run.json (the same signature) and the cache stay."""
     run_dir = Path(run_dir)
+    os.close(open_folder(run_dir, REPLACED))  # a link there is refused: what the run wrote stays in the run folder
     dest = run_dir / REPLACED / stamp
-    dest.mkdir(parents=True, exist_ok=False)
+    dest.mkdir(exist_ok=False)
     for pattern in OUTPUTS:
         for p in sorted(run_dir.glob(pattern)):
             os.replace(p, dest / p.name)

@@ -130,12 +130,15 @@ def test_an_export_that_is_a_link_is_refused_naming_it(target, e2e_shards, tmp_p
     assert _files(run_dir) == before
 
 
-def test_a_second_run_sharing_a_cache_dir_is_refused_naming_the_first(e2e_shards, tmp_path):
-    """Two runs, one data.cache_dir: the second is refused naming the first (whose live Streaming shared memory its
-    start would otherwise release), and writes nothing; once the first has ended, it starts."""
-    cache = tmp_path / "cache"
+@pytest.mark.parametrize("shared_cache", ["data.cache_dir", "the first's default"])
+def test_a_second_run_sharing_a_cache_dir_is_refused_naming_the_first(shared_cache, e2e_shards, tmp_path):
+    """Two runs, one shard cache (both name it, or the second names the first's default `<run_dir>/cache`): the
+    second is refused naming the first (whose live Streaming shared memory its start would otherwise release), and
+    writes nothing; once the first has ended, it starts."""
     first, second = tmp_path / "first", tmp_path / "second"
-    _, lock = _prepare(_cfg(first, e2e_shards, f"data.cache_dir={cache}"))
+    cache = tmp_path / "cache" if shared_cache == "data.cache_dir" else first / "cache"
+    own = [f"data.cache_dir={cache}"] if shared_cache == "data.cache_dir" else []
+    _, lock = _prepare(_cfg(first, e2e_shards, *own))
     try:
         with pytest.raises(Refusal) as refused:
             _prepare(_cfg(second, e2e_shards, f"data.cache_dir={cache}"))
