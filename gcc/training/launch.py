@@ -3,10 +3,12 @@ work (docs/design.md §9.3, §9.5) and every rank then acts on (`RunStart`):
 
 1. `agree_on_start`: rank 0 runs `prepare_run` and broadcasts its verdict, so that every rank starts, refuses or
    fails on the config alike;
-2. `prepare_run`, under the run lock: the data's manifest (`read_manifest_bytes`, `check_data`), the checkpoint
-   prefix's run record (`adopt_remote_record`), the run signature against run.json (`run_signature`,
-   `run_folder.check_identity`), the checkpoint folder repaired, the prefix claimed and its last commit fetched,
-   or a start from step 0 checked not to destroy anything (`check_fresh_start`);
+2. `prepare_run`, under the run lock, every check first: the run folder's entries (`run_folder.check_run_folder`),
+   the data's manifest (`read_manifest_bytes`, `check_data`), the checkpoint prefix's run record
+   (`adopt_remote_record`), the run signature against run.json (`run_signature`, `run_folder.identity`), the
+   checkpoint folder's repair planned, a start from step 0 checked not to destroy anything (`check_fresh_start`),
+   the node's shard cache locked (`hold_cache`); then the writes: the prefix claimed, run.json written, the
+   checkpoint folder repaired, the prefix's last commit fetched;
 3. `fetch_on_this_node`: with a checkpoint prefix, every node gets the checkpoint that rank 0 resumes from.
 
 A Refusal ends the launch with exit 3 and a ConfigError with exit 2, on every rank (gcc/exit_codes.py).

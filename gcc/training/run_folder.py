@@ -43,8 +43,8 @@ CKPT_RE, LATEST = CHECKPOINT_RE, LATEST_LINK
 
 # ---- lock ---------------------------------------------------------------------------------------------
 class RunLock:
-    """The run folder's lock (`<run_dir>/.lock`), held by global rank 0 for the life of the process, and the shard
-    cache's (`hold_cache`) when the run names its own `data.cache_dir`: one run at a time in each."""
+    """The run folder's lock (`<run_dir>/.lock`), held by global rank 0 for the life of the process, and the node's
+    shard cache's (`hold_cache`), held by the node's local rank 0: one run at a time in each."""
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / ".lock"
