@@ -593,6 +593,9 @@ def write_prepared(
             elif p.is_symlink() or p.exists():
                 p.unlink()  # a link goes, never what it points to
     root.mkdir(parents=True, exist_ok=True)
+    # the mark first: a folder this writes, even one cut short (no READY yet), is its own to --overwrite
+    marker = {"generator": "gcc.synth.world", "seed": int(seed), "clips": int(clips), "geometry": g.as_dict()}
+    atomic_write(root / MARKER, (json.dumps(marker) + "\n").encode(), root=root)
     t0 = time.time()
     rows, tars = [], {}
     for i in range(clips):
@@ -605,8 +608,6 @@ def write_prepared(
         atomic_write(root / "raw" / subset / scene / f"{run}.tar", _tar_bytes(members), root=root)
     atomic_write(root / "text" / "table.safetensors", _safetensors_bytes(make_text_table(g, seed)), root=root)
     atomic_write(root / "index" / "clips.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode(), root=root)
-    marker = {"generator": "gcc.synth.world", "seed": int(seed), "clips": int(clips), "geometry": g.as_dict()}
-    atomic_write(root / MARKER, (json.dumps(marker) + "\n").encode(), root=root)
     atomic_write(root / "READY", b"", root=root)
     return root
 

@@ -177,6 +177,24 @@ def test_overwrite_never_replaces_real_prepared_data(tmp_path, capsys):
     assert all_files(root) == before
 
 
+def test_overwrite_replaces_a_dataset_cut_short(tmp_path, monkeypatch):
+    """gcc-synth killed mid-write (no READY yet) left its mark first: --overwrite replaces what it wrote."""
+    calls = []
+
+    def dies(*a, **k):
+        calls.append(1)
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(synth, "write_clip", dies)
+        with pytest.raises(KeyboardInterrupt):
+            synth.make_prepared(tmp_path, clips=2)
+    root = tmp_path / "prepared"
+    assert calls and not (root / "READY").exists()
+    assert synth.main(["--out", str(root), "--clips", "2", "--geometry", "tiny", "--overwrite"]) == 0
+    assert (root / "READY").exists() and len(rows_of(root)) == 2
+
+
 def test_overwrite_removes_a_link_in_the_layout_never_what_it_points_to(tmp_path, capsys):
     root = synth.make_prepared(tmp_path, clips=1, seed=0)
     outside = tmp_path / "elsewhere"
