@@ -128,22 +128,28 @@ def _exclusive_temporary(
     try:
         if _what_is(folder, path.name) == "a symbolic link":
             raise _refuse(path, shown_root, "a symbolic link")
-        fd = _create_exclusive(folder, tmp_name)
         try:
+            fd = _create_exclusive(folder, tmp_name)
             try:
                 yield path.with_name(tmp_name), fd
             finally:
                 os.close(fd)
             # the writer may have replaced the temporary (a library writing its own temporary, then renaming): the
             # name is opened again, never through a link, and must be a regular file
-            fd = os.open(tmp_name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
             try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                fd = os.open(tmp_name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+            except OSError as e:
+                if e.errno != errno.ELOOP:
+                    raise
+                fd = -1
+            try:
+                if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
                     raise LinkRefused(f"{path.with_name(tmp_name)}: not a regular file once written")
                 os.fsync(fd)
                 os.fchmod(fd, mode if mode is not None else 0o666 & ~umask())
             finally:
-                os.close(fd)
+                if fd >= 0:
+                    os.close(fd)
             os.replace(tmp_name, path.name, src_dir_fd=folder, dst_dir_fd=folder)
         except BaseException as e:
             with contextlib.suppress(FileNotFoundError):
