@@ -1,5 +1,6 @@
-"""Node-wide file locks of this user: the folder that holds them, and an exclusive lock waited for with a timeout
-that names its holder."""
+"""File locks: node-wide ones of this user (the folder that holds them, and an exclusive lock waited for with a
+timeout that names its holder), and locks taken now or never (`take_flock`: the run folder's, the shard
+cache's), whose refusal names the live holder."""
 
 from __future__ import annotations
 
@@ -29,11 +30,49 @@ def user_lock_dir() -> Path:
     return d
 
 
+class LockHeld(Exception):
+    """A lock another live process holds; `holder` is what it wrote into the lock file (pid, host, run)."""
+
+    def __init__(self, path: Path, holder: str):
+        super().__init__(f"{path}: held by {holder}")
+        self.path, self.holder = path, holder
+
+
+def open_lock_file(path: Path, mode: int = 0o600) -> int:
+    """The lock file `path` opened for reading and writing, created if missing, never through a link (a planted one
+    would make the holder truncate its target). OSError otherwise (ELOOP for a link)."""
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+
+
+def _holder(fd: int) -> str:
+    return os.pread(fd, 200, 0).decode(errors="replace").strip() or "an unknown process"
+
+
+def _write_holder(fd: int, holder: str) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{holder}\n".encode(), 0)
+
+
+def take_flock(path: Path, holder: str, mode: int = 0o600) -> int:
+    """An exclusive flock on `path` (`open_lock_file`), taken now or never: LockHeld naming the live holder. The
+    holder text (who we are) is written into the file; returns the open descriptor (closing it releases the lock;
+    the kernel releases it on any exit)."""
+    fd = open_lock_file(path, mode)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder_now = _holder(fd)
+        os.close(fd)
+        raise LockHeld(path, holder_now) from None
+    _write_holder(fd, holder)
+    return fd
+
+
 def hold_flock(path: Path, timeout_s: float, what: str) -> int:
     """An exclusive flock on `path` (created 0600, never through a link), waited for at most `timeout_s`; returns
     the open descriptor (closing it releases the lock). The holder writes its pid into the file, so that a
     timeout can say who holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = open_lock_file(path)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -41,13 +80,12 @@ def hold_flock(path: Path, timeout_s: float, what: str) -> int:
             break
         except BlockingIOError:
             if time.monotonic() > deadline:
-                holder = os.pread(fd, 100, 0).decode(errors="replace").strip() or "an unknown process"
+                holder = _holder(fd)
                 os.close(fd)
                 raise LockTimeout(
                     f"{what}: {path} has been held by {holder} for more than {timeout_s:.0f} s; if "
                     f"that process is stuck, stop it, then relaunch"
                 ) from None
             time.sleep(0.05)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
+    _write_holder(fd, f"pid {os.getpid()}")
     return fd

@@ -4,17 +4,22 @@ S3 uses boto3 with the endpoint from `S3_ENDPOINT_URL`, the same variable Stream
 read, so one setting points the converter, the loader and Streaming at the same store. Every S3 client here and
 Streaming's shard downloads (`BoundedS3Downloader`) retry with botocore's standard mode, a bounded number of
 times (`s3_config`); a store that still does not answer raises `StorageUnavailable` naming the object.
-Writes are atomic where the store allows: local files go through `atomic_path` (a temporary name, fsync,
-rename, fsync of the folder); an S3 PUT is atomic. Every file the project must never leave half-written goes
-through `atomic_path` / `atomic_write`.
+Writes are atomic where the store allows: local files go through one writer (`atomic_path`, `atomic_write`,
+`atomic_copy`: a temporary in the destination folder created with O_CREAT|O_EXCL|O_NOFOLLOW, fsync, rename,
+fsync of the folder), which never writes through a symbolic link: neither the destination nor a folder between
+the output root and it may be one (docs/training.md, "Trust and safety"); an S3 PUT is atomic. Every file the
+project must never leave half-written goes through it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 import re
 import shutil
+import stat
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,35 +50,176 @@ def umask() -> int:
     return 0o022
 
 
-@contextmanager
-def atomic_path(path: str | os.PathLike, mode: int | None = None, suffix: str = "") -> Iterator[Path]:
-    """A temporary name beside `path` to write to (`<name>.tmp<pid><suffix>`: two processes never share one;
-    `suffix` for writers that choose the format by the extension, e.g. ".mp4" for ffmpeg). When the
-    block ends normally the file is fsynced, renamed over `path` and the folder fsynced, so a reader (or a
-    relaunch after a crash) sees the old file or the whole new one; if it raises, the temporary is removed (and a
-    write that found the disk full raises DiskFull naming `path`). The file gets `mode`, by default what the
-    user's umask gives a new file (0o644 under the usual 022), whatever mode its writer created it with."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}{suffix}")
+class LinkRefused(BadInput):
+    """A write whose destination, or a folder on its way inside the output root, is a symbolic link (or not a
+    folder): gcc never writes through one (docs/training.md, "Trust and safety"). The message names it."""
+
+
+def _refuse(where: Path, root: Path, found: str) -> LinkRefused:
+    return LinkRefused(f"{where}: {found} inside {root}; gcc never writes through one (remove it, or write elsewhere)")
+
+
+def _what_is(dir_fd: int, name: str) -> str:
     try:
-        yield tmp
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode if mode is not None else 0o666 & ~umask())
-        os.replace(tmp, path)
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        full = disk_full(e, path.parent, str(path)) if isinstance(e, Exception) else None
-        if full is not None:
-            raise full from e
+        st = os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return "missing"
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link"
+    return "a folder" if stat.S_ISDIR(st.st_mode) else "not a folder"
+
+
+def open_folder(root: str | os.PathLike, rel: str | os.PathLike = "") -> int:
+    """A descriptor of the folder `root/rel`, each folder of `rel` created if missing and opened without following a
+    link: one that is a link or not a folder is refused, naming it (LinkRefused). `root` itself is trusted (the
+    output folder the user named, created if missing). `rel` must stay inside `root` (no absolute path, no `..`)."""
+    root = Path(root)
+    parts = Path(rel).parts
+    if Path(rel).is_absolute() or ".." in parts:
+        raise LinkRefused(f"{root / rel}: not inside {root}")
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    where = root
+    try:
+        for part in parts:
+            where = where / part
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, dir_fd=fd)
+            try:
+                sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise _refuse(where, root, _what_is(fd, part)) from None
+                raise
+            os.close(fd)
+            fd = sub
+    except BaseException:
+        os.close(fd)
         raise
-    fsync_dir(path.parent)
+    return fd
 
 
-def atomic_write(path: str | os.PathLike, data: bytes | str, mode: int | None = None) -> None:
-    with atomic_path(path, mode) as tmp:
-        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+def _create_exclusive(dir_fd: int, name: str) -> int:
+    """`name` in the folder `dir_fd`, created by this call (O_EXCL) and never through a link (O_NOFOLLOW). A leftover
+    of a killed process of the same pid is unlinked first (unlinking a link removes the link, not its target)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(name, flags, 0o600, dir_fd=dir_fd)
+    except FileExistsError:
+        os.unlink(name, dir_fd=dir_fd)
+        return os.open(name, flags, 0o600, dir_fd=dir_fd)
+
+
+@contextmanager
+def _exclusive_temporary(
+    path: str | os.PathLike, mode: int | None, suffix: str, root: str | os.PathLike | None
+) -> Iterator[tuple[Path, int]]:
+    """The one writer (module docstring): (the temporary's path, its descriptor open for writing)."""
+    path = Path(path)
+    if root is None:
+        folder = open_folder(path.parent)
+        shown_root = path.parent
+    else:
+        try:
+            rel = path.parent.relative_to(root)
+        except ValueError:
+            raise LinkRefused(f"{path}: not inside {root}") from None
+        folder = open_folder(root, rel)
+        shown_root = Path(root)
+    tmp_name = f"{path.name}.tmp{os.getpid()}{suffix}"
+    try:
+        if _what_is(folder, path.name) == "a symbolic link":
+            raise _refuse(path, shown_root, "a symbolic link")
+        try:
+            fd = _create_exclusive(folder, tmp_name)
+            try:
+                yield path.with_name(tmp_name), fd
+            finally:
+                os.close(fd)
+            # the writer may have replaced the temporary (a library writing its own temporary, then renaming): the
+            # name is opened again, never through a link, and must be a regular file
+            try:
+                fd = os.open(tmp_name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+            except OSError as e:
+                if e.errno != errno.ELOOP:
+                    raise
+                fd = -1
+            try:
+                if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise LinkRefused(f"{path.with_name(tmp_name)}: not a regular file once written")
+                os.fsync(fd)
+                os.fchmod(fd, mode if mode is not None else 0o666 & ~umask())
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+            os.replace(tmp_name, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException as e:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp_name, dir_fd=folder)
+            full = disk_full(e, path.parent, str(path)) if isinstance(e, Exception) else None
+            if full is not None:
+                raise full from e
+            raise
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+@contextmanager
+def atomic_path(
+    path: str | os.PathLike, mode: int | None = None, suffix: str = "", root: str | os.PathLike | None = None
+) -> Iterator[Path]:
+    """A temporary name beside `path` to write to (`<name>.tmp<pid><suffix>`, created empty by this call: two
+    processes never share one; `suffix` for writers that choose the format by the extension, e.g. ".mp4" for
+    ffmpeg). When the block ends normally the file is fsynced, renamed over `path` and the folder fsynced, so a
+    reader (or a relaunch after a crash) sees the old file or the whole new one; if it raises, the temporary is
+    removed (and a write that found the disk full raises DiskFull naming `path`). The file gets `mode`, by default
+    what the user's umask gives a new file (0o644 under the usual 022), whatever mode its writer created it with.
+
+    Never through a link: `path` itself must not be one, nor any folder between `root` (the output folder the
+    caller writes into; default: `path`'s own folder) and `path` (LinkRefused naming it; missing folders are
+    created)."""
+    with _exclusive_temporary(path, mode, suffix, root) as (tmp, _):
+        yield tmp
+
+
+def atomic_write(
+    path: str | os.PathLike, data: bytes | str, mode: int | None = None, root: str | os.PathLike | None = None
+) -> None:
+    """`data` into `path` through `atomic_path`'s writer, written to the descriptor it created."""
+    data = data.encode() if isinstance(data, str) else data
+    with _exclusive_temporary(path, mode, "", root) as (_, fd), open(fd, "wb", closefd=False) as f:
+        f.write(data)
+
+
+def atomic_copy(src: str | os.PathLike, path: str | os.PathLike, root: str | os.PathLike | None = None) -> None:
+    """A copy of the file `src` into `path` through `atomic_path`'s writer (never through a link, never half
+    written)."""
+    with (
+        open(src, "rb") as source,
+        _exclusive_temporary(path, None, "", root) as (_, fd),
+        open(fd, "wb", closefd=False) as f,
+    ):
+        shutil.copyfileobj(source, f, 1 << 24)
+
+
+NAME_MAX, PATH_MAX = 255, 4096  # bytes of one path component and of a whole path (Linux)
+
+
+def local_path_problem(path: str) -> str | None:
+    """Why `path` cannot name a local file or folder: empty (it would be the current folder), a NUL character, a
+    component over NAME_MAX bytes or a path over PATH_MAX bytes. None if it can."""
+    if not path:
+        return "empty, expected a folder"
+    if "\0" in path:
+        return "holds a NUL character"
+    raw = os.fsencode(path)
+    if len(raw) >= PATH_MAX:
+        return f"{len(raw)} bytes long, more than a path may be ({PATH_MAX - 1})"
+    long = next((c for c in raw.split(b"/") if len(c) > NAME_MAX), None)
+    if long is not None:
+        return f"a component of {len(long)} bytes, more than {NAME_MAX} ({long[:40].decode(errors='replace')}...)"
+    return None
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -246,34 +392,36 @@ def read_bytes(url: str) -> bytes:
         return _s3().get_object(Bucket=bucket, Key=key)["Body"].read()
 
 
-def write_bytes(url: str, data: bytes, mode: int | None = None) -> None:
-    """Atomic write: a reader sees the old file, or the complete new one, never part of it."""
+def write_bytes(url: str, data: bytes, mode: int | None = None, root: str | None = None) -> None:
+    """Atomic write: a reader sees the old file, or the complete new one, never part of it. Local: `atomic_write`
+    (never through a link between `root` and the file)."""
     if is_remote(url):
         bucket, key = _split_s3(url)
         with _unreachable_named(url):
             _s3().put_object(Bucket=bucket, Key=key, Body=data)
         return
-    atomic_write(url, data, mode)
+    atomic_write(url, data, mode, root)
 
 
-def upload_file(local: str, url: str) -> None:
+def upload_file(local: str, url: str, root: str | None = None) -> None:
+    """The file `local` to `url`: an S3 PUT, or locally `atomic_copy` (never through a link between `root` and
+    `url`, never half written)."""
     if is_remote(url):
         bucket, key = _split_s3(url)
         with _unreachable_named(url):
             _s3().upload_file(str(local), bucket, key)
     else:
-        Path(url).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(local, url)
+        atomic_copy(local, url, root)
 
 
 def download_file(url: str, local: str) -> None:
-    Path(local).parent.mkdir(parents=True, exist_ok=True)
     if is_remote(url):
+        Path(local).parent.mkdir(parents=True, exist_ok=True)
         bucket, key = _split_s3(url)
         with _unreachable_named(url):
             _s3().download_file(bucket, key, str(local))
     else:
-        shutil.copyfile(url, local)
+        atomic_copy(url, local)
 
 
 def remove_tree(url: str) -> None:

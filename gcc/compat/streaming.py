@@ -170,8 +170,10 @@ def release_stale_shm(local_dirs: Sequence[str | Path] | None = None, scan: int 
     After a SIGKILL, Streaming's shared memory outlives the process and a relaunch on the same cache folder
     fails with "Reused local directory". Streaming's `clean_stale_shared_memory()` would fix that by unlinking
     every Streaming segment on the node, other live jobs' included (their loaders then fail): never call it.
-    This removes only segments registered for our own folders (call it only while holding the run lock: no
-    live run uses them) or for folders that no longer exist. Returns the number of prefixes released."""
+    This removes only segments registered for our own folders (call it only while holding the lock of the cache
+    they are in, the run lock for a cache inside the run folder: then no live run uses them,
+    gcc/training/launch.py `hold_cache`) or for folders that no longer exist. Returns the number of prefixes
+    released."""
     return release_shm(shm_prefixes(local_dirs, scan))
 
 

@@ -9,6 +9,11 @@ How it stays correct when interrupted:
   (Streaming's MDSWriter writes `index.json` even when a write fails, so its presence proves nothing.)
 * `manifest.json` is written last; without it the output is not a dataset (the loader refuses it).
 
+What it writes over: only an empty folder (or prefix) or its own earlier output, which `OWNER` marks (written
+before anything else); never a prepared dataset or another tool's folder. Every file goes through the one writer
+(gcc/storage.py), which never writes through a symbolic link inside `--out` (docs/training.md, "Trust and
+safety").
+
 The dataset's `name` (`--name`, default `default_name`) is recorded in the manifest; training copies it into every
 export's metadata as `data`. It is not part of the conversion's signature (the shards do not depend on it).
 """
@@ -38,6 +43,7 @@ from gcc.data.layout import check_splits, clip_files, geometry_of, load_clip, re
 from gcc.data.shards import COLUMNS, FORMAT_VERSION, MANIFEST, SHARD_HASHES, SPLITS, TEXT_TABLE
 from gcc.errors import BadInput
 from gcc.geometry import Geometry
+from gcc.inputs import parse_json
 from gcc.names import UnsafeName, check_component
 from gcc.synth.decode import is_synthetic
 from gcc.vocab import key_to_id
@@ -47,6 +53,9 @@ logger = logging.getLogger(__name__)
 
 CONVERTER_VERSION = f"gcc-convert/{__version__}/format{FORMAT_VERSION}"
 DONE = "DONE.json"
+# the mark of convert_data's output: the only non-empty --out it writes into (`claim_output`)
+OWNER = ".gcc-convert.json"
+TOOL = "convert_data"
 
 
 # ---- plan, chunks, output ------------------------------------------------------------------------------
@@ -122,6 +131,8 @@ def write_chunk(plan: Plan, split: str, idx: int, rows: list[dict[str, Any]]) ->
                 storage.upload_file(str(p), storage.join(final, p.name))
             storage.upload_file(os.path.join(stage, DONE), storage.join(final, DONE))  # last: marks complete
         else:
+            if os.path.islink(final):  # rmtree refuses a link, and the rename would land beside its target
+                raise storage.LinkRefused(f"{final}: a symbolic link inside {plan.out}; gcc never writes through one")
             shutil.rmtree(final, ignore_errors=True)  # a partial chunk from a killed run
             os.replace(stage, final)
         return {"split": split, "chunk": idx, "clips": len(rows), "src_bytes": nbytes_src, "out_bytes": nbytes_out}
@@ -152,6 +163,8 @@ def make_plan(
     compression: str | None = DEFAULT_COMPRESSION,
     include_dropped: bool = False,
 ) -> Plan:
+    if not src.is_dir():
+        raise BadInput(f"{src}: {'not a folder' if src.exists() else 'no such folder'} (--src: the prepared data root)")
     if not (src / "READY").exists():
         raise BadInput(f"{src}: no READY file — the prepared data is incomplete (prep writes READY last)")
     rows = read_index(src)
@@ -199,6 +212,35 @@ def dataset_name(src: str | os.PathLike, name: str | None) -> str:
         raise BadInput(str(e)) from None
 
 
+def _is_empty(out: str) -> bool:
+    if storage.is_remote(out):
+        return not storage.list_prefix(out)
+    return not os.path.lexists(out) or (os.path.isdir(out) and not os.path.islink(out) and not os.listdir(out))
+
+
+def claim_output(out: str) -> bool:
+    """Whether `out` is convert_data's to write (True: it holds `OWNER`, or a manifest an earlier convert_data wrote
+    before that mark existed; False: empty, the mark is still to write); anything else is refused (BadInput): a
+    prepared dataset, another tool's folder, a file. Reads only."""
+    if _is_empty(out):
+        return False
+    if not storage.is_remote(out) and (os.path.islink(out) or not os.path.isdir(out)):
+        raise BadInput(f"--out {out}: not a folder")
+    mark = storage.join(out, OWNER)
+    if storage.exists(mark):
+        doc = parse_json(storage.read_bytes(mark), mark, "convert_data's mark")
+        if isinstance(doc, dict) and doc.get("tool") == TOOL:
+            return True
+        raise BadInput(f"{mark}: not the mark convert_data writes (expected an object with tool={TOOL!r})")
+    old = _existing_manifest(out)
+    if old is not None and str(old.get("converter_version", "")).startswith("gcc-convert/"):
+        return True
+    raise BadInput(
+        f"--out {out}: not empty and not convert_data's output (no {OWNER}); it could be a prepared dataset or "
+        f"another tool's folder, which convert_data never writes over: convert into a new or empty folder"
+    )
+
+
 def _existing_manifest(out: str) -> dict[str, Any] | None:
     url = storage.join(out, MANIFEST)
     if not storage.exists(url):
@@ -232,6 +274,7 @@ def convert(
     src = Path(src)
     plan = make_plan(src, out, chunk_clips, size_limit, compression, include_dropped)
     name = dataset_name(src, name)
+    owned = claim_output(out)
     old = _existing_manifest(out)
     if old is not None:
         if old.get("signature") == plan.signature:
@@ -258,9 +301,11 @@ def convert(
             f"{out}: holds a finished conversion of different input or settings (differs in: "
             f"{', '.join(diff)}); choose another --out or delete it"
         )
+    if not owned:  # before anything else: what follows is convert_data's to redo
+        storage.write_bytes(storage.join(out, OWNER), _mark(), root=_root(out))
     if not storage.is_remote(out):
         for split in SPLITS:
-            Path(out, split).mkdir(parents=True, exist_ok=True)
+            os.close(storage.open_folder(out, split))  # a link or a file in the way is refused
             for stale in Path(out, split).glob(".chunk_*"):  # staging left by a killed run
                 shutil.rmtree(stale, ignore_errors=True)
     chunks = plan.chunks()
@@ -296,14 +341,13 @@ def convert(
     for split in SPLITS:  # Streaming's merge_index logs a warning per call about its temp folder: mute it
         split_url = storage.join(out, split)
         idx_urls = [storage.join(split_url, chunk_name(i), "index.json") for s, i, _ in chunks if s == split]
-        with _quiet_logs():
+        with _quiet_logs(), tempfile.TemporaryDirectory() as tmp:
             if storage.is_remote(out):
-                with tempfile.TemporaryDirectory() as tmp:
-                    merge_index(idx_urls, (tmp, split_url))
-            elif idx_urls:
-                Path(split_url, "index.json").unlink(missing_ok=True)
-                merge_index(idx_urls, split_url)
-    storage.upload_file(str(src / "text" / "table.safetensors"), storage.join(out, TEXT_TABLE))
+                merge_index(idx_urls, (tmp, split_url))
+            elif idx_urls:  # merged beside, then through the writer (Streaming's own would follow a link)
+                merge_index(idx_urls, tmp)
+                storage.atomic_copy(Path(tmp, "index.json"), Path(split_url, "index.json"), root=out)
+    storage.upload_file(str(src / "text" / "table.safetensors"), storage.join(out, TEXT_TABLE), root=_root(out))
     manifest = {
         "name": name,
         "format_version": FORMAT_VERSION,
@@ -329,7 +373,7 @@ def convert(
         },
         "counts": {s: len(rows) for s, rows in plan.splits.items()},
     }
-    storage.write_bytes(storage.join(out, MANIFEST), json.dumps(manifest, indent=1).encode())
+    storage.write_bytes(storage.join(out, MANIFEST), json.dumps(manifest, indent=1).encode(), root=_root(out))
     secs = time.time() - t0
     done_clips = sum(r["clips"] for r in results)
     src_mb = sum(r["src_bytes"] for r in results) / 1e6
@@ -342,6 +386,15 @@ def convert(
         + f"); manifest {storage.join(out, MANIFEST)}"
     )
     return manifest
+
+
+def _root(out: str) -> str | None:
+    """The output root the local writer checks for links (None for S3)."""
+    return None if storage.is_remote(out) else out
+
+
+def _mark() -> bytes:
+    return (json.dumps({"tool": TOOL, "converter_version": CONVERTER_VERSION}) + "\n").encode()
 
 
 @contextlib.contextmanager
@@ -359,7 +412,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--src", required=True, help="prepared data root (holds index/, latents/, sem/, meta/, text/, READY)"
     )
     p.add_argument(
-        "--out", required=True, help="output: a local folder or s3://bucket/prefix (S3_ENDPOINT_URL honoured)"
+        "--out",
+        required=True,
+        help="output: a local folder or s3://bucket/prefix (S3_ENDPOINT_URL honoured), new or empty or an earlier "
+        "convert_data output (never a prepared dataset or another tool's folder)",
     )
     p.add_argument(
         "--name",

@@ -552,9 +552,9 @@ def write_clip(root: Path, seed: int, i: int, g: Geometry) -> tuple[dict[str, An
     ids, shade = render_clip(scene)
     cid = clip_id(i)
     lat = make_latents(ids, scene.context_keys, g, np.random.default_rng([int(seed), int(i), 11]))
-    atomic_write(root / "latents" / f"{cid}.safetensors", _safetensors_bytes({"input_latents": lat}))
-    atomic_write(root / "sem" / f"{cid}.npz", npz_bytes({"ids": ids}))
-    atomic_write(root / "meta" / f"{cid}.json", (json.dumps(scene.meta) + "\n").encode())
+    atomic_write(root / "latents" / f"{cid}.safetensors", _safetensors_bytes({"input_latents": lat}), root=root)
+    atomic_write(root / "sem" / f"{cid}.npz", npz_bytes({"ids": ids}), root=root)
+    atomic_write(root / "meta" / f"{cid}.json", (json.dumps(scene.meta) + "\n").encode(), root=root)
     members = [(f"{cid}/{f:03d}.jpg", _jpeg_bytes(rgb_frame(ids[f], shade[f], g.src_hw))) for f in range(g.F)]
     return index_row(i, scene.context_keys), members
 
@@ -568,7 +568,10 @@ def write_prepared(
     verbose: bool = False,
 ) -> Path:
     """Write a synthetic dataset in the prepared layout under `out` (created); returns its root Path.
-    Refuses a non-empty `out` unless `overwrite` (which removes the layout's entries first)."""
+    Refuses a non-empty `out` unless `overwrite` (which removes the layout's entries first), and `overwrite` of a
+    folder this generator did not write (no `MARKER` naming it: real prepared data, another tool's folder) always
+    (BadInput). Every file goes through the writer that never writes through a link inside `out`
+    (gcc/storage.py)."""
     g = get_geometry(geometry)
     if clips < 1:
         raise ValueError("clips must be >= 1")
@@ -576,13 +579,23 @@ def write_prepared(
     if root.exists() and any(root.iterdir()):
         if not overwrite:
             raise FileExistsError(f"{root} is not empty (pass overwrite=True / --overwrite)")
+        from gcc.synth.decode import is_synthetic  # decode imports this module: here, not at the top
+
+        if not is_synthetic(root):
+            raise BadInput(
+                f"--out {root}: not empty and not gcc-synth's output (no {MARKER} naming it): --overwrite "
+                f"replaces only a synthetic dataset, never real prepared data or another tool's folder"
+            )
         for name in ("READY", *LAYOUT):
             p = root / name
-            if p.is_dir():
+            if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p)
-            elif p.exists():
-                p.unlink()
+            elif p.is_symlink() or p.exists():
+                p.unlink()  # a link goes, never what it points to
     root.mkdir(parents=True, exist_ok=True)
+    # the mark first: a folder this writes, even one cut short (no READY yet), is its own to --overwrite
+    marker = {"generator": "gcc.synth.world", "seed": int(seed), "clips": int(clips), "geometry": g.as_dict()}
+    atomic_write(root / MARKER, (json.dumps(marker) + "\n").encode(), root=root)
     t0 = time.time()
     rows, tars = [], {}
     for i in range(clips):
@@ -592,12 +605,10 @@ def write_prepared(
         if verbose:
             print(f"[synth] {row['clip_id']} {time.time() - t0:.1f}s", file=sys.stderr)
     for (subset, scene, run), members in sorted(tars.items()):
-        atomic_write(root / "raw" / subset / scene / f"{run}.tar", _tar_bytes(members))
-    atomic_write(root / "text" / "table.safetensors", _safetensors_bytes(make_text_table(g, seed)))
-    atomic_write(root / "index" / "clips.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
-    marker = {"generator": "gcc.synth.world", "seed": int(seed), "clips": int(clips), "geometry": g.as_dict()}
-    atomic_write(root / MARKER, (json.dumps(marker) + "\n").encode())
-    atomic_write(root / "READY", b"")
+        atomic_write(root / "raw" / subset / scene / f"{run}.tar", _tar_bytes(members), root=root)
+    atomic_write(root / "text" / "table.safetensors", _safetensors_bytes(make_text_table(g, seed)), root=root)
+    atomic_write(root / "index" / "clips.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode(), root=root)
+    atomic_write(root / "READY", b"", root=root)
     return root
 
 
@@ -617,7 +628,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="clip shapes: tiny (CPU tests and demo) or the real run's",
     )
     ap.add_argument("--seed", type=int, default=0, help="the synthetic world's seed (same seed, same bytes)")
-    ap.add_argument("--overwrite", action="store_true", help="replace an existing dataset in --out")
+    ap.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the dataset in --out, only one gcc-synth wrote (its synth.json); never real prepared data",
+    )
     ap.add_argument("-v", "--verbose", action="store_true", help="print each clip as it is written")
     return ap
 

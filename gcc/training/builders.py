@@ -59,9 +59,9 @@ from gcc.training.callbacks.samples import SampleSettings, TrainingSamples
 from gcc.training.callbacks.step_deadline import writes_at
 from gcc.training.checkpoint_store import store_for
 from gcc.training.config import TrainConfig, samples_during_training
-from gcc.training.launch import RunStart, data_name, train_clips
+from gcc.training.launch import RunStart, cache_dir, data_name, train_clips
 from gcc.training.peer_fault import PEER_GRACE_S, announce, watch_peers
-from gcc.training.ranks import node_rank, rank, world_size
+from gcc.training.ranks import rank, world_size
 from gcc.training.run_folder import ckpt_dir
 from gcc.training.watchdog import StallWatchdog
 
@@ -69,16 +69,11 @@ logger = logging.getLogger(__name__)
 
 
 # ---- where things live ---------------------------------------------------------------------------------
-def cache_dir(cfg: TrainConfig) -> Path:
-    """Per-node shard cache, shared by the node's ranks (Streaming's download/lock protocol needs that)."""
-    base = Path(cfg.data.cache_dir) if cfg.data.cache_dir else Path(cfg.run_dir) / "cache"
-    return base / f"node{node_rank()}"
-
-
 # ---- data ----------------------------------------------------------------------------------------------
 def node_cache(cfg: TrainConfig) -> TextTable:
     """The node's shard cache, made ready by its local rank 0 (stale shared memory of a killed launch of this run
-    released: the run lock is held; the text table fetched once), then the text table on every rank."""
+    released: the cache is this run's alone, under the run lock or its own lock (`launch.hold_cache`); the text
+    table fetched once), then the text table on every rank."""
 
     cache = cache_dir(cfg)
     if dist.get_local_rank() == 0:

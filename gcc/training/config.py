@@ -575,10 +575,11 @@ def check_inputs(cfg: TrainConfig) -> None:
     data.path without a finished conversion are left to rank 0 (a resume loads no weights; data not ready is a
     refusal, exit 3: docs/training.md). Raises ConfigError naming the key; StorageUnavailable when the store
     does not answer."""
-    for key in ("run_dir", "data.cache_dir"):
-        problem = _get(cfg, key) and folder_problem(_get(cfg, key))
+    for key in ("run_dir", "data.cache_dir"):  # run_dir "" would be the current folder; data.cache_dir "": the default
+        value = _get(cfg, key)
+        problem = (key == "run_dir" or value) and (storage.local_path_problem(value) or folder_problem(value))
         if problem:
-            raise ConfigError(f"{key}: {_get(cfg, key)}: {problem}")
+            raise ConfigError(f"{key}: {shown(value)}: {problem}")
     for key in ("data.path", "checkpoint_dir"):
         url = _get(cfg, key)
         if url and storage.is_remote(url):

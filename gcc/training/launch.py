@@ -3,10 +3,12 @@ work (docs/design.md §9.3, §9.5) and every rank then acts on (`RunStart`):
 
 1. `agree_on_start`: rank 0 runs `prepare_run` and broadcasts its verdict, so that every rank starts, refuses or
    fails on the config alike;
-2. `prepare_run`, under the run lock: the data's manifest (`read_manifest_bytes`, `check_data`), the checkpoint
-   prefix's run record (`adopt_remote_record`), the run signature against run.json (`run_signature`,
-   `run_folder.check_identity`), the checkpoint folder repaired, the prefix claimed and its last commit fetched,
-   or a start from step 0 checked not to destroy anything (`check_fresh_start`);
+2. `prepare_run`, under the run lock, every check first: the run folder's entries (`run_folder.check_run_folder`),
+   the data's manifest (`read_manifest_bytes`, `check_data`), the checkpoint prefix's run record
+   (`adopt_remote_record`), the run signature against run.json (`run_signature`, `run_folder.identity`), the
+   checkpoint folder's repair planned, a start from step 0 checked not to destroy anything (`check_fresh_start`),
+   the node's shard cache locked (`hold_cache`); then the writes: the prefix claimed, run.json written, the
+   checkpoint folder repaired, the prefix's last commit fetched;
 3. `fetch_on_this_node`: with a checkpoint prefix, every node gets the checkpoint that rank 0 resumes from.
 
 A Refusal ends the launch with exit 3 and a ConfigError with exit 2, on every rank (gcc/exit_codes.py).
@@ -30,24 +32,27 @@ from gcc.data.shards import MANIFEST, parse_manifest
 from gcc.errors import BadInput, StorageUnavailable
 from gcc.model.optim import BETAS
 from gcc.redact import redact
-from gcc.storage import atomic_write, join
+from gcc.storage import join
 from gcc.training.checkpoint_store import CheckpointStore, Head, store_for
 from gcc.training.config import ConfigError, TrainConfig
-from gcc.training.ranks import world_size
+from gcc.training.ranks import node_rank, world_size
 from gcc.training.run_folder import (
     REPLACED,
     Refusal,
     RunLock,
-    check_identity,
+    check_run_folder,
     checkpoint_step,
     ckpt_dir,
     diff_signatures,
     file_digest,
+    identity,
     is_complete,
+    plan_repair,
     repair_checkpoints,
     set_aside,
     stored_record,
     what_a_restart_loses,
+    write_record,
 )
 
 logger = logging.getLogger(__name__)
@@ -151,9 +156,26 @@ def check_data(manifest: dict, data: str, per_rank_batch: int = 1, world: int = 
         raise Refusal(f"data {data}: train/val leak: shared clips {clips[:5]}, shared runs {runs[:5]}")
 
 
+def cache_dir(cfg: TrainConfig) -> Path:
+    """Per-node shard cache, shared by the node's ranks (Streaming's download/lock protocol needs that)."""
+    base = Path(cfg.data.cache_dir) if cfg.data.cache_dir else Path(cfg.run_dir) / "cache"
+    return base / f"node{node_rank()}"
+
+
+def hold_cache(cfg: TrainConfig, lock: RunLock) -> None:
+    """The node's shard cache is locked by its local rank 0 (`RunLock.hold_cache`): a second run sharing it (a
+    `data.cache_dir` of its own, or one naming this run's default `<run_dir>/cache`) is refused, naming the
+    holder, before its start could release this run's live Streaming shared memory."""
+    lock.hold_cache(cache_dir(cfg))
+
+
 def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
-    """Rank 0's checks before any work (docs/design.md §9.3, §9.5). Returns what every rank needs to know."""
+    """Rank 0's checks before any work (docs/design.md §9.3, §9.5). Returns what every rank needs to know. Every
+    check runs before the first write: a refused launch leaves the run folder as it was (but its lock file and a
+    line in train.log), and the checkpoint prefix too."""
     lock.acquire()
+    run_dir = Path(cfg.run_dir)
+    check_run_folder(run_dir)
     try:
         manifest_bytes = read_manifest_bytes(cfg)
     except StorageUnavailable:
@@ -172,25 +194,33 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
         world_size(),
         cfg.data.limit,
     )
-    run_dir = Path(cfg.run_dir)
     store, launch, committed_files = store_for(cfg.checkpoint_dir), "", None
     remote_record = adopt_remote_record(store, run_dir) if store is not None else None
-    old = stored_record(run_dir)
+    old = stored_record(run_dir) or remote_record
     try:  # a moved init_ckpt keeps the digest recorded at the first launch (a resume loads the checkpoint)
         signature = run_signature(cfg, manifest_bytes, known=(old or {}).get("signature"))
     except FileNotFoundError as e:
         raise ConfigError(f"model.init_ckpt: {e.filename}: not found (the warm start's weights)") from None
     lineage = {"init_ckpt": os.path.realpath(cfg.model.init_ckpt) if cfg.model.init_ckpt else ""}
-    record = check_identity(run_dir, signature, lineage)
-    latest = repair_checkpoints(run_dir) if cfg.autoresume else None
+    record, new = identity(run_dir, signature, lineage, adopted=remote_record)
+    repair = plan_repair(run_dir) if cfg.autoresume else None
+    latest = repair.latest if repair is not None else None
     committed = store.head() if store is not None else None  # read only: the claim comes after every check
     if latest is None and not (cfg.autoresume and committed is not None and committed.checkpoint):
-        check_fresh_start(cfg, run_dir, committed)  # nothing to resume: a start from step 0
+        # nothing to resume: a start from step 0
+        check_fresh_start(cfg, run_dir, committed, repair.doomed if repair is not None else ())
+    hold_cache(cfg, lock)  # the last check (the default cache is in the run folder: its lock file is a first write)
+    # only now, every check passed, the first writes: a refused launch leaves the prefix (and its live owner) and
+    # the run folder alone
     if store is not None:
-        # only now, every identity check passed: a refused launch leaves the prefix (and its live owner) alone
         launch = store.claim()
         if remote_record is None:
             store.write_record(record)
+    if new:
+        write_record(run_dir, record)
+    if repair is not None:
+        repair.apply(run_dir)
+    if store is not None:
         head = store.repair(launch) if cfg.autoresume else None
         remote = head.checkpoint if head is not None else None
         if remote is not None and (latest is None or checkpoint_step(remote) >= checkpoint_step(latest)):
@@ -210,11 +240,12 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
     )
 
 
-def check_fresh_start(cfg: TrainConfig, run_dir: Path, committed: Head | None) -> None:
+def check_fresh_start(cfg: TrainConfig, run_dir: Path, committed: Head | None, doomed: tuple[Path, ...] = ()) -> None:
     """A launch with nothing to resume starts from step 0. It must not destroy what the run wrote: a run folder
     holding exports, log rows or checkpoints is refused unless `allow_existing` (they are then moved aside, not
-    deleted), and a prefix holding a committed checkpoint always (its rotation would delete them). The weights
-    such a start loads must exist (ConfigError: exit 2)."""
+    deleted), and a prefix holding a committed checkpoint always (its rotation would delete them); `doomed`: the
+    partial checkpoints the repair deletes, which lose nothing. The weights such a start loads must exist
+    (ConfigError: exit 2)."""
     m = cfg.model
     for key, path, kind in (
         ("model.init_ckpt", m.init_ckpt, "file"),
@@ -232,7 +263,7 @@ def check_fresh_start(cfg: TrainConfig, run_dir: Path, committed: Head | None) -
             f"this launch would start from step 0 and its rotation would delete the committed checkpoints. "
             f"Set autoresume=true to continue the run, or use another checkpoint_dir"
         )
-    lost = what_a_restart_loses(run_dir)
+    lost = what_a_restart_loses(run_dir, doomed)
     if lost and not cfg.allow_existing:
         why = "autoresume is off" if not cfg.autoresume else "it holds no checkpoint to resume from"
         raise Refusal(
@@ -243,9 +274,9 @@ def check_fresh_start(cfg: TrainConfig, run_dir: Path, committed: Head | None) -
 
 
 def adopt_remote_record(store: CheckpointStore, run_dir: Path) -> dict | None:
-    """The prefix's run record is the run's: copied into a run folder that has none (a fresh machine), and a run
-    folder that holds another run is refused. A prefix with checkpoints but no record is refused, as a run folder
-    is (its run signature is unknown)."""
+    """The prefix's run record is the run's: returned for `prepare_run` to copy into a run folder that has none (a
+    fresh machine) once every check passed, and a run folder that holds another run is refused. A prefix with
+    checkpoints but no record is refused, as a run folder is (its run signature is unknown). Writes nothing."""
     remote, local = store.read_record(), stored_record(run_dir)
     if remote is None:
         if store.checkpoints():
@@ -254,9 +285,7 @@ def adopt_remote_record(store: CheckpointStore, run_dir: Path) -> dict | None:
                 f"another checkpoint_dir"
             )
         return None
-    if local is None:
-        atomic_write(run_dir / "run.json", json.dumps(remote, indent=1, sort_keys=True))
-    elif diffs := diff_signatures(remote["signature"], local["signature"]):
+    if local is not None and (diffs := diff_signatures(remote["signature"], local["signature"])):
         raise Refusal(
             f"{run_dir} and checkpoint_dir {store.url} hold different runs; their run.json signatures "
             f"differ (prefix -> run folder):\n  "
@@ -266,31 +295,36 @@ def adopt_remote_record(store: CheckpointStore, run_dir: Path) -> dict | None:
     return remote
 
 
-def fetch_on_this_node(cfg: TrainConfig, start: RunStart) -> None:
-    """With remote checkpoints every node needs the checkpoint in its own run folder (which may be node-local):
-    local rank 0 of each node other than rank 0's downloads what rank 0 resumes from, unless its folder holds it
-    file for file as committed (the manifest rank 0 read). A node that cannot is a Refusal on every rank."""
-    if not (cfg.checkpoint_dir and start.resumed_from):
-        return
+def fetch_on_this_node(cfg: TrainConfig, start: RunStart, lock: RunLock) -> None:
+    """Each node other than rank 0's: its local rank 0 locks the node's shard cache (`hold_cache`), and with remote
+    checkpoints (every node needs the checkpoint in its own run folder, which may be node-local) downloads what
+    rank 0 resumes from, unless its folder holds it file for file as committed (the manifest rank 0 read). A node
+    that cannot is a Refusal on every rank."""
+    fetch = bool(cfg.checkpoint_dir and start.resumed_from)
     name, run_dir, files = Path(start.resumed_from).name, Path(cfg.run_dir), start.committed_files
     refused = ""
     if dist.get_local_rank() == 0 and dist.get_global_rank() != 0:
-        store = store_for(cfg.checkpoint_dir)
         try:
-            if files is None:  # rank 0 resumes from its own folder's checkpoint, newer than the committed one
-                if not is_complete(ckpt_dir(run_dir) / name):
-                    raise Refusal(
-                        f"rank 0 resumes from {name}, a checkpoint of its run folder never committed to "
-                        f"{store.url}; this node's run folder {run_dir} lacks it"
-                    )
-            elif not store.whole_here(name, run_dir, files):
-                store.fetch(name, run_dir, files)
-                repair_checkpoints(run_dir)  # what this node wrote after `name` was never committed
+            hold_cache(cfg, lock)
+            if fetch:
+                _fetch(store_for(cfg.checkpoint_dir), name, run_dir, files)
         except Refusal as e:
             refused = f"node of rank {dist.get_global_rank()}: {e}"
     refusals = [r for r in dist.all_gather_object(refused) if r]  # also the barrier
     if refusals:
         raise Refusal(refusals[0])
+
+
+def _fetch(store: CheckpointStore, name: str, run_dir: Path, files: dict[str, Any] | None) -> None:
+    if files is None:  # rank 0 resumes from its own folder's checkpoint, newer than the committed one
+        if not is_complete(ckpt_dir(run_dir) / name):
+            raise Refusal(
+                f"rank 0 resumes from {name}, a checkpoint of its run folder never committed to "
+                f"{store.url}; this node's run folder {run_dir} lacks it"
+            )
+    elif not store.whole_here(name, run_dir, files):
+        store.fetch(name, run_dir, files)
+        repair_checkpoints(run_dir)  # what this node wrote after `name` was never committed
 
 
 def agree_on_start(cfg: TrainConfig, lock: RunLock) -> tuple[str, RunStart | str]:

@@ -19,20 +19,21 @@ has written and fsynced its shard.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
 import shutil
 import socket
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gcc.compat.composer import CHECKPOINT_RE, LATEST_LINK
 from gcc.compat.torch import DCP_METADATA
 from gcc.errors import Refusal
-from gcc.storage import atomic_write, sha256_file
+from gcc.locks import LockHeld, take_flock
+from gcc.storage import atomic_write, open_folder, sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -42,36 +43,66 @@ CKPT_RE, LATEST = CHECKPOINT_RE, LATEST_LINK
 
 # ---- lock ---------------------------------------------------------------------------------------------
 class RunLock:
+    """The run folder's lock (`<run_dir>/.lock`), held by global rank 0 for the life of the process, and the node's
+    shard cache's (`hold_cache`), held by the node's local rank 0: one run at a time in each."""
+
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / ".lock"
         self.fd: int | None = None
+        self.cache_fd: int | None = None
 
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:  # never through a link: a planted one would make us truncate its target
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-        except OSError as e:
-            raise Refusal(
-                f"{self.path}: cannot be opened as the run's lock file ({e.strerror}; a symbolic link or "
-                f"not a file?); remove it and relaunch"
-            ) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown process"
-            os.close(fd)
-            raise Refusal(
-                f"{self.path.parent}: another live run holds {self.path} ({holder}); "
-                f"wait for it to finish or stop it first"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-        self.fd = fd  # kept open for the life of the process; the kernel releases it on any exit
+        self.fd = _take(
+            self.path, self.path.parent, "the run's lock file", "wait for it to finish or stop it first", ""
+        )
+
+    def hold_cache(self, cache: Path) -> None:
+        """The lock of the shard cache `cache` (`<cache>/.lock`): a second run sharing it is refused, naming the
+        holder, before its start could release the first's live shared memory (gcc/compat/streaming.py)."""
+        cache.mkdir(parents=True, exist_ok=True)
+        self.cache_fd = _take(
+            cache / ".lock",
+            cache,
+            "the shard cache's lock file",
+            "two runs never share a data.cache_dir: give this run its own",
+            f", run {self.path.parent}",
+        )
 
     def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        for fd in (self.fd, self.cache_fd):
+            if fd is not None:
+                os.close(fd)
+        self.fd = self.cache_fd = None
+
+
+def _take(path: Path, folder: Path, what: str, advice: str, run: str) -> int:
+    """`take_flock` (holder: this process, host and `run`), its failures a Refusal naming the lock file (a link, not
+    a file) or its live holder."""
+    try:
+        return take_flock(path, f"pid {os.getpid()} on {socket.gethostname()}{run}", 0o666)
+    except LockHeld as e:
+        raise Refusal(f"{folder}: another live run holds {path} ({e.holder}); {advice}") from None
+    except OSError as e:
+        raise Refusal(
+            f"{path}: cannot be opened as {what} ({e.strerror}; a symbolic link or not a file?); remove it and relaunch"
+        ) from None
+
+
+# ---- what the run folder holds ------------------------------------------------------------------------
+def check_run_folder(run_dir: Path) -> None:
+    """The entries the launch reads or writes in `run_dir`, checked before it reads or writes any (docs/training.md,
+    "Trust and safety"): `checkpoints` a folder, not a link; each export (`step-N.safetensors`) a file, not a
+    link (dangling or not). A Refusal naming the entry otherwise."""
+    run_dir = Path(run_dir)
+    ckpts = ckpt_dir(run_dir)
+    if ckpts.is_symlink() or (ckpts.exists() and not ckpts.is_dir()):
+        what = "a symbolic link" if ckpts.is_symlink() else "not a folder"
+        raise Refusal(f"{ckpts}: {what}, expected the folder of the run's checkpoints; move it away and relaunch")
+    for p in sorted(run_dir.glob("step-*.safetensors")):
+        if p.is_symlink() or not p.is_file():
+            what = "a symbolic link" if p.is_symlink() else "not a file"
+            raise Refusal(f"{p}: {what}, expected an export the run wrote; move it away and relaunch")
 
 
 # ---- identity -----------------------------------------------------------------------------------------
@@ -141,16 +172,31 @@ def stored_record(run_dir: Path) -> dict[str, Any] | None:
 
 def check_identity(run_dir: Path, signature: dict[str, Any], lineage: dict[str, Any]) -> dict[str, Any]:
     """First start: record signature + lineage. Relaunch: the signature must match (exit 3 otherwise)."""
+    record, new = identity(run_dir, signature, lineage)
+    if new:
+        write_record(run_dir, record)
+    return record
+
+
+def write_record(run_dir: Path, record: dict[str, Any]) -> None:
+    """run.json, through the writer that never follows a link inside the run folder (gcc/storage.py)."""
+    atomic_write(Path(run_dir) / "run.json", json.dumps(record, indent=1, sort_keys=True), root=run_dir)
+
+
+def identity(
+    run_dir: Path, signature: dict[str, Any], lineage: dict[str, Any], adopted: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], bool]:
+    """`check_identity`'s verdict, writing nothing: (the run's record, True when run.json is still to write). A
+    run folder without run.json takes `adopted` (the checkpoint prefix's record), checked the same way."""
     path = Path(run_dir) / "run.json"
-    if not path.exists():
+    new = not path.exists()
+    if new and adopted is None:
         if list_checkpoints(run_dir):
             raise Refusal(
                 f"{run_dir}: holds checkpoints but no run.json, so its run signature is unknown; use another run_dir"
             )
-        record = {"signature": signature, "lineage": lineage}
-        atomic_write(path, json.dumps(record, indent=1, sort_keys=True))
-        return record
-    record = stored_record(run_dir)
+        return {"signature": signature, "lineage": lineage}, True
+    record = adopted if new else stored_record(run_dir)
     diffs = diff_signatures(record["signature"], signature)
     if diffs:
         raise Refusal(
@@ -161,7 +207,7 @@ def check_identity(run_dir: Path, signature: dict[str, Any], lineage: dict[str, 
             "epoch), workers and logging may change on resume. Use another run_dir to start a different "
             "run."
         )
-    return record
+    return record, new
 
 
 # ---- checkpoints --------------------------------------------------------------------------------------
@@ -213,25 +259,45 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return None
 
 
-def repair_checkpoints(run_dir: Path) -> Path | None:
-    """Point `latest` at the newest complete checkpoint; delete partial/newer leftovers. Returns it."""
+@dataclass(frozen=True)
+class Repair:
+    """What `repair_checkpoints` does, decided without writing (`plan_repair`): the checkpoint resumed from, whether
+    `latest` is repointed at it (or removed, with none), and the partial or newer leftovers deleted."""
+
+    latest: Path | None
+    relink: bool
+    doomed: tuple[Path, ...]
+
+    def apply(self, run_dir: Path) -> Path | None:
+        link = ckpt_dir(run_dir) / LATEST
+        if self.relink and self.latest is not None:
+            point_latest(run_dir, self.latest.name)
+            logger.info(f"checkpoints: 'latest' repaired -> {self.latest.name}")
+        elif self.relink:
+            link.unlink(missing_ok=True)
+        for p in self.doomed:
+            logger.info(f"checkpoints: removing incomplete/stale {p.name}")
+            remove_checkpoint(p)
+        return self.latest
+
+
+def plan_repair(run_dir: Path) -> Repair:
     ckpts = list_checkpoints(run_dir)
     link = ckpt_dir(run_dir) / LATEST
     latest = latest_checkpoint(run_dir)
+    relink = False
     if latest is None or not is_complete(latest):
         complete = [p for _, p in ckpts if is_complete(p)]
         latest = complete[-1] if complete else None
-        if latest is not None:
-            point_latest(run_dir, latest.name)
-            logger.info(f"checkpoints: 'latest' repaired -> {latest.name}")
-        elif link.is_symlink() or link.exists():
-            link.unlink()
+        relink = latest is not None or link.is_symlink() or link.exists()
     latest_batch = checkpoint_step(latest) if latest is not None else -1
-    for batch, p in ckpts:
-        if batch > latest_batch or (p != latest and not is_complete(p)):
-            logger.info(f"checkpoints: removing incomplete/stale {p.name}")
-            remove_checkpoint(p)
-    return latest
+    doomed = tuple(p for batch, p in ckpts if batch > latest_batch or (p != latest and not is_complete(p)))
+    return Repair(latest, relink, doomed)
+
+
+def repair_checkpoints(run_dir: Path) -> Path | None:
+    """Point `latest` at the newest complete checkpoint; delete partial/newer leftovers. Returns it."""
+    return plan_repair(run_dir).apply(run_dir)
 
 
 def to_rotate(ckpts: list, latest, keep: int) -> list:
@@ -287,16 +353,17 @@ def _data_rows(path: Path) -> int:
     return sum(1 for line in lines if line.split(b",", 1)[0].strip() != b"0")
 
 
-def what_a_restart_loses(run_dir: Path) -> list[str]:
+def what_a_restart_loses(run_dir: Path, doomed: tuple[Path, ...] = ()) -> list[str]:
     """What a start from step 0 in `run_dir` would overwrite or drop: exports, logged rows (but step 0's),
-    checkpoints. train.log is never lost: every launch appends to it."""
+    checkpoints (but the leftovers `doomed` that the repair deletes anyway). train.log is never lost: every launch
+    appends to it."""
     run_dir = Path(run_dir)
     exports = sorted(run_dir.glob("step-*.safetensors"), key=lambda p: p.stat().st_mtime)
     found = [f"{len(exports)} export(s) (newest {exports[-1].name})"] if exports else []
     found += [
         f"{name} with {n} row(s)" for name in ("train_log.csv", "val_log.csv") if (n := _data_rows(run_dir / name))
     ]
-    ckpts = list_checkpoints(run_dir)
+    ckpts = [c for c in list_checkpoints(run_dir) if c[1] not in doomed]
     found += [f"{len(ckpts)} checkpoint(s) (newest {ckpts[-1][1].name})"] if ckpts else []
     return found
 
@@ -305,8 +372,9 @@ def set_aside(run_dir: Path, stamp: str) -> Path:
     """Start over on purpose (`allow_existing: true`): move everything a run wrote into
     `<run_dir>/replaced/<stamp>/`, so that nothing is lost; run.json (the same signature) and the cache stay."""
     run_dir = Path(run_dir)
+    os.close(open_folder(run_dir, REPLACED))  # a link there is refused: what the run wrote stays in the run folder
     dest = run_dir / REPLACED / stamp
-    dest.mkdir(parents=True, exist_ok=False)
+    dest.mkdir(exist_ok=False)
     for pattern in OUTPUTS:
         for p in sorted(run_dir.glob(pattern)):
             os.replace(p, dest / p.name)

@@ -122,7 +122,7 @@ def _run(cfg) -> int:
         logger.error(f"{'refused' if status == 'refused' else 'config error'}: {start}")
         return EXIT_REFUSED if status == "refused" else EXIT_CONFIG
     try:
-        fetch_on_this_node(cfg, start)  # every rank gets the same verdict
+        fetch_on_this_node(cfg, start, lock)  # every rank gets the same verdict
     except Refusal as e:
         logger.error(f"refused: {e}")
         return EXIT_REFUSED

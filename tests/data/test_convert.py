@@ -427,3 +427,72 @@ def test_s3_round_trip(src, tmp_path, s3_bucket, caplog):
     C.convert(src, out, chunk_clips=3, progress=False)
     logs = caplog.messages
     assert "nothing to do" in logs[0]
+
+
+# ---- what convert_data writes over (docs/training.md, "Trust and safety") ------------------------------------
+def _tree_bytes(root: Path) -> dict[str, bytes | str]:
+    """Every entry under `root`: a file's bytes, a link's target."""
+    return {
+        str(p.relative_to(root)): os.readlink(p) if p.is_symlink() else p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_symlink() or p.is_file()
+    }
+
+
+def _convert(src: Path, out: Path, capsys) -> tuple[int, str]:
+    code = C.main(["--src", str(src), "--out", str(out), "--chunk_clips", "6", "--no_progress"])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["file", "folder"])
+def test_the_text_table_is_never_written_through_a_link_inside_out(where, src, tmp_path, capsys):
+    """convert_data's own output, its text table (or the text/ folder) replaced by a link to a file outside it: the
+    rerun is refused naming the link, and the outside file is left as it was."""
+    out = tmp_path / "out"
+    assert _convert(src, out, capsys)[0] == 0
+    (out / MANIFEST).unlink()  # a conversion to finish: the text table is written again
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "table.safetensors").write_bytes(b"someone else's file")
+    if where == "file":
+        link = out / TEXT_TABLE
+        link.unlink()
+        link.symlink_to(outside / "table.safetensors")
+    else:
+        link = out / "text"
+        shutil.rmtree(link)
+        link.symlink_to(outside)
+    code, err = _convert(src, out, capsys)
+    assert code == C.EXIT_BAD_INPUT and f"{link}: a symbolic link" in err and "Traceback" not in err, err
+    assert (outside / "table.safetensors").read_bytes() == b"someone else's file"
+    assert not (out / MANIFEST).exists()
+
+
+def test_another_prepared_dataset_is_never_converted_over(src, tmp_path, capsys):
+    other = make_prepared(tmp_path / "other", clips=2, seed=3)
+    before = _tree_bytes(other)
+    code, err = _convert(src, other, capsys)
+    assert code == C.EXIT_BAD_INPUT and f"--out {other}: not empty and not convert_data's output" in err, err
+    assert _tree_bytes(other) == before
+
+
+def test_a_folder_of_another_tool_is_refused_and_an_empty_one_is_claimed(src, tmp_path, capsys):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    code, err = _convert(src, foreign, capsys)
+    assert code == C.EXIT_BAD_INPUT and "not convert_data's output" in err, err
+    assert _tree_bytes(foreign) == {"notes.txt": b"mine"}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _convert(src, empty, capsys)[0] == 0
+    assert json.loads((empty / C.OWNER).read_text())["tool"] == "convert_data"
+    # its own output: a rerun is answered by its manifest ("nothing to do"), not refused by the mark
+    code, err = _convert(src, empty, capsys)
+    assert code == 0, err
+
+
+def test_a_missing_source_folder_is_named_as_missing(tmp_path, capsys):
+    code, err = _convert(tmp_path / "nope", tmp_path / "out", capsys)
+    assert code == C.EXIT_BAD_INPUT and f"{tmp_path / 'nope'}: no such folder" in err and "READY" not in err, err
+    assert not (tmp_path / "out").exists()

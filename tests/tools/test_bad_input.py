@@ -485,7 +485,7 @@ CASES: dict[str, Case] = {
             ["--out gs://bucket/x", "s3://bucket/prefix"],
         ),
     ),
-    "convert-src-missing": ("convert_data", 2, lambda w: (_convert(w, w.tmp / "nope"), ["nope", "READY"])),
+    "convert-src-missing": ("convert_data", 2, lambda w: (_convert(w, w.tmp / "nope"), ["nope", "no such folder"])),
     "convert-text-table-garbage": (
         "convert_data",
         2,

@@ -216,6 +216,7 @@ def test_a_run_folder_with_outputs_but_no_checkpoint_is_refused_and_allow_existi
 ):
     run_dir = _copy(two_steps, tmp_path / "run")
     shutil.rmtree(run_dir / "checkpoints")  # deleted, or a run stopped before its first checkpoint
+    (run_dir / "run.json").unlink()  # and its record: the refused launch must not write one first
     before = _snapshot(run_dir)
     assert "step-2.safetensors" in before and before["train_log.csv"].count(b"\n") == 3
     r = _train(run_dir, e2e_shards, "max_steps=2")
@@ -223,6 +224,7 @@ def test_a_run_folder_with_outputs_but_no_checkpoint_is_refused_and_allow_existi
     assert "1 export(s) (newest step-2.safetensors), train_log.csv with 2 row(s)" in r.stderr
     assert "allow_existing=true" in r.stderr and "Traceback" not in r.stderr
     assert _snapshot(run_dir) == before  # nothing rewritten, nothing trimmed
+    assert not (run_dir / "run.json").exists()
     r = _train(run_dir, e2e_shards, "max_steps=2", "allow_existing=true")
     assert r.returncode == 0, r.stderr[-3000:]
     (replaced,) = (run_dir / "replaced").iterdir()
