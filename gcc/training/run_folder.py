@@ -90,15 +90,26 @@ def _take(path: Path, folder: Path, what: str, advice: str, run: str) -> int:
 
 
 # ---- what the run folder holds ------------------------------------------------------------------------
+# what a run writes at the top of its folder (docs/training.md, "The run folder"): none of them may be a link
+RUN_FOLDERS = ("checkpoints", "samples", "stacks", "cache", "replaced", "tensorboard")
+RUN_FILES = ("run.json", "config.json", "train_log.csv", "val_log.csv")
+
+
 def check_run_folder(run_dir: Path) -> None:
     """The entries the launch reads or writes in `run_dir`, checked before it reads or writes any (docs/training.md,
-    "Trust and safety"): `checkpoints` a folder, not a link; each export (`step-N.safetensors`) a file, not a
-    link (dangling or not). A Refusal naming the entry otherwise."""
+    "Trust and safety"): none of the run's own folders and files is a link (a write would land where it points);
+    `checkpoints` a folder; each export (`step-N.safetensors`) a file, not a link (dangling or not). A Refusal
+    naming the entry otherwise."""
     run_dir = Path(run_dir)
+    for name in (*RUN_FOLDERS, *RUN_FILES):
+        if (run_dir / name).is_symlink():
+            raise Refusal(
+                f"{run_dir / name}: a symbolic link, expected the run's own {name}; gcc never writes through one: "
+                "move it away and relaunch"
+            )
     ckpts = ckpt_dir(run_dir)
-    if ckpts.is_symlink() or (ckpts.exists() and not ckpts.is_dir()):
-        what = "a symbolic link" if ckpts.is_symlink() else "not a folder"
-        raise Refusal(f"{ckpts}: {what}, expected the folder of the run's checkpoints; move it away and relaunch")
+    if ckpts.exists() and not ckpts.is_dir():
+        raise Refusal(f"{ckpts}: not a folder, expected the folder of the run's checkpoints; move it away and relaunch")
     for p in sorted(run_dir.glob("step-*.safetensors")):
         if p.is_symlink() or not p.is_file():
             what = "a symbolic link" if p.is_symlink() else "not a file"

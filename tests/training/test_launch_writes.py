@@ -116,6 +116,24 @@ def test_a_checkpoints_entry_that_is_a_file_is_refused_naming_it(e2e_shards, tmp
     assert _files(run_dir) == before
 
 
+@pytest.mark.parametrize("entry", ["checkpoints", "samples", "train_log.csv", "config.json", "run.json"])
+def test_a_run_entry_that_is_a_link_is_refused_and_what_it_points_to_is_untouched(entry, e2e_shards, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    outside = tmp_path / "someone_elses"
+    if "." in entry:
+        outside.write_bytes(b"someone else's file")
+    else:
+        outside.mkdir()
+        (outside / "theirs").write_bytes(b"someone else's file")
+    (run_dir / entry).symlink_to(outside)
+    theirs = lambda: outside.read_bytes() if outside.is_file() else _files(outside)  # noqa: E731
+    before, kept = _files(run_dir), theirs()
+    with pytest.raises(Refusal, match=f"{run_dir / entry}: a symbolic link"):
+        _prepare(_cfg(run_dir, e2e_shards))
+    assert _files(run_dir) == before and theirs() == kept
+
+
 @pytest.mark.parametrize("target", ["missing", "outside"])
 def test_an_export_that_is_a_link_is_refused_naming_it(target, e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
