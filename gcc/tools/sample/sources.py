@@ -180,7 +180,7 @@ def open_source(data_root: str | os.PathLike):
             f"prepared root or a local copy of the shards"
         )
     root = Path(data_root)
-    if (root / "manifest.json").is_file():
+    if (root / "manifest.json").exists():  # whatever it is: read_manifest says what is wrong with it
         return ShardSource(root)
     if (root / "index" / "clips.jsonl").is_file():
         return PreparedSource(root)
