@@ -438,7 +438,7 @@ def _wan_weight_map(model_dir: Path) -> dict[str, str]:
     `model_dir` (gcc.names). ValueError naming the file otherwise."""
     index = model_dir / WAN_INDEX
     try:
-        if index.is_file():
+        if index.exists():  # whatever it is: gcc.inputs says what is wrong with it
             data = inputs.load_json_object(index, "the Wan weights' index")
             weight_map = data.get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
@@ -447,7 +447,7 @@ def _wan_weight_map(model_dir: Path) -> dict[str, str]:
                 check_component(fname, f"{index}: weight_map[{inputs.shown(repr(k), 80)}]")
             return weight_map
         single = model_dir / WAN_SINGLE
-        if single.is_file():
+        if single.exists():
             return {k: WAN_SINGLE for k in inputs.safetensors_header(single)[0]}
     except (BadInput, UnsafeName) as e:
         raise ValueError(str(e)) from None
