@@ -90,3 +90,34 @@ def test_the_wan_index_is_read_bounded_and_its_file_names_stay_inside_the_folder
         load_wan_base(dit, model_dir, check_only=True)  # old code: joined the name to the folder unchecked
     _fifo(model_dir / WAN_INDEX)  # old code: "neither ... found", not what is wrong with it
     refused_quickly(lambda: load_wan_base(dit, model_dir, check_only=True), ValueError, WAN_INDEX, "FIFO")
+
+
+def test_a_ground_truth_tar_is_read_bounded_and_its_frames_checked_before_decoding(prepared_tiny, tmp_path):
+    import io
+    import shutil
+    import tarfile
+
+    from PIL import Image
+
+    from gcc.tools.sample import sources as SRC
+    from gcc.tools.sample.errors import SampleError
+
+    src = SRC.PreparedSource(prepared_tiny)
+    clip = src.load(sorted(src.rows)[0])
+    src_h, src_w = clip.meta()["src_hw"]
+    raw = tmp_path / "raw"
+    shutil.copytree(prepared_tiny / "raw", raw)
+    tar = raw / clip.subset / clip.scene / f"{clip.run}.tar"
+    tar.unlink()
+    os.mkfifo(tar)  # old code: tarfile waited for a writer for ever
+    refused_quickly(lambda: SRC.read_gt(raw, clip, 9), SampleError, str(tar), "FIFO")
+    tar.unlink()
+    big = Image.new("RGB", (4000, 3000))  # not the clip's src_hw: refused from its header, before decoding
+    buf = io.BytesIO()
+    big.save(buf, "JPEG")
+    with tarfile.open(tar, "w") as tf:
+        info = tarfile.TarInfo(f"{clip.clip_id}/000.jpg")
+        info.size = len(buf.getvalue())
+        tf.addfile(info, io.BytesIO(buf.getvalue()))
+    with pytest.raises(SampleError, match=rf"000.jpg is 4000x3000, the clip's meta says src_hw {src_w}x{src_h}"):
+        SRC.read_gt(raw, clip, 9)

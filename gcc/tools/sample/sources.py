@@ -30,7 +30,7 @@ from gcc.data.shards import (
 )
 from gcc.data.text_table import TextTable
 from gcc.errors import BadInput
-from gcc.inputs import read_bytes, read_text
+from gcc.inputs import open_regular, read_bytes, read_text
 from gcc.names import check_component, inside
 from gcc.storage import atomic_write
 from gcc.tools.sample.errors import SampleError
@@ -231,21 +231,44 @@ def select_clips(rows: dict[str, dict], clip_ids: Sequence[str] | None = None, v
     return out
 
 
+# the largest JPEG of one ground-truth frame read from a tar (a 4K frame is a few MB)
+GT_FRAME_MAX = 64 << 20
+
+
 def read_gt(raw_root: Path, clip: ClipRecord, num_frames: int) -> np.ndarray:
     """Ground truth RGB uint8 [F, src_h, src_w, 3] from `<raw>/<subset>/<scene>/<run>.tar` members
-    `<clip_id>/<f:03d>.jpg`."""
+    `<clip_id>/<f:03d>.jpg`. The tar is a regular file read as a plain tar (`gcc.inputs`), each member at most
+    GT_FRAME_MAX bytes and each image the clip's meta src_hw, checked before it is decoded."""
     path = raw_root / clip.subset / clip.scene / f"{clip.run}.tar"
-    if not path.is_file():
+    if not path.exists():
         raise SampleError(f"clip {clip.clip_id}: ground-truth tar {path} not found (--raw_root)")
+    src_h, src_w = clip.meta()["src_hw"]
     frames = []
-    with tarfile.open(path) as tf:
-        for f in range(num_frames):
-            name = f"{clip.clip_id}/{f:03d}.jpg"
-            try:
-                data = tf.extractfile(name).read()
-            except (KeyError, AttributeError):
-                raise SampleError(f"clip {clip.clip_id}: {path} has no member {name}") from None
-            frames.append(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
+    try:
+        with open_regular(path, "tar", cap=1 << 62) as (fd, _), os.fdopen(os.dup(fd), "rb") as f:
+            with tarfile.open(fileobj=f, mode="r:") as tf:
+                for i in range(num_frames):
+                    name = f"{clip.clip_id}/{i:03d}.jpg"
+                    try:
+                        member = tf.getmember(name)
+                    except KeyError:
+                        raise SampleError(f"clip {clip.clip_id}: {path} has no member {name}") from None
+                    if not member.isfile() or member.size > GT_FRAME_MAX:
+                        raise SampleError(
+                            f"clip {clip.clip_id}: {path}: member {name} is not a JPEG file of at most "
+                            f"{GT_FRAME_MAX >> 20} MB"
+                        )
+                    with Image.open(io.BytesIO(tf.extractfile(member).read())) as im:
+                        if im.size != (src_w, src_h):  # read from the header: nothing decoded yet
+                            raise SampleError(
+                                f"clip {clip.clip_id}: {path}: member {name} is {im.size[0]}x{im.size[1]}, the "
+                                f"clip's meta says src_hw {src_w}x{src_h}"
+                            )
+                        frames.append(np.asarray(im.convert("RGB")))
+    except BadInput as e:
+        raise SampleError(f"clip {clip.clip_id}: ground-truth tar: {e}") from None
+    except (tarfile.TarError, OSError) as e:  # PIL's UnidentifiedImageError is an OSError
+        raise SampleError(f"clip {clip.clip_id}: {path}: not a tar of JPEG frames ({e})") from None
     return np.stack(frames)
 
 
