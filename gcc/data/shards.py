@@ -15,6 +15,12 @@ through `check_index` before Streaming sees it (the columns and encodings must b
 pickled column is ever decoded; shard names must be the converter's; the sample counts must be the manifest's)
 and decodes each sample through `SplitFormat.decode` (shapes and ids checked against the manifest before
 anything is allocated from them). The manifest itself is checked by `check_manifest` when it is read.
+
+Sizes declared inside the data are bounded by the manifest's geometry (docs/training.md, "Trust and safety"):
+`check_index` bounds each shard's declared bytes by what its samples can take (`max_shard_bytes`), a shard file
+is read only at its declared size (`read_shard_file`), a compressed one inflated at most to its declared raw size
+(`inflate_shard`; the loader's Streaming does the same: gcc.compat.streaming.BoundedStream), a sample's sem ids at
+most F·H·W (`decode_sem`), and its meta is checked once (`check_meta`) when the sample is decoded.
 """
 
 from __future__ import annotations
