@@ -429,3 +429,18 @@ def test_a_shards_meta_without_its_fields_is_damaged_data_naming_the_shard_and_s
     with pytest.raises(DamagedData) as e:
         next(iter(build_dataloader(ds, 1, num_workers=1)))
     assert where in fault_message(e.value) and "field 'src_hw' must be" in fault_message(e.value), str(e.value)
+
+
+@pytest.mark.slow
+def test_a_run_on_shards_whose_meta_lacks_its_fields_stops_with_exit_6_naming_shard_and_sample(shards, tmp_path):
+    """The launch of the case above (data.mask_p=1, the meta met in a loader worker): old code, exit 241 with a
+    KeyError's traceback."""
+    from _launch import WORKER, launch
+
+    data = copy_of(shards, tmp_path)
+    rewrite_split(data, "train", lambda i, s: {**s, "meta": "{}"})
+    r = launch(tmp_path / "run", data, WORKER, "data.mask_p=1", timeout=300, direct=True)
+    out = r.stdout + r.stderr
+    assert r.returncode == 6, out[-3000:]
+    assert "damaged data" in out and "train/shard.00000.mds (sample " in out, out[-3000:]
+    assert "field 'src_hw' must be" in out and "Traceback" not in out, out[-3000:]
