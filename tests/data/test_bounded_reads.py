@@ -121,3 +121,25 @@ def test_a_ground_truth_tar_is_read_bounded_and_its_frames_checked_before_decodi
         tf.addfile(info, io.BytesIO(buf.getvalue()))
     with pytest.raises(SampleError, match=rf"000.jpg is 4000x3000, the clip's meta says src_hw {src_w}x{src_h}"):
         SRC.read_gt(raw, clip, 9)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["data/manifest.json", "run/run.json", "run/train_log.csv"])
+def test_the_trainer_refuses_a_fifo_among_its_inputs_instead_of_hanging(shards, tmp_path, name):
+    """A real launch (the manifest is read once the process group is up: tests/_launch.py): exit 3 naming the
+    file, where old code waited for a writer until the test's timeout."""
+    import shutil
+
+    from _launch import launch
+
+    data = tmp_path / "data"
+    shutil.copytree(shards, data)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    if name != "run/run.json":
+        (run_dir / "run.json").write_text(json.dumps({"signature": {}, "lineage": {}}))
+    _fifo(tmp_path / name)
+    r = launch(run_dir, data, timeout=120, direct=True)
+    out = r.stdout + r.stderr
+    assert r.returncode == 3, out[-3000:]
+    assert "refused" in out and str(tmp_path / name) in out and "FIFO" in out and "Traceback" not in out, out[-3000:]
