@@ -127,19 +127,20 @@ def test_a_ground_truth_tar_is_read_bounded_and_its_frames_checked_before_decodi
 @pytest.mark.parametrize("name", ["data/manifest.json", "run/run.json", "run/train_log.csv"])
 def test_the_trainer_refuses_a_fifo_among_its_inputs_instead_of_hanging(shards, tmp_path, name):
     """A real launch (the manifest is read once the process group is up: tests/_launch.py): exit 3 naming the
-    file, where old code waited for a writer until the test's timeout."""
+    file, where old code waited for a writer until the test's timeout. The log is met on a resume: a first
+    launch writes the run folder."""
     import shutil
 
-    from _launch import launch
+    from _launch import launch, ok
 
     data = tmp_path / "data"
     shutil.copytree(shards, data)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    if name != "run/run.json":
-        (run_dir / "run.json").write_text(json.dumps({"signature": {}, "lineage": {}}))
+    if name == "run/train_log.csv":
+        ok(launch(run_dir, data, "max_steps=3", direct=True))
     _fifo(tmp_path / name)
-    r = launch(run_dir, data, timeout=120, direct=True)
+    r = launch(run_dir, data, "max_steps=6", timeout=120, direct=True)
     out = r.stdout + r.stderr
     assert r.returncode == 3, out[-3000:]
     assert "refused" in out and str(tmp_path / name) in out and "FIFO" in out and "Traceback" not in out, out[-3000:]
