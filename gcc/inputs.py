@@ -35,6 +35,7 @@ CAPS = {
     "text": 16 * MiB,  # a list of clip ids, a prompt file
     "safetensors_header": 100 * MiB,  # safetensors' own limit on a header
     "npz": 4096 * MiB,  # the inflated size of all members of one npz
+    "shard": 4096 * MiB,  # an MDS shard (its offsets are uint32); each is read at the size its index declares
 }
 # nesting of a json document or a yaml tree beyond which it is refused (Python's parsers recurse)
 MAX_DEPTH = 64

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from gcc import inputs
 from gcc.errors import BadInput, StorageUnavailable, disk_full, is_unreachable
 from gcc.inputs import shown
 
@@ -384,12 +385,26 @@ def bucket_problem(url: str) -> str | None:
     return None
 
 
-def read_bytes(url: str) -> bytes:
+def read_bytes(url: str, kind: str = "json", cap: int | None = None) -> bytes:
+    """The whole of a file or object of at most `cap` bytes (by default the cap of `kind`, gcc.inputs.CAPS): a
+    local one through `gcc.inputs.read_bytes` (a regular file only), an object refused by its declared length
+    and read no further than the cap, whatever it says (a BadInput naming it)."""
     if not is_remote(url):
-        return Path(url).read_bytes()
+        return inputs.read_bytes(url, kind, cap)
+    cap = inputs.CAPS[kind] if cap is None else cap
     bucket, key = _split_s3(url)
     with _unreachable_named(url):
-        return _s3().get_object(Bucket=bucket, Key=key)["Body"].read()
+        got = _s3().get_object(Bucket=bucket, Key=key)
+        body = got["Body"]
+        try:
+            if int(got.get("ContentLength") or 0) > cap:
+                raise BadInput(f"{url}: {got['ContentLength']} bytes, larger than a {kind} object may be ({cap})")
+            data = body.read(cap + 1)
+        finally:
+            body.close()
+    if len(data) > cap:
+        raise BadInput(f"{url}: larger than a {kind} object may be ({cap} bytes)")
+    return data
 
 
 def write_bytes(url: str, data: bytes, mode: int | None = None, root: str | None = None) -> None:

@@ -3,6 +3,9 @@
 - `BoundedS3Downloader`, `LinkingLocalDownloader`: Streaming's downloaders with gcc's retry policy and with links
   instead of copies (override `_create_s3_client` / `_download_file_impl`; installed in `DOWNLOADER_MAPPINGS`,
   which Streaming reads at each dataset's construction).
+- `BoundedStream`: Streaming's Stream with shard files taken at their declared sizes and compressed shards inflated
+  at most to their declared raw size (`get_shards`, `_download_file`, `_decompress_shard_part`; registered in
+  `streams_registry`, which the dataset's `stream_name` looks up).
 - `release_stale_shm`: a dead launch's shared memory released, and only its own (Streaming's segment names,
   `_get_path`, and the `locals` segment's layout, `_unpack_locals`).
 - `node_registration_lock`: Streaming's shared-memory registration serialised between jobs on one node (its
@@ -58,13 +61,16 @@ with stand_ins(["streaming.multimodal", "streaming.text", "streaming.vision", "s
     from streaming import MDSWriter, StreamingDataset  # noqa: F401  (MDSWriter: for gcc/data/convert.py)
     from streaming.base.constant import BARRIER_FILELOCK, CACHE_FILELOCK, LOCALS, SHM_TO_CLEAN
     from streaming.base.dataset import _ShardState
+    from streaming.base.hashing import get_hash
     from streaming.base.shared import memory as streaming_memory
     from streaming.base.shared.memory import SharedMemory  # attaches without resource-tracker ownership
     from streaming.base.shared.prefix import _get_path, _unpack_locals
     from streaming.base.storage import download as streaming_download
+    from streaming.base.stream import Stream, streams_registry
     from streaming.base.util import merge_index  # noqa: F401  (for gcc/data/convert.py)
 
-from gcc import storage
+from gcc import inputs, storage
+from gcc.errors import DamagedData
 from gcc.locks import hold_flock, user_lock_dir
 
 
@@ -98,6 +104,62 @@ class LinkingLocalDownloader(streaming_download.LocalDownloader):
 # loader workers (which import this module) have them too
 streaming_download.DOWNLOADER_MAPPINGS["s3"] = BoundedS3Downloader
 streaming_download.DOWNLOADER_MAPPINGS[""] = LinkingLocalDownloader
+
+
+# ---- shard files read at their declared sizes ------------------------------------------------------------------
+class BoundedStream(Stream):
+    """Streaming's Stream whose shard files are taken at the sizes the (checked: gcc.data.shards.check_index)
+    index declares: a fetched file must be a regular file of exactly its declared bytes before Streaming hashes
+    it (Streaming reads it whole), and a compressed shard is read at its declared size and inflated no further
+    than its declared raw size (`_decompress_shard_part`; Streaming's own inflates whatever the frame holds,
+    into memory and the cache). Installed as the stream "gcc" (`StreamingBase` names it)."""
+
+    def get_shards(self, world, allow_unsafe_types: bool) -> list:
+        shards = super().get_shards(world, allow_unsafe_types)
+        # {file basename: (its declared bytes, the raw bytes it inflates to)}, from the index just read
+        self._declared = {
+            info.basename: (info.bytes, raw.bytes)
+            for shard in shards
+            for raw, zipped in shard.file_pairs
+            for info in (raw, zipped)
+            if info is not None
+        }
+        return shards
+
+    def _where(self, basename: str) -> str:
+        return os.path.join(self.remote or self.local, self.split or "", basename)
+
+    def _download_file(self, from_basename: str, to_basename: str | None = None) -> str:
+        local = super()._download_file(from_basename, to_basename)
+        declared = getattr(self, "_declared", {}).get(from_basename)  # index.json itself: none
+        if declared is not None:
+            with inputs.open_regular(local, "shard", cap=declared[0]) as (_, size):
+                pass  # a link to a device, a folder or a larger file is refused by the opening itself
+            if size != declared[0]:
+                raise DamagedData(
+                    f"{self._where(from_basename)}: {size} bytes, its index.json says {declared[0]} — restore or "
+                    f"reconvert it"
+                )
+        return local
+
+    def _decompress_shard_part(self, zip_info, zip_filename: str, raw_filename: str, compression: str | None) -> None:
+        from gcc.data.shards import inflate_shard, read_shard_file
+
+        where = self._where(zip_info.basename)
+        data = read_shard_file(zip_filename, zip_info.bytes, where)
+        if self.validate_hash:  # as Streaming's own (the index's check made sure the hash is there)
+            if get_hash(self.validate_hash, data) != zip_info.hashes.get(self.validate_hash):
+                raise ValueError(f"Checksum failure: {zip_filename}")
+        data = inflate_shard(data, compression, self._declared[zip_info.basename][1], where)
+        tmp_filename = raw_filename + ".tmp"
+        with open(tmp_filename, "wb") as out:
+            out.write(data)
+        os.rename(tmp_filename, raw_filename)
+        if not self.safe_keep_zip:
+            os.remove(zip_filename)
+
+
+streams_registry.register("gcc", func=BoundedStream)
 
 
 # ---- registration -------------------------------------------------------------------------------------------
@@ -228,6 +290,7 @@ class StreamingBase(StreamingDataset):
         self.subset: np.ndarray | None = None
         self.resume_state: dict[str, Any] | None = None  # the last load_state_dict's
         self._thread_error: BaseException | None = None
+        kwargs.setdefault("stream_name", "gcc")  # BoundedStream
         super().__init__(*args, **kwargs)
 
     # Streaming computes the epoch inside each worker's __iter__, at the start of each epoch

@@ -134,7 +134,7 @@ class GcStreamingDataset(StreamingBase):
         cache_dir = Path(cache_dir)
         cache_dir.mkdir(parents=True, exist_ok=True)
         self.cache_folder = cache_dir / split
-        self.text = TextTable(fetch_text_table(data, cache_dir))
+        self.text = TextTable(fetch_text_table(data, cache_dir), tuple(self.manifest["geometry"]["text"]))
         if len(self.text) != self.format.text_keys:
             raise DamagedData(
                 f"{self.text.path}: {len(self.text)} keys, the manifest says {self.format.text_keys}; "

@@ -4,7 +4,6 @@ converter, `gcc.tools.sample` and the tests. Every error is a `BadInput` naming 
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from pathlib import Path
@@ -12,13 +11,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import safe_open
 
-from gcc import storage
-from gcc.cli import os_error_message
-from gcc.data.shards import SPLITS, encode_clip
+from gcc import inputs, storage
+from gcc.data.shards import MAX_ELEMENTS, SPLITS, check_meta, encode_clip, meta_cap
 from gcc.errors import BadInput
-from gcc.geometry import ORTHOGRAPHIC, PROJECTIONS, Geometry
+from gcc.geometry import Geometry
 from gcc.names import UnsafeName, check_component, check_text_key
 from gcc.vocab import NULL_PROMPT, invalid_values
 
@@ -35,14 +33,13 @@ NAME_FIELDS = ("clip_id", "run", "subset", "scene")  # each names files (latents
 
 
 # ---- reading and validating the prepared layout -------------------------------------------------------
-def read_text(path: Path, what: str = "") -> str:
-    """A file's UTF-8 text; BadInput naming the file (after `what`, e.g. "clip X: ") when it cannot be read."""
+def read_text(path: Path, what: str = "", kind: str = "text", cap: int | None = None) -> str:
+    """A file's UTF-8 text, through `gcc.inputs` (a regular file of at most `cap` bytes, by default its kind's);
+    BadInput naming the file (after `what`, e.g. "clip X: ") otherwise."""
     try:
-        return path.read_bytes().decode("utf-8")
-    except OSError as e:
-        raise BadInput(f"{what}{os_error_message(e)}") from None
-    except UnicodeDecodeError as e:
-        raise BadInput(f"{what}{path}: not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x})") from None
+        return inputs.read_text(path, kind, cap)
+    except BadInput as e:
+        raise BadInput(f"{what}{e}") from None
 
 
 def read_index(src: Path) -> list[dict[str, Any]]:
@@ -50,14 +47,14 @@ def read_index(src: Path) -> list[dict[str, Any]]:
     if not path.exists():
         raise BadInput(f"{path}: missing (expected one JSON row per clip)")
     rows, errors = [], []
-    for n, line in enumerate(read_text(path).splitlines(), 1):
+    for n, line in enumerate(read_text(path, kind="jsonl").splitlines(), 1):
         if not line.strip():
             continue
         where = f"{path}:{n}"
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            errors.append(f"{where}: not valid JSON ({e.msg})")
+            row = inputs.parse_json(line, where)
+        except BadInput as e:
+            errors.append(str(e))
             continue
         if not isinstance(row, dict):
             errors.append(f"{where}: expected a JSON object, got {type(row).__name__}")
@@ -113,17 +110,14 @@ def read_text_table(src: Path) -> tuple[list[str], tuple[int, int], str]:
     if not path.is_file():
         raise BadInput(f"{path}: text table missing (expected a safetensors file)")
     try:
-        table = safe_open(str(path), "pt")
-    except (SafetensorError, OSError) as e:
-        raise BadInput(f"{path}: not a text table (cannot be read as safetensors: {e})") from None
-    with table as f:
-        keys = list(f.keys())
-        shapes = {}
-        for k in keys:
-            sl = f.get_slice(k)
-            if sl.get_dtype() != "BF16":
-                raise BadInput(f"{path}: key {k!r} has dtype {sl.get_dtype()}, expected BF16")
-            shapes[k] = tuple(sl.get_shape())
+        header, _ = inputs.safetensors_header(path)
+    except BadInput as e:
+        raise BadInput(f"{path}: not a text table ({str(e).removeprefix(f'{path}: ')})") from None
+    keys, shapes = list(header), {}
+    for k, entry in header.items():
+        if entry.dtype != "BF16":
+            raise BadInput(f"{path}: key {inputs.shown(repr(k))} has dtype {entry.dtype}, expected BF16")
+        shapes[k] = entry.shape
     if NULL_PROMPT not in keys:
         raise BadInput(f"{path}: key {NULL_PROMPT!r} missing (the empty-prompt embedding is required)")
     for k in keys:
@@ -132,8 +126,11 @@ def read_text_table(src: Path) -> tuple[list[str], tuple[int, int], str]:
         except UnsafeName as e:
             raise BadInput(f"{path}: {e}") from None
     ref = shapes[NULL_PROMPT]
-    if len(ref) != 2:
-        raise BadInput(f"{path}: key {NULL_PROMPT!r} has shape {list(ref)}, expected [L, D]")
+    if len(ref) != 2 or 0 in ref or math.prod(ref) > MAX_ELEMENTS["text"]:
+        raise BadInput(
+            f"{path}: key {NULL_PROMPT!r} has shape {list(ref)}, expected [L, D] of at most "
+            f"{MAX_ELEMENTS['text']} elements"
+        )
     for k, s in shapes.items():
         if s != ref:
             raise BadInput(f"{path}: key {k!r} has shape {list(s)}, expected {list(ref)} like {NULL_PROMPT}")
@@ -143,83 +140,55 @@ def read_text_table(src: Path) -> tuple[list[str], tuple[int, int], str]:
 def latents_shape(src: Path, clip_id: str) -> tuple[int, ...]:
     path = src / "latents" / f"{clip_id}.safetensors"
     try:
-        with safe_open(str(path), "pt") as f:
-            return tuple(f.get_slice("input_latents").get_shape())
-    except Exception as e:
-        raise BadInput(f"clip {clip_id}: {path}: cannot read 'input_latents' ({e})") from None
-
-
-def _finite_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        header, _ = inputs.safetensors_header(path)
+    except BadInput as e:
+        raise BadInput(f"clip {clip_id}: {e}") from None
+    if "input_latents" not in header:
+        raise BadInput(f"clip {clip_id}: {path}: key 'input_latents' missing")
+    shape = header["input_latents"].shape
+    if math.prod(shape) > MAX_ELEMENTS["latents"]:
+        raise BadInput(
+            f"clip {clip_id}: {path}: 'input_latents' {list(shape)} is larger than latents may be "
+            f"({MAX_ELEMENTS['latents']} elements)"
+        )
+    return shape
 
 
 def validate_meta(meta: Any, clip_id: str, geo: Geometry, where: str) -> None:
-    def bad(fld: str, expected: str, got: Any) -> BadInput:
-        return BadInput(f"clip {clip_id}: {where}: field '{fld}' must be {expected}, got {got!r}"[:500])
-
-    if not isinstance(meta, dict):
-        raise bad("(root)", "a JSON object", type(meta).__name__)
-    n_frames, hgt, wid = geo.sem_shape
-    if meta.get("clip_id", clip_id) != clip_id:
-        raise bad("clip_id", f"{clip_id!r}", meta.get("clip_id"))
-    for key in ("src_hw", "dst_hw"):
-        v = meta.get(key)
-        if not (isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and x > 0 for x in v)):
-            raise bad(key, "[height, width] positive integers", v)
-    if meta["dst_hw"] != [hgt, wid]:
-        raise bad("dst_hw", f"{[hgt, wid]} (the sem ids' H, W)", meta["dst_hw"])
-    gz = meta.get("ground_z")
-    if not (
-        isinstance(gz, list)
-        and len(gz) == n_frames
-        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isinf(v) for v in gz)
-    ):
-        raise bad(
-            "ground_z",
-            f"a list of {n_frames} numbers (NaN allowed)",
-            f"{type(gz).__name__} of length {len(gz) if isinstance(gz, list) else '-'}",
-        )
-    cams = meta.get("cameras")
-    if not (isinstance(cams, list) and len(cams) == n_frames):
-        raise bad(
-            "cameras",
-            f"a list of {n_frames} cameras",
-            f"{type(cams).__name__} of length {len(cams) if isinstance(cams, list) else '-'}",
-        )
-    for i, cam in enumerate(cams):
-        f = f"cameras[{i}]"
-        if not isinstance(cam, dict):
-            raise bad(f, "an object", cam)
-        for key in ("location", "rotation"):
-            v = cam.get(key)
-            if not (isinstance(v, list) and len(v) == 3 and all(_finite_number(x) for x in v)):
-                raise bad(f"{f}.{key}", "3 finite numbers", v)
-        proj = cam.get("projection")
-        if proj not in PROJECTIONS:
-            raise bad(f"{f}.projection", f"one of {PROJECTIONS}", proj)
-        if proj == ORTHOGRAPHIC:
-            if not (_finite_number(cam.get("ortho_width")) and cam["ortho_width"] > 0):
-                raise bad(f"{f}.ortho_width", "a positive number", cam.get("ortho_width"))
-        elif not (_finite_number(cam.get("fov_deg")) and 0 < cam["fov_deg"] < 180):
-            raise bad(f"{f}.fov_deg", "a number in (0, 180)", cam.get("fov_deg"))
+    """`gcc.data.shards.check_meta` against the geometry's sem shape (the one rule for every reader of a meta)."""
+    check_meta(meta, clip_id, geo.sem_shape, where)
 
 
-def _read_member(cid: str, path: Path, key: str):
-    """One tensor of a .safetensors file or one array of a .npz file; failures name clip, file and key."""
+def _read_member(cid: str, path: Path, key: str, want_dtype, want_shape: tuple, shape_note: str):
+    """One tensor of a .safetensors file or one array of a .npz file. Its header is read first (`gcc.inputs`: the
+    declared sizes inside the file, without reading or inflating data) and its dtype and shape checked against
+    `want_dtype` and `want_shape` (the dataset's geometry) before a byte of it is read. Failures name clip, file
+    and key."""
+    try:
+        if path.suffix == ".safetensors":
+            declared = {
+                k: (_TORCH_DTYPES.get(e.dtype, e.dtype), e.shape) for k, e in inputs.safetensors_header(path)[0].items()
+            }
+        else:
+            declared = inputs.npy_members(path)
+            declared = {k: (dtype, shape) for k, (shape, dtype) in declared.items()}
+    except BadInput as e:
+        raise BadInput(f"clip {cid}: {e}") from None
+    if key not in declared:
+        raise BadInput(f"clip {cid}: {path}: key '{key}' missing (has {[inputs.shown(k, 80) for k in declared][:5]})")
+    _check_array(cid, path, key, *declared[key], want_dtype, want_shape, shape_note)
     try:
         if path.suffix == ".safetensors":
             with safe_open(str(path), "pt") as f:
-                keys = list(f.keys())
-                if key in keys:
-                    return f.get_tensor(key)
-        else:
-            with np.load(path) as z:
-                keys = list(z.files)
-                if key in keys:
-                    return z[key]
+                return f.get_tensor(key)
+        with np.load(path, allow_pickle=False) as z:
+            return z[key]
     except Exception as e:
         raise BadInput(f"clip {cid}: {path}: unreadable {path.suffix[1:]} file ({e})") from None
-    raise BadInput(f"clip {cid}: {path}: key '{key}' missing (has {keys[:5]})")
+
+
+# safetensors' dtype names as torch's (the latents are compared with torch.bfloat16)
+_TORCH_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}
 
 
 def _check_array(
@@ -228,7 +197,7 @@ def _check_array(
     if dtype != want_dtype:
         name = str(want_dtype).replace("torch.", "").replace("<class 'numpy.", "").rstrip("'>")
         raise BadInput(f"clip {cid}: {path}: '{key}' dtype must be {name}, got {dtype}")
-    if shape != tuple(want_shape):
+    if tuple(shape) != tuple(want_shape):
         raise BadInput(
             f"clip {cid}: {path}: '{key}' shape must be {list(want_shape)} ({shape_note}), got {list(shape)}"
         )
@@ -250,44 +219,21 @@ def load_clip(src: Path, row: dict[str, Any], geo: Geometry, ids_of: dict[str, i
     unknown = sorted(set(keys) - set(ids_of))
     if unknown:
         raise BadInput(f"clip {cid}: index field 'context_keys' has keys not in the text table: {unknown[:5]}")
-    lat = _read_member(cid, paths["latents"], "input_latents")
-    _check_array(
-        cid,
-        paths["latents"],
-        "input_latents",
-        lat.dtype,
-        tuple(lat.shape),
-        torch.bfloat16,
-        geo.latent_shape,
-        "the dataset geometry",
-    )
+    lat = _read_member(cid, paths["latents"], "input_latents", torch.bfloat16, geo.latent_shape, "the dataset geometry")
     finite = torch.isfinite(lat)
     if not bool(finite.all()):
         raise BadInput(
             f"clip {cid}: {paths['latents']}: 'input_latents' must be finite, has {int((~finite).sum())} NaN/inf values"
         )
-    sem = _read_member(cid, paths["sem"], "ids")
-    _check_array(
-        cid,
-        paths["sem"],
-        "ids",
-        sem.dtype,
-        tuple(sem.shape),
-        np.uint8,
-        geo.sem_shape,
-        "F = 4·(T−1)+1, H, W = 16·latent h, w",
-    )
+    sem = _read_member(cid, paths["sem"], "ids", np.uint8, geo.sem_shape, "F = 4·(T−1)+1, H, W = 16·latent h, w")
     bad_vals = invalid_values(sem, "parts")
     if bad_vals:
         raise BadInput(
             f"clip {cid}: {paths['sem']}: 'ids' holds values {bad_vals[:10]} outside the vocabulary (0..6, 10..21, 255)"
         )
     # meta
-    meta_text = read_text(paths["meta"], f"clip {cid}: ")
-    try:
-        meta = json.loads(meta_text)
-    except json.JSONDecodeError as e:
-        raise BadInput(f"clip {cid}: {paths['meta']}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    meta_text = read_text(paths["meta"], f"clip {cid}: ", "json", meta_cap(geo.sem_shape))
+    meta = inputs.parse_json(meta_text, f"clip {cid}: {paths['meta']}")
     validate_meta(meta, cid, geo, str(paths["meta"]))
     return encode_clip(row, np.array([ids_of[k] for k in keys], dtype=np.int64), lat, sem, meta_text)
 

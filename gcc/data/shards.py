@@ -15,22 +15,30 @@ through `check_index` before Streaming sees it (the columns and encodings must b
 pickled column is ever decoded; shard names must be the converter's; the sample counts must be the manifest's)
 and decodes each sample through `SplitFormat.decode` (shapes and ids checked against the manifest before
 anything is allocated from them). The manifest itself is checked by `check_manifest` when it is read.
+
+Sizes declared inside the data are bounded by the manifest's geometry (docs/training.md, "Trust and safety"):
+`check_index` bounds each shard's declared bytes by what its samples can take (`max_shard_bytes`), a shard file
+is read only at its declared size (`read_shard_file`), a compressed one inflated at most to its declared raw size
+(`inflate_shard`; the loader's Streaming does the same: gcc.compat.streaming.BoundedStream), a sample's sem ids at
+most F·H·W (`decode_sem`), and its meta is checked once (`check_meta`) when the sample is decoded.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import json
-from dataclasses import dataclass
+import math
+import os
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 import zstd
 
-from gcc import storage
+from gcc import inputs, storage
 from gcc.errors import BadInput, DamagedData
+from gcc.geometry import ORTHOGRAPHIC, PROJECTIONS
 from gcc.names import UnsafeName, check_component, check_shard_basename
 
 FORMAT_VERSION = 2  # 2: manifest lists each clip's run
@@ -93,9 +101,10 @@ def _libzstd():
     return _LIBZSTD[0]
 
 
-def decode_sem(blob: bytes, shape, out: np.ndarray | None = None) -> np.ndarray:
+def decode_sem(blob: bytes, shape, out: np.ndarray | None = None, where: str = "sem_zst") -> np.ndarray:
     """Decompress the sem column into a writable uint8 [F, H, W] array: `out` (C-contiguous, that shape) when
-    given, else a new one."""
+    given, else a new one. The frame never inflates past F·H·W bytes (`gcc.inputs.decompress_zstd`): a sample
+    that declares more is refused (BadInput naming `where`) before it costs more memory than its geometry."""
     shape = tuple(int(s) for s in shape)
     if out is not None:
         if out.shape != shape or out.dtype != np.uint8 or not out.flags.c_contiguous or not out.flags.writeable:
@@ -105,10 +114,11 @@ def decode_sem(blob: bytes, shape, out: np.ndarray | None = None) -> np.ndarray:
             n = lib.ZSTD_decompress(out.ctypes.data, out.nbytes, blob, len(blob))
             if not lib.ZSTD_isError(n) and n == out.nbytes:
                 return out
-            # wrong size or corrupt: the zstd module below reports it
-    raw = zstd.decompress(blob)
-    if len(raw) != int(np.prod(shape)):
-        raise ValueError(f"sem_zst holds {len(raw)} bytes, expected {shape} = {int(np.prod(shape))}")
+            # wrong size or corrupt: the bounded decompression below says which
+    want = math.prod(shape)
+    raw = inputs.decompress_zstd(bytes(blob), want, where)
+    if len(raw) != want:
+        raise BadInput(f"{where}: holds {len(raw)} bytes, expected {list(shape)} = {want}")
     if out is None:
         return np.frombuffer(bytearray(raw), dtype=np.uint8).reshape(shape)
     np.copyto(out, np.frombuffer(raw, dtype=np.uint8).reshape(shape))
@@ -135,7 +145,7 @@ def encode_clip(
 
 @dataclass
 class ClipRecord:
-    """A decoded sample; `sem_ids()` decompresses on demand."""
+    """A decoded sample; `sem_ids()` decompresses on demand, `meta()` parses and checks the meta once."""
 
     clip_id: str
     run: str
@@ -147,6 +157,7 @@ class ClipRecord:
     sem_shape: tuple[int, ...]
     sem_zst: bytes
     meta_text: str
+    _meta: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @staticmethod
     def from_sample(s: dict[str, Any], empty=None) -> ClipRecord:
@@ -165,10 +176,86 @@ class ClipRecord:
         )
 
     def sem_ids(self, out: np.ndarray | None = None) -> np.ndarray:
-        return decode_sem(self.sem_zst, self.sem_shape, out)
+        return decode_sem(self.sem_zst, self.sem_shape, out, f"clip {self.clip_id}: sem_zst")
 
     def meta(self) -> dict[str, Any]:
-        return json.loads(self.meta_text)
+        """The clip's meta, checked (`check_meta`) against its sem shape: every field a reader uses is there, of
+        the type it expects (BadInput naming the clip and the field otherwise)."""
+        if self._meta is None:
+            where = f"clip {self.clip_id}: meta"
+            if len(self.meta_text) > meta_cap(self.sem_shape):
+                raise BadInput(f"{where}: {len(self.meta_text)} characters, more than its frames allow")
+            meta = inputs.parse_json(self.meta_text, where, "a clip's meta JSON")
+            check_meta(meta, self.clip_id, self.sem_shape, "meta")
+            self._meta = meta
+        return self._meta
+
+
+def meta_cap(sem_shape: tuple[int, ...]) -> int:
+    """The most bytes a clip's meta may hold: its fixed fields and one camera and ground height per frame, with a
+    wide margin (a synthetic clip's meta is about 250 bytes a frame)."""
+    return 64 * 1024 + 4096 * int(sem_shape[0])
+
+
+def _finite_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check_meta(meta: Any, clip_id: str, sem_shape: tuple[int, ...], where: str) -> None:
+    """A clip's meta (docs/data_format.md): src/dst size, ground height and a camera per frame of its sem ids
+    [F, H, W]. Raises BadInput naming the clip, `where` and the field. The converter checks it when it reads the
+    prepared clip, and every reader of shards when it decodes the sample."""
+
+    def bad(fld: str, expected: str, got: Any) -> BadInput:
+        return BadInput(
+            f"clip {clip_id}: {where}: field '{fld}' must be {expected}, got {inputs.shown(repr(got), 300)}"
+        )
+
+    if not isinstance(meta, dict):
+        raise bad("(root)", "a JSON object", type(meta).__name__)
+    n_frames, hgt, wid = sem_shape
+    if meta.get("clip_id", clip_id) != clip_id:
+        raise bad("clip_id", f"{clip_id!r}", meta.get("clip_id"))
+    for key in ("src_hw", "dst_hw"):
+        v = meta.get(key)
+        if not (isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and x > 0 for x in v)):
+            raise bad(key, "[height, width] positive integers", v)
+    if meta["dst_hw"] != [hgt, wid]:
+        raise bad("dst_hw", f"{[hgt, wid]} (the sem ids' H, W)", meta["dst_hw"])
+    gz = meta.get("ground_z")
+    if not (
+        isinstance(gz, list)
+        and len(gz) == n_frames
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isinf(v) for v in gz)
+    ):
+        raise bad(
+            "ground_z",
+            f"a list of {n_frames} numbers (NaN allowed)",
+            f"{type(gz).__name__} of length {len(gz) if isinstance(gz, list) else '-'}",
+        )
+    cams = meta.get("cameras")
+    if not (isinstance(cams, list) and len(cams) == n_frames):
+        raise bad(
+            "cameras",
+            f"a list of {n_frames} cameras",
+            f"{type(cams).__name__} of length {len(cams) if isinstance(cams, list) else '-'}",
+        )
+    for i, cam in enumerate(cams):
+        f = f"cameras[{i}]"
+        if not isinstance(cam, dict):
+            raise bad(f, "an object", cam)
+        for key in ("location", "rotation"):
+            v = cam.get(key)
+            if not (isinstance(v, list) and len(v) == 3 and all(_finite_number(x) for x in v)):
+                raise bad(f"{f}.{key}", "3 finite numbers", v)
+        proj = cam.get("projection")
+        if proj not in PROJECTIONS:
+            raise bad(f"{f}.projection", f"one of {PROJECTIONS}", proj)
+        if proj == ORTHOGRAPHIC:
+            if not (_finite_number(cam.get("ortho_width")) and cam["ortho_width"] > 0):
+                raise bad(f"{f}.ortho_width", "a positive number", cam.get("ortho_width"))
+        elif not (_finite_number(cam.get("fov_deg")) and 0 < cam["fov_deg"] < 180):
+            raise bad(f"{f}.fov_deg", "a number in (0, 180)", cam.get("fov_deg"))
 
 
 # Bounds on what a manifest may declare (elements of one clip's arrays). v10: latents 1.6 M, sem ids 32 M, a text
@@ -248,10 +335,36 @@ def read_manifest(out: str) -> dict[str, Any]:
 
 def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
     try:
-        m = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BadInput(f"{where}: not valid JSON ({e}); not a manifest that convert_data wrote") from None
+        m = inputs.parse_json(inputs.decode_text(data, where, "valid JSON"), where)
+    except BadInput as e:
+        raise BadInput(f"{e}; not a manifest that convert_data wrote") from None
     return check_manifest(m, where)
+
+
+# MDS writes a shard's sample offsets as uint32: no shard is larger
+MDS_SHARD_MAX = (1 << 32) - 1
+# a sample's bytes besides its arrays: the five strings' lengths and names (at most 200 characters each: gcc.names),
+# each column's size field, each array's shape header
+SAMPLE_OVERHEAD = 4096
+
+
+def zstd_bound(n: int) -> int:
+    """The most bytes zstd's compressor writes for `n` bytes of input (ZSTD_COMPRESSBOUND, with room)."""
+    return n + (n >> 7) + (1 << 16)
+
+
+def max_sample_bytes(geometry: dict[str, Any]) -> int:
+    """The most bytes one stored sample of this geometry can take: latents (bf16), context ids (int64 per latent
+    frame), the sem shape, the compressed sem ids and the meta (`meta_cap`)."""
+    c, t, h, w = geometry["latents"]
+    sem = tuple(geometry["sem"])
+    return 2 * c * t * h * w + 8 * t + 8 * 3 + zstd_bound(math.prod(sem)) + 4 * meta_cap(sem) + SAMPLE_OVERHEAD
+
+
+def max_shard_bytes(geometry: dict[str, Any], samples: int) -> int:
+    """The most bytes an uncompressed shard of `samples` samples of this geometry can take (MDS: a count, one
+    offset per sample and one more, then the samples), never more than MDS's own limit."""
+    return min(4 + 4 * (samples + 1) + samples * max_sample_bytes(geometry), MDS_SHARD_MAX)
 
 
 SHARD_FIELDS = {"format": "mds", "version": 2}
@@ -270,9 +383,9 @@ def check_index(data: bytes, manifest: dict[str, Any], split: str, where: str) -
         )
 
     try:
-        index = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise bad(f"not valid JSON ({e})") from None
+        index = inputs.parse_json(data, where)
+    except BadInput as e:
+        raise bad(str(e).removeprefix(f"{where}: ")) from None
     if not isinstance(index, dict) or index.get("version") != 2 or not isinstance(index.get("shards"), list):
         raise bad("expected {'version': 2, 'shards': [...]}")
     total = 0
@@ -302,7 +415,12 @@ def check_index(data: bytes, manifest: dict[str, Any], split: str, where: str) -
             or (zipped is None) != (sh["compression"] is None)
         ):
             raise bad(f"shard {n}: raw_data/zip_data do not match its compression")
-        for info, suffix in ((raw, ".mds"), (zipped, ".mds.zstd")):
+        samples = sh.get("samples")
+        if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
+            raise bad(f"shard {n}: 'samples' must be a positive integer")
+        # the bytes a reader allocates or inflates for this shard: bounded by what its samples can hold
+        raw_cap = max_shard_bytes(manifest["geometry"], samples)
+        for info, suffix, cap in ((raw, ".mds", raw_cap), (zipped, ".mds.zstd", zstd_bound(raw_cap))):
             if info is None:
                 continue
             try:
@@ -313,11 +431,12 @@ def check_index(data: bytes, manifest: dict[str, Any], split: str, where: str) -
                 raise bad(f"shard {n} basename {name!r}: expected a name ending in {suffix}")
             if not isinstance(info.get("hashes"), dict) or not isinstance(info["hashes"].get(SHARD_HASH), str):
                 raise bad(f"shard {n} ({name}): no {SHARD_HASH} hash")
-            if not isinstance(info.get("bytes"), int) or info["bytes"] < 0:
-                raise bad(f"shard {n} ({name}): 'bytes' must be a non-negative integer")
-        samples = sh.get("samples")
-        if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
-            raise bad(f"shard {n}: 'samples' must be a positive integer")
+            size = info.get("bytes")
+            if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= cap:
+                raise bad(
+                    f"shard {n} ({name}): 'bytes' must be an integer from 0 to {cap} (what {samples} samples of "
+                    f"the manifest's geometry can take), got {str(size)[:40]}"
+                )
         total += samples
         if total > manifest["counts"][split]:
             break
@@ -327,6 +446,37 @@ def check_index(data: bytes, manifest: dict[str, Any], split: str, where: str) -
             f"samples, the manifest {manifest['counts'][split]}"
         )
     return index
+
+
+def read_shard_file(path: str | os.PathLike, declared: int, where: str) -> bytes:
+    """A shard file's bytes, read only when it is a regular file of exactly the size its (checked) index declares;
+    DamagedData naming `where` otherwise."""
+    try:
+        data = inputs.read_bytes(path, "shard", cap=declared)
+    except BadInput as e:
+        raise DamagedData(
+            f"{where}: {str(e).removeprefix(f'{path}: ')}; not as its index.json declares it — restore or reconvert it"
+        ) from None
+    if len(data) != declared:
+        raise DamagedData(f"{where}: {len(data)} bytes, its index.json says {declared} — restore or reconvert it")
+    return data
+
+
+def inflate_shard(blob: bytes, compression: str | None, raw_bytes: int, where: str) -> bytes:
+    """A compressed shard inflated, never past the raw size its (checked) index declares (`check_index` bounds
+    that by the manifest's geometry): a shard that would inflate further is refused there, before it costs more
+    memory or cache than its samples may. DamagedData naming `where` otherwise."""
+    if compression != "zstd":
+        raise DamagedData(f"{where}: compression {compression!r} is not convert_data's (zstd)")
+    try:
+        data = inputs.decompress_zstd(blob, raw_bytes, where)
+    except BadInput as e:
+        raise DamagedData(f"{e} (its index.json declares {raw_bytes} bytes) — restore or reconvert it") from None
+    if len(data) != raw_bytes:
+        raise DamagedData(
+            f"{where}: inflates to {len(data)} bytes, its index.json says {raw_bytes} — restore or reconvert it"
+        )
+    return data
 
 
 @dataclass(frozen=True)
@@ -353,7 +503,8 @@ class SplitFormat:
         )
 
     def decode(self, s: dict[str, Any], sample_id: int, where: str, empty=None) -> ClipRecord:
-        """The sample as a ClipRecord, or ValueError naming the field and what the manifest expects."""
+        """The sample as a ClipRecord, or ValueError (BadInput for its meta: `check_meta`) naming the field and
+        what the manifest expects."""
         want = self.clip_ids[sample_id] if 0 <= sample_id < len(self.clip_ids) else None
         if s.get("clip_id") != want:
             raise ValueError(
@@ -364,10 +515,10 @@ class SplitFormat:
             ("sem_shape", tuple(int(v) for v in np.ravel(s["sem_shape"])), self.sem),
             ("context_ids", np.shape(s["context_ids"]), self.latents[1:2]),
         )
-        for field, got, expected in checks:
+        for name, got, expected in checks:
             if tuple(got) != tuple(expected):
                 raise ValueError(
-                    f"{where}: clip {want}: {field} is {list(got)}, the manifest's geometry says {list(expected)}"
+                    f"{where}: clip {want}: {name} is {list(got)}, the manifest's geometry says {list(expected)}"
                 )
         ids = np.asarray(s["context_ids"])
         if ids.size and (ids.min() < 0 or ids.max() >= self.text_keys):
@@ -375,4 +526,6 @@ class SplitFormat:
                 f"{where}: clip {want}: context_ids must be in [0, {self.text_keys}), got "
                 f"{int(ids.min())}..{int(ids.max())}"
             )
-        return ClipRecord.from_sample(s, empty)
+        rec = ClipRecord.from_sample(s, empty)
+        rec.meta()  # parsed and checked once, here: no reader meets a meta without the fields it uses
+        return rec

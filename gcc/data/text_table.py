@@ -7,71 +7,60 @@ the OS page cache shares them between loader workers.
 
 from __future__ import annotations
 
-import json
+import math
+import os
 import struct
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from gcc.errors import DamagedData
+from gcc import inputs
+from gcc.data.shards import MAX_ELEMENTS
+from gcc.errors import BadInput, DamagedData
 from gcc.vocab import NULL_PROMPT, key_to_id
 
 
 class TextTable:
-    def __init__(self, path: str | Path):
-        """Reads the safetensors header only; a file that is not a text table as written (docs/design.md §2) is
-        `DamagedData` naming it."""
+    def __init__(self, path: str | Path, shape: tuple[int, int] | None = None):
+        """Reads the safetensors header only (`gcc.inputs.safetensors_header`: every tensor's bytes inside the
+        file); a file that is not a text table as written (docs/design.md §2), or whose rows are not `shape`
+        [L, D] (the manifest's geometry, when given) or larger than a text cell may be, is `DamagedData` naming
+        it, before a row is ever read."""
         self.path = Path(path)
-        header, n = self._read_header()
+        header, n = self._read_header(shape)
         self.keys = sorted(header)
         self.ids = key_to_id(self.keys)
-        shapes = {tuple(h["shape"]) for h in header.values()}
-        self.shape = shapes.pop()
+        self.shape = header[NULL_PROMPT].shape
         self._data_offset = 8 + n
         # element offsets (uint16 units) of each id's row block, in id order
-        self._starts = np.array([header[k]["data_offsets"][0] // 2 for k in self.keys], dtype=np.int64)
+        self._starts = np.array([header[k].offsets[0] // 2 for k in self.keys], dtype=np.int64)
         self._mm: np.memmap | None = None
 
-    def _read_header(self) -> tuple[dict, int]:
+    def _read_header(self, want: tuple[int, int] | None) -> tuple[dict, int]:
         def damaged(what: str) -> DamagedData:
             return DamagedData(
                 f"{self.path}: not a text table (a safetensors file of BF16 [L, D] prompt embeddings): {what}"
             )
 
         try:
-            size = self.path.stat().st_size
-            with open(self.path, "rb") as f:
-                head = f.read(8)
-                (n,) = struct.unpack("<Q", head) if len(head) == 8 else (-1,)
-                if not 0 < n <= size - 8:  # a garbage length must not become a huge read
-                    raise damaged(f"header length {n} does not fit the file's {size} bytes")
-                header = json.loads(f.read(n))
-        except OSError as e:
-            raise DamagedData(f"{self.path}: cannot read the text table ({e.strerror or e})") from None
-        except ValueError as e:  # not UTF-8, not JSON
-            raise damaged(f"header is not JSON ({e})") from None
-        if not isinstance(header, dict):
-            raise damaged("header is not a JSON object")
-        header.pop("__metadata__", None)
+            header, _ = inputs.safetensors_header(self.path)
+            with inputs.open_regular(self.path, "safetensors_header", cap=1 << 62) as (fd, _):
+                (n,) = struct.unpack("<Q", os.pread(fd, 8, 0))
+        except BadInput as e:
+            raise damaged(str(e).removeprefix(f"{self.path}: ")) from None
         if NULL_PROMPT not in header:
             raise damaged(f"key {NULL_PROMPT!r} missing (the empty-prompt embedding is required)")
-        if not all(
-            isinstance(h, dict)
-            and isinstance(h.get("shape"), list)
-            and len(h["shape"]) == 2
-            and all(isinstance(x, int) and x > 0 for x in h["shape"])
-            and isinstance(h.get("data_offsets"), list)
-            and len(h["data_offsets"]) == 2
-            and all(isinstance(x, int) and 0 <= x <= size - 8 - n for x in h["data_offsets"])
-            and h["data_offsets"][1] - h["data_offsets"][0] == 2 * h["shape"][0] * h["shape"][1]
-            for h in header.values()
-        ):
-            raise damaged("an entry without a [L, D] shape and the data offsets of its bytes inside the file")
-        shapes = {tuple(h["shape"]) for h in header.values()}
-        dtypes = {h.get("dtype") for h in header.values()}
-        if len(shapes) != 1 or dtypes != {"BF16"}:
-            raise damaged(f"every key must be BF16 of one shape [L, D]; got {shapes} {dtypes}")
+        shapes = {h.shape for h in header.values()}
+        dtypes = {h.dtype for h in header.values()}
+        if len(shapes) != 1 or dtypes != {"BF16"} or len(next(iter(shapes))) != 2 or 0 in next(iter(shapes)):
+            raise damaged(f"every key must be BF16 of one shape [L, D]; got {sorted(shapes)[:5]} {sorted(dtypes)}")
+        shape = next(iter(shapes))
+        if want is not None and tuple(shape) != tuple(want):
+            raise damaged(f"rows are {list(shape)}, the manifest's geometry says {list(want)}")
+        most = MAX_ELEMENTS["text"]
+        if math.prod(shape) > most:
+            raise damaged(f"rows of {list(shape)} are larger than a text cell may be ({most} elements)")
         return header, n
 
     def __len__(self) -> int:

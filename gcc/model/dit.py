@@ -21,6 +21,7 @@ from einops import rearrange
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from gcc import inputs
 from gcc.compat.diffsynth import (
     CrossAttention,
     DiTBlock,
@@ -32,9 +33,11 @@ from gcc.compat.diffsynth import (
     use_framewise_cross_attention,
 )
 from gcc.compat.torch import bare_copy
+from gcc.errors import BadInput
 from gcc.geometry import VAE_STRIDE_S, VAE_STRIDE_T, latent_frame_spans, pixel_frames
 from gcc.model.fsdp import fill_local
 from gcc.model.seeds import stable_seed
+from gcc.names import UnsafeName, check_component
 from gcc.vocab import CHANNEL_LUT, check_vocab, num_classes
 
 COND_PREFIX = "gc_sem_cond."
@@ -430,19 +433,24 @@ def count_params(model: nn.Module) -> int:
 
 
 def _wan_weight_map(model_dir: Path) -> dict[str, str]:
-    """key -> shard file name, from the index of the published layout (or a single unsharded file)."""
+    """key -> shard file name, from the index of the published layout (or a single unsharded file); read through
+    `gcc.inputs` (a bounded regular file; a safetensors header alone), each file name one path component inside
+    `model_dir` (gcc.names). ValueError naming the file otherwise."""
     index = model_dir / WAN_INDEX
-    if index.is_file():
-        with open(index) as fh:
-            data = json.load(fh)
-        weight_map = data.get("weight_map") if isinstance(data, dict) else None
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise ValueError(f"{index}: no weight_map")
-        return weight_map
-    single = model_dir / WAN_SINGLE
-    if single.is_file():
-        with safe_open(str(single), "pt") as fh:
-            return {k: WAN_SINGLE for k in fh.keys()}
+    try:
+        if index.exists():  # whatever it is: gcc.inputs says what is wrong with it
+            data = inputs.load_json_object(index, "the Wan weights' index")
+            weight_map = data.get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise ValueError(f"{index}: no weight_map")
+            for k, fname in weight_map.items():
+                check_component(fname, f"{index}: weight_map[{inputs.shown(repr(k), 80)}]")
+            return weight_map
+        single = model_dir / WAN_SINGLE
+        if single.exists():
+            return {k: WAN_SINGLE for k in inputs.safetensors_header(single)[0]}
+    except (BadInput, UnsafeName) as e:
+        raise ValueError(str(e)) from None
     raise FileNotFoundError(
         f"{model_dir}: neither {WAN_INDEX} nor {WAN_SINGLE} found (expected the published Wan2.2-TI2V-5B layout)"
     )
@@ -491,14 +499,18 @@ def load_wan_base(model: GcDiT, model_dir: str | os.PathLike, check_only: bool =
         path = model_dir / fname
         if not path.is_file():
             raise FileNotFoundError(f"missing weight file {path} (listed in {WAN_INDEX})")
+        try:  # the header alone first: every key's shape (and its bytes inside the file) before any is read
+            header, _ = inputs.safetensors_header(path)
+        except BadInput as e:
+            raise ValueError(str(e)) from None
+        for k in by_file[fname]:
+            if k not in header:
+                raise ValueError(f"{path}: key {k} listed in the index is not in the file")
+            if header[k].shape != tuple(params[k].shape):
+                raise ValueError(f"{path}: {k} has shape {header[k].shape}, model expects {tuple(params[k].shape)}")
+        if check_only:
+            continue
         with safe_open(str(path), "pt") as fh:
-            present = set(fh.keys())
             for k in by_file[fname]:
-                if k not in present:
-                    raise ValueError(f"{path}: key {k} listed in the index is not in the file")
-                shape = tuple(fh.get_slice(k).get_shape())
-                if shape != tuple(params[k].shape):
-                    raise ValueError(f"{path}: {k} has shape {shape}, model expects {tuple(params[k].shape)}")
-                if not check_only:
-                    fill_local(params[k], lambda sl, k=k: read_slice(fh, k, sl))
+                fill_local(params[k], lambda sl, k=k: read_slice(fh, k, sl))
     return model

@@ -15,7 +15,6 @@ Data made by `gcc.synth.world` carries `synth.MARKER` in its prepared root (`is_
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from functools import lru_cache
@@ -23,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gcc import vocab
+from gcc import inputs, vocab
+from gcc.errors import BadInput
 from gcc.geometry import VAE_STRIDE_S, latent_frame_spans, pixel_frames
 from gcc.synth import world as synth
 
@@ -102,6 +102,6 @@ def is_synthetic(prepared_root: str | os.PathLike | None) -> bool:
         return False
     path = Path(prepared_root) / synth.MARKER
     try:
-        return json.loads(path.read_text()).get("generator") == "gcc.synth.world"
-    except (OSError, ValueError, AttributeError):
+        return inputs.load_json_object(path, "a synthetic world's marker").get("generator") == "gcc.synth.world"
+    except BadInput:  # absent, not a regular file, too large, not a JSON object
         return False

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import logging
 import os
 import subprocess
@@ -32,8 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from safetensors import safe_open
-
+from gcc import inputs
 from gcc.synth import world as synth
 from gcc.tools.plot import plot_run
 from gcc.tools.sample.errors import SampleError
@@ -68,14 +66,18 @@ def initial_weights(run_dir: Path, last_export: Path, path: Path) -> str | None:
     from gcc.model.dit import build_gc_dit
     from gcc.model.export import save_gc
 
-    sig = json.loads((run_dir / "run.json").read_text())["signature"]
+    sig = inputs.load_json_object(run_dir / "run.json", "a run record")["signature"]
     if sig.get("model.base_weights") or sig.get("model.init_ckpt") or sig.get("model.legacy_zero_ckpt"):
         return None
-    with safe_open(str(last_export), "pt") as fh:
-        meta = dict(fh.metadata())
+    meta = dict(inputs.safetensors_header(last_export)[1])
     meta.update(step="0", resumed_from="", resumed_step="")
     preset, seed = sig["model.preset"], int(sig["seed"])
-    dit = build_gc_dit(preset, vocab=sig["model.vocab"], init_seed=seed, **json.loads(sig["model.overrides"]))
+    dit = build_gc_dit(
+        preset,
+        vocab=sig["model.vocab"],
+        init_seed=seed,
+        **inputs.parse_json(sig["model.overrides"], "run.json: model.overrides"),
+    )
     save_gc(dit.state_dict(), path, meta)
     return f"the {preset!r} preset initialised from the run's seed {seed}, as the trainer builds it"
 
@@ -149,7 +151,7 @@ def sample_demo(run_dir: Path, prepared: Path, out: Path, clips: int, steps: int
         print(f"no export in {run_dir}: nothing to sample", file=sys.stderr)
         return None
     last = exports[-1]
-    preset = json.loads((run_dir / "run.json").read_text())["signature"]["model.preset"]
+    preset = inputs.load_json_object(run_dir / "run.json", "a run record")["signature"]["model.preset"]
     out.mkdir(parents=True, exist_ok=True)
     init = out / "initial.safetensors"
     init_note = initial_weights(run_dir, last, init)
@@ -274,7 +276,7 @@ def main(argv=None) -> int:
     if r.returncode != 0:
         print(f"training exited with {r.returncode}", file=sys.stderr)
         return r.returncode
-    with open(run_dir / "val_log.csv", newline="") as f:
+    with inputs.open_text(run_dir / "val_log.csv", "csv") as f:
         print("\n" + "\n".join(validation_table(list(csv.DictReader(f)))))
     curves = plot_run(run_dir, run_dir / "curves.png")
     sheets = []

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gcc import storage
-from gcc.errors import StorageUnavailable
+from gcc import inputs, storage
+from gcc.errors import BadInput, StorageUnavailable
 from gcc.training.run_folder import (
     Refusal,
     checkpoint_step,
@@ -143,8 +143,8 @@ def parse_head(data: bytes, etag: str, url: str) -> Head:
             f"checkpoint_dir at a new prefix (the run then resumes from its run folder's checkpoints)"
         )
     try:
-        d = json.loads(text)
-    except ValueError:
+        d = inputs.parse_json(text, url, "a commit record")
+    except BadInput:  # not JSON, or nested deeper than any record gcc writes
         d = None
     if not (
         isinstance(d, dict)
@@ -212,8 +212,8 @@ class CheckpointStore:
         if not storage.exists(url):
             return None
         try:
-            record = json.loads(storage.read_bytes(url))
-        except ValueError:
+            record = inputs.parse_json(storage.read_bytes(url, "json"), url, "a run record")
+        except BadInput:  # larger than a run record, not a file, not UTF-8 or not JSON
             record = None
         if not (isinstance(record, dict) and isinstance(record.get("signature"), dict)):
             raise Refusal(f"{url}: unreadable (not the run record gcc writes: JSON with a signature)")

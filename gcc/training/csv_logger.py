@@ -25,6 +25,7 @@ from composer.core import State
 from composer.loggers import Logger, LoggerDestination
 from composer.utils import dist
 
+from gcc import inputs
 from gcc.storage import atomic_write
 
 log = logging.getLogger(__name__)  # not `logger`: Composer passes its Logger under that name
@@ -62,7 +63,7 @@ class CSVLogger(LoggerDestination):
         path = self._path(name)
         columns = self.tables[name]
         if path.exists():
-            with open(path, newline="") as f:
+            with inputs.open_text(path, "csv") as f:  # a regular file only: a FIFO would hang the launch
                 header = next(csv.reader(f), None)
             if header != columns:
                 dest = rotated_name(path)
@@ -79,7 +80,7 @@ class CSVLogger(LoggerDestination):
         for name, columns in self.tables.items():
             self._prepare(name)
             path = self._path(name)
-            with open(path, newline="") as f:
+            with inputs.open_text(path, "csv") as f:
                 rows = list(csv.reader(f))
             # a row cut short (a write that found the disk full) goes too, whatever its first field says; a start
             # from step 0 keeps none

@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gcc import inputs
 from gcc.compat.composer import CHECKPOINT_RE, LATEST_LINK
 from gcc.compat.torch import DCP_METADATA
-from gcc.errors import Refusal
+from gcc.errors import BadInput, Refusal
 from gcc.locks import LockHeld, take_flock
 from gcc.storage import atomic_write, open_folder, sha256_file
 
@@ -92,7 +93,8 @@ def _take(path: Path, folder: Path, what: str, advice: str, run: str) -> int:
 # ---- what the run folder holds ------------------------------------------------------------------------
 # what a run writes at the top of its folder (docs/training.md, "The run folder"): none of them may be a link
 RUN_FOLDERS = ("checkpoints", "samples", "stacks", "cache", "replaced", "tensorboard")
-RUN_FILES = ("run.json", "config.json", "train_log.csv", "val_log.csv")
+LOGS = ("train_log.csv", "val_log.csv")
+RUN_FILES = ("run.json", "config.json", *LOGS)
 
 
 def check_run_folder(run_dir: Path) -> None:
@@ -160,15 +162,19 @@ def diff_signatures(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def stored_record(run_dir: Path) -> dict[str, Any] | None:
+    """The run folder's run.json (None when there is none), read through `gcc.inputs` (a regular file, bounded);
+    its CSV logs, which a resume reads and rewrites, must be regular files too. A Refusal naming the file
+    otherwise."""
     path = Path(run_dir) / "run.json"
     if not path.exists():
         return None
     try:
-        record = json.loads(path.read_bytes())
-    except (OSError, ValueError) as e:  # ValueError: not UTF-8 or not JSON
-        raise Refusal(
-            f"{path}: not a run record gcc wrote ({type(e).__name__}: {e}); restore it, or use another run_dir"
-        ) from None
+        record = inputs.load_json(path, "json", "a run record")
+    except BadInput as e:
+        raise Refusal(f"{e}; not a run record gcc wrote, restore it, or use another run_dir") from None
+    for name in LOGS:
+        if (Path(run_dir) / name).exists():
+            _checked_log(Path(run_dir) / name)
     if not (
         isinstance(record, dict)
         and isinstance(record.get("signature"), dict)
@@ -353,15 +359,27 @@ OUTPUTS = (
 REPLACED = "replaced"
 
 
+def _checked_log(path: Path) -> None:
+    """A CSV log of the run folder is a regular file of at most the csv cap (`gcc.inputs`); a Refusal naming it."""
+    try:
+        with inputs.open_regular(path, "csv"):
+            pass
+    except BadInput as e:
+        raise Refusal(f"{e}; not a log gcc wrote, restore it, or use another run_dir") from None
+
+
 def _data_rows(path: Path) -> int:
     """The rows of a CSV log, but for the header and the step-0 validation's: a start from step 0 writes those
     again (the same numbers: the same starting weights), so they do not make a folder used."""
-    try:
-        with open(path, "rb") as f:
-            lines = [line for line in f if line.strip()][1:]  # the header
-    except OSError:
+    if not path.exists():
         return 0
-    return sum(1 for line in lines if line.split(b",", 1)[0].strip() != b"0")
+    _checked_log(path)
+    try:
+        with inputs.open_text(path, "csv") as f:
+            lines = [line for line in f if line.strip()][1:]  # the header
+    except (OSError, BadInput):
+        return 0
+    return sum(1 for line in lines if line.split(",", 1)[0].strip() != "0")
 
 
 def what_a_restart_loses(run_dir: Path, doomed: tuple[Path, ...] = ()) -> list[str]:
@@ -371,9 +389,7 @@ def what_a_restart_loses(run_dir: Path, doomed: tuple[Path, ...] = ()) -> list[s
     run_dir = Path(run_dir)
     exports = sorted(run_dir.glob("step-*.safetensors"), key=lambda p: p.stat().st_mtime)
     found = [f"{len(exports)} export(s) (newest {exports[-1].name})"] if exports else []
-    found += [
-        f"{name} with {n} row(s)" for name in ("train_log.csv", "val_log.csv") if (n := _data_rows(run_dir / name))
-    ]
+    found += [f"{name} with {n} row(s)" for name in LOGS if (n := _data_rows(run_dir / name))]
     ckpts = [c for c in list_checkpoints(run_dir) if c[1] not in doomed]
     found += [f"{len(ckpts)} checkpoint(s) (newest {ckpts[-1][1].name})"] if ckpts else []
     return found

@@ -221,3 +221,226 @@ def test_a_manifest_that_is_not_the_converters_is_refused(shards, tmp_path, edit
     (data / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(BadInput, match=message):
         loader(data, tmp_path, "train")
+
+
+# ---- sizes declared inside the data are bounded by the manifest's geometry (docs/training.md, "Trust and
+# safety"): nothing is allocated, inflated or written to the cache beyond what the geometry allows ------------
+BOMB = 64 << 20  # what each bomb below inflates to; the real shards and samples are a few hundred KB
+
+
+def zstd_bomb(size: int = BOMB) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=3).compress(b"\0" * size)
+
+
+def plant_shard_bomb(data: Path, split: str) -> Path:
+    """The first shard of `split` (a compressed conversion) replaced by a zstd frame of 64 MB of zeros; its
+    index entry updated as someone who can write the data would (its size and hashes, so that the hash check
+    passes), its declared raw size left as convert_data wrote it. Returns the shard's path."""
+    from streaming.base.hashing import get_hash
+
+    blob = zstd_bomb()
+    index = json.loads((data / split / "index.json").read_text())
+    zipped = index["shards"][0]["zip_data"]
+    shard = data / split / zipped["basename"]
+    shard.write_bytes(blob)
+    zipped["bytes"] = len(blob)
+    zipped["hashes"] = {h: get_hash(h, blob) for h in ("sha1", "xxh64")}
+    (data / split / "index.json").write_text(json.dumps(index))
+    return shard
+
+
+def cache_files(cache: Path) -> dict[str, int]:
+    return {str(p): p.stat().st_size for p in cache.rglob("*") if p.is_file() and not p.is_symlink()}
+
+
+def test_a_compressed_shard_that_inflates_past_its_declared_size_is_refused_before_memory_or_cache_hold_it(
+    shards, tmp_path, in_process, capsys
+):
+    from _bounded import peak_allocated
+
+    from gcc.tools.maskstats import main as maskstats_main
+
+    data = zstd_copy(shards, tmp_path)
+    shard = plant_shard_bomb(data, "val")
+    assert shard.stat().st_size < BOMB // 1000
+    cache = tmp_path / "cache" / uuid.uuid4().hex
+    ds = GcStreamingDataset(str(data), "val", cache, batch_size=1)
+    peak, error = peak_allocated(lambda: ds[0])  # old code: 64 MB inflated in memory, then written to the cache
+    assert isinstance(error, DamagedData), repr(error)
+    assert str(shard) in str(error) and "inflates to more than" in str(error), str(error)
+    assert peak < BOMB // 4, f"{peak} bytes allocated"
+    assert all(size < BOMB // 4 for size in cache_files(cache).values()), cache_files(cache)
+    with pytest.raises(SampleError, match=r"shard\.00000\.mds\.zstd: inflates to more than"):
+        SRC.open_source(data).rows_for(None)
+    assert maskstats_main(["--data", str(data), "--split", "val", "--n", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "shard.00000.mds.zstd" in err and "inflates to more than" in err and "Traceback" not in err, err
+
+
+def test_a_sem_column_that_inflates_past_the_geometry_is_refused_at_its_size(shards, tmp_path, in_process, capsys):
+    from _bounded import peak_allocated
+
+    from gcc.tools.maskstats import main as maskstats_main
+
+    data = copy_of(shards, tmp_path)
+    blob = zstd_bomb()
+    rewrite_split(data, "train", lambda i, s: {**s, "sem_zst": blob})
+    ds = loader(data, tmp_path, "train")
+    peak, error = peak_allocated(lambda: ds[0])  # old code: each sample inflated 64 MB before its size was seen
+    assert isinstance(error, DamagedData), repr(error)
+    assert "shard.00000.mds (sample 0)" in str(error) and "sem_zst: inflates to more than" in str(error), error
+    assert peak < BOMB // 4, f"{peak} bytes allocated"
+    # the tools: old code, exit 1 with a traceback
+    assert maskstats_main(["--data", str(data), "--split", "train", "--n", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "sem_zst: inflates to more than" in err and "Traceback" not in err, err
+
+
+def test_shard_sizes_declared_beyond_the_geometry_are_refused_before_anything_is_read(shards, tmp_path):
+    data = copy_of(shards, tmp_path)
+    edit_index(data, "val", lambda index: index["shards"][0]["raw_data"].__setitem__("bytes", 1 << 40))
+    message = r"shard 0 \(chunk_00000/shard\.00000\.mds\): 'bytes' must be an integer from 0 to \d+ \(what 4 samples"
+    with pytest.raises(DamagedData, match=message):
+        loader(data, tmp_path)
+    with pytest.raises(SampleError, match=message):
+        SRC.open_source(data).rows_for(None)
+
+
+def test_a_shard_file_larger_than_its_index_declares_is_refused_before_it_is_hashed(shards, tmp_path):
+    data = copy_of(shards, tmp_path)
+    index = json.loads((data / "val" / "index.json").read_text())
+    shard = data / "val" / index["shards"][0]["raw_data"]["basename"]
+    with open(shard, "ab") as f:
+        f.truncate(shard.stat().st_size + BOMB)  # sparse: Streaming's hash check would read it whole
+    with pytest.raises(DamagedData, match=rf"{shard}: .*larger than a shard file may be"):
+        loader(data, tmp_path)[0]
+    with pytest.raises(SampleError, match="larger than a shard file may be"):
+        SRC.open_source(data).rows_for(None)
+
+
+def test_a_text_table_declaring_rows_beyond_the_geometry_is_refused_before_a_row_is_read(shards, tmp_path):
+    """A 4 KB safetensors header declaring a [65536, 65536] row in a sparse file of that size: old code took it
+    (and the first sample allocated 8 GB); the row must be the manifest's geometry.text."""
+    from gcc.data.layout import read_text_table
+    from gcc.data.text_table import TextTable
+
+    data = copy_of(shards, tmp_path)
+    m = json.loads((data / "manifest.json").read_text())
+    m["text_keys"] = 1
+    (data / "manifest.json").write_text(json.dumps(m))
+    entry = {"dtype": "BF16", "shape": [65536, 65536], "data_offsets": [0, 2 * 65536 * 65536]}
+    raw = json.dumps({"NULL_PROMPT": entry}).encode()
+    table = data / "text" / "table.safetensors"
+    with open(table, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+        f.truncate(8 + len(raw) + 2 * 65536 * 65536)
+    assert table.stat().st_blocks * 512 < 64 << 10
+    with pytest.raises(DamagedData, match=r"rows are \[65536, 65536\], the manifest's geometry says \[16, 64\]"):
+        loader(data, tmp_path)
+    with pytest.raises(SampleError, match=r"rows are \[65536, 65536\]"):
+        SRC.open_source(data)
+    with pytest.raises(DamagedData, match="larger than a text cell may be"):
+        TextTable(table)  # no manifest: the bound on any text cell
+    prepared = tmp_path / "prepared"
+    shutil.copytree(shards.parent / "prepared", prepared)
+    shutil.copy(table, prepared / "text" / "table.safetensors")  # a sparse copy is a full one on some filesystems
+    with pytest.raises(BadInput, match=r"has shape \[65536, 65536\], expected \[L, D\] of at most"):
+        read_text_table(prepared)
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "val/index.json", "text/table.safetensors"])
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_a_data_file_that_is_not_a_regular_file_is_refused_without_reading_it(shards, tmp_path, name, kind):
+    from _bounded import refused_quickly
+
+    data = copy_of(shards, tmp_path)
+    path = data / name
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)  # old code: waited for a writer for ever
+    else:
+        path.symlink_to("/dev/zero")  # old code: read until MemoryError
+    what = "a FIFO" if kind == "fifo" else "a character device"
+    refused_quickly(lambda: loader(data, tmp_path), BadInput, str(path), what)
+    refused_quickly(lambda: SRC.open_source(data).rows_for(None), SampleError, str(path), what)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_prepared_files_that_are_not_regular_files_are_refused_without_reading_them(prepared_tiny, tmp_path, kind):
+    from _bounded import quickly, refused_quickly
+
+    from gcc.data.layout import read_index
+    from gcc.synth.decode import is_synthetic
+    from gcc.synth.world import MARKER
+
+    src = tmp_path / "prepared"
+    shutil.copytree(prepared_tiny, src)
+    for path in (src / "index" / "clips.jsonl", src / MARKER):
+        path.unlink()
+        os.mkfifo(path) if kind == "fifo" else path.symlink_to("/dev/zero")
+    what = "a FIFO" if kind == "fifo" else "a character device"
+    refused_quickly(lambda: read_index(src), BadInput, "clips.jsonl", what)
+    assert quickly(lambda: is_synthetic(src)) == {"value": False}
+
+
+def test_a_prepared_npz_that_inflates_beyond_its_header_is_refused_before_it_is_loaded(prepared_tiny, tmp_path):
+    import io
+    import zipfile
+
+    from gcc.data.layout import geometry_of, load_clip, read_index, read_text_table
+    from gcc.vocab import key_to_id
+
+    src = tmp_path / "prepared"
+    shutil.copytree(prepared_tiny, src)
+    row = read_index(src)[0]
+    keys, text_shape, _ = read_text_table(src)
+    geo = geometry_of(src, row["clip_id"], text_shape)
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "|u1", "fortran_order": False, "shape": geo.sem_shape})
+    npz = src / "sem" / f"{row['clip_id']}.npz"
+    with zipfile.ZipFile(npz, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("ids.npy", header.getvalue() + b"\0" * BOMB)  # declares the geometry, inflates to 64 MB
+    with pytest.raises(BadInput, match=rf"clip {row['clip_id']}: {npz}: member 'ids.npy'.*inflates to"):
+        load_clip(src, row, geo, key_to_id(keys))  # old code: np.load inflated the whole member
+
+
+def test_a_shards_meta_without_its_fields_is_damaged_data_naming_the_shard_and_sample(shards, tmp_path):
+    """`meta` {} with the mask drawn for every sample: old code, a KeyError ('cameras') in the loader (exit 241
+    from a worker); now damaged data (exit 6 in a run) naming the shard, the sample and the field, in the main
+    process as in a loader worker."""
+    from gcc.data.dataset import Dropouts, build_dataloader
+    from gcc.training.trainer import fault_message
+
+    data = copy_of(shards, tmp_path)
+    rewrite_split(data, "train", lambda i, s: {**s, "meta": "{}"})
+    cache = tmp_path / "cache"
+    ds = GcStreamingDataset(
+        str(data), "train", cache / "main", batch_size=1, dropouts=Dropouts(mask=1.0), shuffle=False
+    )
+    where = f"{data}/train/shard.00000.mds (sample 0)"
+    with pytest.raises(DamagedData, match=r"field 'src_hw' must be") as e:
+        ds[0]
+    assert where in str(e.value)
+    ds = GcStreamingDataset(
+        str(data), "train", cache / "worker", batch_size=1, dropouts=Dropouts(mask=1.0), shuffle=False
+    )
+    with pytest.raises(DamagedData) as e:
+        next(iter(build_dataloader(ds, 1, num_workers=1)))
+    assert where in fault_message(e.value) and "field 'src_hw' must be" in fault_message(e.value), str(e.value)
+
+
+@pytest.mark.slow
+def test_a_run_on_shards_whose_meta_lacks_its_fields_stops_with_exit_6_naming_shard_and_sample(shards, tmp_path):
+    """The launch of the case above (data.mask_p=1, the meta met in a loader worker): old code, exit 241 with a
+    KeyError's traceback."""
+    from _launch import WORKER, launch
+
+    data = copy_of(shards, tmp_path)
+    rewrite_split(data, "train", lambda i, s: {**s, "meta": "{}"})
+    r = launch(tmp_path / "run", data, WORKER, "data.mask_p=1", timeout=300, direct=True)
+    out = r.stdout + r.stderr
+    assert r.returncode == 6, out[-3000:]
+    assert "damaged data" in out and "train/shard.00000.mds (sample " in out, out[-3000:]
+    assert "field 'src_hw' must be" in out and "Traceback" not in out, out[-3000:]

@@ -19,9 +19,18 @@ import torch
 from PIL import Image
 
 from gcc.data.layout import geometry_of, load_clip, read_index, read_text_table
-from gcc.data.shards import TEXT_TABLE, ClipRecord, SplitFormat, check_index, read_manifest
+from gcc.data.shards import (
+    TEXT_TABLE,
+    ClipRecord,
+    SplitFormat,
+    check_index,
+    inflate_shard,
+    read_manifest,
+    read_shard_file,
+)
 from gcc.data.text_table import TextTable
 from gcc.errors import BadInput
+from gcc.inputs import open_regular, read_bytes, read_text
 from gcc.names import check_component, inside
 from gcc.storage import atomic_write
 from gcc.tools.sample.errors import SampleError
@@ -42,7 +51,10 @@ class PreparedSource:
             _, self.text_shape, _ = read_text_table(root)
         except BadInput as e:
             raise SampleError(str(e)) from None
-        self.table = TextTable(root / "text" / "table.safetensors")
+        try:
+            self.table = TextTable(root / "text" / "table.safetensors", self.text_shape)
+        except BadInput as e:
+            raise SampleError(str(e)) from None
         self.default_raw = root / "raw"
         self.prepared_root = root
 
@@ -76,7 +88,10 @@ class ShardSource:
         except BadInput as e:
             raise SampleError(str(e)) from None
         self.root = root
-        self.table = TextTable(root / TEXT_TABLE)
+        try:
+            self.table = TextTable(root / TEXT_TABLE, tuple(self.manifest["geometry"]["text"]))
+        except BadInput as e:
+            raise SampleError(str(e)) from None
         src = self.manifest.get("source")
         self.default_raw = Path(src) / "raw" if isinstance(src, str) and src else None
         self.prepared_root = Path(src) if isinstance(src, str) and src else None  # the converted root (may be gone)
@@ -88,22 +103,27 @@ class ShardSource:
     def _open(self, split: str) -> None:
         # heavy (streaming, ~2 s over torch): only for a shard source; keeps gcc-sample --help fast
         from streaming import LocalDataset
-        from streaming.base.compression import decompress
 
         if split in self._ds:
             return
         src, local = self.root / split, Path(self._tmp, split)
         try:
-            index_bytes = (src / "index.json").read_bytes()
+            index_bytes = read_bytes(src / "index.json", "json")
             index = check_index(index_bytes, self.manifest, split, str(src / "index.json"))
             for sh in index["shards"]:
-                raw = inside(local, sh["raw_data"]["basename"], "shard")
+                # each file read at the size the checked index declares, a compressed one inflated no further
+                # than its declared raw size (gcc.data.shards: the loader's rule)
+                raw_info, zip_info = sh["raw_data"], sh["zip_data"]
+                raw = inside(local, raw_info["basename"], "shard")
                 raw.parent.mkdir(parents=True, exist_ok=True)
                 if sh["compression"]:
-                    blob = inside(src, sh["zip_data"]["basename"], "shard").read_bytes()
-                    raw.write_bytes(decompress(sh["compression"], blob))
+                    where = str(src / zip_info["basename"])
+                    blob = read_shard_file(inside(src, zip_info["basename"], "shard"), zip_info["bytes"], where)
+                    raw.write_bytes(inflate_shard(blob, sh["compression"], raw_info["bytes"], where))
                 else:
-                    shutil.copyfile(inside(src, sh["raw_data"]["basename"], "shard"), raw)
+                    where = str(src / raw_info["basename"])
+                    path = inside(src, raw_info["basename"], "shard")
+                    raw.write_bytes(read_shard_file(path, raw_info["bytes"], where))
             atomic_write(local / "index.json", index_bytes)  # the checked bytes, not the file read again
             ds = self._ds[split] = LocalDataset(local=str(local))
             self._fmt[split] = SplitFormat.of(self.manifest, split)
@@ -160,7 +180,7 @@ def open_source(data_root: str | os.PathLike):
             f"prepared root or a local copy of the shards"
         )
     root = Path(data_root)
-    if (root / "manifest.json").is_file():
+    if (root / "manifest.json").exists():  # whatever it is: read_manifest says what is wrong with it
         return ShardSource(root)
     if (root / "index" / "clips.jsonl").is_file():
         return PreparedSource(root)
@@ -176,13 +196,11 @@ def parse_clip_ids(spec: str) -> list[str]:
     """'a,b' or '@file' (one id per line or comma-separated; blank lines and '#' comments ignored)."""
     if spec.startswith("@"):
         path = Path(spec[1:])
-        if not path.is_file():
-            raise SampleError(f"--clip_ids {spec}: file {path} not found")
-        if path.stat().st_size > CLIP_IDS_FILE_MAX:
-            raise SampleError(
-                f"--clip_ids {spec}: {path} is larger than {CLIP_IDS_FILE_MAX >> 20} MB; expected a list of clip ids"
-            )
-        text = "\n".join(line.split("#", 1)[0] for line in path.read_text().splitlines())
+        try:
+            text = read_text(path, "text", CLIP_IDS_FILE_MAX)
+        except BadInput as e:
+            raise SampleError(f"--clip_ids {spec}: {e}; expected a list of clip ids") from None
+        text = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
         items = [s for line in text.splitlines() for s in line.split(",")]
     else:
         items = spec.split(",")
@@ -213,21 +231,44 @@ def select_clips(rows: dict[str, dict], clip_ids: Sequence[str] | None = None, v
     return out
 
 
+# the largest JPEG of one ground-truth frame read from a tar (a 4K frame is a few MB)
+GT_FRAME_MAX = 64 << 20
+
+
 def read_gt(raw_root: Path, clip: ClipRecord, num_frames: int) -> np.ndarray:
     """Ground truth RGB uint8 [F, src_h, src_w, 3] from `<raw>/<subset>/<scene>/<run>.tar` members
-    `<clip_id>/<f:03d>.jpg`."""
+    `<clip_id>/<f:03d>.jpg`. The tar is a regular file read as a plain tar (`gcc.inputs`), each member at most
+    GT_FRAME_MAX bytes and each image the clip's meta src_hw, checked before it is decoded."""
     path = raw_root / clip.subset / clip.scene / f"{clip.run}.tar"
-    if not path.is_file():
+    if not path.exists():
         raise SampleError(f"clip {clip.clip_id}: ground-truth tar {path} not found (--raw_root)")
+    src_h, src_w = clip.meta()["src_hw"]
     frames = []
-    with tarfile.open(path) as tf:
-        for f in range(num_frames):
-            name = f"{clip.clip_id}/{f:03d}.jpg"
-            try:
-                data = tf.extractfile(name).read()
-            except (KeyError, AttributeError):
-                raise SampleError(f"clip {clip.clip_id}: {path} has no member {name}") from None
-            frames.append(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
+    try:
+        with open_regular(path, "tar", cap=1 << 62) as (fd, _), os.fdopen(os.dup(fd), "rb") as f:
+            with tarfile.open(fileobj=f, mode="r:") as tf:
+                for i in range(num_frames):
+                    name = f"{clip.clip_id}/{i:03d}.jpg"
+                    try:
+                        member = tf.getmember(name)
+                    except KeyError:
+                        raise SampleError(f"clip {clip.clip_id}: {path} has no member {name}") from None
+                    if not member.isfile() or member.size > GT_FRAME_MAX:
+                        raise SampleError(
+                            f"clip {clip.clip_id}: {path}: member {name} is not a JPEG file of at most "
+                            f"{GT_FRAME_MAX >> 20} MB"
+                        )
+                    with Image.open(io.BytesIO(tf.extractfile(member).read())) as im:
+                        if im.size != (src_w, src_h):  # read from the header: nothing decoded yet
+                            raise SampleError(
+                                f"clip {clip.clip_id}: {path}: member {name} is {im.size[0]}x{im.size[1]}, the "
+                                f"clip's meta says src_hw {src_w}x{src_h}"
+                            )
+                        frames.append(np.asarray(im.convert("RGB")))
+    except BadInput as e:
+        raise SampleError(f"clip {clip.clip_id}: ground-truth tar: {e}") from None
+    except (tarfile.TarError, OSError) as e:  # PIL's UnidentifiedImageError is an OSError
+        raise SampleError(f"clip {clip.clip_id}: {path}: not a tar of JPEG frames ({e})") from None
     return np.stack(frames)
 
 

@@ -1,0 +1,150 @@
+"""gcc/inputs.py, the one layer every file from outside is read through (docs/training.md, "Trust and safety"):
+a regular file only, opened without blocking, no larger than its kind's cap; declared sizes inside a format
+(a safetensors header, an npz member, a zstd frame) checked before anything is allocated or inflated. Each test
+hands it one kind of hostile input and proves the rule: a BadInput naming the file, quickly, without the memory
+the input asks for."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import struct
+import time
+import zipfile
+
+import numpy as np
+import pytest
+import zstandard
+from _bounded import peak_allocated, refused_quickly
+
+from gcc import inputs
+from gcc.errors import BadInput
+
+MiB = 1 << 20
+
+
+def _refused_quickly(call, *match: str) -> BaseException:
+    return refused_quickly(call, BadInput, *match, within_s=5.0)
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "manifest.json"
+    os.mkfifo(fifo)
+    _refused_quickly(lambda: inputs.load_json(fifo), str(fifo), "FIFO")
+    _refused_quickly(lambda: inputs.open_text(fifo, "csv").__enter__(), str(fifo), "FIFO")
+
+
+def test_a_link_to_dev_zero_is_refused_before_a_byte_is_read(tmp_path):
+    link = tmp_path / "index.json"
+    link.symlink_to("/dev/zero")
+    _refused_quickly(lambda: inputs.read_bytes(link, "json"), str(link), "character device")
+
+
+def test_a_socket_is_refused(tmp_path):
+    path = tmp_path / "s"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+        _refused_quickly(lambda: inputs.read_text(path), str(path))
+    finally:
+        sock.close()
+
+
+def test_a_folder_is_refused(tmp_path):
+    _refused_quickly(lambda: inputs.load_json(tmp_path), str(tmp_path), "folder")
+
+
+def test_a_file_over_its_kinds_cap_is_refused_by_its_size_alone(tmp_path):
+    big = tmp_path / "clips.txt"
+    with open(big, "wb") as f:
+        f.truncate(inputs.CAPS["text"] + 1)  # sparse: nothing is written, nothing must be read
+    peak, error = peak_allocated(lambda: inputs.read_text(big))
+    assert isinstance(error, BadInput) and "larger than a text file may be" in str(error), error
+    assert peak < MiB
+    small = tmp_path / "small.json"
+    small.write_text("[1, 2]")
+    with pytest.raises(BadInput, match="larger than a json file may be"):
+        inputs.read_bytes(small, "json", cap=3)
+
+
+def test_json_nested_deeper_than_the_limit_is_refused_before_parsing(tmp_path):
+    deep = tmp_path / "run.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)  # Python's parser would recurse past its limit
+    _refused_quickly(lambda: inputs.load_json(deep), str(deep), f"nested deeper than {inputs.MAX_DEPTH}")
+    ok = "[" * inputs.MAX_DEPTH + "]" * inputs.MAX_DEPTH
+    assert inputs.parse_json(ok, "ok") is not None
+    assert inputs.parse_json('{"a": "[[[[" }' + " " * 100, "strings") == {"a": "[[[["}  # brackets in strings
+
+
+def _safetensors(path, header: dict, data: bytes = b"", sparse_to: int | None = None) -> None:
+    raw = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw + data)
+        if sparse_to is not None:
+            f.truncate(sparse_to)
+
+
+def test_a_safetensors_header_whose_shapes_lie_is_refused_before_any_allocation(tmp_path):
+    lie = tmp_path / "table.safetensors"
+    _safetensors(lie, {"x": {"dtype": "BF16", "shape": [65536, 65536], "data_offsets": [0, 8]}}, b"\0" * 8)
+    _refused_quickly(lambda: inputs.safetensors_header(lie), str(lie), "'x'", "needs 8589934592 bytes")
+    huge_len = tmp_path / "len.safetensors"
+    huge_len.write_bytes(struct.pack("<Q", 1 << 60) + b"{}")
+    _refused_quickly(lambda: inputs.safetensors_header(huge_len), "its header claims")
+    overlap = tmp_path / "overlap.safetensors"
+    entry = {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}
+    _safetensors(overlap, {"a": entry, "b": entry}, b"\0" * 4)
+    _refused_quickly(lambda: inputs.safetensors_header(overlap), "share bytes")
+    bad_dtype = tmp_path / "dtype.safetensors"
+    _safetensors(bad_dtype, {"a": {"dtype": "X9", "shape": [1], "data_offsets": [0, 1]}}, b"\0")
+    _refused_quickly(lambda: inputs.safetensors_header(bad_dtype), "not a safetensors dtype")
+    # a sparse file as large as the shape says is a well-formed header: the caller compares the shape with what
+    # it expects (the manifest's geometry), before it reads a row
+    sparse = tmp_path / "sparse.safetensors"
+    _safetensors(sparse, {"x": {"dtype": "BF16", "shape": [65536, 65536], "data_offsets": [0, 1 << 33]}})
+    raw_len = len(json.dumps({"x": {"dtype": "BF16", "shape": [65536, 65536], "data_offsets": [0, 1 << 33]}}))
+    os.truncate(sparse, 8 + raw_len + (1 << 33))
+    header, _ = inputs.safetensors_header(sparse)
+    assert header["x"].shape == (65536, 65536)
+
+
+def test_an_npz_member_that_inflates_beyond_its_header_is_refused_without_inflating(tmp_path):
+    bomb = tmp_path / "sem.npz"
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "|u1", "fortran_order": False, "shape": (4,)})
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("ids.npy", header.getvalue() + b"\0" * (256 * MiB))  # declares 4 bytes, inflates to 256 MB
+    assert bomb.stat().st_size < MiB
+    peak, error = peak_allocated(lambda: inputs.npy_members(bomb))
+    assert isinstance(error, BadInput) and str(bomb) in str(error) and "'ids.npy'" in str(error), error
+    assert "inflates to" in str(error) and peak < 16 * MiB
+    declared_large = tmp_path / "large.npz"
+    np.savez(declared_large, ids=np.zeros((64, 64), np.uint8))
+    with pytest.raises(BadInput, match="add up to more than"):
+        inputs.npy_members(declared_large, cap=1000)
+    pickled = tmp_path / "objects.npz"
+    np.savez(pickled, ids=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(BadInput, match="Python objects"):
+        inputs.npy_members(pickled)
+    good = tmp_path / "good.npz"
+    np.savez(good, ids=np.zeros((3, 4), np.uint8))
+    assert inputs.npy_members(good) == {"ids": ((3, 4), np.dtype(np.uint8))}
+
+
+def test_a_zstd_frame_that_inflates_past_its_cap_costs_no_more_than_the_cap(tmp_path):
+    bomb = zstandard.ZstdCompressor(level=3).compress(b"\0" * (64 * MiB))
+    assert len(bomb) < 64 * 1024
+    t0 = time.monotonic()
+    peak, error = peak_allocated(lambda: inputs.decompress_zstd(bomb, MiB, "shard.00000.mds.zstd"))
+    assert isinstance(error, BadInput) and "shard.00000.mds.zstd: inflates to more than 1.0 MB" in str(error), error
+    assert peak < 8 * MiB and time.monotonic() - t0 < 5
+    assert inputs.decompress_zstd(bomb, 64 * MiB, "fits") == b"\0" * (64 * MiB)
+    with pytest.raises(BadInput, match="not a zstd frame"):
+        inputs.decompress_zstd(b"not zstd at all", MiB, "garbage")
+
+
+def test_shown_escapes_what_would_rewrite_a_line():
+    assert inputs.shown("clip\x1b[2K\rok") == "clip\\x1b[2K\\rok"
+    assert len(inputs.shown("x" * 1000, 50)) == 50
