@@ -205,6 +205,8 @@ def digest_tree(root: Path, skip: Path | None = None) -> dict[str, str]:
             continue
         for name in dirnames + filenames:
             p = d / name
+            if p == skip:
+                continue
             rel = str(p.relative_to(root))
             if p.is_symlink():
                 found[rel] = "-> " + os.readlink(p)

@@ -310,14 +310,15 @@ def check_manifest(m: Any, where: str) -> dict[str, Any]:
             raise bad(f"splits.{split}.clip_ids", "a list as long as clip_runs")
         if counts.get(split) != len(ids) or v.get("clips") != len(ids):
             raise bad(f"counts.{split}", f"the number of clip_ids ({len(ids)})")
-        if not isinstance(v.get("runs"), list) or set(v["runs"]) != set(runs):
-            raise bad(f"splits.{split}.runs", "the set of clip_runs")
-        try:
+        try:  # the names first: only strings may be compared as sets
             for i, (c, r) in enumerate(zip(ids, runs)):
                 check_component(c, f"splits.{split}.clip_ids[{i}]")
                 check_component(r, f"splits.{split}.clip_runs[{i}]")
         except UnsafeName as e:
             raise BadInput(f"{where}: {e}") from None
+        named = v.get("runs")
+        if not isinstance(named, list) or not all(isinstance(r, str) for r in named) or set(named) != set(runs):
+            raise bad(f"splits.{split}.runs", "the set of clip_runs")
     return m
 
 

@@ -320,6 +320,19 @@ def test_a_shard_file_larger_than_its_index_declares_is_refused_before_it_is_has
         SRC.open_source(data).rows_for(None)
 
 
+def sparse_text_table(table: Path) -> Path:
+    """A safetensors text table declaring one [65536, 65536] BF16 row, as a sparse file of that size (8 GB that
+    take a few KB on disk)."""
+    entry = {"dtype": "BF16", "shape": [65536, 65536], "data_offsets": [0, 2 * 65536 * 65536]}
+    raw = json.dumps({"NULL_PROMPT": entry}).encode()
+    table.unlink(missing_ok=True)
+    with open(table, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+        f.truncate(8 + len(raw) + 2 * 65536 * 65536)
+    assert table.stat().st_blocks * 512 < 64 << 10
+    return table
+
+
 def test_a_text_table_declaring_rows_beyond_the_geometry_is_refused_before_a_row_is_read(shards, tmp_path):
     """A 4 KB safetensors header declaring a [65536, 65536] row in a sparse file of that size: old code took it
     (and the first sample allocated 8 GB); the row must be the manifest's geometry.text."""
@@ -330,13 +343,7 @@ def test_a_text_table_declaring_rows_beyond_the_geometry_is_refused_before_a_row
     m = json.loads((data / "manifest.json").read_text())
     m["text_keys"] = 1
     (data / "manifest.json").write_text(json.dumps(m))
-    entry = {"dtype": "BF16", "shape": [65536, 65536], "data_offsets": [0, 2 * 65536 * 65536]}
-    raw = json.dumps({"NULL_PROMPT": entry}).encode()
-    table = data / "text" / "table.safetensors"
-    with open(table, "wb") as f:
-        f.write(len(raw).to_bytes(8, "little") + raw)
-        f.truncate(8 + len(raw) + 2 * 65536 * 65536)
-    assert table.stat().st_blocks * 512 < 64 << 10
+    table = sparse_text_table(data / "text" / "table.safetensors")
     with pytest.raises(DamagedData, match=r"rows are \[65536, 65536\], the manifest's geometry says \[16, 64\]"):
         loader(data, tmp_path)
     with pytest.raises(SampleError, match=r"rows are \[65536, 65536\]"):
@@ -345,7 +352,7 @@ def test_a_text_table_declaring_rows_beyond_the_geometry_is_refused_before_a_row
         TextTable(table)  # no manifest: the bound on any text cell
     prepared = tmp_path / "prepared"
     shutil.copytree(shards.parent / "prepared", prepared)
-    shutil.copy(table, prepared / "text" / "table.safetensors")  # a sparse copy is a full one on some filesystems
+    sparse_text_table(prepared / "text" / "table.safetensors")  # written, not copied: a copy may fill 8 GB
     with pytest.raises(BadInput, match=r"has shape \[65536, 65536\], expected \[L, D\] of at most"):
         read_text_table(prepared)
 
