@@ -513,6 +513,9 @@ def validate(cfg: TrainConfig) -> None:
 
 # the largest value of each model.overrides field (each of a tuple's items): the model is built, on the meta device,
 # before the run starts; the 5B model has 30 layers of width 3072
+# the largest model the overrides may describe (the 5B teacher ten times over): each field within its bound can
+# still multiply into a model no machine holds
+MAX_PARAMS = 50e9
 MODEL_BOUNDS = {
     "num_layers": 256,
     "dim": 1 << 16,
@@ -614,11 +617,14 @@ def _check_weights_fit(cfg: TrainConfig) -> None:
     if not (cfg.model.overrides or cfg.model.model_dir or cfg.model.init_ckpt):
         return
     # heavy (torch, diffsynth): validating a config without model weights stays light
-    from gcc.model.dit import build_gc_dit, load_wan_base
+    from gcc.model.dit import build_gc_dit, count_params, load_wan_base
     from gcc.model.export import load_gc_weights
 
     try:
         dit = build_gc_dit(cfg.model.preset, device="meta", vocab=cfg.model.vocab, **cfg.model.overrides)
+        n = count_params(dit)  # on the meta device: counted, never allocated
+        if n > MAX_PARAMS:
+            raise ValueError(f"{n / 1e9:.0f} B parameters, more than gcc trains ({MAX_PARAMS / 1e9:.0f} B)")
         head_dim, rem = divmod(dit.config.dim, dit.config.num_heads)
         if rem or head_dim % 2 or head_dim // 3 % 2:  # Wan's 3D RoPE splits a head in three even parts
             raise ValueError(

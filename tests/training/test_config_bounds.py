@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from gcc.training.config import BOUNDS, MAX_VAL_TIMESTEPS, MODEL_BOUNDS, ConfigError, load_config, parse_override
+from gcc.training.config import (
+    BOUNDS,
+    MAX_VAL_TIMESTEPS,
+    MODEL_BOUNDS,
+    ConfigError,
+    check_inputs,
+    load_config,
+    parse_override,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 YAML = ROOT / "yamls" / "tiny_cpu.yaml"
@@ -42,6 +50,13 @@ def test_a_model_override_is_refused_beyond_its_range(key):
 def test_num_layers_of_a_hundred_million_is_refused_naming_the_range():
     with pytest.raises(ConfigError, match=r"model.overrides.num_layers: expected a positive integer, at most 256"):
         load_config(YAML, ["model.overrides={num_layers: 100000000}", "loggers={}"])
+
+
+def test_overrides_each_in_range_that_multiply_into_an_unbounded_model_are_refused():
+    """num_layers 256 and dim 16384 are each within their bounds; together they describe a ~6 T parameter model
+    (counted on the meta device, never allocated)."""
+    with pytest.raises(ConfigError, match=r"model.overrides: .* B parameters, more than gcc trains \(50 B\)"):
+        check_inputs(load_config(YAML, ["model.overrides={num_layers: 256, dim: 16384, num_heads: 128}", "loggers={}"]))
 
 
 def test_patch_size_items_are_bounded():
