@@ -47,15 +47,21 @@ def _chain(e: BaseException):
 
 
 def is_unreachable(e: BaseException) -> bool:
-    """The error of a store that does not answer (as opposed to one that answers 'no such key')."""
+    """The error of a store or a logger's tracking server that does not answer (as opposed to one that answers 'no
+    such key')."""
     try:
         # optional: only object-storage (s3://) errors; botocore is loaded only when a store is used
         from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
         from s3transfer.exceptions import RetriesExceededError
     except ImportError:
         return False
+    try:  # optional: a logger's tracking server (MLflow, W&B speak HTTP through requests)
+        from requests.exceptions import ConnectionError as HTTPUnreachable
+        from requests.exceptions import Timeout as HTTPTimeout
+    except ImportError:
+        HTTPUnreachable = HTTPTimeout = ConnectionError
     for x in _chain(e):
-        if isinstance(x, (ConnectionError, HTTPClientError, RetriesExceededError)):
+        if isinstance(x, (ConnectionError, HTTPClientError, RetriesExceededError, HTTPUnreachable, HTTPTimeout)):
             return True
         if isinstance(x, ClientError) and x.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= 500:
             return True

@@ -14,7 +14,7 @@ REFUSED = 3  # the launch was refused: data, run folder, checkpoint prefix or lo
 NONFINITE = 4  # the loss or a gradient became NaN/inf (no checkpoint is written after it)
 STALLED = 5  # a rank missed a deadline or waited on a node-wide lock too long (stacks in <run_dir>/stacks/)
 DATA = 6  # damaged data: a shard or index that cannot be read back as convert_data wrote it
-STORAGE = 7  # object storage did not answer after the bounded retries
+STORAGE = 7  # object storage (or a logger's tracking server) did not answer after the bounded retries
 DISK = 8  # no space left where the run or the tool writes
 
 # the faults: one rank sees it while the others may wait in a collective, so every rank leaves at once

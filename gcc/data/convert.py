@@ -254,6 +254,23 @@ def _existing_manifest(out: str) -> dict[str, Any] | None:
     return old
 
 
+def _check_finished_output(out: str, manifest: dict[str, Any]) -> None:
+    """A finished local output is only "nothing to do" when its text table is still the one converted: a regular
+    file (never a link to somewhere else) with the manifest's sha256."""
+    if storage.is_remote(out):
+        return
+    table = Path(out, TEXT_TABLE)
+    if table.is_symlink() or not table.is_file():
+        raise BadInput(
+            f"{table}: {'a symbolic link' if table.is_symlink() else 'missing or not a file'}, not the text table "
+            f"convert_data wrote; remove {out} and convert again"
+        )
+    if storage.sha256_file(table) != manifest.get("text_table_sha256"):
+        raise BadInput(
+            f"{table}: not the text table this conversion wrote (sha256 differs); remove {out} and convert again"
+        )
+
+
 def convert(
     src: str | Path,
     out: str,
@@ -290,6 +307,7 @@ def convert(
                     f"{name!r}; the name is fixed once written (runs on it depend on the manifest): "
                     f"pass --name {str(old['name'])[:80]}, or convert into another --out"
                 )
+            _check_finished_output(out, old)
             logger.info(f"{out}: already converted from this source ({MANIFEST} matches); nothing to do")
             return old
         diff = sorted(

@@ -30,7 +30,7 @@ from composer.utils import dist
 
 from gcc import exit_codes
 from gcc.compat.composer import run_after_checkpoint_saver
-from gcc.errors import DamagedData, LockTimeout, Refusal, StorageUnavailable, disk_full
+from gcc.errors import DamagedData, LockTimeout, Refusal, StorageUnavailable, disk_full, is_unreachable
 from gcc.model.dit import count_params
 from gcc.sampling.vae import VaeError
 from gcc.training import builders as B
@@ -79,6 +79,11 @@ def as_fault(e: BaseException, run_dir: str) -> tuple[int, str] | None:
         return EXIT_STORAGE, (
             f"storage unavailable: {fault_message(e)}. Relaunch the same command once the store "
             f"answers: it resumes from the last complete checkpoint"
+        )
+    if is_unreachable(e):  # a logger's tracking server (object storage is StorageUnavailable by now)
+        return EXIT_STORAGE, (
+            f"a server did not answer: {fault_message(e)}. Relaunch the same command once it answers: it resumes "
+            f"from the last complete checkpoint"
         )
     full = disk_full(e, run_dir, f"under {run_dir}")
     if full is not None:

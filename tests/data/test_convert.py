@@ -468,6 +468,23 @@ def test_the_text_table_is_never_written_through_a_link_inside_out(where, src, t
     assert not (out / MANIFEST).exists()
 
 
+@pytest.mark.parametrize("damage", ["link", "other bytes"])
+def test_a_finished_output_whose_text_table_changed_is_not_called_done(damage, src, tmp_path, capsys):
+    """A finished output whose text table became a link to a file elsewhere (or other bytes): the rerun says so
+    (exit 2 naming it) instead of "nothing to do", which would leave a run to read the wrong table."""
+    out = tmp_path / "out"
+    assert _convert(src, out, capsys)[0] == 0
+    table = out / TEXT_TABLE
+    if damage == "link":
+        (tmp_path / "elsewhere.safetensors").write_bytes(table.read_bytes())
+        table.unlink()
+        table.symlink_to(tmp_path / "elsewhere.safetensors")
+    else:
+        table.write_bytes(table.read_bytes()[:-1] + b"x")
+    code, err = _convert(src, out, capsys)
+    assert code == C.EXIT_BAD_INPUT and f"{table}: " in err and "not the text table" in err, err
+
+
 def test_another_prepared_dataset_is_never_converted_over(src, tmp_path, capsys):
     other = make_prepared(tmp_path / "other", clips=2, seed=3)
     before = _tree_bytes(other)
