@@ -9,6 +9,8 @@ printable line `<prog>: ...` saying what is wrong: never a traceback, never an e
 
 The fuzz runs are reproducible: the `gcc` Hypothesis profile derandomizes (the same cases on every run, chosen
 from a fixed seed) and keeps no example database; `GCC_FUZZ_EXAMPLES` scales the number of cases (default 1).
+The bounded-read tests use the same timer (`quickly`, `refused_quickly`) and measure what a call allocated
+(`peak_allocated`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import signal
 import sys
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
@@ -217,3 +220,44 @@ def digest_tree(root: Path, skip: Path | None = None) -> dict[str, str]:
             else:
                 found[rel] = "other"
     return found
+
+
+def quickly(call: Callable, within_s: float = 20.0) -> dict:
+    """{"value": what `call()` returned} or {"error": the Exception it raised}, within `within_s` (`time_limit`:
+    a regression, a read that waits on a FIFO for ever, fails the test instead of hanging the session)."""
+    result: dict = {}
+    try:
+        with time_limit(within_s):
+            try:
+                result["value"] = call()
+            except Exception as e:  # whatever it raised is what the test looks at
+                result["error"] = e
+    except Overran:
+        raise AssertionError(f"still running after {within_s} s (a read that blocks)") from None
+    return result
+
+
+def refused_quickly(call: Callable, error: type[BaseException], *match: str, within_s: float = 20.0) -> BaseException:
+    """`call()` raises `error` whose message holds every `match`, within `within_s` (see `quickly`)."""
+    e = quickly(call, within_s).get("error")
+    assert isinstance(e, error), f"expected {error.__name__}, got {e!r}"
+    for m in match:
+        assert m in str(e), str(e)
+    return e
+
+
+def peak_allocated(call: Callable) -> tuple[int, BaseException | None]:
+    """(the most bytes Python's allocators held at once while `call()` ran, beyond what they held before; the
+    exception it raised, or None). Bytes objects that C code creates (a decompressor's output) count too."""
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        try:
+            call()
+            error = None
+        except Exception as e:  # returned to the test
+            error = e
+        return tracemalloc.get_traced_memory()[1] - base, error
+    finally:
+        tracemalloc.stop()

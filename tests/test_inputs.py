@@ -17,7 +17,7 @@ import zipfile
 import numpy as np
 import pytest
 import zstandard
-from _bounded import peak_allocated, refused_quickly
+from hostile import peak_allocated, refused_quickly
 
 from gcc import inputs
 from gcc.errors import BadInput

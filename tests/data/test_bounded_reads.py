@@ -10,7 +10,7 @@ import json
 import os
 
 import pytest
-from _bounded import refused_quickly
+from hostile import refused_quickly
 
 from gcc import storage
 from gcc.errors import BadInput, Refusal

@@ -258,7 +258,7 @@ def cache_files(cache: Path) -> dict[str, int]:
 def test_a_compressed_shard_that_inflates_past_its_declared_size_is_refused_before_memory_or_cache_hold_it(
     shards, tmp_path, in_process, capsys
 ):
-    from _bounded import peak_allocated
+    from hostile import peak_allocated
 
     from gcc.tools.maskstats import main as maskstats_main
 
@@ -280,7 +280,7 @@ def test_a_compressed_shard_that_inflates_past_its_declared_size_is_refused_befo
 
 
 def test_a_sem_column_that_inflates_past_the_geometry_is_refused_at_its_size(shards, tmp_path, in_process, capsys):
-    from _bounded import peak_allocated
+    from hostile import peak_allocated
 
     from gcc.tools.maskstats import main as maskstats_main
 
@@ -360,7 +360,7 @@ def test_a_text_table_declaring_rows_beyond_the_geometry_is_refused_before_a_row
 @pytest.mark.parametrize("name", ["manifest.json", "val/index.json", "text/table.safetensors"])
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
 def test_a_data_file_that_is_not_a_regular_file_is_refused_without_reading_it(shards, tmp_path, name, kind):
-    from _bounded import refused_quickly
+    from hostile import refused_quickly
 
     data = copy_of(shards, tmp_path)
     path = data / name
@@ -376,7 +376,7 @@ def test_a_data_file_that_is_not_a_regular_file_is_refused_without_reading_it(sh
 
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
 def test_prepared_files_that_are_not_regular_files_are_refused_without_reading_them(prepared_tiny, tmp_path, kind):
-    from _bounded import quickly, refused_quickly
+    from hostile import quickly, refused_quickly
 
     from gcc.data.layout import read_index
     from gcc.synth.decode import is_synthetic
