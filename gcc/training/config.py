@@ -81,8 +81,8 @@ WORKERS = Range(0, 1 << 16)  # a rank or a count of ranks
 
 @dataclass(frozen=True)
 class Role:
-    """What a config field is for, declared next to it with `setting` and read by validate, launch.run_signature and
-    builders.export_metadata.
+    """What a config field is for, declared next to it with `setting` (`role` for a field with a default factory)
+    and read by validate, launch.run_signature and builders.export_metadata.
 
     identity: True when its value is part of the run signature (docs/design.md §9.3: a relaunch that changes it is
     refused, exit 3); a signature key (str) when launch.run_signature records, under that key, what identifies
@@ -268,7 +268,7 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    faults: FaultsConfig = field(default_factory=FaultsConfig)  # tests only
+    faults: FaultsConfig = field(default_factory=FaultsConfig)  # for gcc's own tests only
 
     def per_rank_batch(self, world_size: int) -> int:
         return self.micro_batch * self.accumulation(world_size)
@@ -304,7 +304,7 @@ def roles(cls: type) -> dict[str, Role]:
     found = {}
     for key, f, _ in _fields(cls):
         if ROLE not in f.metadata:
-            raise TypeError(f"config field {key}: declares no role (declare it with setting(...))")
+            raise TypeError(f"config field {key}: declares no role (declare it with setting(...) or role(...))")
         found[key] = f.metadata[ROLE]
     return found
 
