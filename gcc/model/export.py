@@ -58,6 +58,15 @@ META_KEYS = (
     "resumed_step",
 )
 GC_META = {"arm": "gc25d", "format": "gc25d", "sem_cond": "gc_sem_cond", "mask_channel": "False"}
+# what a trainer of this gcc writes unless it says otherwise (a start from step 0 has no resume)
+META_DEFAULTS = {
+    "stage": "sft_bidirectional",
+    "cond_type": "ids",
+    "cond_key": "ids",
+    "trainer": f"gcc {__version__}",
+    "resumed_from": "",
+    "resumed_step": "",
+}
 EXPORT_DTYPE = torch.bfloat16
 _ST_DTYPE = "BF16"
 
@@ -70,55 +79,15 @@ def _s(v: Any) -> str:
     return "" if v is None else str(v)
 
 
-def gc_metadata(
-    *,
-    vocab: str,
-    data: str,
-    data_root: str,
-    step: int,
-    text_dropout: float,
-    cond_dropout: float,
-    mask_p: float,
-    lr: float,
-    cond_lr: float,
-    weight_decay: float,
-    warmup_steps: int,
-    first_frame_cond: bool,
-    seed: int,
-    init_ckpt: str,
-    model_dir: str,
-    resumed_from: str = "",
-    resumed_step: int | str = "",
-    stage: str = "sft_bidirectional",
-    cond_type: str = "ids",
-    cond_key: str = "ids",
-    trainer: str = f"gcc {__version__}",
-) -> dict[str, str]:
-    """The export metadata (docs/design.md §9.9), every value a string (None -> "")."""
-    fields = dict(
-        vocab=vocab,
-        data=data,
-        data_root=data_root,
-        step=step,
-        stage=stage,
-        cond_type=cond_type,
-        cond_key=cond_key,
-        text_dropout=text_dropout,
-        cond_dropout=cond_dropout,
-        mask_p=mask_p,
-        lr=lr,
-        cond_lr=cond_lr,
-        weight_decay=weight_decay,
-        warmup_steps=warmup_steps,
-        first_frame_cond=first_frame_cond,
-        seed=seed,
-        init_ckpt=init_ckpt,
-        model_dir=model_dir,
-        trainer=trainer,
-        resumed_from=resumed_from,
-        resumed_step=resumed_step,
-    )
-    meta = {**GC_META, **{k: _s(v) for k, v in fields.items()}}
+def gc_metadata(**values: Any) -> dict[str, str]:
+    """The export metadata (docs/design.md §9.9) in META_KEYS' order, every value a string (None -> ""): GC_META, and
+    `values` (the trainer's: gcc/training/builders.py export_metadata) over META_DEFAULTS. A key of GC_META or
+    outside META_KEYS, or one missing, is a ValueError naming it (a caller's mistake: the file would be refused)."""
+    unexpected = sorted(set(values) - set(META_KEYS) | set(values) & set(GC_META))
+    missing = sorted(set(META_KEYS) - set(GC_META) - set(META_DEFAULTS) - set(values))
+    if unexpected or missing:
+        raise ValueError(f"export metadata: unexpected {unexpected}, missing {missing} (docs/design.md §9.9)")
+    meta = {**GC_META, **META_DEFAULTS, **{k: _s(v) for k, v in values.items()}}
     return {k: meta[k] for k in META_KEYS}
 
 
@@ -426,6 +395,7 @@ def load_state_dict_gc(model: GcDiT, state_dict: Mapping[str, torch.Tensor], whe
 
 __all__ = [
     "GC_META",
+    "META_DEFAULTS",
     "META_KEYS",
     "GcCkptError",
     "check_gc_ckpt",

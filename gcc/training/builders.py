@@ -31,7 +31,7 @@ from gcc.model.export import gc_metadata, load_gc_weights, load_legacy_zero
 from gcc.model.fsdp import mean_gradients_on_gloo
 from gcc.model.objective import GcTrainModel
 from gcc.model.optim import build_optimizer, trainer_schedule_kwargs
-from gcc.redact import redact, redact_text
+from gcc.redact import redact
 from gcc.sampling.decoders import pick_decoder
 from gcc.sampling.media import FPS
 from gcc.sampling.sampler import WAN_SHIFT
@@ -58,7 +58,7 @@ from gcc.training.callbacks.console_log import console_lines_wanted
 from gcc.training.callbacks.samples import SampleSettings, TrainingSamples
 from gcc.training.callbacks.step_deadline import writes_at
 from gcc.training.checkpoint_store import store_for
-from gcc.training.config import TrainConfig, samples_during_training
+from gcc.training.config import TrainConfig, exported_values, samples_during_training
 from gcc.training.launch import RunStart, cache_dir, data_name, train_clips
 from gcc.training.peer_fault import PEER_GRACE_S, announce, watch_peers
 from gcc.training.ranks import rank, world_size
@@ -110,8 +110,8 @@ def build_train_loader(cfg: TrainConfig, per_rank_batch: int) -> DataLoader:
         limit=cfg.data.limit,
     )
     collate = gc_collate
-    if cfg.inject_stall_step and rank() == cfg.inject_stall_rank:
-        collate = StallAt(gc_collate, cfg.inject_stall_step)
+    if cfg.faults.stall_step and rank() == cfg.faults.stall_rank:
+        collate = StallAt(gc_collate, cfg.faults.stall_step)
     # every optimizer step sees the whole global batch: an epoch's partial tail is dropped (which samples that
     # are varies with the epoch's shuffle; docs/training.md, "Epochs")
     return build_dataloader(
@@ -253,25 +253,13 @@ def resolved_config(cfg: TrainConfig, manifest: dict, per_rank_batch: int) -> di
 
 # ---- the run's wiring -----------------------------------------------------------------------------------
 def export_metadata(cfg: TrainConfig, start: RunStart, step: int) -> dict[str, str]:
-    """The metadata of the export at `step`, from the config, the data's manifest and the launch's lineage."""
-
-    d, o = cfg.data, cfg.optim
+    """The metadata of the export at `step`: the fields the config declares exported (`exported_values`), the
+    data's name from its manifest, the step, and the launch's lineage and resume."""
     return gc_metadata(
-        vocab=cfg.model.vocab,
+        **exported_values(cfg),
         data=data_name(cfg, start.manifest),
-        data_root=redact_text(d.path),
         step=step,
-        text_dropout=d.text_dropout,
-        cond_dropout=d.cond_dropout,
-        mask_p=d.mask_p,
-        lr=o.lr,
-        cond_lr=o.cond_lr,
-        weight_decay=o.weight_decay,
-        warmup_steps=o.warmup_steps,
-        first_frame_cond=cfg.model.first_frame_cond,
-        seed=cfg.seed,
         init_ckpt=start.lineage["init_ckpt"],
-        model_dir=redact_text(cfg.model.model_dir),
         resumed_from=start.resumed_from,
         resumed_step="" if start.resumed_step is None else start.resumed_step,
     )
@@ -325,7 +313,7 @@ def build_callbacks(
     after_saver = [rotation]
     if store is not None:
         after_saver.append(
-            CheckpointUpload(store, start.launch, run_dir, cfg.keep_checkpoints, cfg.inject_stop_after_commit_step)
+            CheckpointUpload(store, start.launch, run_dir, cfg.keep_checkpoints, cfg.faults.stop_after_commit_step)
         )
     after_saver.append(deadline.after_save)  # last: the step deadline again once every write is done
     export = Export(
@@ -338,7 +326,7 @@ def build_callbacks(
         store,
         start.launch,
     )
-    guard = NonFiniteGuard(sync, cfg.inject_nonfinite_step, cfg.inject_nonfinite_rank)
+    guard = NonFiniteGuard(sync, cfg.faults.nonfinite_step, cfg.faults.nonfinite_rank)
     val = ValidationLog("val")
     global_batch = GlobalBatchRecord(cfg.global_batch)  # in every checkpoint: a resume sees a changed one
     ordered = [
@@ -368,7 +356,7 @@ def build_callbacks(
         )
     at_start = None
     if cfg.val_at_start and validates(cfg) and not start.resumed:  # a resume never repeats it
-        at_start = ValidateAtStart(preemption, cfg.inject_sigterm_at_val0)
+        at_start = ValidateAtStart(preemption, cfg.faults.sigterm_at_val0)
         ordered.append(at_start)
     return RunCallbacks(ordered, after_saver, preemption, global_batch, at_start)
 

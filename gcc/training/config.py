@@ -1,22 +1,28 @@
 """The typed run configuration: yaml + dotted `key=value` overrides -> `TrainConfig`, validated before any work.
 
-Defaults are the v10 run (docs/design.md §8). Unknown keys, wrong types, values outside their range (`BOUNDS`,
-`MODEL_BOUNDS`), a path with credentials in it and inconsistent batch settings raise `ConfigError` naming the key;
-`gcc/train.py` turns that into a one-line message and exit code 2. The yaml and the overrides are read by a bounded
-loader (`_BoundedLoader`; docs/training.md, "Trust and safety").
+Defaults are the v10 run (docs/design.md §8). Each field declares its role once, next to it (`setting`): whether it
+is part of the run's identity (`launch.run_signature`), whether it goes into every export's metadata
+(`builders.export_metadata`), its range (`Range`) and whether it is a path; its allowed values are its `Literal`
+type. The signature, the export metadata, `CHOICES`, `BOUNDS` and `PATH_KEYS` are derived from these (`ROLES`).
+Unknown keys, wrong types, values outside their range (`BOUNDS`, `MODEL_BOUNDS`), a path with credentials in it
+and inconsistent batch settings raise `ConfigError` naming the key; `gcc/train.py` turns that into a one-line
+message and exit code 2. The yaml and the overrides are read by a bounded loader (`_BoundedLoader`;
+docs/training.md, "Trust and safety").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import re
 import types
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from safetensors import SafetensorError
@@ -25,6 +31,7 @@ from gcc import storage
 from gcc.cli import folder_problem, input_file_problem
 from gcc.errors import BadInput
 from gcc.inputs import MAX_DEPTH, read_text, shown
+from gcc.redact import redact_text
 from gcc.workers import PREEMPTION_GRACE_S
 
 
@@ -32,121 +39,236 @@ class ConfigError(ValueError):
     pass
 
 
+DAY_S = 86400.0
+STEPS = 10**9
+
+
+def _num(x: float) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a number may take: `low` to `high` (None: no upper bound), `exclusive`: above `low`, never at it
+    (a duration that must not be 0). `unit` as a message says it; `said`: how a message states the range where
+    "must be >= low and at most high" would not (a fraction: "in [0, 1]")."""
+
+    low: float
+    high: float | None = None
+    unit: str = ""
+    exclusive: bool = False
+    said: str = ""
+
+    def problem(self, value: float) -> str | None:
+        """Why `value` is outside the range (None when inside)."""
+        low_ok = self.low < value if self.exclusive else self.low <= value
+        if low_ok and (self.high is None or value <= self.high):
+            return None
+        if self.said:
+            return f"must be {self.said}, got {value}"
+        lowest = f"> {_num(self.low)}" if self.exclusive else f">= {_num(self.low)}"
+        if self.high is None:
+            return f"must be {lowest}{self.unit}, got {value}"
+        if not low_ok:
+            return f"must be {lowest}{self.unit} and at most {_num(self.high)}{self.unit}, got {value}"
+        return f"must be at most {_num(self.high)}{self.unit} (and {lowest}), got {value}"
+
+
+FRACTION = Range(0.0, 1.0, said="in [0, 1]")  # a probability or a share
+NON_NEGATIVE = Range(0.0)
+WORKERS = Range(0, 1 << 16)  # a rank or a count of ranks
+
+
+@dataclass(frozen=True)
+class Role:
+    """What a config field is for, declared next to it with `setting` (`role` for a field with a default factory)
+    and read by validate, launch.run_signature and builders.export_metadata.
+
+    identity: True when its value is part of the run signature (docs/design.md §9.3: a relaunch that changes it is
+    refused, exit 3); a signature key (str) when launch.run_signature records, under that key, what identifies
+    the thing it names (a digest, a resolved path) rather than its value; False when it may change on resume.
+    exported: True when its value goes into every export's metadata (docs/design.md §9.9) under its own name; a
+    metadata key (str): under that key; False: not exported. A path goes in with credentials masked.
+    bounds: the range of a number (None: any value of its type). path: a local path or s3:// URL, refused with
+    credentials in it (gcc.storage.userinfo_problem)."""
+
+    identity: bool | str
+    exported: bool | str
+    bounds: Range | None = None
+    path: bool = False
+
+
+ROLE = "gcc.role"  # the key of a field's Role in its dataclass field metadata
+
+
+def role(*, identity: bool | str, exported: bool | str, bounds: Range | None = None, path: bool = False) -> dict:
+    """A config field's metadata holding its Role, for a field with a default factory:
+    `x: list = field(default_factory=list, metadata=role(identity=..., exported=...))`."""
+    return {ROLE: Role(identity, exported, bounds, path)}
+
+
+def setting(
+    default: Any, *, identity: bool | str, exported: bool | str, bounds: Range | None = None, path: bool = False
+) -> Any:
+    """A config field with its default and its role (`Role`): `x: int = setting(0, identity=..., exported=...)`."""
+    return field(default=default, metadata=role(identity=identity, exported=exported, bounds=bounds, path=path))
+
+
 @dataclass
 class ModelConfig:
-    preset: str = "ti2v-5b"  # gcc.model.dit presets: ti2v-5b | wide (its width, 2 blocks) | tiny
-    overrides: dict = field(default_factory=dict)  # preset fields to change (e.g. tiny's text_dim)
-    model_dir: str = ""  # base Wan2.2-TI2V-5B weights (sharded safetensors); "" = random init (tiny/CPU only)
-    init_ckpt: str = ""  # warm start: a gc25d export (same vocab) or a plain Wan export
-    legacy_zero_ckpt: str = ""  # warm start from a DeepSpeed ZeRO checkpoint dir (needs the `legacy` extra)
+    # gcc.model.dit presets: ti2v-5b | wide (its width, 2 blocks) | tiny
+    preset: Literal["ti2v-5b", "wide", "tiny"] = setting("ti2v-5b", identity=True, exported=False)
+    # preset fields to change (e.g. tiny's text_dim); signed as sorted JSON
+    overrides: dict = field(default_factory=dict, metadata=role(identity=True, exported=False))
+    # base Wan2.2-TI2V-5B weights (sharded safetensors); "" = random init (tiny/CPU only); signed by the sha256 of
+    # its index file (so a copy elsewhere is the same run)
+    model_dir: str = setting("", identity="model.base_weights", exported=True, path=True)
+    # warm start: a gc25d export (same vocab) or a plain Wan export; signed by its digest. Its export metadata
+    # entry is the lineage's (builders.export_metadata)
+    init_ckpt: str = setting("", identity="model.init_ckpt", exported=False, path=True)
+    # warm start from a DeepSpeed ZeRO checkpoint dir (needs the `legacy` extra); signed by its real path
+    legacy_zero_ckpt: str = setting("", identity="model.legacy_zero_ckpt", exported=False, path=True)
     # the Wan2.2 VAE file (Wan2.2_VAE.pth as published) that decodes the samples logged during training on real data;
     # "" = a latent preview (gcc-synth data has its own decoder)
-    vae_path: str = ""
-    vocab: str = "parts"
-    first_frame_cond: bool = True
-    grad_ckpt: bool = True
+    vae_path: str = setting("", identity=False, exported=False, path=True)
+    vocab: Literal["parts", "ids"] = setting("parts", identity=True, exported=True)
+    first_frame_cond: bool = setting(True, identity=True, exported=True)
+    grad_ckpt: bool = setting(True, identity=False, exported=False)
 
 
 @dataclass
 class DataConfig:
-    path: str = "data/gc25d_v10_mds"  # a convert_data output: local folder or s3://bucket/prefix
-    cache_dir: str = ""  # per-node shard cache; "" = <run_dir>/cache/node<N>
-    num_workers: int = 4
-    text_dropout: float = 0.1
-    cond_dropout: float = 0.05
-    mask_p: float = 0.5
-    mask_calibration: str = "frame0"  # frame0 | cap
-    max_frame_coverage: float = 0.4
-    num_canonical_nodes: int = 1  # fixed so the sample order is the same for any number of nodes/GPUs
-    cache_limit: str = ""  # Streaming cache_limit (e.g. "200gb"); "" = unlimited
-    # N: train on a seeded subset of N train clips (a smoke run on the real data; part of the run signature);
-    # null = the whole train split
-    limit: int | None = None
+    # a convert_data output: local folder or s3://bucket/prefix; the run is signed by its manifest's sha256 (the
+    # data's content: a copy elsewhere is the same run); exported as data_root
+    path: str = setting("data/gc25d_v10_mds", identity="data.manifest_sha256", exported="data_root", path=True)
+    # per-node shard cache; "" = <run_dir>/cache/node<N>
+    cache_dir: str = setting("", identity=False, exported=False, path=True)
+    num_workers: int = setting(4, identity=False, exported=False, bounds=Range(0, 256))
+    text_dropout: float = setting(0.1, identity=True, exported=True, bounds=FRACTION)
+    cond_dropout: float = setting(0.05, identity=True, exported=True, bounds=FRACTION)
+    mask_p: float = setting(0.5, identity=True, exported=True, bounds=FRACTION)
+    mask_calibration: Literal["frame0", "cap"] = setting("frame0", identity=True, exported=False)
+    max_frame_coverage: float = setting(0.4, identity=True, exported=False, bounds=FRACTION)
+    # fixed so the sample order is the same for any number of nodes/GPUs
+    num_canonical_nodes: int = setting(1, identity=True, exported=False, bounds=Range(1, 1 << 16))
+    # Streaming cache_limit (e.g. "200gb"); "" = unlimited
+    cache_limit: str = setting("", identity=False, exported=False)
+    # N: train on a seeded subset of N train clips (a smoke run on the real data); null = the whole train split
+    limit: int | None = setting(
+        None,
+        identity=True,
+        exported=False,
+        bounds=Range(
+            1, STEPS, said=f"a positive number of train clips, or null (the whole train split), at most {STEPS}"
+        ),
+    )
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-5
-    cond_lr: float = 1e-4
-    weight_decay: float = 0.01
-    warmup_steps: int = 500
-    grad_clip: float = 1.0  # max global grad norm; 0 = off
+    lr: float = setting(1e-5, identity=True, exported=True, bounds=NON_NEGATIVE)
+    cond_lr: float = setting(1e-4, identity=True, exported=True, bounds=NON_NEGATIVE)
+    weight_decay: float = setting(0.01, identity=True, exported=True, bounds=NON_NEGATIVE)
+    warmup_steps: int = setting(500, identity=True, exported=True, bounds=Range(0, STEPS))
+    # max global grad norm; 0 = off
+    grad_clip: float = setting(1.0, identity=True, exported=False, bounds=NON_NEGATIVE)
 
 
 @dataclass
 class FsdpConfig:
     # False: ZeRO-2-like (a block's gathered parameters stay from its forward to its backward); True: ZeRO-3-like
     # (gathered again in the backward: less memory, one more all-gather per block). docs/performance.md has both.
-    reshard_after_forward: bool = False
+    reshard_after_forward: bool = setting(False, identity=False, exported=False)
+
+
+@dataclass
+class FaultsConfig:
+    """Fault injection for gcc's own tests (docs/training.md, "Fault injection"), never for a real run; each off by
+    default, none part of the run's identity."""
+
+    # make the loss NaN at this step (0 = off)...
+    nonfinite_step: int = setting(0, identity=False, exported=False, bounds=Range(0, STEPS))
+    nonfinite_rank: int = setting(0, identity=False, exported=False, bounds=WORKERS)  # ...on this rank
+    # the loader never delivers this step's batch (0 = off)...
+    stall_step: int = setting(0, identity=False, exported=False, bounds=Range(0, STEPS))
+    stall_rank: int = setting(0, identity=False, exported=False, bounds=WORKERS)  # ...on this rank
+    # the last rank sends itself SIGTERM as the step-0 validation starts (a preemption that only that rank sees,
+    # during the step-0 validation)
+    sigterm_at_val0: bool = setting(False, identity=False, exported=False)
+    # right after committing this step's checkpoint to checkpoint_dir, rank 0 sends SIGSTOP to the launch's process
+    # group, freezing it at a known point (the test kills it, or claims the prefix and sends SIGCONT); 0 = off
+    stop_after_commit_step: int = setting(0, identity=False, exported=False, bounds=Range(0, STEPS))
 
 
 @dataclass
 class TrainConfig:
-    run_dir: str = "runs/sft_v10"
-    seed: int = 0
-    global_batch: int = 16
-    micro_batch: int = 1
-    grad_accum: int = 0  # 0 = derived: global_batch / (world_size × micro_batch); else must match
-    max_steps: int = 20000
-    precision: str = "amp_bf16"  # amp_bf16 (GPU) | fp32 (CPU)
-    parallelism: str = "fsdp"  # fsdp (Composer's FSDP2, sharded checkpoints) | ddp
-    checkpoint_every: int = 1000  # why 1000: docs/design.md §8
-    keep_checkpoints: int = 2  # locally and, with checkpoint_dir, remotely; across restarts
+    run_dir: str = setting("runs/sft_v10", identity=False, exported=False, path=True)
+    # Composer's and Streaming's range
+    seed: int = setting(0, identity=True, exported=True, bounds=Range(0, 2**32 - 1, said="in [0, 2**32)"))
+    # free to change on resume: the run continues at the next epoch (gcc/training/batch_change.py)
+    global_batch: int = setting(16, identity=False, exported=False, bounds=Range(1, 1 << 16))
+    micro_batch: int = setting(1, identity=False, exported=False, bounds=Range(1, 4096))
+    # 0 = derived: global_batch / (world_size × micro_batch); else must match
+    grad_accum: int = setting(0, identity=False, exported=False, bounds=Range(0, 1 << 16))
+    max_steps: int = setting(20000, identity=False, exported=False, bounds=Range(1, STEPS))
+    precision: Literal["amp_bf16", "fp32"] = setting("amp_bf16", identity=True, exported=False)  # GPU | CPU
+    # fsdp (Composer's FSDP2, sharded checkpoints) | ddp; DDP and FSDP checkpoints differ in format
+    parallelism: Literal["fsdp", "ddp"] = setting("fsdp", identity=True, exported=False)
+    # why 1000: docs/design.md §8
+    checkpoint_every: int = setting(1000, identity=False, exported=False, bounds=Range(1, STEPS))
+    # locally and, with checkpoint_dir, remotely; across restarts
+    keep_checkpoints: int = setting(2, identity=False, exported=False, bounds=Range(1, 1000))
     # "" = checkpoints only in <run_dir>/checkpoints; s3://bucket/prefix = also there, committed after each save,
     # and a start with an empty run folder resumes from it (docs/training.md, "Checkpoints on object storage")
-    checkpoint_dir: str = ""
-    export_every: int = 1000
-    val_every: int = 500
+    checkpoint_dir: str = setting("", identity=False, exported=False, path=True)
+    export_every: int = setting(1000, identity=False, exported=False, bounds=Range(0, STEPS))
+    val_every: int = setting(500, identity=False, exported=False, bounds=Range(0, STEPS))
     # validate the starting weights before the first step (a step-0 row, the run's baseline); a resume never repeats it
-    val_at_start: bool = True
-    val_n: int = 16
-    val_timesteps: list = field(default_factory=lambda: [200, 500, 800])
-    val_batch: int = 1
+    val_at_start: bool = setting(True, identity=False, exported=False)
+    val_n: int = setting(16, identity=False, exported=False, bounds=Range(0, 100_000))
+    val_timesteps: list = field(default_factory=lambda: [200, 500, 800], metadata=role(identity=False, exported=False))
+    val_batch: int = setting(1, identity=False, exported=False, bounds=Range(1, 4096))
     # samples during training (docs/sample.md): at every sample_every-th validation (and the last step's), sample_n
     # fixed val clips sampled with their semantic condition and without it, from the same noise; logged as videos and
     # a contact sheet to every logger and <run_dir>/samples/step-N/. 0 = off
-    sample_every: int = 2
-    sample_n: int = 2
-    sample_steps: int = 20  # denoising steps (FlowMatchScheduler, Wan's schedule, shift 5)
-    sample_cfg: float = 1.0  # semantic guidance of the conditioned variant (gcc-sample's --sem_cfg; 1 = none)
-    keep_samples: int = 0  # samples/step-N folders kept (0 = all)
-    autoresume: bool = True
+    sample_every: int = setting(2, identity=False, exported=False, bounds=Range(0, 1_000_000))
+    sample_n: int = setting(2, identity=False, exported=False, bounds=Range(0, 1000))
+    # denoising steps (FlowMatchScheduler, Wan's schedule, shift 5)
+    sample_steps: int = setting(20, identity=False, exported=False, bounds=Range(1, 1000))
+    # semantic guidance of the conditioned variant (gcc-sample's --sem_cfg; 1 = none)
+    sample_cfg: float = setting(1.0, identity=False, exported=False)
+    # samples/step-N folders kept (0 = all)
+    keep_samples: int = setting(0, identity=False, exported=False, bounds=Range(0, 1_000_000))
+    autoresume: bool = setting(True, identity=False, exported=False)
     # a launch with nothing to resume in a run folder that holds exports, log rows or checkpoints is refused (exit 3);
     # true starts over there on purpose, moving what the run wrote to <run_dir>/replaced/<time>/
-    allow_existing: bool = False
-    progress_bar: bool = True
+    allow_existing: bool = setting(False, identity=False, exported=False)
+    progress_bar: bool = setting(True, identity=False, exported=False)
     # a progress line every this many steps (and val lines after each validation), unless the progress bar is on
     # and stdout is a terminal; 0 = never
-    console_log_every: int = 10
+    console_log_every: int = setting(10, identity=False, exported=False, bounds=Range(0, STEPS))
     # logger name -> options of Composer's class: tensorboard, wandb, mlflow (gcc/training/loggers.py); CSV always
-    loggers: dict = field(default_factory=lambda: {"tensorboard": {}})
-    log_level: str = "INFO"  # what rank 0 prints: DEBUG | INFO | WARNING | ERROR
-    dist_timeout: float = 600.0
+    loggers: dict = field(default_factory=lambda: {"tensorboard": {}}, metadata=role(identity=False, exported=False))
+    # what rank 0 prints
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = setting("INFO", identity=False, exported=False)
+    dist_timeout: float = setting(600.0, identity=False, exported=False, bounds=Range(0, 7 * DAY_S, " seconds", True))
     # Composer's event engine without visits to callbacks that do nothing on an event (gcc/compat/composer.py
     # LeanEngine: ~5 ms a step less; docs/performance.md); false runs Composer's own
-    lean_engine: bool = True
+    lean_engine: bool = setting(True, identity=False, exported=False)
     # after SIGTERM/SIGUSR1 a rank must checkpoint and exit within this; else it writes every thread's stack to
     # <run_dir>/stacks/ and exits 5. Keep it below the scheduler's kill timeout.
-    preemption_grace_s: float = PREEMPTION_GRACE_S
+    preemption_grace_s: float = setting(
+        PREEMPTION_GRACE_S, identity=False, exported=False, bounds=Range(0, DAY_S, " seconds", True)
+    )
     # a rank that completes no step within this (model build, warm-up, validation; 0 = off), or, once 10 steps
     # are timed, within max(stall_floor_s, 20 × the median step time), writes its stacks and exits 5
-    stall_timeout_s: float = 1800.0
-    stall_floor_s: float = 300.0
-    inject_nonfinite_step: int = 0  # fault injection for tests: make the loss NaN at this step...
-    inject_nonfinite_rank: int = 0  # ...on this rank (0 = off)
-    inject_stall_step: int = 0  # fault injection for tests: the loader never delivers this step's batch...
-    inject_stall_rank: int = 0  # ...on this rank (0 = off)
-    # fault injection for tests: the last rank sends itself SIGTERM as the step-0 validation starts (a preemption
-    # that only that rank sees, during the step-0 validation)
-    inject_sigterm_at_val0: bool = False
-    # fault injection for tests: right after committing this step's checkpoint to checkpoint_dir, rank 0 sends SIGSTOP
-    # to the launch's process group, freezing it at a known point (the test kills it, or claims the prefix and sends
-    # SIGCONT); 0 = off
-    inject_stop_after_commit_step: int = 0
+    stall_timeout_s: float = setting(1800.0, identity=False, exported=False, bounds=Range(0, 7 * DAY_S, " seconds"))
+    stall_floor_s: float = setting(300.0, identity=False, exported=False, bounds=Range(0, 7 * DAY_S, " seconds", True))
     fsdp: FsdpConfig = field(default_factory=FsdpConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)  # for gcc's own tests only
 
     def per_rank_batch(self, world_size: int) -> int:
         return self.micro_batch * self.accumulation(world_size)
@@ -166,14 +288,58 @@ class TrainConfig:
         return per_rank
 
 
-CHOICES = {
-    "model.vocab": ("parts", "ids"),
-    "model.preset": ("ti2v-5b", "wide", "tiny"),
-    "data.mask_calibration": ("frame0", "cap"),
-    "precision": ("amp_bf16", "fp32"),
-    "parallelism": ("fsdp", "ddp"),
-    "log_level": ("DEBUG", "INFO", "WARNING", "ERROR"),
-}
+def _fields(cls: type, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field, Any]]:
+    """(dotted key, field, type) of every field of `cls` that holds a value, sections walked, in declaration order."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from _fields(hints[f.name], f"{prefix}{f.name}.")
+        else:
+            yield prefix + f.name, f, hints[f.name]
+
+
+def roles(cls: type) -> dict[str, Role]:
+    """The Role of every field of `cls` by dotted key (`data.mask_p`); a TypeError naming a field that declares
+    none (each field says what it is for: `setting`)."""
+    found = {}
+    for key, f, _ in _fields(cls):
+        if ROLE not in f.metadata:
+            raise TypeError(f"config field {key}: declares no role (declare it with setting(...) or role(...))")
+        found[key] = f.metadata[ROLE]
+    return found
+
+
+ROLES = roles(TrainConfig)
+# a field's allowed values: its Literal type's
+CHOICES = {key: typing.get_args(t) for key, _, t in _fields(TrainConfig) if typing.get_origin(t) is Literal}
+# the range of every field that sizes work (steps, clips, batches, processes, seconds) and of every rate and
+# fraction: a value outside is refused before anything is built, naming the field and the range
+BOUNDS = {key: role.bounds for key, role in ROLES.items() if role.bounds is not None}
+# the config's paths: local, or s3:// URLs (data.path, checkpoint_dir), never with credentials in them
+PATH_KEYS = tuple(key for key, role in ROLES.items() if role.path)
+
+
+def signed_values(cfg: TrainConfig) -> dict[str, Any]:
+    """The run signature's entries that are a field's value (identity=True) by dotted key, a mapping as sorted JSON;
+    launch.run_signature adds the entries it computes."""
+    signed = {}
+    for key, role in ROLES.items():
+        if role.identity is True:
+            value = _get(cfg, key)
+            signed[key] = json.dumps(value, sort_keys=True) if isinstance(value, dict) else value
+    return signed
+
+
+def exported_values(cfg: TrainConfig) -> dict[str, Any]:
+    """The export metadata's entries that are a field's value (exported) by metadata key, a path with its
+    credentials masked; builders.export_metadata adds the run's own (step, data name, lineage)."""
+    exported = {}
+    for key, role in ROLES.items():
+        if role.exported:
+            name = key.rsplit(".", 1)[-1] if role.exported is True else role.exported
+            value = _get(cfg, key)
+            exported[name] = redact_text(value) if role.path else value
+    return exported
 
 
 def _check_type(key: str, value: Any, typ: Any) -> Any:
@@ -185,6 +351,8 @@ def _check_type(key: str, value: Any, typ: Any) -> Any:
             return _check_type(key, value, typ)
         except ConfigError:
             raise ConfigError(f"{key}: expected {typ.__name__} or null, got {type(value).__name__} {value!r}") from None
+    if typing.get_origin(typ) is Literal:  # of its values' type here; which values, validate (CHOICES)
+        typ = type(typing.get_args(typ)[0])
     if typ is float:
         number = _as_float(value)
         if number is not None:
@@ -391,71 +559,12 @@ def _get(cfg, dotted: str):
     return cfg
 
 
-DAY_S = 86400.0
-STEPS = 10**9
-# The range of every field that sizes work (steps, clips, batches, processes, seconds), lowest first: a value
-# outside is refused before anything is built, naming the field and the range. An exclusive lower bound (a
-# duration that must not be 0) is written as the bound and `True`.
-BOUNDS: dict[str, tuple[float, float, str] | tuple[float, float, str, bool]] = {
-    "global_batch": (1, 1 << 16, ""),
-    "micro_batch": (1, 4096, ""),
-    "grad_accum": (0, 1 << 16, ""),  # 0 = derived
-    "max_steps": (1, STEPS, ""),
-    "checkpoint_every": (1, STEPS, ""),
-    "keep_checkpoints": (1, 1000, ""),
-    "export_every": (0, STEPS, ""),
-    "val_every": (0, STEPS, ""),
-    "val_n": (0, 100_000, ""),
-    "val_batch": (1, 4096, ""),
-    "sample_every": (0, 1_000_000, ""),
-    "sample_n": (0, 1000, ""),
-    "sample_steps": (1, 1000, ""),
-    "keep_samples": (0, 1_000_000, ""),
-    "console_log_every": (0, STEPS, ""),  # 0 = no progress lines
-    "optim.warmup_steps": (0, STEPS, ""),
-    "inject_nonfinite_step": (0, STEPS, ""),
-    "inject_nonfinite_rank": (0, 1 << 16, ""),
-    "inject_stall_step": (0, STEPS, ""),
-    "inject_stall_rank": (0, 1 << 16, ""),
-    "inject_stop_after_commit_step": (0, STEPS, ""),
-    "data.num_workers": (0, 256, ""),
-    "data.num_canonical_nodes": (1, 1 << 16, ""),
-    "dist_timeout": (0, 7 * DAY_S, " seconds", True),
-    "preemption_grace_s": (0, DAY_S, " seconds", True),
-    "stall_timeout_s": (0, 7 * DAY_S, " seconds"),  # 0 = off
-    "stall_floor_s": (0, 7 * DAY_S, " seconds", True),
-}
 MAX_VAL_TIMESTEPS = 1000
 MAX_CACHE_LIMIT = 1 << 50  # data.cache_limit: a PiB
-# the config's paths: local, or s3:// URLs (data.path, checkpoint_dir), never with credentials in them
-PATH_KEYS = (
-    "run_dir",
-    "checkpoint_dir",
-    "data.path",
-    "data.cache_dir",
-    "model.model_dir",
-    "model.init_ckpt",
-    "model.legacy_zero_ckpt",
-    "model.vae_path",
-)
-
-
-def _num(x: float) -> str:
-    return f"{x:g}" if isinstance(x, float) else str(x)
-
-
-def _check_bounds(cfg: TrainConfig) -> None:
-    for key, (low, high, unit, *exclusive) in BOUNDS.items():
-        value = _get(cfg, key)
-        if value <= low if exclusive else value < low:
-            lowest = f"> {_num(low)}" if exclusive else f">= {_num(low)}"
-            raise ConfigError(f"{key}: must be {lowest}{unit} and at most {_num(high)}{unit}, got {value}")
-        if value > high:
-            lowest = f"> {_num(low)}" if exclusive else f">= {_num(low)}"
-            raise ConfigError(f"{key}: must be at most {_num(high)}{unit} (and {lowest}), got {value}")
 
 
 def validate(cfg: TrainConfig) -> None:
+    """What each field declares (its paths, choices and range: ROLES), then what relates fields to each other."""
     for key in PATH_KEYS:
         problem = storage.userinfo_problem(_get(cfg, key))
         if problem:
@@ -463,10 +572,11 @@ def validate(cfg: TrainConfig) -> None:
     for key, allowed in CHOICES.items():
         if _get(cfg, key) not in allowed:
             raise ConfigError(f"{key}: must be one of {allowed}, got {_get(cfg, key)!r}")
-    _check_bounds(cfg)
-    for key in ("data.text_dropout", "data.cond_dropout", "data.mask_p", "data.max_frame_coverage"):
-        if not 0.0 <= _get(cfg, key) <= 1.0:
-            raise ConfigError(f"{key}: must be in [0, 1], got {_get(cfg, key)}")
+    for key, bounds in BOUNDS.items():
+        value = _get(cfg, key)
+        problem = value is not None and bounds.problem(value)  # None: a field that may be null (data.limit)
+        if problem:
+            raise ConfigError(f"{key}: {problem}")
     if cfg.checkpoint_dir and not re.fullmatch(r"s3://[^/]+/.*[^/].*", cfg.checkpoint_dir):
         raise ConfigError(
             f"checkpoint_dir: must be empty (checkpoints in <run_dir>/checkpoints) or "
@@ -474,16 +584,6 @@ def validate(cfg: TrainConfig) -> None:
         )
     if cfg.global_batch % cfg.micro_batch:
         raise ConfigError(f"global_batch={cfg.global_batch} is not a multiple of micro_batch={cfg.micro_batch}")
-    if not 0 <= cfg.seed < 2**32:  # Composer's and Streaming's range
-        raise ConfigError(f"seed: must be in [0, 2**32), got {cfg.seed}")
-    for key in ("optim.lr", "optim.cond_lr", "optim.weight_decay", "optim.grad_clip"):
-        if _get(cfg, key) < 0:
-            raise ConfigError(f"{key}: must be >= 0, got {_get(cfg, key)}")
-    if cfg.data.limit is not None and not 1 <= cfg.data.limit <= STEPS:
-        raise ConfigError(
-            f"data.limit: must be a positive number of train clips, or null (the whole train split), at most "
-            f"{STEPS}, got {cfg.data.limit}"
-        )
     if cfg.data.cache_limit:
         from streaming.base.util import bytes_to_int  # heavy (streaming pulls torch, ~3 s): config stays light
 

@@ -17,7 +17,6 @@ A Refusal ends the launch with exit 3 and a ConfigError with exit 2, on every ra
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import time
@@ -34,7 +33,7 @@ from gcc.model.optim import BETAS
 from gcc.redact import redact
 from gcc.storage import join
 from gcc.training.checkpoint_store import CheckpointStore, Head, store_for
-from gcc.training.config import ConfigError, TrainConfig
+from gcc.training.config import ConfigError, TrainConfig, signed_values
 from gcc.training.ranks import node_rank, world_size
 from gcc.training.run_folder import (
     REPLACED,
@@ -87,44 +86,25 @@ def data_name(cfg: TrainConfig, manifest: dict[str, Any]) -> str:
 
 
 def run_signature(cfg: TrainConfig, manifest_bytes: bytes, known: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Everything that makes two launches the same run (docs/design.md §9.3). Absent on purpose: max_steps, GPU/node
-    count, global batch (a change continues at the next epoch: gcc/training/batch_change.py), micro-batch/accumulation
-    split, workers, logging, export/checkpoint/validation cadence."""
-    m, d, o = cfg.model, cfg.data, cfg.optim
+    """Everything that makes two launches the same run (docs/design.md §9.3): the value of every field declared
+    `identity=True` (gcc/training/config.py), and for a field that names a file or the data, what identifies it
+    (the key its declaration names), computed here. Every other field may change on resume: max_steps, global
+    batch (a change continues at the next epoch: gcc/training/batch_change.py), micro-batch/accumulation split,
+    workers, logging, export/checkpoint/validation cadence; so may the GPU/node count."""
+    m = cfg.model
     known = known or {}
     base = ""
     if m.model_dir:
         index = Path(m.model_dir) / "diffusion_pytorch_model.safetensors.index.json"
         base = storage.sha256_file(index) if index.exists() else os.path.realpath(m.model_dir)
-    init = file_digest(m.init_ckpt, known.get("model.init_ckpt")) if m.init_ckpt else ""
-    return redact(
-        {  # a credential in a path or URL never reaches run.json
-            "model.preset": m.preset,
-            "model.overrides": json.dumps(m.overrides, sort_keys=True),
-            "model.vocab": m.vocab,
-            "model.first_frame_cond": m.first_frame_cond,
-            "model.base_weights": base,
-            "model.init_ckpt": init,
-            "model.legacy_zero_ckpt": os.path.realpath(m.legacy_zero_ckpt) if m.legacy_zero_ckpt else "",
-            "data.manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest(),
-            "data.text_dropout": d.text_dropout,
-            "data.cond_dropout": d.cond_dropout,
-            "data.mask_p": d.mask_p,
-            "data.mask_calibration": d.mask_calibration,
-            "data.max_frame_coverage": d.max_frame_coverage,
-            "data.num_canonical_nodes": d.num_canonical_nodes,
-            "data.limit": d.limit,
-            "seed": cfg.seed,
-            "precision": cfg.precision,
-            "parallelism": cfg.parallelism,  # DDP and FSDP checkpoints differ in format
-            "optim.lr": o.lr,
-            "optim.cond_lr": o.cond_lr,
-            "optim.weight_decay": o.weight_decay,
-            "optim.warmup_steps": o.warmup_steps,
-            "optim.grad_clip": o.grad_clip,
-            "optim.betas": list(BETAS),
-        }
-    )
+    computed = {  # under the key each field declares as its identity
+        "model.base_weights": base,  # model.model_dir
+        "model.init_ckpt": file_digest(m.init_ckpt, known.get("model.init_ckpt")) if m.init_ckpt else "",
+        "model.legacy_zero_ckpt": os.path.realpath(m.legacy_zero_ckpt) if m.legacy_zero_ckpt else "",
+        "data.manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest(),  # data.path: the data by its content
+        "optim.betas": list(BETAS),  # not a config field: gcc/model/optim.py's
+    }
+    return redact({**signed_values(cfg), **computed})  # a credential in a path or URL never reaches run.json
 
 
 def read_manifest_bytes(cfg: TrainConfig) -> bytes:

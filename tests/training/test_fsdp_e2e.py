@@ -163,7 +163,7 @@ def test_fsdp_world_size_changes_continue_the_run(fsdp_reference, e2e_shards, tm
 def test_fsdp_refusals_and_the_nonfinite_stop(e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
     clip = f"optim.grad_clip={CLIP}"
-    r = launch(run_dir, e2e_shards, FSDP, "inject_nonfinite_step=5", "inject_nonfinite_rank=1", "val_every=0", clip)
+    r = launch(run_dir, e2e_shards, FSDP, "faults.nonfinite_step=5", "faults.nonfinite_rank=1", "val_every=0", clip)
     assert r.returncode == 4, (r.stdout[-2000:], r.stderr[-3000:])
     assert "non-finite loss at step 5 (rank 1: clips clip" in r.stderr
     assert [checkpoint_step(p) for p in ckpt_folders(run_dir)] == [3]  # nothing of the poisoned state

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 
 
 def stopped(p: subprocess.Popen) -> bool:
-    """Whether the launcher is stopped (SIGSTOP: `inject_stop_after_commit_step` stops its whole process group)."""
+    """Whether the launcher is stopped (SIGSTOP: `faults.stop_after_commit_step` stops its whole process group)."""
     with open(f"/proc/{p.pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0] == "T"
 
@@ -36,7 +36,7 @@ def stopped(p: subprocess.Popen) -> bool:
 def frozen_after_commit(run_dir, shards, step: int, *overrides):
     """A launch in the background that stops itself right after committing `step`'s checkpoint: what is committed
     is then known exactly. Yields it stopped; killed with its whole process group if the block fails."""
-    p = start_bg(run_dir, shards, WORKER, f"inject_stop_after_commit_step={step}", *overrides)
+    p = start_bg(run_dir, shards, WORKER, f"faults.stop_after_commit_step={step}", *overrides)
     try:
         wait_for(lambda: stopped(p), p, f"the stop after step {step}'s commit")
         yield p

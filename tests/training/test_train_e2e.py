@@ -252,8 +252,8 @@ def test_sigterm_while_a_rank_waits_for_data_stops_the_run_with_stacks(e2e_shard
         run_dir,
         e2e_shards,
         WORKER,
-        "inject_stall_step=5",
-        "inject_stall_rank=1",
+        "faults.stall_step=5",
+        "faults.stall_rank=1",
         f"preemption_grace_s={grace}",
         "checkpoint_every=4",
         launcher=["--stderr", str(tmp_path / "rank{rank}.stderr")],
@@ -377,7 +377,7 @@ def test_preempted_in_the_step0_validation_then_a_changed_signature_refused_then
     is still refused (run.json), one of the same run starts over from step 0 (the rows are not a used folder's)
     and writes them again, once, then trains."""
     run_dir = tmp_path / "run"
-    r = ok(launch(run_dir, e2e_shards, "max_steps=2", "val_every=3", "export_every=0", "inject_sigterm_at_val0=true"))
+    r = ok(launch(run_dir, e2e_shards, "max_steps=2", "val_every=3", "export_every=0", "faults.sigterm_at_val0=true"))
     assert "preempted: stopped before step 1, after the step-0 validation" in r.stdout, r.stdout[-3000:]
     assert rows(run_dir) == [] and not list((run_dir / "checkpoints").glob("ep*"))  # no step, no checkpoint
     step0 = rows(run_dir, "val_log")
@@ -422,8 +422,8 @@ def test_nonfinite_loss_on_one_rank_stops_all(e2e_shards, tmp_path):
     r = launch(
         run_dir,
         e2e_shards,
-        "inject_nonfinite_step=5",
-        "inject_nonfinite_rank=1",
+        "faults.nonfinite_step=5",
+        "faults.nonfinite_rank=1",
         "val_every=0",
         f"optim.grad_clip={CLIP}",
     )

@@ -40,7 +40,7 @@ class CheckpointUpload(Callback):
     """Must run after Composer's CheckpointSaver (the trainer appends it after the Trainer exists)."""
 
     def __init__(self, store: CheckpointStore, launch: str, run_dir: str | Path, keep: int, stop_after_step: int = 0):
-        """`stop_after_step`: fault injection for tests (`inject_stop_after_commit_step`)."""
+        """`stop_after_step`: fault injection for tests (`faults.stop_after_commit_step`)."""
         self.store, self.launch, self.keep, self.stop_after_step = store, launch, keep, stop_after_step
         self.run_dir = Path(run_dir).absolute()
         self.local = ckpt_dir(self.run_dir)
@@ -119,7 +119,7 @@ class CheckpointUpload(Callback):
         after this step's commit, so a test knows exactly what is committed; it then kills it, or claims the prefix
         and continues it with SIGCONT."""
         if batch == self.stop_after_step and dist.get_global_rank() == 0:
-            log.warning(f"inject_stop_after_commit_step={batch}: stopping the launch's process group")
+            log.warning(f"faults.stop_after_commit_step={batch}: stopping the launch's process group")
             os.killpg(os.getpgid(0), signal.SIGSTOP)
 
     def batch_checkpoint(self, state: State, logger: Logger) -> None:

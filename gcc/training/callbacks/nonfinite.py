@@ -20,6 +20,8 @@ class NonFiniteLoss(RuntimeError):
 
 
 class NonFiniteGuard(Callback):
+    """`inject_step`, `inject_rank`: fault injection for tests (`faults.nonfinite_step`, `faults.nonfinite_rank`)."""
+
     def __init__(self, sync: StepSync, inject_step: int = 0, inject_rank: int = 0):
         self.sync, self.inject_step, self.inject_rank = sync, inject_step, inject_rank
         self._losses: list[torch.Tensor] = []  # this rank's micro-batch losses of the step (no sync per micro-batch)

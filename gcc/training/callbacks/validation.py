@@ -51,7 +51,8 @@ class ValidateAtStart(Callback):
     It runs at the first EPOCH_START, after every FIT_START handler: the preemption signals are handled by then,
     and the CSV logger has already dropped the rows a launch that died before its first checkpoint left (it trims
     at FIT_START, once the checkpoint the launch resumes from, or none, is loaded). A signal that came during it
-    stops every rank before step 1 (`Preemption.stop_before_first_step`)."""
+    stops every rank before step 1 (`Preemption.stop_before_first_step`). `inject_sigterm`: fault injection for
+    tests (`faults.sigterm_at_val0`)."""
 
     def __init__(self, preemption: Preemption, inject_sigterm: bool = False):
         self.preemption, self.inject_sigterm = preemption, inject_sigterm

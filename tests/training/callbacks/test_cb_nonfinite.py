@@ -1,6 +1,6 @@
 """NonFiniteGuard (gcc/training/callbacks/nonfinite.py): a NaN/inf micro-batch loss stops training with
 NonFiniteLoss at that step's AFTER_TRAIN_BATCH (inside the optimizer closure: before the update), naming the step and
-the clips; `inject_nonfinite_step` poisons the loss of that step, and only that step."""
+the clips; `faults.nonfinite_step` (its `inject_step`) poisons the loss of that step, and only that step."""
 
 from __future__ import annotations
 
