@@ -288,7 +288,7 @@ def callback_context(
         watchdog,
         export_metadata=lambda step: export_metadata(cfg, start, step),
         resolved_config=resolved_config(cfg, start.manifest, per_rank_batch),
-        samples=lambda: build_samples(cfg, start, model, val_loader, text),
+        build_samples=lambda: build_samples(cfg, start, model, val_loader, text),
     )
 
 

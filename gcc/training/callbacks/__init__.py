@@ -52,7 +52,7 @@ class CallbackContext:
     watchdog: StallWatchdog  # the rank's deadlines (step, preemption grace)
     export_metadata: Callable[[int], dict[str, str]]  # the export metadata of a step
     resolved_config: dict[str, Any]  # what RunFiles writes to config.json
-    samples: Callable[[], Callback | None]  # the training samples (builders.build_samples), or None: off
+    build_samples: Callable[[], Callback | None]  # the training samples (builders.build_samples), or None: off
     built: dict[str, Callback | None] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> Any:
@@ -87,7 +87,7 @@ CALLBACKS: tuple[Entry, ...] = (
     ),
     Entry("preemption", lambda c: Preemption(c.watchdog, c.cfg.preemption_grace_s, c["step_sync"])),
     # before the step deadline: it samples at EVAL_END, still under the validation's deadline
-    Entry("samples", lambda c: c.samples()),
+    Entry("samples", lambda c: c.build_samples()),
     Entry(
         "step_deadline",
         lambda c: StepDeadline(

@@ -80,7 +80,9 @@ def fit_for(ctx: CallbackContext, ordered: list, after_saver: list) -> Fit:
     return fit
 
 
-def test_every_callback_of_the_table_runs_through_every_event(tmp_path, shards, s3_bucket, watchdog):
+def test_every_callback_of_the_table_runs_through_every_event_and_every_module_is_in_it(
+    tmp_path, shards, s3_bucket, watchdog
+):
     ctx = context(tmp_path, shards, s3_bucket, watchdog)
     ordered, after_saver = build_all(ctx)
     assert [e.name for e in CALLBACKS if ctx[e.name] is None] == []  # every entry is on: each one is run
