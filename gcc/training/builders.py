@@ -36,28 +36,8 @@ from gcc.sampling.decoders import pick_decoder
 from gcc.sampling.media import FPS
 from gcc.sampling.sampler import WAN_SHIFT
 from gcc.training import loggers as run_loggers  # (build_trainer has a `loggers` argument)
-from gcc.training.batch_change import GlobalBatchRecord
-from gcc.training.callbacks import (
-    TRAIN_COLUMNS,
-    VAL_COLUMNS,
-    CheckpointRotation,
-    CheckpointUpload,
-    ConsoleLog,
-    Export,
-    GradClip,
-    NonFiniteGuard,
-    Preemption,
-    RunFiles,
-    StepDeadline,
-    StepSync,
-    TrainStats,
-    ValidateAtStart,
-    ValidationLog,
-)
-from gcc.training.callbacks.console_log import console_lines_wanted
+from gcc.training.callbacks import TRAIN_COLUMNS, VAL_COLUMNS, CallbackContext, build_all
 from gcc.training.callbacks.samples import SampleSettings, TrainingSamples
-from gcc.training.callbacks.step_deadline import writes_at
-from gcc.training.checkpoint_store import store_for
 from gcc.training.config import TrainConfig, exported_values, samples_during_training
 from gcc.training.launch import RunStart, cache_dir, data_name, train_clips
 from gcc.training.peer_fault import PEER_GRACE_S, announce, watch_peers
@@ -269,12 +249,35 @@ def export_metadata(cfg: TrainConfig, start: RunStart, step: int) -> dict[str, s
 class RunCallbacks:
     """The run's callbacks, and the ones the trainer acts on itself."""
 
-    callbacks: list  # in Composer's order, and this order matters: StepSync before the guard, stats and
-    # preemption (they read its totals at AFTER_TRAIN_BATCH); ConsoleLog after stats, preemption and validation
+    callbacks: list  # in Composer's order (gcc/training/callbacks/__init__.py `CALLBACKS`)
     after_saver: list  # appended once the Trainer exists: they must run after Composer's CheckpointSaver
     preemption: Any  # Preemption: whether the run stopped early
     global_batch: Any  # GlobalBatchRecord: a resume reads the global batch the checkpoint was written with
     validate_at_start: Any  # ValidateAtStart, or None (no step-0 validation: off, or a resume)
+
+
+def callback_context(
+    cfg: TrainConfig,
+    start: RunStart,
+    model,
+    per_rank_batch: int,
+    val_loader: DataLoader | None,
+    text: TextTable | None,
+    watchdog: StallWatchdog,
+) -> CallbackContext:
+    """What the callbacks' factories build from: the run's pieces, and what this module derives for them."""
+    return CallbackContext(
+        cfg,
+        start,
+        model,
+        per_rank_batch,
+        val_loader,
+        text,
+        watchdog,
+        export_metadata=lambda step: export_metadata(cfg, start, step),
+        resolved_config=resolved_config(cfg, start.manifest, per_rank_batch),
+        build_samples=lambda: build_samples(cfg, start, model, val_loader, text),
+    )
 
 
 def build_callbacks(
@@ -285,88 +288,32 @@ def build_callbacks(
     val_loader: DataLoader | None = None,
     text: TextTable | None = None,
 ) -> RunCallbacks:
-    """The run's callbacks by name, in Composer's order (`callbacks` list); `after_saver` are appended after the
-    Trainer exists (they must follow Composer's CheckpointSaver): the rotation, whose clock goes first (it times
-    each save), with `checkpoint_dir: s3://...` the upload, and last the step deadline's re-arming."""
+    """The run's callbacks: the rank's watchdog, then every entry of the callbacks' table (`CALLBACKS`) in its
+    order; `after_saver` are appended after the Trainer exists (they must follow Composer's CheckpointSaver)."""
 
-    run_dir = Path(cfg.run_dir)
     rank = dist.get_global_rank()
     watchdog = StallWatchdog(
-        run_dir,
+        Path(cfg.run_dir),
         rank,
         announce=lambda code, why: announce(rank, code, why),
         grace_s=PEER_GRACE_S if dist.get_world_size() > 1 else 0.0,
     )
     watch_peers(rank, watchdog.stop_for_peer)
-    sync = StepSync(per_rank_batch)  # first at AFTER_TRAIN_BATCH: the guard, stats and preemption read its totals
-    preemption = Preemption(watchdog, cfg.preemption_grace_s, sync)
-    grad_clip = GradClip(cfg.optim.grad_clip)
-    stats = TrainStats(grad_clip, sync, start.manifest["splits"]["train"]["clip_ids"])
-    rotation = CheckpointRotation(run_dir, cfg.keep_checkpoints)
-    store = store_for(cfg.checkpoint_dir)
-    deadline = StepDeadline(
-        watchdog,
-        cfg.stall_timeout_s,
-        cfg.stall_floor_s,
-        writes_at(cfg.max_steps, cfg.checkpoint_every, cfg.export_every),
+    context = callback_context(cfg, start, model, per_rank_batch, val_loader, text, watchdog)
+    ordered, after_saver = build_all(context)
+    return RunCallbacks(
+        ordered, after_saver, context["preemption"], context["global_batch"], context["validate_at_start"]
     )
-    after_saver = [rotation]
-    if store is not None:
-        after_saver.append(
-            CheckpointUpload(store, start.launch, run_dir, cfg.keep_checkpoints, cfg.faults.stop_after_commit_step)
-        )
-    after_saver.append(deadline.after_save)  # last: the step deadline again once every write is done
-    export = Export(
-        run_dir,
-        model.dit,
-        cfg.export_every,
-        cfg.max_steps,
-        lambda step: export_metadata(cfg, start, step),
-        lambda: preemption.preempted_at is not None,
-        store,
-        start.launch,
-    )
-    guard = NonFiniteGuard(sync, cfg.faults.nonfinite_step, cfg.faults.nonfinite_rank)
-    val = ValidationLog("val")
-    global_batch = GlobalBatchRecord(cfg.global_batch)  # in every checkpoint: a resume sees a changed one
-    ordered = [
-        global_batch,
-        rotation.clock,
-        sync,
-        guard,
-        grad_clip,
-        stats,
-        preemption,
-        *build_samples(cfg, start, model, val_loader, text),  # before StepDeadline: under the validation's deadline
-        deadline,
-        val,
-        export,
-        RunFiles(run_dir, resolved_config(cfg, start.manifest, per_rank_batch), stats),
-    ]
-    if cfg.console_log_every > 0:  # after stats, preemption and val; train.log gets the lines even under the bar
-        ordered.append(
-            ConsoleLog(
-                cfg.console_log_every,
-                cfg.max_steps,
-                stats,
-                val,
-                preemption,
-                console=console_lines_wanted(cfg.console_log_every, cfg.progress_bar),
-            )
-        )
-    at_start = None
-    if cfg.val_at_start and validates(cfg) and not start.resumed:  # a resume never repeats it
-        at_start = ValidateAtStart(preemption, cfg.faults.sigterm_at_val0)
-        ordered.append(at_start)
-    return RunCallbacks(ordered, after_saver, preemption, global_batch, at_start)
 
 
-def build_samples(cfg: TrainConfig, start: RunStart, model, val_loader: DataLoader | None, text) -> list:
-    """[TrainingSamples], or [] when the run logs no samples (docs/sample.md). The clips: the first `sample_n` of the
-    fixed validation clips' rule (round-robin over the val runs); the decoder: the synthetic world's for gcc-synth
-    data, the Wan VAE with `model.vae_path`, else the latent preview."""
+def build_samples(
+    cfg: TrainConfig, start: RunStart, model, val_loader: DataLoader | None, text
+) -> TrainingSamples | None:
+    """The TrainingSamples, or None when the run logs no samples (docs/sample.md). The clips: the first `sample_n` of
+    the fixed validation clips' rule (round-robin over the val runs); the decoder: the synthetic world's for
+    gcc-synth data, the Wan VAE with `model.vae_path`, else the latent preview."""
     if val_loader is None or text is None or not samples_during_training(cfg):
-        return []
+        return None
     manifest = start.manifest
     # each rank decodes its own clips: with a VAE, one on every GPU
     decoder = pick_decoder(manifest.get("synthetic", False), cfg.model.vae_path, text.keys, cfg.model.vocab)
@@ -381,17 +328,15 @@ def build_samples(cfg: TrainConfig, start: RunStart, model, val_loader: DataLoad
         keep=cfg.keep_samples,
     )
     val_clips = val_loader.dataset.ds
-    return [
-        TrainingSamples(
-            cfg.run_dir,
-            model,
-            val_clips.get_item,
-            select_val_ids(manifest, cfg.sample_n),
-            decoder,
-            settings,
-            cfg.model.vocab,
-        )
-    ]
+    return TrainingSamples(
+        cfg.run_dir,
+        model,
+        val_clips.get_item,
+        select_val_ids(manifest, cfg.sample_n),
+        decoder,
+        settings,
+        cfg.model.vocab,
+    )
 
 
 def build_loggers(cfg: TrainConfig) -> list:

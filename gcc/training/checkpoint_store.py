@@ -426,7 +426,8 @@ class CheckpointStore:
 
 
 def store_for(checkpoint_dir: str) -> CheckpointStore | None:
-    """The store of a `checkpoint_dir` setting: None when it is empty (checkpoints only in the run folder)."""
+    """The store of a `checkpoint_dir` setting: None when it is empty (checkpoints only in the run folder). Built once
+    a launch, by `launch.prepare_run` (`RunStart.store`)."""
     return CheckpointStore(checkpoint_dir) if checkpoint_dir else None
 
 

@@ -67,6 +67,7 @@ class RunStart:
     committed_files: dict[str, Any] | None  # the committed checkpoint's files, when the resume is from the prefix
     resumed_from: str  # the checkpoint resumed from ("" for a start from step 0)
     resumed_step: int | None  # its step (None for a start from step 0)
+    store: CheckpointStore | None = None  # checkpoint_dir's store, built once here (None without checkpoint_dir)
 
     @property
     def resumed(self) -> bool:
@@ -217,6 +218,7 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
         committed_files=committed_files,
         resumed_from=str(latest.resolve()) if latest else "",
         resumed_step=checkpoint_step(latest) if latest else None,
+        store=store,
     )
 
 
@@ -287,7 +289,7 @@ def fetch_on_this_node(cfg: TrainConfig, start: RunStart, lock: RunLock) -> None
         try:
             hold_cache(cfg, lock)
             if fetch:
-                _fetch(store_for(cfg.checkpoint_dir), name, run_dir, files)
+                _fetch(start.store, name, run_dir, files)
         except Refusal as e:
             refused = f"node of rank {dist.get_global_rank()}: {e}"
     refusals = [r for r in dist.all_gather_object(refused) if r]  # also the barrier

@@ -37,7 +37,7 @@ from gcc.training import builders as B
 from gcc.training.batch_change import continue_after_change
 from gcc.training.callbacks import NonFiniteLoss, PreemptedBeforeFirstStep
 from gcc.training.callbacks.train_stats import peak_rss_gb
-from gcc.training.checkpoint_store import TakenOver, store_for
+from gcc.training.checkpoint_store import TakenOver
 from gcc.training.console import ALL_RANKS, RUN_LOG_ONLY
 from gcc.training.launch import agree_on_start, fetch_on_this_node
 from gcc.training.peer_fault import announce, peer_fault
@@ -161,7 +161,7 @@ def _run(cfg) -> int:
     )
     if resumed:
         logger.info(f"checkpoint loaded: trainer ready in {time.time() - t_build:.1f} s")
-        continue_after_change(trainer, parts.global_batch, Path(cfg.run_dir), store_for(cfg.checkpoint_dir))
+        continue_after_change(trainer, parts.global_batch, Path(cfg.run_dir), start.store)
         # a run resumed at an epoch's end trains no batch of that epoch, and Composer warns about it
         warnings.filterwarnings("ignore", message="No batches were trained for global rank", category=UserWarning)
     else:

@@ -16,8 +16,9 @@ from gcc.training.run_folder import disk_gb, latest_checkpoint, rotate_checkpoin
 log = logging.getLogger(__name__)  # not `logger`: Composer passes its Logger under that name
 
 
-class _SaveClock(Callback):
-    """Runs before Composer's CheckpointSaver at each BATCH_CHECKPOINT (the builder puts it first)."""
+class SaveClock(Callback):
+    """Runs before Composer's CheckpointSaver at each BATCH_CHECKPOINT (early in gcc/training/callbacks/__init__.py's
+    table)."""
 
     def __init__(self):
         self.t0 = 0.0
@@ -27,11 +28,11 @@ class _SaveClock(Callback):
 
 
 class CheckpointRotation(Callback):
-    """Must run after Composer's CheckpointSaver (the builder appends it last); `clock` must run before it."""
+    """Must run after Composer's CheckpointSaver (the table appends it after it); `clock` must run before it."""
 
-    def __init__(self, run_dir: str | Path, keep: int):
+    def __init__(self, run_dir: str | Path, keep: int, clock: SaveClock | None = None):
         self.run_dir, self.keep = Path(run_dir), keep
-        self.clock = _SaveClock()
+        self.clock = clock if clock is not None else SaveClock()
         self._last = latest_checkpoint(self.run_dir)
 
     def _after_save(self) -> None:
