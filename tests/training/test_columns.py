@@ -9,27 +9,12 @@ import pytest
 from gcc.stats import LOSS, MEAN, WEIGHTED, Stat
 from gcc.training.columns import EXACT_TRAIN, EXACT_VAL, TIMING_COLUMNS, TRAIN_COLUMNS, VAL_COLUMNS
 
-LOGGED_TRAIN = [
-    "step",
-    "loss",
-    "mse",
-    "timestep",
-    "lr",
-    "cond_lr",
-    "grad_norm",
-    "sem_rms",
-    "x_rms",
-    "text_drop",
-    "cond_drop",
-    "mask_frac",
-    "step_time",
-    "data_time",
-    "mem_gb",
-    "epoch",
-    "time",
-    "clips",
-]
-LOGGED_VAL = ["step", "timestep", "mse", "mse_uncond", "mse_nulltext", "gap_uncond", "gap_nulltext", "n"]
+# the header lines of the CSV files, as runs wrote them
+LOGGED_TRAIN = (
+    "step,loss,mse,timestep,lr,cond_lr,grad_norm,sem_rms,x_rms,text_drop,cond_drop,mask_frac,step_time,data_time,"
+    "mem_gb,epoch,time,clips"
+).split(",")
+LOGGED_VAL = "step,timestep,mse,mse_uncond,mse_nulltext,gap_uncond,gap_nulltext,n".split(",")
 
 
 def test_the_logs_columns_and_their_order_are_those_runs_already_wrote():
