@@ -3,8 +3,8 @@
 Reads `train_log.csv` and `val_log.csv` from the run folder. They hold one row per step (train) and per step and
 timestep (val) across every launch of the run (a relaunch trims the rows it trains again), so a resumed run
 plots as one continuous run. Panels: train loss (raw and smoothed), lr and cond_lr, grad_norm, the statistics
-declared with a plot legend (gcc/stats.py: sem_rms and x_rms), and the validation's mse, gap_uncond and
-gap_nulltext per timestep against step.
+declared with a plot legend (gcc/stats.py), and the validation's mse, gap_uncond and gap_nulltext per timestep
+against step.
 """
 
 from __future__ import annotations
