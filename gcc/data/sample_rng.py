@@ -20,10 +20,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from gcc.data.mask import MaskParams
+from gcc.stats import BATCH, MEAN, Stat
 
 P_TEXT, P_COND, P_MASK = 0.1, 0.05, 0.5  # docs/design.md §6 / §8 defaults
 P_ONE_PLANE = 0.7
 Q_LOW, Q_SPAN = 0.05, 0.35  # q = 0.05 + 0.35·u: U(0.05, 0.40)
+# what a training step reports of these draws: the batch's per-clip values (gc_collate's keys) as their means over
+# the step (gcc/stats.py)
+BATCH_STATS = (
+    Stat("text_drop", MEAN, BATCH, key="drop_text"),
+    Stat("cond_drop", MEAN, BATCH, key="drop_cond"),
+    Stat("mask_frac", MEAN, BATCH),
+)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ from gcc.model.seeds import stable_seed
 from gcc.vocab import UNKNOWN
 
 VAL_VARIANTS = ("cond", "uncond", "nulltext")
-VAL_ROW_FIELDS = ("timestep", "mse", "mse_uncond", "mse_nulltext", "gap_uncond", "gap_nulltext", "n")
 
 
 def train_draw(
@@ -84,6 +83,7 @@ class GcValMSE(Metric):
         return (self.sums[0] / self.count).mean().float()
 
     def _rows_local(self) -> list[dict]:
+        # the fields declared in gcc/model/objective_stats.py VAL_ROW_FIELDS
         means = (self.sums / self.count.clamp(min=1)).tolist()
         rows = []
         for j, t in enumerate(self.timesteps):
@@ -189,6 +189,7 @@ class GcTrainModel(ComposerModel):
         mse = _per_sample_mse(outputs["pred"], outputs["target"], self.first_frame_cond)
         # a mean over the micro-batch: Composer scales each micro-batch loss by its share of the batch
         loss = (mse * outputs["weight"].float()).mean()
+        # the statistics declared in gcc/model/objective_stats.py TRAIN_STATS, by name
         outputs["stats"] = {
             "mse": mse.detach().mean(),
             "timestep": outputs["timestep"].float().mean(),

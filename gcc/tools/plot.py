@@ -2,8 +2,9 @@
 
 Reads `train_log.csv` and `val_log.csv` from the run folder. They hold one row per step (train) and per step and
 timestep (val) across every launch of the run (a relaunch trims the rows it trains again), so a resumed run
-plots as one continuous run. Panels: train loss (raw and smoothed), lr and cond_lr, grad_norm, sem_rms and
-x_rms, and the validation's mse, gap_uncond and gap_nulltext per timestep against step.
+plots as one continuous run. Panels: train loss (raw and smoothed), lr and cond_lr, grad_norm, the statistics
+declared with a plot legend (gcc/stats.py), and the validation's mse, gap_uncond and gap_nulltext per timestep
+against step.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from gcc.cli import EXIT_BAD_INPUT, file_problem, os_error_message, run_tool
 from gcc.errors import BadInput
 from gcc.inputs import open_text, shown
 from gcc.storage import atomic_path
+from gcc.training.columns import STEP_STATS
 
 EXIT_NO_LOG = EXIT_BAD_INPUT
 
@@ -105,9 +107,10 @@ def plot_run(run_dir: Path, out: Path, smoothing: float = 0.9) -> Path:
     ax.plot(step, col("grad_norm"), color="tab:red", lw=0.9, label="grad_norm (before clipping)")
     ax.set_title("grad_norm")
     ax = axes[0, 3]
-    ax.plot(step, col("sem_rms"), label="sem_rms (condition)")
-    ax.plot(step, col("x_rms"), label="x_rms (latent stream)")
-    ax.set_title("sem_rms and x_rms")
+    plotted = [s for s in STEP_STATS if s.plot]
+    for s in plotted:
+        ax.plot(step, col(s.name), label=s.plot)
+    ax.set_title(" and ".join(s.name for s in plotted))
     by_t: dict[float, list[dict]] = defaultdict(list)
     for r in val:
         by_t[r["timestep"]].append(r)

@@ -1,22 +1,32 @@
 """The columns of a run's `train_log.csv` and `val_log.csv` (docs/training.md, "train_log.csv columns"), and those a
-resumed run must reproduce to the last digit. One list, shared by the writers (gcc/training/callbacks), `gcc-compare`
-and the tests' own exactness check. Imports nothing, so that a tool reads it without loading the trainer."""
+resumed run must reproduce to the last digit. Composed from the statistics' declarations (gcc/stats.py) and the
+trainer's own columns; shared by the writers (gcc/training/callbacks), `gcc-compare` and the tests' own exactness
+check. Loads no torch, so that a tool reads it without loading the trainer. A resumed run appends to its CSV and
+`gcc-compare` compares by column: the order below is the logs' (tests/training/test_columns.py pins it)."""
 
 from __future__ import annotations
+
+from gcc.data.sample_rng import BATCH_STATS
+from gcc.model.objective_stats import TRAIN_STATS, VAL_ROW_FIELDS
+from gcc.stats import BATCH, LOSS, MODEL
+
+# the statistics a step sums over its micro-batches and ranks (StepSync, TrainStats), each declared where it is made
+STEP_STATS = (*TRAIN_STATS, *BATCH_STATS)
+
+
+def _group(column: str) -> list[str]:
+    return [s.name for s in STEP_STATS if s.column == column]
+
 
 TRAIN_COLUMNS = [
     "step",
     "loss",
-    "mse",
-    "timestep",
+    *_group(LOSS),
     "lr",
     "cond_lr",
     "grad_norm",
-    "sem_rms",
-    "x_rms",
-    "text_drop",
-    "cond_drop",
-    "mask_frac",
+    *_group(MODEL),
+    *_group(BATCH),
     "step_time",
     "data_time",
     "mem_gb",
@@ -24,7 +34,7 @@ TRAIN_COLUMNS = [
     "time",
     "clips",
 ]
-VAL_COLUMNS = ["step", "timestep", "mse", "mse_uncond", "mse_nulltext", "gap_uncond", "gap_nulltext", "n"]
+VAL_COLUMNS = ["step", *VAL_ROW_FIELDS]
 
 # wall-clock and memory measurements: they differ between any two launches
 TIMING_COLUMNS = ["step_time", "data_time", "mem_gb", "time"]

@@ -8,6 +8,7 @@ from _gc_helpers import make_batch, null_embedding, randomize_cond, tiny_dit
 from torch.utils.data import DataLoader, Dataset
 
 from gcc.model.objective import GcTrainModel, GcValMSE, make_scheduler, resolve_timesteps, train_draw, val_noise
+from gcc.model.objective_stats import TRAIN_STATS, VAL_ROW_FIELDS
 from gcc.model.optim import BETAS, build_optimizer, param_groups, trainer_schedule_kwargs
 
 
@@ -41,6 +42,15 @@ def test_loss_equals_hand_computation():
         mse = (pred[:, 1:] - target[:, 1:]).pow(2).mean()
         expect.append(mse * sched.linear_timesteps_weights[tid])
     torch.testing.assert_close(loss.detach(), torch.stack(expect).mean(), rtol=1e-5, atol=1e-6)
+
+
+def test_the_loss_reports_the_statistics_declared_in_objective_stats_as_detached_scalars():
+    model = _model()
+    b = make_batch(B=2)
+    out = model(b)
+    model.loss(out, b)
+    assert list(out["stats"]) == [s.name for s in TRAIN_STATS]
+    assert all(v.shape == () and not v.requires_grad for v in out["stats"].values())
 
 
 def test_frame0_excluded_from_loss():
@@ -404,4 +414,5 @@ def test_val_metric_rows():
         dict(timestep=201.3, mse=3.0, mse_uncond=11 / 3, mse_nulltext=10 / 3, gap_uncond=2 / 3, gap_nulltext=1 / 3, n=3)
     )
     assert rows[1]["gap_nulltext"] == pytest.approx(-2 / 3) and rows[1]["n"] == 3
+    assert all(tuple(r) == VAL_ROW_FIELDS for r in rows)  # the declared fields, in the declared order
     assert m.compute().item() == pytest.approx((3.0 + 2.0) / 2)

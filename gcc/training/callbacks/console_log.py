@@ -2,10 +2,11 @@
 
 Every `console_log_every` steps, and at a launch's last step, rank 0 logs one line: step/max, loss (mean of
 the steps since the last line), lr, grad_norm, s/step (the wall period since the last line: data wait,
-validation and checkpoints included, so the estimate counts them too), data wait per step, sem_rms, this
-launch's elapsed time and the estimated time to max_steps at that pace. After each validation, one line per
-timestep with mse, gap_uncond and gap_nulltext. Composer's progress bar is for a terminal; with it on and
-stdout a terminal, these lines stay off the console and go to `<run_dir>/train.log` alone (gcc/training/console.py).
+validation and checkpoints included, so the estimate counts them too), data wait per step, the statistics
+declared with a console format (gcc/stats.py), this launch's elapsed time and the estimated time to max_steps at
+that pace. After each validation, one line per timestep with mse, gap_uncond and gap_nulltext. Composer's
+progress bar is for a terminal; with it on and stdout a terminal, these lines stay off the console and go to
+`<run_dir>/train.log` alone (gcc/training/console.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from composer.utils import dist
 from gcc.training.callbacks.preemption import Preemption
 from gcc.training.callbacks.train_stats import TrainStats
 from gcc.training.callbacks.validation import ValidationLog
+from gcc.training.columns import STEP_STATS
 from gcc.training.console import RUN_LOG_ONLY
 
 log = logging.getLogger("gcc.train")
@@ -69,10 +71,11 @@ class ConsoleLog(Callback):
         now = time.time()
         per_step = (now - self._t_line) / len(self._window)
         w, self._window, self._t_line = self._window, [], now
+        shown = "".join(f"{s.name} {row[s.name]:{s.console}}  " for s in STEP_STATS if s.console)
         log.info(
             f"step {step}/{self.max_steps}  loss {statistics.fmean(r['loss'] for r in w):.4f}  "
             f"lr {row['lr']:.2e}  grad_norm {row['grad_norm']:.3f}  {per_step:.2f} s/step  "
-            f"data {statistics.fmean(r['data_time'] for r in w):.3f} s/step  sem_rms {row['sem_rms']:.4f}  "
+            f"data {statistics.fmean(r['data_time'] for r in w):.3f} s/step  {shown}"
             f"elapsed {duration(now - self._t_start)}  "
             f"eta {duration(max(self.max_steps - step, 0) * per_step)}",
             extra=self.extra,

@@ -24,7 +24,11 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
-SUMMED = ["mse", "timestep", "sem_rms", "x_rms", "text_drop", "cond_drop", "mask_frac", "n", "nonfinite", "preempt"]
+from gcc.training.columns import STEP_STATS
+
+# the step's own counts: its clips (TrainStats), non-finite losses (NonFiniteGuard), ranks preempted (Preemption)
+RUN_TOTALS = ["n", "nonfinite", "preempt"]
+SUMMED = [s.name for s in STEP_STATS] + RUN_TOTALS
 
 
 class StepSync(Callback):

@@ -1,8 +1,8 @@
 """One `train_log.csv` row and TensorBoard `train/*` scalars per optimizer step (docs/design.md §9.10).
 
-Per micro-batch (AFTER_LOSS) it adds the objective's stats and the batch's dropouts to the step's one
-reduction (`StepSync`, on the device), so every number describes the whole global batch. `clips` lists every
-rank's clip ids in rank order, named on rank 0 from the sample ids with the manifest's train clip_ids.
+Per micro-batch (AFTER_LOSS) it adds the objective's statistics and the batch's dropouts (gcc/stats.py: each is
+declared once, with its reduction) to the step's one reduction (`StepSync`, on the device), so every number
+describes the whole global batch. `clips` lists every rank's clip ids in rank order, named on rank 0 from the sample ids with the manifest's train clip_ids.
 `step_time` is wall time from asking the loader for the batch to the end of the step (data wait included,
 validation and checkpointing excluded); `data_time` is the loader-wait part; `time`
 is the Unix time at the end of the step (differences of consecutive rows: the true period, everything included).
@@ -20,14 +20,17 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
+from gcc.data.sample_rng import BATCH_STATS
 from gcc.errors import DamagedData
+from gcc.model.objective_stats import RATIOS, TRAIN_STATS
+from gcc.stats import SUM, WEIGHTED
 from gcc.training.callbacks.grad_clip import GradClip
 from gcc.training.callbacks.step_sync import StepSync
-from gcc.training.columns import TRAIN_COLUMNS
+from gcc.training.columns import STEP_STATS, TRAIN_COLUMNS
 
-_STATS = ["mse", "timestep", "sem_rms", "x_rms"]  # the objective's micro-batch means
-_PER_CLIP = ["drop_text", "drop_cond", "mask_frac"]  # the batch's per-clip values, logged as their means
-_MEANS = _STATS + ["text_drop", "cond_drop", "mask_frac"]
+# the step's sums in the order _sums gives them: the micro-batch means to weight, then the values to add up
+_WEIGHTED = [s.name for s in STEP_STATS if s.reduce == WEIGHTED]
+_ADDED = [s.name for s in STEP_STATS if s.reduce != WEIGHTED]
 
 
 def peak_rss_gb() -> float:
@@ -52,34 +55,38 @@ class TrainStats(Callback):
         self.step_times: list[float] = []
         self.data_times: list[float] = []
         self.last_row: dict | None = None  # rank 0: the step's train_log row
-        sync.source(_MEANS + ["n"], self._sums)
+        sync.source(_WEIGHTED + _ADDED + ["n"], self._sums)
         self._reset()
 
     def _reset(self) -> None:
-        # per micro-batch of the step: (the objective's stats, the batch's per-clip values and epochs); small
+        # per micro-batch of the step: (its statistics by name, its clips' epochs); small
         # tensors only, not the batch, which would keep every micro-batch's inputs alive until the step's end
-        self._micro: list[tuple[dict, dict]] = []
+        self._micro: list[tuple[dict, torch.Tensor]] = []
         self._own_clips: list[str] = []
         self._lrs = (float("nan"), float("nan"))
 
     def _sums(self) -> torch.Tensor:
-        """This rank's sums for the step's reduce, in the order of _MEANS + n: the objective's per-micro-batch means
-        weighted by the micro-batch's clip count, the per-clip dropouts summed. A few kernels per step."""
+        """This rank's sums for the step's reduce, in the order of _WEIGHTED + _ADDED + n: the per-micro-batch means
+        weighted by the micro-batch's clip count, the other values (per clip or per micro-batch) summed. A few
+        kernels per step."""
         if not self._micro:
-            return torch.zeros(len(_MEANS) + 1)
-        counts = [len(b["epoch"]) for _, b in self._micro]
-        dev = self._micro[0][0]["mse"].device
-        means = torch.stack(
-            [
-                torch.stack([torch.as_tensor(st[k], device=dev).float().reshape(()) for k in _STATS])
-                for st, _ in self._micro
-            ]
-        ).double()  # [micro-batches, stats]
-        weighted = (means * torch.tensor(counts, device=dev, dtype=torch.float64)[:, None]).sum(0)
-        drops = [torch.cat([b[k].reshape(-1) for _, b in self._micro]).to(dev).double().sum() for k in _PER_CLIP]
-        return torch.cat(
-            [weighted, torch.stack(drops), torch.tensor([float(sum(counts))], device=dev, dtype=torch.float64)]
-        )
+            return torch.zeros(len(_WEIGHTED) + len(_ADDED) + 1)
+        counts = [len(epoch) for _, epoch in self._micro]
+        dev = self._micro[0][0][TRAIN_STATS[0].name].device  # the objective's device
+        parts = []
+        if _WEIGHTED:
+            means = torch.stack(
+                [
+                    torch.stack([torch.as_tensor(v[k], device=dev).float().reshape(()) for k in _WEIGHTED])
+                    for v, _ in self._micro
+                ]
+            ).double()  # [micro-batches, stats]
+            parts.append((means * torch.tensor(counts, device=dev, dtype=torch.float64)[:, None]).sum(0))
+        if _ADDED:
+            added = [torch.cat([v[k].reshape(-1) for v, _ in self._micro]).to(dev).double().sum() for k in _ADDED]
+            parts.append(torch.stack(added))
+        parts.append(torch.tensor([float(sum(counts))], device=dev, dtype=torch.float64))
+        return torch.cat(parts)
 
     def before_dataloader(self, state: State, logger: Logger) -> None:
         self._t0 = time.perf_counter()
@@ -88,8 +95,9 @@ class TrainStats(Callback):
         self._t_data = time.perf_counter() - self._t0
 
     def after_loss(self, state: State, logger: Logger) -> None:
-        b = state.batch
-        self._micro.append((state.outputs["stats"], {k: b[k] for k in (*_PER_CLIP, "epoch")}))
+        b, stats = state.batch, state.outputs["stats"]
+        values = {s.name: stats[s.name] for s in TRAIN_STATS} | {s.name: b[s.key or s.name] for s in BATCH_STATS}
+        self._micro.append((values, b["epoch"]))
         self._own_clips += b["clip_id"]
 
     def after_train_batch(self, state: State, logger: Logger) -> None:
@@ -106,7 +114,7 @@ class TrainStats(Callback):
             return
         tot = self.sync.totals
         n = max(tot["n"], 1.0)
-        mean = {k: tot[k] / n for k in _MEANS}
+        values = {s.name: tot[s.name] if s.reduce == SUM else tot[s.name] / n for s in STEP_STATS}
         clips = [self.clip_ids[i] for i in self.sync.sample_ids]
         if clips[: len(self._own_clips)] != self._own_clips:  # rank 0's own slots come first
             raise DamagedData(
@@ -114,11 +122,11 @@ class TrainStats(Callback):
                 f"train clip_ids, but the shards hold {self._own_clips}: manifest.json and the shards "
                 f"disagree"
             )
-        epochs = torch.cat([b["epoch"] for _, b in self._micro]) if self._micro else None
+        epochs = torch.cat([epoch for _, epoch in self._micro]) if self._micro else None
         row = {
             "step": int(state.timestamp.batch),
             "loss": float(state.total_loss_dict.get("loss/train/total", float("nan"))),
-            **mean,
+            **values,
             "lr": self._lrs[0],
             "cond_lr": self._lrs[1],
             "grad_norm": self.grad_clip.last_norm,
@@ -132,6 +140,7 @@ class TrainStats(Callback):
         self.last_row = row
         logger.log_table(TRAIN_COLUMNS, [[row[c] for c in TRAIN_COLUMNS]], name="train_log")
         scalars = {f"train/{k}": row[k] for k in TRAIN_COLUMNS if k not in ("step", "time", "clips")}
-        scalars["train/sem_over_x"] = row["sem_rms"] / row["x_rms"] if row["x_rms"] else float("nan")
+        for name, (num, den) in RATIOS.items():
+            scalars[f"train/{name}"] = row[num] / row[den] if row[den] else float("nan")
         logger.log_metrics(scalars)
         self._reset()

@@ -2,19 +2,36 @@
 step. The objective's stats are means over the whole batch (each micro-batch's mean weighted by its clip count), the
 dropouts the means of the per-clip values, `clips` the step's clips named from the sample ids by the manifest's train
 clip_ids, lr/cond_lr the rates the optimizer applies at this step, grad_norm GradClip's; a manifest that disagrees
-with the shards is DamagedData."""
+with the shards is DamagedData. A statistic declared in gcc/model/objective_stats.py alone reaches every one of
+these outputs (docs/model.md)."""
 
 from __future__ import annotations
 
+import importlib
 import math
 import time
 
 import pytest
 import torch
-from _cbfit import COND_LR, LR, Fit, micro
+from _cbfit import COND_LR, LR, Fit, micro, records
+from _gc_helpers import make_batch, null_embedding, tiny_dit
 
 from gcc.errors import DamagedData
-from gcc.training.callbacks import TRAIN_COLUMNS, GradClip, StepSync, TrainStats
+from gcc.model import objective_stats
+from gcc.model.objective import GcTrainModel
+from gcc.stats import LOSS, WEIGHTED, Stat
+from gcc.training import columns
+from gcc.training.callbacks import (
+    TRAIN_COLUMNS,
+    GradClip,
+    Preemption,
+    StepSync,
+    TrainStats,
+    ValidationLog,
+    console_log,
+    step_sync,
+    train_stats,
+)
 
 GRADS = [torch.ones(2, 3), torch.full((2,), 2.0)]  # global norm sqrt(14)
 
@@ -130,3 +147,54 @@ def test_a_manifest_that_names_other_clips_than_the_shards_is_damaged_data():
     with pytest.raises(DamagedData, match=r"sample ids name \['a', 'b', 'x'\].*shards hold \['a', 'b', 'c'\]"):
         fit.step(two_micro_batches())
     assert "train_log" not in fit.memory.tables
+
+
+@pytest.fixture
+def declared_kl(monkeypatch):
+    """The objective declares one more statistic, `kl`, in gcc/model/objective_stats.py and in nothing else: the
+    modules that derive their lists from the declarations are loaded again over it, and again after the test."""
+    kl = Stat("kl", WEIGHTED, LOSS, console=".3f")
+    monkeypatch.setattr(objective_stats, "TRAIN_STATS", (*objective_stats.TRAIN_STATS, kl))
+    derived = (columns, step_sync, train_stats, console_log)  # in their import order
+    for module in derived:
+        importlib.reload(module)
+    yield kl
+    monkeypatch.undo()
+    for module in derived:
+        importlib.reload(module)
+
+
+class WithKL(GcTrainModel):
+    """The objective with a new loss term's statistic: what a maintainer adds to GcTrainModel.loss."""
+
+    def loss(self, outputs, batch):
+        loss = super().loss(outputs, batch)
+        outputs["stats"]["kl"] = outputs["pred"].detach().float().pow(2).mean()
+        return loss
+
+
+def test_a_statistic_the_objective_declares_reaches_the_totals_the_row_the_scalars_and_the_console(
+    declared_kl, watchdog
+):
+    model = WithKL(tiny_dit(), seed=0, null_context=null_embedding(), null_id=3)
+    batch = make_batch(B=2, sample_ids=[0, 1], clip_ids=["a", "b"])
+    outputs = model(batch)
+    loss = model.loss(outputs, batch)
+    kl = float(outputs["stats"]["kl"])
+    sync, grad_clip = step_sync.StepSync(per_rank_batch=2), GradClip(1.0)
+    stats = train_stats.TrainStats(grad_clip, sync, ["a", "b"])
+    preemption = Preemption(watchdog, 60.0, sync)
+    console = console_log.ConsoleLog(1, 1, stats, ValidationLog("val"), preemption)
+    fit = Fit([sync, grad_clip, stats, preemption, console])
+    fit.fit_start()
+    try:
+        with records("gcc.train") as got:
+            fit.step([(batch, outputs, loss)])
+    finally:
+        fit.fit_end()
+    assert sync.totals["kl"] == pytest.approx(kl * 2)  # summed over the step, weighted by the clip count
+    [logged] = fit.table("train_log")
+    assert list(logged)[:5] == ["step", "loss", "mse", "timestep", "kl"]  # with the loss's terms
+    assert logged["kl"] == pytest.approx(kl, rel=1e-6) and stats.last_row["kl"] == pytest.approx(kl)
+    assert fit.memory.most_recent_values["train/kl"] == pytest.approx(kl)
+    assert f"sem_rms 0.0000  kl {kl:.3f}  elapsed " in got[0].getMessage()  # with its declared format
