@@ -12,6 +12,9 @@ same run: W&B gets a run id fixed by the run folder (`resume: allow`, files unde
 looks up the run by name (`resume: true`) in `tracking_uri`, `MLFLOW_TRACKING_URI` or else the file store
 `<run_dir>/mlruns`. Both use the
 run folder's name as the run name. System metrics (psutil / NVML sampling) are off unless asked for.
+
+Each logger's class here writes the training samples (`log_samples`, called by gcc/training/callbacks/samples.py)
+its own way: TensorBoard as images, W&B as videos and images, MLflow as artifacts.
 """
 
 from __future__ import annotations
@@ -29,6 +32,25 @@ from gcc.compat.loggers import allow_mlflow_file_store, check_installed, mlflow_
 from gcc.training.csv_logger import CSVLogger
 
 LOGGERS = ("tensorboard", "wandb", "mlflow")
+
+
+class SampleTensorboardLogger(LocalTensorboardLogger):
+    def log_samples(self, step: int, folder: Path, clips: list[dict]) -> None:
+        """The training samples of `step` (gcc/training/callbacks/samples.py): per clip, an animated GIF per
+        variant (`samples/<clip>/<variant>`, as torch's `add_video` writes one, without needing moviepy) and the
+        contact sheet (`samples/<clip>/sheet`), as image summaries in one event, in the Images tab."""
+        from tensorboard.compat.proto.summary_pb2 import Summary  # optional: only with a tensorboard logger
+
+        def image(tag: str, data: bytes, hw: tuple[int, int]):
+            img = Summary.Image(height=hw[0], width=hw[1], colorspace=3, encoded_image_string=data)
+            return Summary.Value(tag=tag, image=img)
+
+        values = []
+        for c in clips:
+            for name, v in c["videos"].items():
+                values.append(image(f"samples/{c['clip_id']}/{name}", v["gif"], v["hw"]))
+            values.append(image(f"samples/{c['clip_id']}/sheet", c["sheet"]["png"], c["sheet"]["hw"]))
+        self.write_summary(Summary(value=values), step, flush=True)
 
 
 class TablelessWandBLogger(WandBLogger):
@@ -115,7 +137,7 @@ def build_loggers(run_dir: str | Path, loggers: dict[str, Any], tables: dict[str
     for name, options in loggers.items():
         kw = dict(options or {})
         if name == "tensorboard":
-            out.append(LocalTensorboardLogger(log_dir=str(run_dir / "tensorboard"), **{"flush_interval": 10, **kw}))
+            out.append(SampleTensorboardLogger(log_dir=str(run_dir / "tensorboard"), **{"flush_interval": 10, **kw}))
         elif name == "wandb":
             init = {
                 "dir": str(run_dir),
