@@ -159,7 +159,7 @@ def leave_on_fault(code: int) -> NoReturn:
     # The fault is in the store (rank 0 keeps it): stay a moment so that the other ranks read it and stop with
     # this code rather than on their collective's bare error. Then exit now, not through interpreter shutdown:
     # shutdown restores SIGTERM's default action, and the launcher's SIGTERM (sent to every rank once one has
-    # failed) would turn this code into -15. Every rank ends a fault this way, the ones that learn of it from
+    # failed: gcc/compat/composer_launcher.py) would turn this code into -15. Every rank ends a fault this way, the ones that learn of it from
     # their watch thread too (StallWatchdog.stop_for_peer), and so does a missed deadline: a peer may be stuck in
     # a collective, so there is no end barrier to wait for. The loader workers and the forkserver stop by
     # themselves when their rank is gone (gcc/workers.py).
