@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/stress.py [--rounds 30] [--test TEST]
 
-`make test` runs one round of each (tests/training/test_teardown.py: short launches beside a busy process;
+`make test` runs one round of each (tests/training/test_ending.py: short launches beside a busy process;
 tests/training/test_train_e2e.py: two launches on one machine at once). This runs the same tests with
 `GCC_STRESS_ROUNDS` rounds, one test at a time, and prints each test's wall time per round. Every launch is
 checked for a clean end (tests/_launch.py `assert_clean_end`): exit code, no process left, no shared memory left,
@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = [
-    "tests/training/test_teardown.py::test_short_launches_beside_a_busy_process_all_end_cleanly",
+    "tests/training/test_ending.py::test_short_launches_beside_a_busy_process_all_end_cleanly",
     "tests/training/test_train_e2e.py::test_two_launches_on_one_machine_at_once_both_succeed",
 ]
 

@@ -1,10 +1,10 @@
 """gcc's contracts with the insides of its libraries, in one place (docs/design.md, "Library contracts").
 
 Every use of a library's private API or undocumented behaviour lives in this package, behind a named function or
-class, with a comment saying what it relies on: `composer.py`, `streaming.py`, `torch.py`, `diffsynth.py`,
-`loggers.py` (W&B, MLflow). Each module was verified against one version of its library (`VERIFIED`) and checks
-the installed one when it is imported (`require`); tests/compat/ holds a contract test per module, which fails
-when the library's behaviour changes.
+class, with a comment saying what it relies on: `composer.py`, `composer_launcher.py`, `streaming.py`, `torch.py`,
+`diffsynth.py`, `loggers.py` (W&B, MLflow), `python.py`. Each module was verified against one version of its library
+(`VERIFIED`) and checks the installed one when it is imported (`require`); tests/compat/ holds a contract test per
+module, which fails when the library's behaviour changes.
 
 Moving to a new version of a library: run `make test` against it with `GCC_UNVERIFIED_LIBS=<dist name>` (or
 `all`), fix what tests/compat/ reports, then set the new version in the module's `VERIFIED`. The override is

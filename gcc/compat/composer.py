@@ -11,8 +11,8 @@
 - `CHECKPOINT_RE`, `LATEST_LINK`: the names Composer gives checkpoints with its default `save_filename` and
   `save_latest_filename` (rank 0's file; an FSDP sharded checkpoint is a folder of that name without the suffix).
 - `LocalTensorboardLogger`: Composer's TensorboardLogger with one event file per launch (overrides its `_flush`);
-  its `log_samples` writes the training samples as image summaries (an animated GIF per video, as torch's
-  `add_video` does without needing moviepy, and the PNG contact sheet), through torch's private file writer.
+  `write_summary` writes one event holding several values, through torch's private file writer (gcc's loggers
+  write their scalars and the training samples with it: gcc/training/loggers.py).
 - What a run loads of Composer: the parts it never uses are stand-ins while Composer and `composer.algorithms`
   load (below); `cpu_model` names the CPU in Composer's environment record (replaces `collect_env.get_cpu_model`).
 """
@@ -28,8 +28,8 @@ from collections import OrderedDict
 import torch
 
 from gcc.compat import require, stand_ins
+from gcc.compat.composer_launcher import VERIFIED  # one Composer version for both of its adapters
 
-VERIFIED = "0.32.1"
 # checked before the library is imported: a changed library is then named, not met as an ImportError
 require("mosaicml", VERIFIED, "gcc/compat/composer.py")
 
@@ -240,27 +240,17 @@ class LocalTensorboardLogger(TensorboardLogger):
                 values.append(Summary.Value(tag=tag, simple_value=float(metric)))
             except (TypeError, ValueError, RuntimeError):
                 continue
-        if values and self.writer is not None:
-            add_summary(self.writer, Summary(value=values), step)
+        if values:
+            self.write_summary(Summary(value=values), step)
 
-    def log_samples(self, step: int, folder, clips: list[dict]) -> None:
-        """The training samples of `step` (gcc/training/callbacks/samples.py): per clip, an animated GIF per
-        variant (`samples/<clip>/<variant>`) and the contact sheet (`samples/<clip>/sheet`), in the Images tab."""
+    def write_summary(self, summary, step: int | None, flush: bool = False) -> None:
+        """Write one event holding `summary` (a tensorboard Summary) at `step`, then flush the writer if `flush`;
+        nothing off rank 0 or once closed."""
         if self._silent() or self.writer is None:
             return
-        from tensorboard.compat.proto.summary_pb2 import Summary  # optional: only with a tensorboard logger
-
-        def image(tag: str, data: bytes, hw: tuple[int, int]):
-            img = Summary.Image(height=hw[0], width=hw[1], colorspace=3, encoded_image_string=data)
-            return Summary.Value(tag=tag, image=img)
-
-        values = []
-        for c in clips:
-            for name, v in c["videos"].items():
-                values.append(image(f"samples/{c['clip_id']}/{name}", v["gif"], v["hw"]))
-            values.append(image(f"samples/{c['clip_id']}/sheet", c["sheet"]["png"], c["sheet"]["hw"]))
-        add_summary(self.writer, Summary(value=values), step)
-        self.writer.flush()
+        add_summary(self.writer, summary, step)
+        if flush:
+            self.writer.flush()
 
     def eval_end(self, state: State, logger: Logger) -> None:
         self._flush(logger)

@@ -12,6 +12,9 @@
 - `add_summary`: one TensorBoard event holding several scalars (`SummaryWriter._get_file_writer()`).
 - `DCP_METADATA`: the file that completes a torch.distributed.checkpoint folder (written last, by the
   coordinator).
+- `gloo_gradients_as_means`: FSDP2's gradient made a mean over the ranks on gloo, whose reduce-scatter sums where
+  FSDP2 asks it to average (FSDP2 leaves the division of fp32/bf16 gradients to the backend:
+  `_fsdp_collectives._get_gradient_divide_factors`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ VERIFIED = "2.7.0"
 require("torch", VERIFIED, "gcc/compat/torch.py")
 
 import torch
+import torch.distributed as tdist
 from torch import nn
 from torch.distributed.distributed_c10d import _get_default_store
 from torch.distributed.fsdp import FSDPModule
@@ -73,3 +77,28 @@ def bare_copy(module: nn.Module, parameters: dict[str, nn.Parameter]) -> nn.Modu
 def add_summary(writer, summary, step: int | None) -> None:
     """Write one event holding `summary` (a tensorboard Summary) through a torch SummaryWriter."""
     writer._get_file_writer().add_summary(summary, step, time.time())
+
+
+def gloo_gradients_as_means(model: nn.Module) -> int:
+    """Make FSDP2's reduce-scattered gradient a mean over the ranks on gloo, as it is on NCCL.
+
+    Relies on (verified with torch 2.7.0): FSDP2 reduce-scatters fp32/bf16 gradients with ReduceOp.AVG and no
+    division of its own (`_get_gradient_divide_factors` returns (None, None)); NCCL averages natively, but gloo's
+    reduce-scatter sums and does not raise (pytorch/pytorch issue 162338). The gradient would scale with the world
+    size: Adam hides it within a run, but clipping, the logged norm and optimizer moments resumed on another world
+    size would not match. The hook (FSDPModule.set_all_reduce_hook) runs on each unit's reduce-scatter output before
+    it becomes the sharded gradient. tests/compat/test_torch.py checks both halves in process (the divide factors,
+    and gloo's AVG summing over two ranks); tests/model/test_model_fsdp.py compares the gradient of two gloo ranks
+    with a one-process reference, without the hook too, so a torch that fixes gloo (whose gradient this would
+    then divide twice) fails there. Returns the number of units hooked (0 when not needed)."""
+    if not tdist.is_initialized() or tdist.get_backend() != "gloo" or tdist.get_world_size() == 1:
+        return 0
+    world = tdist.get_world_size()
+
+    def to_mean(reduce_output: torch.Tensor) -> None:
+        reduce_output.div_(world)
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in units:
+        m.set_all_reduce_hook(to_mean)
+    return len(units)

@@ -351,7 +351,7 @@ _LOADERS: weakref.WeakSet = weakref.WeakSet()
 
 def stop_loader_workers() -> None:
     """Stop the persistent workers of every loader of this process the DataLoader's own way (a `None` on each
-    index queue, then join). Called by a launch's end (gcc.training.teardown) and at interpreter exit: otherwise
+    index queue, then join). Called by a launch's end (gcc.training.ending) and at interpreter exit: otherwise
     multiprocessing's exit handler, which runs before the loader is collected, stops them with SIGTERM, which a
     loader worker defers by its preemption grace (LoaderWorkerInit)."""
     for loader in list(_LOADERS):

@@ -5,7 +5,8 @@ parameters become DTensors. What gcc adds around that, on GPU and on CPU (gloo) 
   module, so any world size starts from the same weights), base Wan weights, warm starts (`fill_local`);
 * exports gather one tensor at a time to rank 0 (`full_state_dict`), never the whole fp32 model;
 * the global gradient norm and clipping over DTensor gradients (`clip_grad_norm`);
-* the gradient is a mean over the global batch on gloo too (`mean_gradients_on_gloo`);
+* the gradient is a mean over the global batch on gloo too (gcc/compat/torch.py `gloo_gradients_as_means`, called by
+  gcc/training/builders.py);
 * Composer's meta-device initialisation on CPU (gcc/compat/composer.py `meta_init_on`).
 """
 
@@ -15,8 +16,6 @@ import math
 from collections.abc import Callable, Iterable
 
 import torch
-import torch.distributed as tdist
-from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from gcc.compat.torch import local_shape_and_offset
@@ -70,26 +69,3 @@ def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float) ->
     if math.isfinite(max_norm):
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
     return float(norm)
-
-
-def mean_gradients_on_gloo(model: torch.nn.Module) -> int:
-    """Make FSDP2's reduce-scattered gradient a mean over the ranks on gloo, as it is on NCCL.
-
-    torch 2.7's FSDP2 reduce-scatters fp32/bf16 gradients with ReduceOp.AVG and no division of its own
-    (`_get_gradient_divide_factors` returns (None, None)); NCCL averages natively, but gloo's reduce-scatter
-    sums and does not raise (pytorch/pytorch issue 162338). The gradient would scale with the world size: Adam
-    hides it within a run, but clipping, the logged norm and optimizer moments resumed on another world size
-    would not match. The hook runs on each unit's reduce-scatter output before it becomes the sharded gradient.
-    A test compares the gradient with a one-process reference, so a torch that fixes gloo (and would then be
-    divided twice) is caught. Returns the number of units hooked (0 when not needed)."""
-    if not tdist.is_initialized() or tdist.get_backend() != "gloo" or tdist.get_world_size() == 1:
-        return 0
-    world = tdist.get_world_size()
-
-    def to_mean(reduce_output: torch.Tensor) -> None:
-        reduce_output.div_(world)
-
-    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    for m in units:
-        m.set_all_reduce_hook(to_mean)
-    return len(units)

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from gcc.compat.composer import MicroBatch, meta_init_on, use_lean_engine
 from gcc.compat.streaming import release_stale_shm
+from gcc.compat.torch import gloo_gradients_as_means
 from gcc.data.dataset import (
     Dropouts,
     GcStreamingDataset,
@@ -28,7 +29,6 @@ from gcc.data.dataset import (
 from gcc.data.text_table import TextTable
 from gcc.model.dit import build_gc_dit, load_wan_base
 from gcc.model.export import gc_metadata, load_gc_weights, load_legacy_zero
-from gcc.model.fsdp import mean_gradients_on_gloo
 from gcc.model.objective import GcTrainModel
 from gcc.model.optim import build_optimizer, trainer_schedule_kwargs
 from gcc.redact import redact
@@ -416,5 +416,5 @@ def build_trainer(
     if cfg.lean_engine:
         use_lean_engine(trainer)
     if fsdp is not None:
-        mean_gradients_on_gloo(model)
+        gloo_gradients_as_means(model)
     return trainer

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import time
 from typing import NoReturn
 
 from gcc import exit_codes, redact
@@ -17,17 +15,10 @@ from gcc.errors import BadInput, Refusal, StorageUnavailable
 from gcc.redact import secret_keys
 from gcc.training.config import ConfigError, TrainConfig, check_inputs, load_config, to_dict
 from gcc.training.console import configure_logging, open_run_log
-from gcc.training.process_exit import code_of, exit_process
+from gcc.training.ending import code_of, exit_process, wait_for_rank0
 from gcc.training.ranks import rank, world_size
-from gcc.workers import PREEMPTION_SIGNALS
 
 logger = logging.getLogger(__name__)
-
-# Composer's launcher reports the first non-zero exit in rank order and kills the other ranks: on a code every rank
-# reaches together, the other ranks let rank 0 exit first, so that the launcher's code is ours (2/3/4), not rank
-# 0's -15 from that cleanup. The launcher kills them as soon as rank 0 is gone (a loaded machine can take several
-# seconds to tear rank 0 down), so this is an upper bound, not a wait.
-RANK0_FIRST_S = 60.0
 
 
 def prepare(argv: list[str] | None) -> TrainConfig | int:
@@ -76,23 +67,14 @@ def main(argv: list[str] | None = None) -> int:
         code = launch(cfg)
     else:
         code = cfg
-    if code in exit_codes.TOGETHER and rank() != 0 and world_size() > 1:
-        # nothing is left to save: the launcher's SIGTERM ends this rank at once (the handlers a run installed would
-        # only note it, and the launcher would wait out its 30 s before its SIGKILL), through the orderly exit
-        # (`run`), so that the finalizers release this rank's semaphores and shared memory
-        def leave(signum, frame):
-            raise SystemExit(code)
-
-        for s in PREEMPTION_SIGNALS:
-            signal.signal(s, leave)
-        time.sleep(RANK0_FIRST_S)  # see RANK0_FIRST_S
+    wait_for_rank0(code)  # on 2-4: the launcher reports rank 0's code
     return code
 
 
 def run(argv: list[str]) -> NoReturn:
     """`main`, then the process's exit with its code through `exit_process` (the exit handlers, then `os._exit`),
-    whatever way `main` ended: a `SystemExit` (Composer's SIGTERM handler, the launcher's SIGTERM above) with its
-    code, an error with Python's own traceback and 1."""
+    whatever way `main` ended: a `SystemExit` (Composer's SIGTERM handler, the launcher's SIGTERM while waiting for
+    rank 0) with its code, an error with Python's own traceback and 1."""
     try:
         code = main(argv)
     except SystemExit as e:

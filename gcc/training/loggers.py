@@ -12,6 +12,10 @@ same run: W&B gets a run id fixed by the run folder (`resume: allow`, files unde
 looks up the run by name (`resume: true`) in `tracking_uri`, `MLFLOW_TRACKING_URI` or else the file store
 `<run_dir>/mlruns`. Both use the
 run folder's name as the run name. System metrics (psutil / NVML sampling) are off unless asked for.
+
+Each logger is one entry of `LOGGERS` (Composer's class and how gcc builds it), and its class here writes the
+training samples (`log_samples`, called by gcc/training/callbacks/samples.py) its own way: TensorBoard as images,
+W&B as videos and images, MLflow as artifacts.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from __future__ import annotations
 import hashlib
 import inspect
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from composer.loggers import MLFlowLogger, WandBLogger
 
@@ -28,7 +33,24 @@ from gcc.compat.composer import LocalTensorboardLogger
 from gcc.compat.loggers import allow_mlflow_file_store, check_installed, mlflow_run, wandb_for_composer
 from gcc.training.csv_logger import CSVLogger
 
-LOGGERS = ("tensorboard", "wandb", "mlflow")
+
+class SampleTensorboardLogger(LocalTensorboardLogger):
+    def log_samples(self, step: int, folder: Path, clips: list[dict]) -> None:
+        """The training samples of `step` (gcc/training/callbacks/samples.py): per clip, an animated GIF per
+        variant (`samples/<clip>/<variant>`, as torch's `add_video` writes one, without needing moviepy) and the
+        contact sheet (`samples/<clip>/sheet`), as image summaries in one event, in the Images tab."""
+        from tensorboard.compat.proto.summary_pb2 import Summary  # optional: only with a tensorboard logger
+
+        def image(tag: str, data: bytes, hw: tuple[int, int]):
+            img = Summary.Image(height=hw[0], width=hw[1], colorspace=3, encoded_image_string=data)
+            return Summary.Value(tag=tag, image=img)
+
+        values = []
+        for c in clips:
+            for name, v in c["videos"].items():
+                values.append(image(f"samples/{c['clip_id']}/{name}", v["gif"], v["hw"]))
+            values.append(image(f"samples/{c['clip_id']}/sheet", c["sheet"]["png"], c["sheet"]["hw"]))
+        self.write_summary(Summary(value=values), step, flush=True)
 
 
 class TablelessWandBLogger(WandBLogger):
@@ -76,10 +98,6 @@ class TablelessMLFlowLogger(MLFlowLogger):
         client.log_artifacts(run_id, str(folder), artifact_path=f"samples/step-{step}")
 
 
-def _composer_class(name: str):
-    return {"tensorboard": LocalTensorboardLogger, "wandb": WandBLogger, "mlflow": MLFlowLogger}[name]
-
-
 def check_logger_options(loggers: dict[str, Any]) -> list[str]:
     """Problems with the yaml's `loggers:` section, each naming the key (empty: fine); then the named loggers' packages
     are checked against the versions gcc verified (gcc/compat/loggers.py)."""
@@ -91,10 +109,11 @@ def check_logger_options(loggers: dict[str, Any]) -> list[str]:
         if options is not None and not isinstance(options, dict):
             problems.append(f"loggers.{name}: expected a mapping of options (or {{}}), got {options!r}")
             continue
-        params = set(inspect.signature(_composer_class(name).__init__).parameters) - {"self", "log_dir"}
+        composer_class = LOGGERS[name].composer_class
+        params = set(inspect.signature(composer_class.__init__).parameters) - {"self", "log_dir"}
         for key in sorted(set(options or {}) - params):
             problems.append(
-                f"loggers.{name}.{key}: not an option of Composer's {_composer_class(name).__name__} "
+                f"loggers.{name}.{key}: not an option of Composer's {composer_class.__name__} "
                 f"({', '.join(sorted(params))})"
             )
     if not problems:  # a logger outside the version gcc verified stops the launch here (exit 2), before any work
@@ -108,34 +127,43 @@ def wandb_run_id(run_dir: str | Path) -> str:
     return f"{Path(path).name[:40]}-{hashlib.sha1(path.encode()).hexdigest()[:10]}"
 
 
+def _tensorboard(run_dir: Path, kw: dict[str, Any]) -> SampleTensorboardLogger:
+    return SampleTensorboardLogger(log_dir=str(run_dir / "tensorboard"), **{"flush_interval": 10, **kw})
+
+
+def _wandb(run_dir: Path, kw: dict[str, Any]) -> TablelessWandBLogger:
+    init = {"dir": str(run_dir), "id": wandb_run_id(run_dir), "resume": "allow", **(kw.pop("init_kwargs", None) or {})}
+    Path(init["dir"]).mkdir(parents=True, exist_ok=True)
+    return TablelessWandBLogger(**{"name": run_dir.name, **kw, "init_kwargs": init})
+
+
+def _mlflow(run_dir: Path, kw: dict[str, Any]) -> TablelessMLFlowLogger:
+    uri = str(
+        kw.pop("tracking_uri", None) or os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / "mlruns").resolve().as_uri()
+    )
+    if uri.startswith("file:"):  # a local run folder has no database
+        allow_mlflow_file_store()
+    return TablelessMLFlowLogger(
+        **{"run_name": run_dir.name, "tracking_uri": uri, "resume": True, "log_system_metrics": False, **kw}
+    )
+
+
+class LoggerKind(NamedTuple):
+    composer_class: type  # Composer's logger: its arguments are the options the yaml may set (`check_logger_options`)
+    build: Callable[[Path, dict[str, Any]], Any]  # gcc's logger for a run folder, from those options (`build_loggers`)
+
+
+# every logger the yaml may name, in one place
+LOGGERS: dict[str, LoggerKind] = {
+    "tensorboard": LoggerKind(LocalTensorboardLogger, _tensorboard),
+    "wandb": LoggerKind(WandBLogger, _wandb),
+    "mlflow": LoggerKind(MLFlowLogger, _mlflow),
+}
+
+
 def build_loggers(run_dir: str | Path, loggers: dict[str, Any], tables: dict[str, list[str]]) -> list:
     """CSV tables always, then the yaml's loggers in its order."""
     run_dir = Path(run_dir)
-    out: list = [CSVLogger(run_dir, tables)]
-    for name, options in loggers.items():
-        kw = dict(options or {})
-        if name == "tensorboard":
-            out.append(LocalTensorboardLogger(log_dir=str(run_dir / "tensorboard"), **{"flush_interval": 10, **kw}))
-        elif name == "wandb":
-            init = {
-                "dir": str(run_dir),
-                "id": wandb_run_id(run_dir),
-                "resume": "allow",
-                **(kw.pop("init_kwargs", None) or {}),
-            }
-            Path(init["dir"]).mkdir(parents=True, exist_ok=True)
-            out.append(TablelessWandBLogger(**{"name": run_dir.name, **kw, "init_kwargs": init}))
-        elif name == "mlflow":
-            uri = str(
-                kw.pop("tracking_uri", None)
-                or os.environ.get("MLFLOW_TRACKING_URI")
-                or (run_dir / "mlruns").resolve().as_uri()
-            )
-            if uri.startswith("file:"):  # a local run folder has no database
-                allow_mlflow_file_store()
-            out.append(
-                TablelessMLFlowLogger(
-                    **{"run_name": run_dir.name, "tracking_uri": uri, "resume": True, "log_system_metrics": False, **kw}
-                )
-            )
-    return out
+    return [CSVLogger(run_dir, tables)] + [
+        LOGGERS[name].build(run_dir, dict(options or {})) for name, options in loggers.items()
+    ]

@@ -10,7 +10,7 @@ error path) or sooner, from a thread that watches the store (`watch_peers`). Aft
 first writes its own stacks (a stall's cause may be on any rank), so the rank that missed it waits
 `PEER_GRACE_S` before exiting.
 
-The watching thread is stopped and joined before the launch ends (`stop_watching`, from gcc.training.teardown's end
+The watching thread is stopped and joined before the launch ends (`stop_watching`, from gcc.training.ending's end
 of a launch): a daemon thread still inside a store call when the interpreter shuts down is ended by CPython with
 `pthread_exit`, whose unwinding through that call's C++ frames aborts the process ("terminate called without an
 active exception", exit -6, docs/training.md "How a launch ends").

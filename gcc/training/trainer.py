@@ -38,12 +38,12 @@ from gcc.training.batch_change import continue_after_change
 from gcc.training.callbacks import NonFiniteLoss, PreemptedBeforeFirstStep
 from gcc.training.callbacks.train_stats import peak_rss_gb
 from gcc.training.checkpoint_store import TakenOver
-from gcc.training.console import ALL_RANKS, RUN_LOG_ONLY
+from gcc.training.console import ALL_RANKS
+from gcc.training.ending import end
 from gcc.training.launch import agree_on_start, fetch_on_this_node
 from gcc.training.peer_fault import announce, peer_fault
 from gcc.training.ranks import rank, world_size
 from gcc.training.run_folder import RunLock, repair_checkpoints
-from gcc.training.teardown import end_launch, leave_on_fault, stop_threads
 from gcc.workers import start_resource_tracker
 
 EXIT_CONFIG, EXIT_REFUSED, EXIT_NONFINITE = exit_codes.CONFIG, exit_codes.REFUSED, exit_codes.NONFINITE
@@ -202,24 +202,13 @@ def _run(cfg) -> int:
 
 
 def launch(cfg) -> int:
-    """The run of a checked config (gcc/training/entry.py), to the end of the launch on this rank."""
-    try:
+    """The run of a checked config (gcc/training/entry.py), to the end of the launch on this rank
+    (gcc/training/ending.py `end`)."""
+
+    def checked_run() -> int:
         if cfg.precision != "fp32" and not torch.cuda.is_available():
             logger.error(f"config error: precision: {cfg.precision} needs a GPU; on CPU set precision=fp32")
-            code = EXIT_CONFIG
-        else:
-            code = run(cfg)
-        if code in exit_codes.FAULTS:
-            leave_on_fault(code)
-        code = end_launch(code)
-    except BaseException as e:
-        # an error, or the SystemExit of Composer's SIGTERM handler: the rank ends through its exit handlers
-        # (gcc/training/entry.py, `run`), so its threads stop first (stop_threads); the other ranks may never get
-        # to an end barrier: none is waited for
-        if isinstance(e, Exception):  # the console gets Python's own traceback; train.log gets it here
-            logger.error(
-                f"rank {rank()}: stopped on an unexpected error", exc_info=True, extra={**ALL_RANKS, **RUN_LOG_ONLY}
-            )
-        stop_threads()
-        raise
-    return code
+            return EXIT_CONFIG
+        return run(cfg)
+
+    return end(checked_run)

@@ -8,7 +8,7 @@ to the wakeup fd (`signal.set_wakeup_fd`) at the moment it arrives, whatever the
 the thread arms the deadline tied to that signal (preemption: the rank must have checkpointed within the
 grace). `arm`/`disarm` set deadlines by name from Python code (a progress deadline moved at every step).
 
-At the end of a launch the thread is stopped and joined (`stop_watchdogs`, from gcc.training.teardown) before the
+At the end of a launch the thread is stopped and joined (`stop_watchdogs`, from gcc.training.ending) before the
 process group is closed: the end has its own bounded wait (docs/training.md "How a launch ends").
 """
 

@@ -1,12 +1,17 @@
-"""Contract tests of gcc/compat/python.py against CPython's multiprocessing."""
+"""Contract tests of gcc/compat/python.py against CPython."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import subprocess
+import sys
 from multiprocessing import shared_memory
+from pathlib import Path
 
 from gcc.compat.python import forkserver_pid, reap_forkserver, shm_name
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _nothing():
@@ -30,3 +35,28 @@ def test_a_shared_memory_segment_name_has_its_slash():
     finally:
         shm.close()
         shm.unlink()
+
+
+RUN_EXIT_HANDLERS = """
+import atexit, os
+from gcc.compat.python import run_exit_handlers
+
+atexit.register(print, "first registered")
+atexit.register(print, "last registered")
+run_exit_handlers()
+print("after")
+run_exit_handlers()  # nothing left to run
+os._exit(0)  # past interpreter shutdown, which would run any handler still registered
+"""
+
+
+def test_the_exit_handlers_run_at_once_last_first_and_only_once():
+    r = subprocess.run(
+        [sys.executable, "-c", RUN_EXIT_HANDLERS],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines() == ["last registered", "first registered", "after"]

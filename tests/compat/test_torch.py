@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
+import threading
 
 import pytest
 import torch
 import torch.distributed as tdist
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import _get_gradient_divide_factors
 from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 from torch.utils.data import DataLoader
 
@@ -16,6 +19,7 @@ from gcc.compat.torch import (
     add_summary,
     bare_copy,
     default_store,
+    gloo_gradients_as_means,
     local_shape_and_offset,
     new_shared_storage,
     shutdown_loader_workers,
@@ -86,3 +90,33 @@ def test_add_summary_writes_one_event_with_every_value(tmp_path):
     assert sorted(acc.Tags()["scalars"]) == ["a", "b"]
     assert [(e.step, e.value) for e in acc.Scalars("a")] == [(7, 1.5)]
     assert os.listdir(tmp_path)
+
+
+def test_fsdp2_leaves_the_mean_of_fp32_and_bf16_gradients_to_the_backend():
+    """What `gloo_gradients_as_means` relies on: no division of FSDP2's own (its reduce-scatter asks for AVG)."""
+    for dtype in (torch.float32, torch.bfloat16):
+        assert _get_gradient_divide_factors(None, None, dtype, "cpu") == (None, None)
+
+
+def test_gloo_reduce_scatter_sums_where_it_is_asked_to_average():
+    """Two gloo ranks in this process (a thread each, over one store): ReduceOp.AVG, FSDP2's op, gives the sum."""
+    store, out = tdist.HashStore(), {}
+
+    def rank(r: int) -> None:
+        group = tdist.ProcessGroupGloo(store, r, 2, datetime.timedelta(seconds=60))
+        reduced = torch.empty(2)
+        tdist.reduce_scatter_tensor(reduced, torch.tensor([1.0, 2.0, 3.0, 4.0]) * (r + 1), tdist.ReduceOp.AVG, group)
+        out[r] = reduced.tolist()
+
+    ranks = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in ranks:
+        t.start()
+    for t in ranks:
+        t.join(60)
+    assert out == {0: [3.0, 6.0], 1: [9.0, 12.0]}  # the mean would be [1.5, 3.0] and [4.5, 6.0]
+
+
+def test_gradients_need_no_hook_on_one_rank(one_rank_group):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+    assert gloo_gradients_as_means(model) == 0

@@ -35,7 +35,8 @@ from composer.utils.parallelism import FSDP2Config
 from gcc.compat.diffsynth import sinusoidal_embedding_1d
 from gcc.model.export import EXPORT_DTYPE, gc_metadata, save_gc
 from gcc.compat.composer import _meta_init, meta_init_on
-from gcc.model.fsdp import clip_grad_norm, full_state_dict, local_part, mean_gradients_on_gloo
+from gcc.compat.torch import gloo_gradients_as_means
+from gcc.model.fsdp import clip_grad_norm, full_state_dict, local_part
 from gcc.model.dit import build_gc_dit, load_wan_base
 from gcc.model.objective import GcTrainModel
 from gcc.model.optim import build_optimizer
@@ -59,7 +60,7 @@ def sharded(hook=True):
     with meta_init_on("cpu"):
         parallelize_composer_model(model, opt, FSDP2Config(reshard_after_forward=False), Precision.FP32)
     if hook:
-        mean_gradients_on_gloo(model)
+        gloo_gradients_as_means(model)
     return model, opt
 
 
@@ -201,7 +202,7 @@ def test_fsdp2_two_ranks_match_one_process(tmp_path):
             # float rounding and torch's 1e-6 in max_norm / (norm + 1e-6)), in the same direction
             assert c["returned"] == c["norm"], kind
             assert c["after"] == pytest.approx(c["norm"] / 2, rel=1e-5) and c["same_direction"], kind
-        assert res["gloo_sums"], "gloo's reduce-scatter no longer sums: drop gcc.model.fsdp.mean_gradients_on_gloo"
+        assert res["gloo_sums"], "gloo's reduce-scatter no longer sums: drop gcc.compat.torch.gloo_gradients_as_means"
         assert res["t_dtype"] == "torch.bfloat16" and res["t_exact"] and res["t_rounded_differs"]
     with (
         safe_open(str(tmp_path / "sharded.safetensors"), "pt") as a,

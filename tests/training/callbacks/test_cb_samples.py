@@ -13,7 +13,6 @@ from _cbfit import Fit
 from _gc_helpers import randomize_cond, tiny_dit
 from composer.core import Event
 
-from gcc.compat.composer import LocalTensorboardLogger
 from gcc.data.dataset import GcStreamingDataset
 from gcc.model.objective import GcTrainModel
 from gcc.sampling.decoders import SynthDecoder
@@ -21,6 +20,7 @@ from gcc.training.builders import select_val_ids
 from gcc.training.callbacks import StepDeadline
 from gcc.training.callbacks.samples import SampleSettings, TrainingSamples, rotate_samples, step_folder
 from gcc.training.callbacks.step_deadline import WARMUP
+from gcc.training.loggers import SampleTensorboardLogger
 from gcc.training.watchdog import StallWatchdog
 
 
@@ -72,7 +72,7 @@ def validate(fit: Fit) -> None:
 def test_due_validations_write_the_step_folder_and_log_scores_and_media(tmp_path, val):
     cb = samples(tmp_path, val)
     fit = Fit([cb], max_steps=6)
-    tb = LocalTensorboardLogger(log_dir=str(tmp_path / "tensorboard"), flush_interval=1)
+    tb = SampleTensorboardLogger(log_dir=str(tmp_path / "tensorboard"), flush_interval=1)
     fit.logger.destinations = (fit.memory, tb)
     tb.init(fit.state, fit.logger)
     fit.fit_start()

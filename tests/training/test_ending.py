@@ -73,9 +73,8 @@ def test_a_refused_launch_ends_as_cleanly(tmp_path):
 BUSY_WATCH = """
 import socket, sys, time
 import torch.distributed as dist
+from gcc.training.ending import end_launch, exit_process
 from gcc.training.peer_fault import watch_peers
-from gcc.training.process_exit import exit_process
-from gcc.training.teardown import end_launch
 from gcc.training.watchdog import StallWatchdog
 
 with socket.socket() as s:
@@ -118,8 +117,8 @@ def test_the_end_of_a_launch_stops_the_threads_that_would_abort_interpreter_shut
 LATE_PEER = """
 import os, sys, time
 import torch, torch.distributed as dist
-from gcc.training import teardown
-from gcc.training.process_exit import exit_process
+from gcc.training import ending, peer_fault  # peer_fault: loaded by a run before its end, as by gcc.training.trainer
+from gcc.training.ending import exit_process
 
 rank, port, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -130,8 +129,8 @@ if rank == 1:
     os._exit(0)
 work = dist.all_reduce(torch.ones(1), async_op=True)
 del work  # the worker now holds the only reference to the tensor
-teardown.END_BARRIER_S = 0.5
-code = teardown.end_launch(0)
+ending.END_BARRIER_S = 0.5
+code = ending.end_launch(0)
 if mode == "destroy":
     dist.destroy_process_group()
 exit_process(code)
