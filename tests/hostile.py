@@ -55,16 +55,27 @@ def examples(n: int) -> settings:
     return settings(max_examples=max(1, round(n * SCALE)))
 
 
+def _process_group_initialized() -> bool:
+    tdist = sys.modules.get("torch.distributed")  # never imported here: a test that did not load torch has no group
+    return tdist is not None and tdist.is_available() and tdist.is_initialized()
+
+
 @contextmanager
 def process_state_restored() -> Iterator[None]:
     """What a process would have thrown away is put back afterwards: the `gcc` and root loggers' handlers and
     levels (an entry configures its console and may open `<run_dir>/train.log`; the tools call
-    logging.basicConfig), and boto3's default session, which keeps the first credentials it resolved."""
+    logging.basicConfig), boto3's default session, which keeps the first credentials it resolved, and no process group
+    (a refused trainer entry may have joined its one-rank group)."""
     loggers = [logging.getLogger("gcc"), logging.getLogger()]
     saved = [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
+    had_group = _process_group_initialized()
     try:
         yield
     finally:
+        if not had_group and _process_group_initialized():
+            # a trainer entry that got as far as joining its (one-rank) process group and was then refused leaves
+            # the group behind; the next test in this worker that starts its own group would fail
+            sys.modules["torch.distributed"].destroy_process_group()
         for lg, handlers, level, propagate in saved:
             for h in list(lg.handlers):
                 if h not in handlers:
