@@ -23,26 +23,18 @@ from gcc.data.mask_grid import (
 )
 from gcc.geometry import Cameras, ground_points
 
+try:
+    from tests.mask_reference import random_cameras
+except ImportError:  # tests/ itself on sys.path (pytest's rootdir-less import)
+    from mask_reference import random_cameras
+
 SEEDS = range(12)
 
 
 def random_clip(seed: int, hw: tuple[int, int] | None = None):
-    """(ClipGrid, cameras, ground z): a few frames of one random camera moving and turning."""
-    rng = np.random.default_rng(seed)
-    n = int(rng.integers(2, 5))
-    hw = hw or (int(rng.choice([16, 24, 32])), int(rng.choice([32, 48])))
-    ortho = bool(seed % 2)  # both projections, half the seeds each
-    pitch = rng.uniform(-90, -50) if ortho else rng.uniform(-80, -2)  # shallow perspective: the horizon in view
-    t = np.arange(n, dtype=np.float64)[:, None]
-    loc = np.array([rng.uniform(-1e3, 1e3), rng.uniform(-1e3, 1e3), rng.uniform(100, 1200)]) + t * rng.uniform(
-        -60, 60, 3
-    )
-    rot = np.array([pitch, rng.uniform(0, 360), rng.uniform(-20, 20)]) + t * rng.uniform(-2, 2, 3)
-    src = (hw[0] * 3 // 2, hw[1] * 3 // 2)
-    fov, width = rng.uniform(40, 110), rng.uniform(300, 3000)
-    cams = Cameras(loc, rot, np.full(n, ortho), np.full(n, fov), np.full(n, width), src, hw)
-    gz = float(rng.uniform(-100, 100))
-    return ClipGrid(cams, hw, gz), cams, gz
+    """(ClipGrid, cameras, ground z) of `random_cameras` (tests/mask_reference.py)."""
+    cams, gz = random_cameras(seed, hw)
+    return ClipGrid(cams, cams.dst_hw, gz), cams, gz
 
 
 def exact_points(clip: ClipGrid, cams: Cameras, gz: float) -> np.ndarray:
