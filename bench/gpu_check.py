@@ -35,20 +35,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from gpu_step import LEGACY_S_PER_MICRO, PEAK_TFLOPS, model_flops  # noqa: E402
 
+from gcc.launcher import train_command  # noqa: E402
+
 LEGACY_GB = 35.2
 
 
 def launch(n: int, run_dir: Path, shards: Path, overrides: list[str], log: Path) -> tuple[float, str]:
-    cmd = [
-        str(Path(sys.executable).with_name("composer")),
-        "-n",
-        str(n),
-        str(ROOT / "gcc" / "train.py"),
-        str(ROOT / "yamls" / "sft_v10.yaml"),
-        f"run_dir={run_dir}",
-        f"data.path={shards}",
-        *overrides,
-    ]
+    cmd = train_command(ROOT / "yamls" / "sft_v10.yaml", f"run_dir={run_dir}", f"data.path={shards}", *overrides, n=n)
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True)
     log.write_text(r.stdout + r.stderr)

@@ -26,20 +26,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from gcc.launcher import train_command  # noqa: E402
+
 READY = re.compile(r"rank (\d+): model ready, ([\d.]+) M parameters, (.*); peak host RSS so far ([\d.]+) GB")
 
 
 def peak_rss_when_ready(work: Path, shards: Path, model_dir: Path, parallelism: str, ranks: int) -> dict[int, float]:
     run_dir = work / f"run_{parallelism}"
     out = work / f"{parallelism}_rank{{rank}}.txt"
-    cmd = [
-        str(Path(sys.executable).with_name("composer")),
-        "-n",
-        str(ranks),
-        "--stdout",
-        str(out),
-        str(ROOT / "gcc" / "train.py"),
-        str(ROOT / "yamls" / "tiny_cpu.yaml"),
+    cmd = train_command(
+        ROOT / "yamls" / "tiny_cpu.yaml",
         f"run_dir={run_dir}",
         f"data.path={shards}",
         "model.preset=wide",
@@ -53,7 +49,9 @@ def peak_rss_when_ready(work: Path, shards: Path, model_dir: Path, parallelism: 
         "progress_bar=false",
         "loggers={}",
         "data.num_workers=0",
-    ]
+        n=ranks,
+        flags=["--stdout", str(out)],
+    )
     log = work / f"{parallelism}_rank0.txt"
     with open(log, "w") as f:  # rank 0's stdout is the launcher's
         p = subprocess.Popen(

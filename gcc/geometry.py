@@ -153,8 +153,9 @@ class Cameras:
         return out
 
     # ---- pixel <-> camera plane -------------------------------------------------------------------------
-    def _half_extents(self) -> tuple[np.ndarray, np.ndarray]:
-        """Half width/height of the image plane: tangents (perspective, at unit distance) or cm (ortho)."""
+    def image_plane_half_extents(self) -> tuple[np.ndarray, np.ndarray]:
+        """Half width and height of each camera's image plane [N]: tangents (perspective, at unit distance) or cm
+        (orthographic); what the projections below, the mask grid and the synthetic world scale by."""
         src_h, src_w = self.src_hw
         half_w = np.where(self.orthographic, self.ortho_width / 2.0, np.tan(np.deg2rad(self.fov_deg) / 2.0))
         return half_w, half_w * (src_h / src_w)
@@ -172,7 +173,7 @@ class Cameras:
         ndc = self.dst_to_ndc(pixels)[None]  # [1, P, 2]
         axes = rotation_axes(self.rotation)  # [N, 3, 3]
         fwd, right, up = axes[:, None, 0], axes[:, None, 1], axes[:, None, 2]  # [N, 1, 3]
-        half_w, half_h = (e[:, None, None] for e in self._half_extents())  # [N, 1, 1]
+        half_w, half_h = (e[:, None, None] for e in self.image_plane_half_extents())  # [N, 1, 1]
         offs = right * (ndc[..., :1] * half_w) + up * (ndc[..., 1:] * half_h)  # [N, P, 3]
         ortho = self.orthographic[:, None, None]
         loc = self.location[:, None, :]
@@ -189,7 +190,7 @@ class Cameras:
         rel = np.asarray(points, dtype=np.float64)[None] - self.location[:, None, :]  # [N, P, 3]
         cam = np.einsum("npk,nak->npa", rel, axes)  # [N, P, 3]: forward, right, up
         fwd, right, up = cam[..., 0], cam[..., 1], cam[..., 2]
-        half_w, half_h = (e[:, None] for e in self._half_extents())
+        half_w, half_h = (e[:, None] for e in self.image_plane_half_extents())
         ortho = self.orthographic[:, None]
         with np.errstate(divide="ignore", invalid="ignore"):
             scale = np.where(ortho, 1.0, 1.0 / np.where(fwd > 0, fwd, np.nan))

@@ -69,23 +69,17 @@ def take_flock(path: Path, holder: str, mode: int = 0o600) -> int:
 
 
 def hold_flock(path: Path, timeout_s: float, what: str) -> int:
-    """An exclusive flock on `path` (created 0600, never through a link), waited for at most `timeout_s`; returns
-    the open descriptor (closing it releases the lock). The holder writes its pid into the file, so that a
-    timeout can say who holds it."""
-    fd = open_lock_file(path)
+    """An exclusive flock on `path` (created 0600, never through a link), waited for at most `timeout_s`: `take_flock`
+    tried again until then (one flock/holder sequence for both). Returns the open descriptor (closing it releases the
+    lock). The holder writes its pid into the file, so that a timeout can say who holds it."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
+            return take_flock(path, f"pid {os.getpid()}")
+        except LockHeld as e:
             if time.monotonic() > deadline:
-                holder = _holder(fd)
-                os.close(fd)
                 raise LockTimeout(
-                    f"{what}: {path} has been held by {holder} for more than {timeout_s:.0f} s; if "
+                    f"{what}: {path} has been held by {e.holder} for more than {timeout_s:.0f} s; if "
                     f"that process is stuck, stop it, then relaunch"
                 ) from None
             time.sleep(0.05)
-    _write_holder(fd, f"pid {os.getpid()}")
-    return fd

@@ -18,6 +18,7 @@ from safetensors import safe_open
 
 from gcc import exit_codes
 from gcc.compat.streaming import release_shm, shm_prefixes
+from gcc.launcher import train_command
 from gcc.training.columns import EXACT_TRAIN
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,16 +75,18 @@ def cmd(
     """`composer -n <n> gcc/train.py tiny_cpu.yaml ...`, or with `direct` one rank without the launcher (`python
     gcc/train.py ...`, as on one GPU: where the launcher is not what a test is about, its start is saved). `prefix`
     runs the command under another (e.g. `unshare`); `launcher` are the launcher's flags."""
-    launch_with = [sys.executable] if direct else [*LAUNCHER, "-n", str(n), *launcher]
     return [
         *prefix,
-        *launch_with,
-        str(ROOT / "gcc" / "train.py"),
-        str(ROOT / "yamls" / "tiny_cpu.yaml"),
-        f"run_dir={run_dir}",
-        f"data.path={shards}",
-        *BASE,
-        *overrides,
+        *train_command(
+            ROOT / "yamls" / "tiny_cpu.yaml",
+            f"run_dir={run_dir}",
+            f"data.path={shards}",
+            *BASE,
+            *overrides,
+            n=None if direct else n,
+            launcher=LAUNCHER,
+            flags=launcher,
+        ),
     ]
 
 

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from gcc.geometry import ground_points
+from gcc.geometry import Cameras, ground_points
 from gcc.vocab import STATIC_MAX, UNKNOWN
 
 
@@ -102,3 +102,22 @@ def reference_mask(ids, cameras, ground_z, thetas, qs, calibration="frame0", max
                     out[n, v, u] = UNKNOWN
                     count += 1
     return out, count, thresholds
+
+
+def random_cameras(seed: int, hw: tuple[int, int] | None = None) -> tuple[Cameras, float]:
+    """(cameras, ground z): 2 to 4 frames of one random camera moving and turning over dst size `hw` (random when
+    None), orthographic for odd seeds and perspective for even ones, looking down at any heading; a shallow
+    perspective shows the horizon (sky cells)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 5))
+    hw = hw or (int(rng.choice([16, 24, 32])), int(rng.choice([32, 48])))
+    ortho = bool(seed % 2)
+    pitch = rng.uniform(-90, -50) if ortho else rng.uniform(-80, -2)
+    t = np.arange(n, dtype=np.float64)[:, None]
+    loc0 = np.array([rng.uniform(-1e3, 1e3), rng.uniform(-1e3, 1e3), rng.uniform(100, 1200)])
+    loc = loc0 + t * rng.uniform(-60, 60, 3)
+    rot = np.array([pitch, rng.uniform(0, 360), rng.uniform(-20, 20)]) + t * rng.uniform(-2, 2, 3)
+    src = (hw[0] * 3 // 2, hw[1] * 3 // 2)
+    fov, width = rng.uniform(40, 110), rng.uniform(300, 3000)
+    cams = Cameras(loc, rot, np.full(n, ortho), np.full(n, fov), np.full(n, width), src, hw)
+    return cams, float(rng.uniform(-100, 100))

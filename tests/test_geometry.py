@@ -89,6 +89,14 @@ def test_perspective_edges_at_half_fov():
         assert math.degrees(math.acos(d[0])) == pytest.approx(fov / 2)
 
 
+def test_image_plane_half_extents_are_the_tangents_or_the_half_ortho_width_with_the_source_aspect():
+    both = cam(fov=90.0, src_hw=(100, 200))[[0, 0]]
+    both.orthographic[1], both.ortho_width[1] = True, 300.0
+    half_w, half_h = both.image_plane_half_extents()
+    np.testing.assert_allclose(half_w, [1.0, 150.0])  # tan(90° / 2) at unit distance; 300 cm / 2
+    np.testing.assert_allclose(half_h, [0.5, 75.0])  # × H / W of the source frame (square pixels)
+
+
 def test_orthographic_rays_parallel_and_offset():
     c = cam(location=(100, 200, 1000), rotation=(-90, 0, 0), ortho_width=2000.0)
     _o, d = c.rays(pixel_grid(c.dst_hw, stride=7))

@@ -85,7 +85,7 @@ class ClipGrid:
         self.pix = cell_pixels(hw)
         axes = rotation_axes(cameras.rotation)
         self.fwd, self.right, self.up = axes[:, 0], axes[:, 1], axes[:, 2]  # [F, 3]
-        self.half_w, self.half_h = cameras._half_extents()
+        self.half_w, self.half_h = cameras.image_plane_half_extents()
         cols = np.stack([np.arange(self.w4) * CELL + CELL // 2, np.zeros(self.w4)], -1)
         rows = np.stack([np.zeros(self.h4), np.arange(self.h4) * CELL + CELL // 2], -1)
         self.ndcx = cameras.dst_to_ndc(cols)[:, 0]  # [w4] increasing

@@ -325,7 +325,7 @@ def _axis_offsets(cam: Cameras, u0: int, u1: int, v0: int, v1: int):
     ndc_x = cam.dst_to_ndc(np.stack([us, np.zeros_like(us)], -1))[:, 0]
     ndc_y = cam.dst_to_ndc(np.stack([np.zeros_like(vs), vs], -1))[:, 1]
     fwd, right, up = rotation_axes(cam.rotation)[0]
-    half_w, half_h = (float(e[0]) for e in cam._half_extents())
+    half_w, half_h = (float(e[0]) for e in cam.image_plane_half_extents())
     return right[None, :] * (ndc_x * half_w)[:, None], up[None, :] * (ndc_y * half_h)[:, None], cam.location[0], fwd
 
 

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from gcc import inputs
+from gcc.launcher import train_command
 from gcc.synth import world as synth
 from gcc.tools.plot import plot_run
 from gcc.tools.sample.errors import SampleError
@@ -260,16 +261,9 @@ def main(argv=None) -> int:
         return 0
     run_dir = out / "train"
     root = Path(__file__).resolve().parents[2]  # the repository: gcc/tools/demo.py -> .
-    cmd = [
-        str(Path(sys.executable).with_name("composer")),
-        "-n",
-        str(args.gpus),
-        str(root / "gcc" / "train.py"),
-        str(root / "yamls" / "tiny_cpu.yaml"),
-        f"run_dir={run_dir}",
-        f"data.path={shards}",
-        "progress_bar=false",
-    ]
+    cmd = train_command(
+        root / "yamls" / "tiny_cpu.yaml", f"run_dir={run_dir}", f"data.path={shards}", "progress_bar=false", n=args.gpus
+    )
     print(f"[4/{n}] training: {' '.join(cmd[:1] + cmd[1:])}")
     del ds, batch  # release the loader's shared memory before the training's ranks start
     r = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"))
