@@ -418,7 +418,7 @@ def test_a_shards_meta_without_its_fields_is_damaged_data_naming_the_shard_and_s
     from a worker); now damaged data (exit 6 in a run) naming the shard, the sample and the field, in the main
     process as in a loader worker."""
     from gcc.data.dataset import Dropouts, build_dataloader
-    from gcc.training.trainer import fault_message
+    from gcc.errors import fault_message
 
     data = copy_of(shards, tmp_path)
     rewrite_split(data, "train", lambda i, s: {**s, "meta": "{}"})
