@@ -3,51 +3,30 @@
 a flag, a key) and says what was expected; never a traceback.
 
 Input is checked where it is read, and a failure is converted there into `gcc.errors.BadInput` naming the
-file. `run_tool` is the net around a tool's body: BadInput (and the tool's own error type) becomes the message;
-an OSError names its file (missing, a folder where a file was expected, ...); a non-UTF-8 or non-JSON input
-that no reader caught still gives a message; object storage that does not answer exits 7 and a full disk 8,
-as for the trainer. Anything else is a bug and keeps its traceback.
+file. `run_tool` is the net around a tool's body: an error gets the code and message of `gcc.errors.exit_for`,
+the trainer's too (an OSError names its file; a non-UTF-8 or non-JSON input that no reader caught still gives
+a message; damaged data exits 6, object storage that does not answer 7 and a full disk 8). Anything else is a
+bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
-import errno
-import json
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from gcc import exit_codes, redact
-from gcc.errors import BadInput, DiskFull, StorageUnavailable
+from gcc.errors import exit_for
 from gcc.inputs import printable
 from gcc.redact import redact_text
 from gcc.storage import userinfo_problem
 
-EXIT_BAD_INPUT, EXIT_STORAGE, EXIT_DISK = exit_codes.CONFIG, exit_codes.STORAGE, exit_codes.DISK
 
-_ERRNO_WORDS = {
-    errno.ENOENT: "not found",
-    errno.EISDIR: "is a folder, expected a file",
-    errno.ENOTDIR: "a part of the path is a file, expected a folder",
-    errno.EEXIST: "already exists",
-    errno.EACCES: "permission denied",
-    errno.EPERM: "operation not permitted",
-    errno.ENODEV: "is not a regular file",
-}
-
-
-def fail(prog: str, message: str, code: int = EXIT_BAD_INPUT) -> int:
+def fail(prog: str, message: str, code: int = exit_codes.CONFIG) -> int:
     # a URL's credentials masked, a control character from outside escaped
     print(f"{prog}: error: {printable(redact_text(message))}", file=sys.stderr, flush=True)
     return code
-
-
-def os_error_message(e: OSError) -> str:
-    """`<file>: <what>` for an OSError, e.g. '/data/x.json: is a folder, expected a file'."""
-    names = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
-    what = _ERRNO_WORDS.get(e.errno) or e.strerror or str(e)
-    return f"{names}: {what}" if names else what
 
 
 def _file_in_the_way(p: Path) -> Path | None:
@@ -93,27 +72,14 @@ def input_file_problem(path: str | os.PathLike) -> str | None:
     return None
 
 
-def run_tool(prog: str, body: Callable[[], int], bad: tuple[type[BaseException], ...] = ()) -> int:
-    """`body()`'s exit code, or the message and exit code of an input error it raised (module docstring). Every
-    line the tool logs or reports from here on, a traceback included, has its credentials masked (gcc/redact.py)."""
+def run_tool(prog: str, body: Callable[[], int]) -> int:
+    """`body()`'s exit code, or the code and message of the error it raised (module docstring). Every line the
+    tool logs or reports from here on, a traceback included, has its credentials masked (gcc/redact.py)."""
     redact.install()
     try:
-        from botocore.exceptions import BotoCoreError, ClientError  # optional: only object-storage (s3://) errors
-
-        store_errors: tuple[type[BaseException], ...] = (BotoCoreError, ClientError)
-    except ImportError:
-        store_errors = ()
-    try:
         return body()
-    except StorageUnavailable as e:
-        return fail(prog, f"storage unavailable: {e}. Rerun the same command once the store answers", EXIT_STORAGE)
-    except DiskFull as e:
-        return fail(prog, f"disk full: {e}", EXIT_DISK)
-    except (BadInput, *bad) as e:
-        return fail(prog, str(e))
-    except OSError as e:
-        return fail(prog, os_error_message(e))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        return fail(prog, f"an input is not what was expected ({type(e).__name__}: {e})")
-    except store_errors as e:
-        return fail(prog, f"object storage refused a request: {e}")
+    except Exception as e:
+        verdict = exit_for(e)
+        if verdict is None:
+            raise
+        return fail(prog, verdict[1], verdict[0])

@@ -1,41 +1,62 @@
 """Errors of data and storage: `BadInput` (input that cannot be used), `DamagedData` (a shard or index that
 cannot be read back as written), `StorageUnavailable` (object storage that stops answering) and `DiskFull`
-(no space left on a local disk). Each message names the file, object or folder concerned."""
+(no space left on a local disk). Each message names the file, object or folder concerned.
+
+Every error class of gcc carries its exit code (`exit_code`, from gcc/exit_codes.py; docs/training.md "Exit
+codes"), and `exit_for` turns any exception into its exit code and one-line message: the trainer and every tool
+answer the same error with the same code.
+"""
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+
+from gcc import exit_codes
 
 
 class BadInput(Exception):
     """Input that cannot be used (prepared clips, shards, a manifest); the message names the file or clip, the
     field, and what was expected."""
 
+    exit_code = exit_codes.CONFIG
+
 
 class DamagedData(BadInput):
     """A shard or index that cannot be read back as written: a failed hash check, a decompression or decoding
     error, a missing or unreadable file. The message names the data, the split and the shard file."""
+
+    exit_code = exit_codes.DATA
 
 
 class StorageUnavailable(Exception):
     """Object storage did not answer (connection refused or reset, timeouts, 5xx) within botocore's bounded
     retries (gcc.storage.s3_config). The message names the object."""
 
+    exit_code = exit_codes.STORAGE
+
 
 class DiskFull(Exception):
     """A local write failed for want of space. The message names what was written and the filesystem."""
+
+    exit_code = exit_codes.DISK
 
 
 class Refusal(Exception):
     """The run must not start (docs/design.md §9.5): exit code 3 with this message."""
 
+    exit_code = exit_codes.REFUSED
+
 
 class LockTimeout(Exception):
     """A node-wide lock that another process has held for too long (or a lock folder another user planted). The
     message names the lock file and its holder."""
+
+    exit_code = exit_codes.STALLED
 
 
 def _chain(e: BaseException):
@@ -108,3 +129,73 @@ def disk_full(e: BaseException, folder: str | os.PathLike, what: str = "") -> Di
         f"no space left on device writing {what or folder} ({type(e).__name__}: {str(e)[:300]}); "
         f"filesystem {mount}: {room}"
     )
+
+
+def fault_message(e: BaseException) -> str:
+    """The error's own message, also when a DataLoader worker raised it (torch re-raises it wrapped in the
+    worker's traceback text)."""
+    text = str(e).strip()
+    tail = text.rsplit(f"{type(e).__name__}: ", 1)
+    return tail[-1].splitlines()[0] if len(tail) == 2 else text
+
+
+@dataclass(frozen=True)
+class Advice:
+    """What a message says to do about a fault that passes (exit 7 or 8), after what happened: a tool's words and
+    the trainer's differ (the trainer's relaunch resumes from a checkpoint)."""
+
+    store: str  # after "storage unavailable: <object>"
+    server: str  # after "a server did not answer: <what>"
+    disk: str  # after "disk full: <file and filesystem>"
+
+
+TOOL_ADVICE = Advice(
+    store=". Rerun the same command once the store answers", server=". Rerun the same command once it answers", disk=""
+)
+
+
+def _store_refusal(e: BaseException) -> bool:
+    try:  # optional: only object-storage (s3://) errors; botocore is loaded only when a store is used
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:
+        return False
+    return isinstance(e, (BotoCoreError, ClientError))
+
+
+def exit_for(
+    e: BaseException, folder: str | os.PathLike | None = None, advice: Advice = TOOL_ADVICE, foreign_input: bool = True
+) -> tuple[int, str] | None:
+    """(exit code, one-line message) for `e` (docs/training.md "Exit codes"), or None for an error gcc does not
+    know: a bug, which keeps its traceback.
+
+    An error of gcc's own has its class's `exit_code`. Of the others: a store or a logger's tracking server that
+    did not answer is 7; a write that found no space is 8 (with `folder`, the filesystem written to, also a writer
+    that loses the errno: `disk_full`). With `foreign_input` (a tool: what it reads is what its user named), an
+    OSError names its file, and a file that is not UTF-8 or not JSON, or a request object storage refused, is
+    bad input (2); without it (the trainer, whose inputs were all checked before the start) they are not gcc's to
+    explain."""
+    if isinstance(e, StorageUnavailable):
+        return e.exit_code, f"storage unavailable: {fault_message(e)}{advice.store}"
+    if isinstance(e, DiskFull):
+        return e.exit_code, f"disk full: {fault_message(e)}{advice.disk}"
+    if isinstance(e, DamagedData):
+        return e.exit_code, f"damaged data: {fault_message(e)}"
+    code = getattr(type(e), "exit_code", None)
+    if isinstance(code, int):
+        return code, fault_message(e)
+    if is_unreachable(e):  # a logger's tracking server (gcc.storage turns object storage's into StorageUnavailable)
+        return exit_codes.STORAGE, f"a server did not answer: {fault_message(e)}{advice.server}"
+    full = disk_full(e, folder, f"under {folder}") if folder is not None else None
+    if full is not None:
+        return full.exit_code, f"disk full: {fault_message(full)}{advice.disk}"
+    if not foreign_input:
+        return None
+    if isinstance(e, OSError):
+        from gcc.inputs import os_error_message  # gcc.inputs raises BadInput: imported here, not at the top
+
+        return exit_codes.CONFIG, os_error_message(e)
+    if isinstance(e, (UnicodeDecodeError, json.JSONDecodeError)):
+        return exit_codes.CONFIG, f"an input is not what was expected ({type(e).__name__}: {e})"
+    if _store_refusal(e):
+        return exit_codes.CONFIG, f"object storage refused a request: {e}"
+    return None

@@ -5,6 +5,10 @@ retry rule, the docs and the code cannot drift apart.
 `gcc-compare` only, "the runs differ". 2-3 are the launch's verdict before any work and come from every rank
 alike; 4-8 stop a run that was training. A relaunch of the same command is the cure for 5, 7 and 8 once their
 cause is gone; 2, 3, 4 and 6 need a person.
+
+Every module names a code as `exit_codes.X`, never under a name of its own. Each of gcc's error classes carries
+its code (`exit_code`) and `gcc.errors.exit_for` gives any error its code and message, for the trainer and every
+tool alike.
 """
 
 OK = 0

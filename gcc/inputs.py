@@ -13,6 +13,7 @@ a byte of data, and `decompress_zstd` inflates a frame with a cap on the output.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import math
@@ -49,6 +50,25 @@ _KINDS = {
 }
 
 
+# what an OSError's errno means for the file it names, in the words of every message gcc prints about one
+ERRNO_WORDS = {
+    errno.ENOENT: "not found",
+    errno.EISDIR: "is a folder, expected a file",
+    errno.ENOTDIR: "a part of the path is a file, expected a folder",
+    errno.EEXIST: "already exists",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.ENODEV: "is not a regular file",
+    errno.ELOOP: "too many levels of symbolic links",
+    errno.ENAMETOOLONG: "the name is too long",
+    errno.ENXIO: "not a readable file (a socket or a device without a reader)",
+}
+
+
+def errno_words(e: OSError) -> str:
+    return ERRNO_WORDS.get(e.errno) or e.strerror or str(e)
+
+
 def _size_words(n: int) -> str:
     return f"{n / MiB:.1f} MB" if n >= MiB else f"{n} bytes"
 
@@ -62,7 +82,7 @@ def open_regular(path: str | os.PathLike, kind: str, cap: int | None = None) -> 
         # O_NONBLOCK: opening a FIFO for reading must not wait for a writer; a regular file ignores it
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
-        raise BadInput(f"{path}: {_open_words(e)}") from None
+        raise BadInput(f"{path}: {errno_words(e)}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -75,19 +95,11 @@ def open_regular(path: str | os.PathLike, kind: str, cap: int | None = None) -> 
         os.close(fd)
 
 
-def _open_words(e: OSError) -> str:
-    import errno
-
-    words = {
-        errno.ENOENT: "not found",
-        errno.EISDIR: "is a folder, expected a file",
-        errno.ENOTDIR: "a part of the path is a file, expected a folder",
-        errno.EACCES: "permission denied",
-        errno.ELOOP: "too many levels of symbolic links",
-        errno.ENAMETOOLONG: "the name is too long",
-        errno.ENXIO: "not a readable file (a socket or a device without a reader)",
-    }
-    return words.get(e.errno) or e.strerror or str(e)
+def os_error_message(e: OSError) -> str:
+    """`<file>: <what>` for an OSError, e.g. '/data/x.json: is a folder, expected a file'."""
+    names = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+    what = errno_words(e)
+    return f"{names}: {what}" if names else what
 
 
 def read_bytes(path: str | os.PathLike, kind: str, cap: int | None = None) -> bytes:

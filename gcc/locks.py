@@ -12,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gcc import exit_codes
 from gcc.errors import LockTimeout
 
 
@@ -32,6 +33,8 @@ def user_lock_dir() -> Path:
 
 class LockHeld(Exception):
     """A lock another live process holds; `holder` is what it wrote into the lock file (pid, host, run)."""
+
+    exit_code = exit_codes.REFUSED
 
     def __init__(self, path: Path, holder: str):
         super().__init__(f"{path}: held by {holder}")

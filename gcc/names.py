@@ -17,6 +17,7 @@ import os
 import re
 from pathlib import Path
 
+from gcc import exit_codes
 from gcc.inputs import shown
 
 # one path component: starts with a letter, digit or underscore (never '.', so never '..' or a hidden file)
@@ -28,6 +29,8 @@ TEXT_KEY_MAX = 512
 
 class UnsafeName(ValueError):
     """A name from outside that breaks the rule; the message names the kind, the value and what is expected."""
+
+    exit_code = exit_codes.CONFIG
 
 
 def _shown(value: object) -> str:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from gcc import exit_codes
 from gcc.data.dataset import GcStreamingDataset, build_dataloader, gc_collate
-from gcc.training.watchdog import EXIT_STALLED
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -201,7 +201,7 @@ def test_a_missed_deadline_writes_the_stacks_and_exits(tmp_path, how, open_fds):
         waited = time.monotonic() - t0
     finally:
         p.kill()
-    assert code == EXIT_STALLED
+    assert code == exit_codes.STALLED
     assert 0.9 < waited < 30
     stacks = (tmp_path / "run" / "stacks" / "rank3.txt").read_text()
     assert "waiting_for_data" in stacks and "MainThread" in stacks and "gcc-stall-watchdog" in stacks

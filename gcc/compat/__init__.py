@@ -21,7 +21,7 @@ import sys
 import types
 from collections.abc import Iterable, Iterator
 
-from gcc.exit_codes import CONFIG
+from gcc import exit_codes
 
 OVERRIDE = "GCC_UNVERIFIED_LIBS"
 logger = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ class UnverifiedLibrary(SystemExit):
     config does: the message on stderr, exit code 2, no traceback."""
 
     def __init__(self, message: str):
-        super().__init__(CONFIG)
+        super().__init__(exit_codes.CONFIG)
         self.message = message
 
     def __str__(self) -> str:

@@ -38,7 +38,7 @@ from typing import Any
 from tqdm import tqdm
 
 from gcc import __version__, storage
-from gcc.cli import EXIT_BAD_INPUT, folder_problem, run_tool  # noqa: F401  (EXIT_BAD_INPUT: the tests' name)
+from gcc.cli import folder_problem, run_tool
 from gcc.data.layout import check_splits, clip_files, geometry_of, load_clip, read_index, read_text_table
 from gcc.data.shards import COLUMNS, FORMAT_VERSION, MANIFEST, SHARD_HASHES, SPLITS, TEXT_TABLE
 from gcc.errors import BadInput

@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from gcc import __version__
+from gcc import __version__, exit_codes
 from gcc.compat.deepspeed import zero_to_fp32
 from gcc.errors import BadInput
 from gcc.inputs import TensorEntry, safetensors_header
@@ -73,6 +73,8 @@ _ST_DTYPE = "BF16"
 
 class GcCkptError(ValueError):
     """A file that is not a valid gc25d export (or not loadable into this model); the message names it."""
+
+    exit_code = exit_codes.CONFIG
 
 
 def _s(v: Any) -> str:

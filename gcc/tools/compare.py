@@ -37,7 +37,6 @@ from gcc.errors import BadInput
 from gcc.inputs import open_text, safetensors_header, shown
 from gcc.training.columns import EXACT_TRAIN, EXACT_VAL
 
-EXIT_DIFFER = exit_codes.DIFFER
 # the draws and the identity of a row: equal or not, never within a tolerance
 IDENTITY = {"step", "epoch", "clips", "timestep", "text_drop", "cond_drop", "n"}
 LOGS = (("train_log", EXACT_TRAIN, True), ("val_log", EXACT_VAL, False))  # (name, columns, required)
@@ -276,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
         ok, lines = compare(Path(args.run_a), Path(args.run_b), args.from_step, args.to_step, args.rtol)
         print("\n".join(f"gcc-compare: {line}" for line in lines), flush=True)
-        return 0 if ok else EXIT_DIFFER
+        return exit_codes.OK if ok else exit_codes.DIFFER
 
     return run_tool(p.prog, body)
 

@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from gcc import inputs
+from gcc import exit_codes, inputs
 from gcc.launcher import train_command
 from gcc.synth import world as synth
 from gcc.tools.plot import plot_run
@@ -277,8 +277,8 @@ def main(argv=None) -> int:
     if args.sample_n > 0:
         print(f"\n[5/{n}] sampling {args.sample_n} val clips with gcc-sample (no --model_dir: the synthetic decoder)")
         sheets = sample_demo(run_dir, prepared, out / "samples", args.sample_n, args.sample_steps, args.seed)
-        if sheets is None:
-            return 1
+        if sheets is None:  # the error printed above is bad input to gcc-sample: its code
+            return exit_codes.CONFIG
     print(f"\ndone in {time.time() - t0:.0f} s.")
     print(f"  curves:      {curves}   (gcc-plot {run_dir})")
     if sheets:

@@ -17,13 +17,11 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from gcc.cli import EXIT_BAD_INPUT, file_problem, os_error_message, run_tool
+from gcc.cli import file_problem, run_tool
 from gcc.errors import BadInput
-from gcc.inputs import open_text, shown
+from gcc.inputs import open_text, os_error_message, shown
 from gcc.storage import atomic_path
 from gcc.training.columns import STEP_STATS
-
-EXIT_NO_LOG = EXIT_BAD_INPUT
 
 
 def read_rows(path: Path, needs: tuple[str, ...] = ("step",)) -> list[dict[str, float]]:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gcc import inputs, storage
+from gcc import exit_codes, inputs, storage
 from gcc.errors import BadInput, StorageUnavailable
 from gcc.training.run_folder import (
     Refusal,
@@ -67,6 +67,8 @@ KEY_SHAPES = "ep{E}-ba{B}-rank0.pt, ep{E}-ba{B}/__{R}_0.distcp or ep{E}-ba{B}/.m
 
 class TakenOver(Exception):
     """Another launch claimed the prefix: this one uploads and commits nothing more (exit code 3)."""
+
+    exit_code = exit_codes.REFUSED
 
 
 def checkpoint_of(key: str, where: str) -> str:

@@ -27,7 +27,7 @@ from typing import Any, Literal
 import yaml
 from safetensors import SafetensorError
 
-from gcc import storage
+from gcc import exit_codes, storage
 from gcc.cli import folder_problem, input_file_problem
 from gcc.errors import BadInput
 from gcc.inputs import MAX_DEPTH, read_text, shown
@@ -36,7 +36,7 @@ from gcc.workers import PREEMPTION_GRACE_S
 
 
 class ConfigError(ValueError):
-    pass
+    exit_code = exit_codes.CONFIG
 
 
 DAY_S = 86400.0

@@ -167,7 +167,10 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
             f"({type(e).__name__}: {e})"
         ) from None
 
-    manifest = parse_manifest(manifest_bytes, join(cfg.data.path, MANIFEST))  # BadInput: a refusal (exit 3)
+    try:
+        manifest = parse_manifest(manifest_bytes, join(cfg.data.path, MANIFEST))
+    except BadInput as e:  # data the launch cannot train on is refused (exit 3), its file named as a tool names it
+        raise Refusal(str(e)) from None
     check_data(
         manifest,
         cfg.data.path,
@@ -309,17 +312,18 @@ def _fetch(store: CheckpointStore, name: str, run_dir: Path, files: dict[str, An
         repair_checkpoints(run_dir)  # what this node wrote after `name` was never committed
 
 
-def agree_on_start(cfg: TrainConfig, lock: RunLock) -> tuple[str, RunStart | str]:
-    """Global rank 0 runs `prepare_run`; every rank gets its verdict: ("ok", start), ("refused", message) or
-    ("config", message) (a file the config names is missing). A fault
-    (storage away, disk full) leaves rank 0 at once with its exit code; the launcher then stops the others."""
+def agree_on_start(cfg: TrainConfig, lock: RunLock) -> RunStart:
+    """Global rank 0 runs `prepare_run`; every rank gets its verdict: the `RunStart`, or the same Refusal (exit 3)
+    or ConfigError (exit 2, a file the config names is missing), with rank 0's message, raised on every rank. A
+    fault (storage away, disk full) leaves rank 0 at once with its exit code; the launcher then stops the others."""
     verdict: list = [None]
     if dist.get_global_rank() == 0:
         try:
-            verdict[0] = ("ok", prepare_run(cfg, lock))
-        except (Refusal, BadInput) as e:
-            verdict[0] = ("refused", str(e))
-        except ConfigError as e:
-            verdict[0] = ("config", str(e))
+            verdict[0] = prepare_run(cfg, lock)
+        except (Refusal, ConfigError) as e:
+            verdict[0] = (type(e), str(e))
     dist.broadcast_object_list(verdict, src=0)
-    return verdict[0]
+    if isinstance(verdict[0], RunStart):
+        return verdict[0]
+    error, message = verdict[0]
+    raise error(message)

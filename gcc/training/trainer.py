@@ -30,7 +30,7 @@ from composer.utils import dist
 
 from gcc import exit_codes
 from gcc.compat.composer import run_after_checkpoint_saver
-from gcc.errors import DamagedData, LockTimeout, Refusal, StorageUnavailable, disk_full, is_unreachable
+from gcc.errors import Advice, Refusal, exit_for
 from gcc.model.dit import count_params
 from gcc.sampling.vae import VaeError
 from gcc.training import builders as B
@@ -38,6 +38,7 @@ from gcc.training.batch_change import continue_after_change
 from gcc.training.callbacks import NonFiniteLoss, PreemptedBeforeFirstStep
 from gcc.training.callbacks.train_stats import peak_rss_gb
 from gcc.training.checkpoint_store import TakenOver
+from gcc.training.config import ConfigError
 from gcc.training.console import ALL_RANKS
 from gcc.training.ending import end
 from gcc.training.launch import agree_on_start, fetch_on_this_node
@@ -46,52 +47,26 @@ from gcc.training.ranks import rank, world_size
 from gcc.training.run_folder import RunLock, repair_checkpoints
 from gcc.workers import start_resource_tracker
 
-EXIT_CONFIG, EXIT_REFUSED, EXIT_NONFINITE = exit_codes.CONFIG, exit_codes.REFUSED, exit_codes.NONFINITE
-EXIT_STALLED, EXIT_DATA, EXIT_STORAGE, EXIT_DISK = (
-    exit_codes.STALLED,
-    exit_codes.DATA,
-    exit_codes.STORAGE,
-    exit_codes.DISK,
+logger = logging.getLogger(__name__)
+
+_RESUMES = ": it resumes from the last complete checkpoint"
+# what the trainer's message says to do about a fault that passes (docs/training.md "Exit codes")
+RELAUNCH = Advice(
+    store=f". Relaunch the same command once the store answers{_RESUMES}",
+    server=f". Relaunch the same command once it answers{_RESUMES}",
+    disk=f". Free space there and relaunch the same command{_RESUMES}",
 )
 
 
-logger = logging.getLogger(__name__)
-
-
-def fault_message(e: BaseException) -> str:
-    """The error's own message, also when a DataLoader worker raised it (torch re-raises it wrapped in the
-    worker's traceback text)."""
-    text = str(e).strip()
-    tail = text.rsplit(f"{type(e).__name__}: ", 1)
-    return tail[-1].splitlines()[0] if len(tail) == 2 else text
-
-
 def as_fault(e: BaseException, run_dir: str) -> tuple[int, str] | None:
-    """(exit code, message) for a fault that stops the run cleanly: damaged data, storage away, disk full, a
-    node-wide lock held too long, a VAE file that is not one."""
-    if isinstance(e, DamagedData):
-        return EXIT_DATA, f"damaged data: {fault_message(e)}"
-    if isinstance(e, VaeError):  # every rank loads the same file: every rank stops here
-        return EXIT_CONFIG, f"model.vae_path: {fault_message(e)}"
-    if isinstance(e, LockTimeout):
-        return EXIT_STALLED, fault_message(e)
-    if isinstance(e, StorageUnavailable):
-        return EXIT_STORAGE, (
-            f"storage unavailable: {fault_message(e)}. Relaunch the same command once the store "
-            f"answers: it resumes from the last complete checkpoint"
-        )
-    if is_unreachable(e):  # a logger's tracking server (object storage is StorageUnavailable by now)
-        return EXIT_STORAGE, (
-            f"a server did not answer: {fault_message(e)}. Relaunch the same command once it answers: it resumes "
-            f"from the last complete checkpoint"
-        )
-    full = disk_full(e, run_dir, f"under {run_dir}")
-    if full is not None:
-        return EXIT_DISK, (
-            f"disk full: {fault_message(full)}. Free space there and relaunch the same command: "
-            f"it resumes from the last complete checkpoint"
-        )
-    return None
+    """(exit code, message) of a fault (`exit_codes.FAULTS`: damaged data, a lock held too long, a store or server
+    that did not answer, a full disk under `run_dir`) or of a VAE file that is not one, or None: the run stops on
+    it cleanly (`gcc.errors.exit_for`, the same code and words as everywhere). The run's inputs were all checked
+    before its start, so an error of another library is none of these unless it is a store's or a full disk."""
+    verdict = exit_for(e, run_dir, RELAUNCH, foreign_input=False)
+    if verdict is not None and isinstance(e, VaeError):  # every rank loads the same file: every rank stops here
+        return verdict[0], f"model.vae_path: {verdict[1]}"
+    return verdict if verdict is not None and verdict[0] in exit_codes.FAULTS else None
 
 
 def run(cfg) -> int:
@@ -107,7 +82,7 @@ def run(cfg) -> int:
                 raise
         code, message = fault
         logger.error(f"rank {rank()}: {message}", extra=ALL_RANKS)
-        if code == EXIT_DISK and rank() == 0:  # a save cut short by the full disk goes now, not at the relaunch
+        if code == exit_codes.DISK and rank() == 0:  # a save cut short by the full disk goes now, not at the relaunch
             latest = repair_checkpoints(Path(cfg.run_dir))
             logger.error(f"last complete checkpoint: {latest.name if latest else 'none'}")
         return code
@@ -122,22 +97,22 @@ def _run(cfg) -> int:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
     dist.initialize_dist(device, timeout=cfg.dist_timeout)
     lock = RunLock(Path(cfg.run_dir))
-    status, start = agree_on_start(cfg, lock)
-    if status != "ok":
-        logger.error(f"{'refused' if status == 'refused' else 'config error'}: {start}")
-        return EXIT_REFUSED if status == "refused" else EXIT_CONFIG
-    try:
-        fetch_on_this_node(cfg, start, lock)  # every rank gets the same verdict
+    try:  # every rank gets the same verdict
+        start = agree_on_start(cfg, lock)
+        fetch_on_this_node(cfg, start, lock)
     except Refusal as e:
         logger.error(f"refused: {e}")
-        return EXIT_REFUSED
+        return e.exit_code
+    except ConfigError as e:
+        logger.error(f"config error: {e}")
+        return e.exit_code
     resumed = start.resumed
     if resumed and start.resumed_step >= cfg.max_steps:
         logger.info(
             f"nothing to do: {cfg.run_dir} is at step {start.resumed_step} >= max_steps={cfg.max_steps} "
             f"(raise max_steps=... to train further)"
         )
-        return 0
+        return exit_codes.OK
     text = B.node_cache(cfg)
     logger.info(
         f"{'resuming from ' + start.resumed_from if resumed else 'starting'}: world {world}, per-rank "
@@ -184,7 +159,7 @@ def _run(cfg) -> int:
     except (NonFiniteLoss, TakenOver) as e:  # every rank stops at the same step: closing (a barrier) is safe
         trainer.close()
         logger.error(str(e))
-        return EXIT_NONFINITE if isinstance(e, NonFiniteLoss) else EXIT_REFUSED
+        return e.exit_code
     # any other error skips close(): its barrier would wait for ranks that never get there
     trainer.close()
     step = int(trainer.state.timestamp.batch)
@@ -198,7 +173,7 @@ def _run(cfg) -> int:
             f"val_log.csv, tensorboard/, step-*.safetensors, checkpoints/"
         )
     lock.release()
-    return 0
+    return exit_codes.OK
 
 
 def launch(cfg) -> int:
@@ -208,7 +183,7 @@ def launch(cfg) -> int:
     def checked_run() -> int:
         if cfg.precision != "fp32" and not torch.cuda.is_available():
             logger.error(f"config error: precision: {cfg.precision} needs a GPU; on CPU set precision=fp32")
-            return EXIT_CONFIG
+            return exit_codes.CONFIG
         return run(cfg)
 
     return end(checked_run)

@@ -1,5 +1,5 @@
 """Deadlines for a rank: one that misses one writes every thread's Python stack into the run folder and exits
-with EXIT_STALLED, so that a scheduler restarts it instead of waiting on it forever.
+with code 5 (`exit_codes.STALLED`), so that a scheduler restarts it instead of waiting on it forever.
 
 The deadlines are kept by a daemon thread, not by the main thread: a rank blocked waiting for data or inside a
 collective runs no Python on its main thread, so a Python signal handler (and anything it would start) may
@@ -28,7 +28,6 @@ from gcc import exit_codes
 from gcc.training.console import ALL_RANKS  # each rank's own line: on its console and in train.log
 from gcc.workers import wait_readable
 
-EXIT_STALLED = exit_codes.STALLED
 STACKS_DIR = "stacks"
 
 log = logging.getLogger("gcc.train")
@@ -63,7 +62,7 @@ class StallWatchdog:
     arrives, the first time only; `arm(name, seconds, reason)` sets or moves one; `disarm(name)` clears it.
     When any deadline passes: stacks to `<run_dir>/stacks/rank<R>.txt`, an error line (stderr, train.log), the stall recorded for
     the other ranks (`announce(code, reason)`, gcc.training.peer_fault), and after `grace_s` (for them to write
-    their own stacks) `os._exit(EXIT_STALLED)`. `stop_for_peer` ends the rank for a peer's fault. `stop` ends the
+    their own stacks) `os._exit(exit_codes.STALLED)`. `stop_for_peer` ends the rank for a peer's fault. `stop` ends the
     thread (no deadline holds after it).
     """
 
@@ -149,15 +148,15 @@ class StallWatchdog:
 
     def _fire(self, reason: str) -> None:
         where = self._stacks(reason)
-        log.error(f"rank {self.rank}: {reason}; {where}; exiting with code {EXIT_STALLED}", extra=ALL_RANKS)
+        log.error(f"rank {self.rank}: {reason}; {where}; exiting with code {exit_codes.STALLED}", extra=ALL_RANKS)
         if self.announce is not None:
-            self.announce(EXIT_STALLED, reason)
+            self.announce(exit_codes.STALLED, reason)
             time.sleep(self.grace_s)
-        os._exit(EXIT_STALLED)
+        os._exit(exit_codes.STALLED)
 
     def stop_for_peer(self, code: int, message: str) -> None:
         """Another rank stopped the run (gcc.training.peer_fault): its code; after a stall, this rank's stacks too."""
-        where = f"; {self._stacks(message)}" if code == EXIT_STALLED else ""
+        where = f"; {self._stacks(message)}" if code == exit_codes.STALLED else ""
         log.error(f"rank {self.rank}: {message}{where}; exiting with code {code}", extra=ALL_RANKS)
         os._exit(code)
 

@@ -19,6 +19,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from gcc import exit_codes
 from gcc.data import convert as C
 from gcc.data.shards import MANIFEST, TEXT_TABLE, ClipRecord, bf16_to_bits, read_manifest
 from gcc.errors import BadInput
@@ -246,7 +247,7 @@ def test_bad_input_is_refused_with_a_clear_message(kind, src, tmp_path, capsys):
     out = tmp_path / "out"
     code = C.main(["--src", str(src), "--out", str(out), "--chunk-clips", "3", "--no-progress"])
     err = capsys.readouterr().err
-    assert code == C.EXIT_BAD_INPUT
+    assert code == exit_codes.CONFIG
     assert "Traceback" not in err
     for s in expected + ([clip] if clip else []):
         assert s in err, f"{s!r} not in message:\n{err}"
@@ -463,7 +464,7 @@ def test_the_text_table_is_never_written_through_a_link_inside_out(where, src, t
         shutil.rmtree(link)
         link.symlink_to(outside)
     code, err = _convert(src, out, capsys)
-    assert code == C.EXIT_BAD_INPUT and f"{link}: a symbolic link" in err and "Traceback" not in err, err
+    assert code == exit_codes.CONFIG and f"{link}: a symbolic link" in err and "Traceback" not in err, err
     assert (outside / "table.safetensors").read_bytes() == b"someone else's file"
     assert not (out / MANIFEST).exists()
 
@@ -482,14 +483,14 @@ def test_a_finished_output_whose_text_table_changed_is_not_called_done(damage, s
     else:
         table.write_bytes(table.read_bytes()[:-1] + b"x")
     code, err = _convert(src, out, capsys)
-    assert code == C.EXIT_BAD_INPUT and f"{table}: " in err and "not the text table" in err, err
+    assert code == exit_codes.CONFIG and f"{table}: " in err and "not the text table" in err, err
 
 
 def test_another_prepared_dataset_is_never_converted_over(src, tmp_path, capsys):
     other = make_prepared(tmp_path / "other", clips=2, seed=3)
     before = _tree_bytes(other)
     code, err = _convert(src, other, capsys)
-    assert code == C.EXIT_BAD_INPUT and f"--out {other}: not empty and not convert_data's output" in err, err
+    assert code == exit_codes.CONFIG and f"--out {other}: not empty and not convert_data's output" in err, err
     assert _tree_bytes(other) == before
 
 
@@ -498,7 +499,7 @@ def test_a_folder_of_another_tool_is_refused_and_an_empty_one_is_claimed(src, tm
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
     code, err = _convert(src, foreign, capsys)
-    assert code == C.EXIT_BAD_INPUT and "not convert_data's output" in err, err
+    assert code == exit_codes.CONFIG and "not convert_data's output" in err, err
     assert _tree_bytes(foreign) == {"notes.txt": b"mine"}
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -511,5 +512,5 @@ def test_a_folder_of_another_tool_is_refused_and_an_empty_one_is_claimed(src, tm
 
 def test_a_missing_source_folder_is_named_as_missing(tmp_path, capsys):
     code, err = _convert(tmp_path / "nope", tmp_path / "out", capsys)
-    assert code == C.EXIT_BAD_INPUT and f"{tmp_path / 'nope'}: no such folder" in err and "READY" not in err, err
+    assert code == exit_codes.CONFIG and f"{tmp_path / 'nope'}: no such folder" in err and "READY" not in err, err
     assert not (tmp_path / "out").exists()

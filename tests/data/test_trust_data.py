@@ -94,7 +94,7 @@ def test_an_absolute_zip_basename_with_a_wrong_hash_deletes_nothing_outside_the_
         ds[0]  # old code: the failed hash check removed `victim` and asked to "restore or reconvert it"
     assert str(data / "train" / "index.json") in str(e.value)
     r = maskstats(data)
-    assert r.returncode == 2 and "shard 0 basename" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 6 and "shard 0 basename" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert victim.read_text() == "not the dataset's"
 
 
@@ -108,7 +108,7 @@ def test_an_absolute_raw_basename_never_receives_the_decompressed_shard(shards, 
     with pytest.raises(SampleError, match="basename"):
         SRC.open_source(data).rows_for(None)
     r = maskstats(data, "val")
-    assert r.returncode == 2 and "basename" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 6 and "basename" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert not landing.exists()
 
 
@@ -121,7 +121,7 @@ def test_a_pickled_column_is_never_decoded_by_any_reader(shards, tmp_path):
     with pytest.raises(DamagedData, match="columns must be exactly"):
         loader(data, tmp_path)[0]
     r = maskstats(data, "val")
-    assert r.returncode == 2 and "columns must be exactly" in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 6 and "columns must be exactly" in r.stderr, r.stderr[-2000:]
     assert not marker.exists()
 
 
@@ -140,7 +140,7 @@ def test_declared_counts_beyond_the_manifest_are_refused_before_anything_is_allo
     with pytest.raises(DamagedData, match=r"more than \d+ samples, the manifest \d+"):
         loader(data, tmp_path, "train")  # old code: Streaming allocated arrays of 10**12 samples first
     r = maskstats(data)
-    assert r.returncode == 2 and "the manifest" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 6 and "the manifest" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
 
 
 def test_a_declared_sem_shape_beyond_the_manifest_is_refused_before_it_is_allocated(shards, tmp_path):
@@ -274,7 +274,7 @@ def test_a_compressed_shard_that_inflates_past_its_declared_size_is_refused_befo
     assert all(size < BOMB // 4 for size in cache_files(cache).values()), cache_files(cache)
     with pytest.raises(SampleError, match=r"shard\.00000\.mds\.zstd: inflates to more than"):
         SRC.open_source(data).rows_for(None)
-    assert maskstats_main(["--data", str(data), "--split", "val", "--n", "2"]) == 2
+    assert maskstats_main(["--data", str(data), "--split", "val", "--n", "2"]) == 6  # damaged data, as in a run
     err = capsys.readouterr().err
     assert "shard.00000.mds.zstd" in err and "inflates to more than" in err and "Traceback" not in err, err
 
@@ -418,7 +418,7 @@ def test_a_shards_meta_without_its_fields_is_damaged_data_naming_the_shard_and_s
     from a worker); now damaged data (exit 6 in a run) naming the shard, the sample and the field, in the main
     process as in a loader worker."""
     from gcc.data.dataset import Dropouts, build_dataloader
-    from gcc.training.trainer import fault_message
+    from gcc.errors import fault_message
 
     data = copy_of(shards, tmp_path)
     rewrite_split(data, "train", lambda i, s: {**s, "meta": "{}"})

@@ -1,6 +1,7 @@
 """Bad input to every entry point (docs/training.md, "Tools" and "Exit codes"): exit 2 and one message that names
 the input (file, flag or key) and says what was expected, never a traceback. The trainer answers bad config
-before any rank starts work; its data and run-folder problems keep their codes (3 refused, 6 damaged data).
+before any rank starts work; its data and run-folder problems keep their codes (3 refused, 6 damaged data, in a tool
+too).
 
 Each case calls the entry point's own `main(argv)` in this process (the console scripts' functions and gcc/train.py's)
 and reads what it printed: the message and the exit code are the process's, and an exception that escaped would
@@ -660,10 +661,10 @@ CASES: dict[str, Case] = {
         2,
         lambda w: (_maskstats(w, data=_manifest(w, NOT_UTF8)), ["manifest.json", "not valid JSON"]),
     ),
-    "maskstats-text-table-garbage": (
+    "maskstats-text-table-garbage": (  # converted data damaged: exit 6, as in a run
         "gcc-maskstats",
-        2,
-        lambda w: (_maskstats(w, data=_garbage_table(w)), ["table.safetensors", "not a text table"]),
+        6,
+        lambda w: (_maskstats(w, data=_garbage_table(w)), ["damaged data: ", "table.safetensors", "not a text table"]),
     ),
     "maskstats-seed-negative": ("gcc-maskstats", 2, lambda w: (_maskstats(w, "--seed", "-1"), ["--seed"])),
     "maskstats-json-a-folder": (

@@ -10,6 +10,7 @@ import pytest
 from hostile import time_limit
 from PIL import Image
 
+from gcc import exit_codes
 from gcc.tools import plot
 from gcc.training.callbacks import TRAIN_COLUMNS, VAL_COLUMNS
 
@@ -85,7 +86,7 @@ def test_smoothing_is_debiased_and_bounded():
 
 
 def test_a_folder_without_a_train_log_is_a_clear_error(tmp_path, capsys):
-    assert plot.main([str(tmp_path / "nope")]) == plot.EXIT_NO_LOG
+    assert plot.main([str(tmp_path / "nope")]) == exit_codes.CONFIG
     assert "train_log.csv: no train rows to plot" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         plot.main([str(tmp_path), "--smoothing", "1.5"])

@@ -17,6 +17,7 @@ from _gc_helpers import export_metadata, randomize_cond, tiny_dit
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from gcc import exit_codes
 from gcc.model.dit import wan_keys
 from gcc.model.export import save_gc
 from gcc.sampling import metrics as M
@@ -319,7 +320,7 @@ def test_base_weights_and_shards_match_prepared(assets, prepared_tiny, tmp_path)
 def test_clear_errors(assets, prepared_tiny, tmp_path, capsys):
     out = tmp_path / "out"
     # a checkpoint of another vocab than requested
-    assert cli.main(_args(assets, prepared_tiny, out, "--val_n", "1", "--vocab", "ids")) == cli.EXIT_ERROR
+    assert cli.main(_args(assets, prepared_tiny, out, "--val_n", "1", "--vocab", "ids")) == exit_codes.CONFIG
     err = capsys.readouterr().err
     assert str(assets["ckpt"]) in err and "'parts'" in err and "'ids'" in err
     assert (
@@ -335,11 +336,11 @@ def test_clear_errors(assets, prepared_tiny, tmp_path, capsys):
                 weights=["--ckpt", str(assets["ckpt_ids"])],
             )
         )
-        == cli.EXIT_ERROR
+        == exit_codes.CONFIG
     )
     assert "ids-step-1.safetensors has vocab 'ids'" in capsys.readouterr().err
     # a missing clip id
-    assert cli.main(_args(assets, prepared_tiny, out, "--clip_ids", "clip00001,clip_missing")) == cli.EXIT_ERROR
+    assert cli.main(_args(assets, prepared_tiny, out, "--clip_ids", "clip00001,clip_missing")) == exit_codes.CONFIG
     assert "clip_missing" in capsys.readouterr().err
     # a model dir without the VAE
     empty = tmp_path / "no_vae"
@@ -350,7 +351,7 @@ def test_clear_errors(assets, prepared_tiny, tmp_path, capsys):
             + ["--model_dir", str(empty)]
             + _args(assets, prepared_tiny, out, "--val_n", "1")[6:]
         )
-        == cli.EXIT_ERROR
+        == exit_codes.CONFIG
     )
     assert "Wan2.2_VAE.pth" in capsys.readouterr().err
     assert not (out / "metrics.json").exists()
@@ -366,7 +367,7 @@ def test_clear_errors(assets, prepared_tiny, tmp_path, capsys):
         cwd=REPO,
         timeout=120,
     )
-    assert p.returncode == cli.EXIT_ERROR
+    assert p.returncode == exit_codes.CONFIG
     assert p.stderr.startswith("gcc-sample: error: --model_dir") and str(empty) in p.stderr
     assert "Wan2.2_VAE.pth" in p.stderr and "Traceback" not in p.stderr
 
@@ -451,7 +452,7 @@ def test_no_model_dir_needs_synthetic_data(assets, tmp_path, capsys):
     root = make_prepared(tmp_path, clips=12)
     (root / MARKER).unlink()  # data of unknown origin: no decoder without the VAE
     out = tmp_path / "out"
-    assert cli.main(_synth_args(assets, root, out, "--val_n", "1")) == cli.EXIT_ERROR
+    assert cli.main(_synth_args(assets, root, out, "--val_n", "1")) == exit_codes.CONFIG
     err = capsys.readouterr().err
     assert err.startswith("gcc-sample: error: --data_root") and "--model_dir" in err and MARKER in err
     assert not (out / "metrics.json").exists()
@@ -472,7 +473,7 @@ def test_no_model_dir_needs_synthetic_data(assets, tmp_path, capsys):
                 "cpu",
             ]
         )
-        == cli.EXIT_ERROR
+        == exit_codes.CONFIG
     )
     assert "--model_dir" in capsys.readouterr().err
 
@@ -530,6 +531,8 @@ def test_clip_ids_that_leave_out_dir_are_refused(assets, tmp_path, capsys, monke
         m.setattr(layout, "check_component", lambda v, what: v, raising=False)
         convert(str(src), str(tmp_path / "shards"), progress=False)
     out = tmp_path / "a" / "b" / "out"
-    assert cli.main(_synth_args(assets, tmp_path / "shards", out, "--clip_ids", bad, "--no_progress")) == cli.EXIT_ERROR
+    assert (
+        cli.main(_synth_args(assets, tmp_path / "shards", out, "--clip_ids", bad, "--no_progress")) == exit_codes.CONFIG
+    )
     assert "splits.val.clip_ids" in capsys.readouterr().err
     assert not (tmp_path / "a" / "escape").exists() and not out.exists()

@@ -31,7 +31,6 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from gcc import exit_codes
 from gcc.cli import folder_problem, run_tool
 from gcc.geometry import Geometry
 from gcc.inputs import shown
@@ -48,8 +47,6 @@ from gcc.tools.sample.sources import open_source, parse_clip_ids, select_clips
 from gcc.vocab import UNKNOWN, VOCABS, collapse_parts
 
 logger = logging.getLogger(__name__)
-
-EXIT_ERROR = exit_codes.CONFIG
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -330,4 +327,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({"out_dir": a.out_dir, "mean": m["mean"], "timings": m["timings"]}))
         return 0
 
-    return run_tool(p.prog, body, bad=(SampleError,))
+    return run_tool(p.prog, body)

@@ -12,11 +12,12 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
+from gcc import exit_codes
 from gcc.training.callbacks.step_sync import StepSync
 
 
 class NonFiniteLoss(RuntimeError):
-    pass
+    exit_code = exit_codes.NONFINITE
 
 
 class NonFiniteGuard(Callback):

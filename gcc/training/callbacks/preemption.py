@@ -24,6 +24,7 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
+from gcc import exit_codes
 from gcc.training.callbacks.step_sync import StepSync
 from gcc.training.watchdog import StallWatchdog
 from gcc.workers import PREEMPTION_SIGNALS
@@ -31,6 +32,8 @@ from gcc.workers import PREEMPTION_SIGNALS
 
 class PreemptedBeforeFirstStep(Exception):
     """A preemption signal came before step 1 (during the step-0 validation): every rank stops, nothing to save."""
+
+    exit_code = exit_codes.OK
 
 
 class Preemption(Callback):
