@@ -154,6 +154,17 @@ TOOL_ADVICE = Advice(
 )
 
 
+_RESUMES = ": it resumes from the last complete checkpoint"
+# the trainer's words: its relaunch resumes from a checkpoint
+RELAUNCH = Advice(
+    store=f". Relaunch the same command once the store answers{_RESUMES}",
+    server=f". Relaunch the same command once it answers{_RESUMES}",
+    disk=f". Free space there and relaunch the same command{_RESUMES}",
+)
+# how the launch's line starts for a verdict before any work (the others' words start with what happened)
+_VERDICT = {exit_codes.CONFIG: "config error: ", exit_codes.REFUSED: "refused: "}
+
+
 def _store_refusal(e: BaseException) -> bool:
     try:  # optional: only object-storage (s3://) errors; botocore is loaded only when a store is used
         from botocore.exceptions import BotoCoreError, ClientError
@@ -199,3 +210,13 @@ def exit_for(
     if _store_refusal(e):
         return exit_codes.CONFIG, f"object storage refused a request: {e}"
     return None
+
+
+def launch_verdict(e: BaseException) -> tuple[int, str] | None:
+    """The launch's (exit code, line) for an error that ends it before any work (`exit_for`, with the trainer's
+    advice): 'config error: ...' (2), 'refused: ...' (3), or a fault's own words; None for anything else."""
+    found = exit_for(e, advice=RELAUNCH, foreign_input=False)
+    if found is None:
+        return None
+    code, message = found
+    return code, _VERDICT.get(code, "") + message

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gcc import exit_codes
-from gcc.errors import DamagedData, DiskFull, LockTimeout, StorageUnavailable, exit_for
+from gcc.errors import BadInput, DamagedData, DiskFull, LockTimeout, Refusal, StorageUnavailable, exit_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -282,3 +282,24 @@ def test_no_module_names_an_exit_code_under_another_name():
         or re.match(r"\w[\w, ]*=\s*\(?\s*exit_codes\.", line)
     ]
     assert not aliases, aliases
+
+
+def test_the_launch_states_its_verdict_before_any_work_in_one_line():
+    from gcc.errors import launch_verdict
+    from gcc.training.config import ConfigError
+
+    assert launch_verdict(ConfigError("seed: must be in [0, 2**32), got -1")) == (
+        exit_codes.CONFIG,
+        "config error: seed: must be in [0, 2**32), got -1",
+    )
+    assert launch_verdict(BadInput("AWS_MAX_ATTEMPTS: expected an integer")) == (
+        exit_codes.CONFIG,
+        "config error: AWS_MAX_ATTEMPTS: expected an integer",
+    )
+    assert launch_verdict(Refusal("runs/x is locked by pid 7")) == (
+        exit_codes.REFUSED,
+        "refused: runs/x is locked by pid 7",
+    )
+    code, line = launch_verdict(StorageUnavailable("s3://b/manifest.json"))
+    assert code == exit_codes.STORAGE and line.startswith("storage unavailable: s3://b/manifest.json. Relaunch")
+    assert launch_verdict(KeyError("a bug")) is None  # keeps its traceback

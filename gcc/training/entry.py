@@ -10,8 +10,8 @@ import logging
 import sys
 from typing import NoReturn
 
-from gcc import exit_codes, redact
-from gcc.errors import BadInput, Refusal, StorageUnavailable
+from gcc import redact
+from gcc.errors import BadInput, Refusal, StorageUnavailable, launch_verdict
 from gcc.redact import secret_keys
 from gcc.training.config import ConfigError, TrainConfig, check_inputs, load_config, to_dict
 from gcc.training.console import configure_logging, open_run_log
@@ -38,15 +38,10 @@ def prepare(argv: list[str] | None) -> TrainConfig | int:
         configure_logging(cfg.log_level, rank())
         # every rank: rank 0's lines and each rank's own warnings, from here on (docs/training.md)
         open_run_log(cfg.run_dir, rank(), world_size())
-    except (ConfigError, BadInput) as e:  # BadInput: a setting such as AWS_MAX_ATTEMPTS, a file the config names
-        logger.error(f"config error: {e}")
-        return exit_codes.CONFIG
-    except StorageUnavailable as e:
-        logger.error(f"storage unavailable: {e}. Relaunch the same command once the store answers")
-        return exit_codes.STORAGE
-    except Refusal as e:
-        logger.error(f"refused: {e}")
-        return exit_codes.REFUSED
+    except (ConfigError, BadInput, StorageUnavailable, Refusal) as e:  # BadInput: a setting such as AWS_MAX_ATTEMPTS
+        code, line = launch_verdict(e)
+        logger.error(line)
+        return code
     for key in secret_keys(to_dict(cfg)):
         logger.warning(
             f"{key}: holds a credential; gcc masks it in its own files and logs, but the yaml or the "

@@ -30,7 +30,7 @@ from composer.utils import dist
 
 from gcc import exit_codes
 from gcc.compat.composer import run_after_checkpoint_saver
-from gcc.errors import Advice, Refusal, exit_for
+from gcc.errors import RELAUNCH, Refusal, exit_for, launch_verdict
 from gcc.model.dit import count_params
 from gcc.sampling.vae import VaeError
 from gcc.training import builders as B
@@ -48,14 +48,6 @@ from gcc.training.run_folder import RunLock, repair_checkpoints
 from gcc.workers import start_resource_tracker
 
 logger = logging.getLogger(__name__)
-
-_RESUMES = ": it resumes from the last complete checkpoint"
-# what the trainer's message says to do about a fault that passes (docs/training.md "Exit codes")
-RELAUNCH = Advice(
-    store=f". Relaunch the same command once the store answers{_RESUMES}",
-    server=f". Relaunch the same command once it answers{_RESUMES}",
-    disk=f". Free space there and relaunch the same command{_RESUMES}",
-)
 
 
 def as_fault(e: BaseException, run_dir: str) -> tuple[int, str] | None:
@@ -100,12 +92,10 @@ def _run(cfg) -> int:
     try:  # every rank gets the same verdict
         start = agree_on_start(cfg, lock)
         fetch_on_this_node(cfg, start, lock)
-    except Refusal as e:
-        logger.error(f"refused: {e}")
-        return e.exit_code
-    except ConfigError as e:
-        logger.error(f"config error: {e}")
-        return e.exit_code
+    except (Refusal, ConfigError) as e:
+        code, line = launch_verdict(e)
+        logger.error(line)
+        return code
     resumed = start.resumed
     if resumed and start.resumed_step >= cfg.max_steps:
         logger.info(
