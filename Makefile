@@ -11,6 +11,9 @@ JOBS    ?= 2
 PYTEST  := $(BIN)/python -m pytest -n $(JOBS) --maxschedchunk 1 -q -rs
 # the wall and CPU time of everything the command ran (every process it started), printed when it ends
 TIMED   = TIMEFORMAT="$@: %0R s wall, %0U s user + %0S s sys CPU"; time
+# the lint gate, first in `make test` and `make test-fast`: ruff (lint, then formatting; `$(BIN)/ruff format .`
+# applies the formatting), then mypy (types; what it checks and how strictly: [tool.mypy] in pyproject.toml)
+LINT    := $(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
 
 .PHONY: setup demo test test-fast durations lint bench clean
 
@@ -26,21 +29,20 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q --no-build-isolation -c constraints.txt deepspeed
 	touch $(STAMP)
 
-# the lint gate of `make test` alone; `$(BIN)/ruff format .` applies the formatting
+# the lint gate of `make test` alone
 lint: $(STAMP)
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(LINT)
 
 demo: $(STAMP)
 	$(BIN)/python -m gcc.tools.demo --out $(DEMO)
 
 # everything (CI): lint, then every test; ends with its wall and CPU time
 test: $(STAMP)
-	@$(TIMED) ( $(BIN)/ruff check . && $(BIN)/ruff format --check . && $(PYTEST) --durations=25 tests )
+	@$(TIMED) ( $(LINT) && $(PYTEST) --durations=25 tests )
 
 # the edit loop: lint and the tests not marked slow (unit, contract and in-process tests), a few minutes
 test-fast: $(STAMP)
-	@$(TIMED) ( $(BIN)/ruff check . && $(BIN)/ruff format --check . && $(PYTEST) -m "not slow" tests )
+	@$(TIMED) ( $(LINT) && $(PYTEST) -m "not slow" tests )
 
 # tests/durations.json anew (each test's time in a full run: the order tests are handed out in)
 durations: $(STAMP)

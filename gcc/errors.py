@@ -13,6 +13,7 @@ import errno
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,7 +60,7 @@ class LockTimeout(Exception):
     exit_code = exit_codes.STALLED
 
 
-def _chain(e: BaseException):
+def _chain(e: BaseException | None) -> Iterator[BaseException]:
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
@@ -79,10 +80,12 @@ def is_unreachable(e: BaseException) -> bool:
     try:  # optional: a logger's tracking server (MLflow, W&B speak HTTP through requests)
         from requests.exceptions import ConnectionError as HTTPUnreachable
         from requests.exceptions import Timeout as HTTPTimeout
+
+        http_errors: tuple[type[BaseException], ...] = (HTTPUnreachable, HTTPTimeout)
     except ImportError:
-        HTTPUnreachable = HTTPTimeout = ConnectionError
+        http_errors = ()
     for x in _chain(e):
-        if isinstance(x, (ConnectionError, HTTPClientError, RetriesExceededError, HTTPUnreachable, HTTPTimeout)):
+        if isinstance(x, (ConnectionError, HTTPClientError, RetriesExceededError, *http_errors)):
             return True
         if isinstance(x, ClientError) and x.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= 500:
             return True
@@ -212,11 +215,12 @@ def exit_for(
     return None
 
 
-def launch_verdict(e: BaseException) -> tuple[int, str] | None:
-    """The launch's (exit code, line) for an error that ends it before any work (`exit_for`, with the trainer's
-    advice): 'config error: ...' (2), 'refused: ...' (3), or a fault's own words; None for anything else."""
+def launch_verdict(e: BaseException) -> tuple[int, str]:
+    """The launch's (exit code, line) for an error of gcc's own that ends it before any work (`exit_for`, with
+    the trainer's advice): 'config error: ...' (2), 'refused: ...' (3), or a fault's own words. Anything else is
+    a bug and is raised again, keeping its traceback."""
     found = exit_for(e, advice=RELAUNCH, foreign_input=False)
     if found is None:
-        return None
+        raise e
     code, message = found
     return code, _VERDICT.get(code, "") + message

@@ -100,6 +100,11 @@ def rotation_axes(rotation: np.ndarray) -> np.ndarray:
     return np.stack([fwd, right, up], -2)
 
 
+def _hw(values: Sequence[Any]) -> tuple[int, int]:
+    h, w = values
+    return int(h), int(w)
+
+
 @dataclass(frozen=True)
 class Cameras:
     """One camera per frame. `fov_deg` is used where perspective, `ortho_width` where orthographic."""
@@ -137,14 +142,17 @@ class Cameras:
             orthographic=np.array([c["projection"] == ORTHOGRAPHIC for c in cams], dtype=bool),
             fov_deg=np.array([c.get("fov_deg") or np.nan for c in cams], dtype=np.float64),
             ortho_width=np.array([c.get("ortho_width") or np.nan for c in cams], dtype=np.float64),
-            src_hw=tuple(int(v) for v in meta["src_hw"]),
-            dst_hw=tuple(int(v) for v in meta["dst_hw"]),
+            src_hw=_hw(meta["src_hw"]),
+            dst_hw=_hw(meta["dst_hw"]),
         )
 
     def to_meta(self) -> list[dict[str, Any]]:
         out = []
         for i in range(len(self)):
-            cam = {"location": [float(v) for v in self.location[i]], "rotation": [float(v) for v in self.rotation[i]]}
+            cam: dict[str, Any] = {
+                "location": [float(v) for v in self.location[i]],
+                "rotation": [float(v) for v in self.rotation[i]],
+            }
             if self.orthographic[i]:
                 cam.update(projection=ORTHOGRAPHIC, ortho_width=float(self.ortho_width[i]))
             else:

@@ -51,7 +51,7 @@ _KINDS = {
 
 
 # what an OSError's errno means for the file it names, in the words of every message gcc prints about one
-ERRNO_WORDS = {
+ERRNO_WORDS: dict[int | None, str] = {
     errno.ENOENT: "not found",
     errno.EISDIR: "is a folder, expected a file",
     errno.ENOTDIR: "a part of the path is a file, expected a folder",

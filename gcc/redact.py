@@ -157,7 +157,7 @@ def install() -> None:
         def make_record(*args, **kwargs) -> logging.LogRecord:
             return redact_record(factory(*args, **kwargs))
 
-        make_record.redacting = True
+        make_record.redacting = True  # type: ignore[attr-defined]  # a marker: mypy has no function attributes
         logging.setLogRecordFactory(make_record)
     sys.excepthook = _excepthook
     threading.excepthook = _thread_excepthook
@@ -167,5 +167,5 @@ def install() -> None:
         def masked_warning(*args, **kwargs) -> str:
             return redact_text(formatwarning(*args, **kwargs))
 
-        masked_warning.redacting = True
+        masked_warning.redacting = True  # type: ignore[attr-defined]  # a marker: mypy has no function attributes
         warnings.formatwarning = masked_warning

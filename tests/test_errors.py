@@ -302,4 +302,5 @@ def test_the_launch_states_its_verdict_before_any_work_in_one_line():
     )
     code, line = launch_verdict(StorageUnavailable("s3://b/manifest.json"))
     assert code == exit_codes.STORAGE and line.startswith("storage unavailable: s3://b/manifest.json. Relaunch")
-    assert launch_verdict(KeyError("a bug")) is None  # keeps its traceback
+    with pytest.raises(KeyError):  # a bug keeps its traceback
+        launch_verdict(KeyError("a bug"))

@@ -108,7 +108,7 @@ def stand_ins(names: Iterable[str], absent: Iterable[str] = ()) -> Iterator[None
     real module."""
     placed: dict[str, types.ModuleType | None] = {n: _StandIn(n) for n in names if n not in sys.modules}
     placed.update({n: None for n in absent if n not in sys.modules})
-    sys.modules.update(placed)
+    sys.modules.update(placed)  # type: ignore[arg-type]  # typeshed allows modules only; a None entry makes the import raise
     try:
         yield
     finally:

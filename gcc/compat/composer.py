@@ -24,11 +24,15 @@ import os
 import platform
 import re
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import torch
 
 from gcc.compat import require, stand_ins
 from gcc.compat.composer_launcher import VERIFIED  # one Composer version for both of its adapters
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 # checked before the library is imported: a changed library is then named, not met as an ImportError
 require("mosaicml", VERIFIED, "gcc/compat/composer.py")
@@ -122,7 +126,7 @@ class LeanEngine(Engine):
 
     def _handlers(self, event: Event) -> tuple:
         callbacks = self.state.callbacks
-        cache = self.__dict__.get("_lean_handlers")
+        cache: tuple[list[Callback], dict[Event, tuple]] | None = self.__dict__.get("_lean_handlers")
         if cache is None or cache[0] != callbacks:  # list equality: same callbacks, same order
             cache = self.__dict__["_lean_handlers"] = (list(callbacks), {})
         if event not in cache[1]:
@@ -151,10 +155,11 @@ def _meta_init(device: torch.device, module: torch.nn.Module, param_init_fn=None
     if not any(t.is_meta for t in own):
         return
     module.to_empty(device=device, recurse=False)
+    reset = getattr(module, "reset_parameters", None)
     if callable(init_fn):
         init_fn(module)
-    elif callable(getattr(module, "reset_parameters", None)):
-        module.reset_parameters()
+    elif callable(reset):
+        reset()
     else:
         raise ValueError(f"{type(module).__name__}: meta parameters but no param_init_fn or reset_parameters")
 
@@ -217,6 +222,8 @@ def run_after_checkpoint_saver(trainer, callbacks: list) -> None:
 # step, over 1 ms); here one `log_metrics` call is one event holding all its scalars, which TensorBoard reads the
 # same way.
 class LocalTensorboardLogger(TensorboardLogger):
+    writer: SummaryWriter | None  # Composer's: set by `init`, None after `close`
+
     def _silent(self) -> bool:
         return self.rank_zero_only and dist.get_global_rank() != 0
 

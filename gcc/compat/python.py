@@ -26,7 +26,7 @@ def forkserver_pid() -> int | None:
 
 
 def reap_forkserver() -> None:
-    forkserver._forkserver._stop()
+    forkserver._forkserver._stop()  # type: ignore[attr-defined]  # private, verified with VERIFIED
 
 
 def shm_name(shm) -> str | None:

@@ -66,7 +66,7 @@ def unsharded_class(module: nn.Module) -> type:
 def bare_copy(module: nn.Module, parameters: dict[str, nn.Parameter]) -> nn.Module:
     """An instance of `module`'s unsharded class with its attributes, owning `parameters`, with no children and no
     buffers; its constructor is not run."""
-    twin = object.__new__(unsharded_class(module))
+    twin: nn.Module = object.__new__(unsharded_class(module))
     twin.__dict__.update(module.__dict__)
     twin.__dict__["_parameters"] = dict(parameters)
     twin.__dict__["_modules"] = {}

@@ -65,7 +65,7 @@ class Plan:
     out: str
     chunk_clips: int
     size_limit: int
-    compression: str
+    compression: str | None  # None: uncompressed shards
     include_dropped: bool
     geometry: Geometry
     text_keys: list[str]

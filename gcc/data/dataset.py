@@ -66,7 +66,7 @@ def _empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     if get_worker_info() is None:
         return torch.empty(shape, dtype=dtype)
     storage = new_shared_storage(math.prod(shape) * dtype.itemsize)
-    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)  # type: ignore[call-overload]  # stride is optional
 
 
 def round_robin_by_run(items: Sequence[tuple[str, Any]], n: int) -> list:

@@ -85,7 +85,7 @@ CALIBRATIONS = ("frame0", "cap")
 DEFAULT_MAX_FRAME_COVERAGE = 0.4
 
 
-def mask_ground_z(ground_z: Sequence[float]) -> float | None:
+def mask_ground_z(ground_z: Sequence[float] | np.ndarray) -> float | None:
     """The plane Z of the mask: ground_z[0] if finite, else the median of the finite entries, else None."""
     gz = np.asarray(ground_z, dtype=np.float64).ravel()
     if gz.size and np.isfinite(gz[0]):
@@ -167,7 +167,7 @@ def unknown_cells(
 def apply_unknown_mask(
     ids: np.ndarray,
     cameras: Cameras,
-    ground_z: Sequence[float],
+    ground_z: Sequence[float] | np.ndarray,
     params: MaskParams,
     calibration: str = "frame0",
     max_frame_coverage: float = DEFAULT_MAX_FRAME_COVERAGE,

@@ -186,7 +186,8 @@ def _bracketed_quantiles(
     good = wsum == (c_hi - c_lo)[ok]  # the runs hold exactly the bracket's weight
     srt = np.argsort(pos, kind="stable")
     starts = np.r_[0, np.cumsum(cnt)[:-1]]
-    todo_p, state = [], []
+    todo_p = []
+    state: list[tuple[np.ndarray, int, float] | None] = []
     for n in range(fo.size):
         if not good[n]:
             state.append(None)

@@ -371,7 +371,7 @@ def frame_quantiles(
     with np.errstate(invalid="ignore"):
         cand = stat & (vals > (lower - 2 * bands)[:, None])
     base_all = W_all - np.where(cand, wf_all, 0).sum(1, dtype=np.int64)  # surely below `lower`
-    state = []
+    state: list[tuple[np.ndarray, int, float] | None] = []
     todo_f, todo_c = [], []
     for n in range(len(frames)):
         W, band, base = int(W_all[n]), float(bands[n]), int(base_all[n])

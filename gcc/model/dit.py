@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -258,12 +259,12 @@ class GcDiT(WanModel):
             elif isinstance(twin, (DiTBlock, Head)):
                 twin.modulation.normal_().div_(twin.dim**0.5)
             elif hasattr(twin, "reset_parameters"):
-                twin.reset_parameters()
+                twin.reset_parameters()  # type: ignore[operator]  # torch types Module.__getattr__ as Tensor | Module
             else:
                 raise ValueError(f"{name} ({type(twin).__name__}): no initialisation known for its parameters")
         for n, p in own.items():
             full = dict(twin.named_parameters(recurse=False))[n]
-            fill_local(p, lambda sl, full=full: full[sl])
+            fill_local(p, full.__getitem__)
 
     def reset_cond(self) -> None:
         """gc_sem_cond back to its initial values (zero output), as after construction."""
@@ -512,5 +513,5 @@ def load_wan_base(model: GcDiT, model_dir: str | os.PathLike, check_only: bool =
             continue
         with safe_open(str(path), "pt") as fh:
             for k in by_file[fname]:
-                fill_local(params[k], lambda sl, k=k: read_slice(fh, k, sl))
+                fill_local(params[k], partial(read_slice, fh, k))
     return model

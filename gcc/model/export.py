@@ -12,7 +12,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Mapping
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -339,7 +339,7 @@ def _load_checked(
     if check_only:
         return
     for k in sorted(want):
-        fill_local(params[k], lambda sl, k=k: read(k, sl))
+        fill_local(params[k], partial(read, k))
     if not has_cond:
         model.reset_cond()
 

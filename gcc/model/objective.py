@@ -208,7 +208,7 @@ class GcTrainModel(ComposerModel):
         uncond_ids = torch.full_like(batch["sem_ids"], UNKNOWN)
         null_ctx = self.null_context.to(x0.device, x0.dtype).expand(B, T, *self.null_context.shape)
         null_ids = torch.full_like(batch["context_ids"], self.null_id)
-        res = {v: [] for v in VAL_VARIANTS}
+        res: dict[str, list[torch.Tensor]] = {v: [] for v in VAL_VARIANTS}
         for tid, t in self.val_steps:
             eps = torch.stack([val_noise(self.seed, c, tid, x0.shape[1:]) for c in batch["clip_id"]])
             eps = eps.to(x0.device, x0.dtype)

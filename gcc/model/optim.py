@@ -20,7 +20,8 @@ BETAS = (0.9, 0.999)
 def param_groups(model: torch.nn.Module, lr: float, cond_lr: float, weight_decay: float = 0.01) -> list[dict]:
     """[all DiT parameters at lr, every `gc_sem_cond.*` parameter at cond_lr]; names work with or without the
     ComposerModel's `dit.` prefix (Composer re-maps groups by name under FSDP with use_orig_params)."""
-    dit, cond = [], []
+    dit: list[torch.nn.Parameter] = []
+    cond: list[torch.nn.Parameter] = []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue

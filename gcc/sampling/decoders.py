@@ -42,6 +42,7 @@ class SynthDecoder:
         return Decoded(colorize(cells_to_pixels(cells), self.vocab), cells)
 
     def score(self, gen: Decoded, gt: Decoded) -> float | None:
+        assert gen.cells is not None and gt.cells is not None  # `decode` sets them
         return agreement(gen.cells, gt.cells)
 
 

@@ -105,7 +105,9 @@ def write_contact_sheet(
         y = top + r * (H * s + gap)
         d.multiline_text((gap, y + 2), label, fill=(235, 235, 235), font=font, spacing=3)
         for c, p in enumerate(panels):
-            img.paste(Image.fromarray(p).resize((W * s, H * s), Image.NEAREST), (left + c * (W * s + gap), y))
+            img.paste(
+                Image.fromarray(p).resize((W * s, H * s), Image.Resampling.NEAREST), (left + c * (W * s + gap), y)
+            )
     y0 = top + len(rows) * (H * s + gap) + gap
     names = VALUE_NAMES[vocab]
     for n, v in enumerate(classes):

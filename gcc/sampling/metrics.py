@@ -52,14 +52,15 @@ def video_metrics(pred: np.ndarray, target: np.ndarray, ssim: bool = True, devic
     frames 1.., `psnr_frame0`. PSNR None = identical (infinite); SSIM None when not computed."""
     if pred.shape != target.shape:
         raise ValueError(f"videos differ in shape: {pred.shape} vs {target.shape}")
-    s = ssim_frames(pred, target, device) if ssim else [None] * len(pred)
+    s = ssim_frames(pred, target, device) if ssim else None
     frames = [
-        {"frame": f, "psnr": psnr(pred[f : f + 1], target[f : f + 1], device), "ssim": s[f]} for f in range(len(pred))
+        {"frame": f, "psnr": psnr(pred[f : f + 1], target[f : f + 1], device), "ssim": s[f] if s else None}
+        for f in range(len(pred))
     ]
-    rest = s[1:]
+    rest = s[1:] if s else []
     return {
         "psnr": psnr(pred[1:], target[1:], device) if len(pred) > 1 else None,
-        "ssim": float(np.mean(rest)) if ssim and rest else None,
+        "ssim": float(np.mean(rest)) if rest else None,
         "psnr_frame0": frames[0]["psnr"],
         "frames": frames,
     }

@@ -73,9 +73,13 @@ def sample_latents(
     use_text = cfg != 1.0
     use_sem = sem_cfg != 1.0 and not bool((sem == UNKNOWN).all())
     if use_text:
-        ctx.append(null_context), cid.append(null_ids), sems.append(sem)
+        ctx.append(null_context)
+        cid.append(null_ids)
+        sems.append(sem)
     if use_sem:
-        ctx.append(context), cid.append(context_ids), sems.append(torch.full_like(sem, UNKNOWN))
+        ctx.append(context)
+        cid.append(context_ids)
+        sems.append(torch.full_like(sem, UNKNOWN))
     B = len(ctx)
     ctx_b = torch.stack(ctx).to(dev, dt)
     cid_b = torch.stack(cid).to(dev)

@@ -191,6 +191,7 @@ def _capsules_at(parts, pos: np.ndarray, heading_deg: float, gz: float, scale: f
 def make_scene(seed: int, i: int, geometry: str | Geometry) -> ClipScene:
     """The world, cameras, characters and text cells of clip i: a pure function of (seed, i, geometry)."""
     g = get_geometry(geometry)
+    assert g.src_hw is not None  # every synth geometry renders raw frames (GEOMETRIES)
     rng = np.random.default_rng([int(seed), int(i), 7])
     F = g.F
     gz = float(rng.uniform(-400.0, 400.0))
@@ -433,7 +434,7 @@ def rgb_frame(ids: np.ndarray, shade: np.ndarray, src_hw: tuple[int, int]) -> np
     rgb = (vocab.PALETTE["parts"][ids] * shade[..., None]).astype(np.uint8)  # no UNKNOWN in the world
     img = Image.fromarray(rgb)
     if img.size != (src_hw[1], src_hw[0]):
-        img = img.resize((src_hw[1], src_hw[0]), Image.BILINEAR)
+        img = img.resize((src_hw[1], src_hw[0]), Image.Resampling.BILINEAR)
     return np.asarray(img)
 
 
@@ -555,7 +556,9 @@ def write_clip(root: Path, seed: int, i: int, g: Geometry) -> tuple[dict[str, An
     atomic_write(root / "latents" / f"{cid}.safetensors", _safetensors_bytes({"input_latents": lat}), root=root)
     atomic_write(root / "sem" / f"{cid}.npz", npz_bytes({"ids": ids}), root=root)
     atomic_write(root / "meta" / f"{cid}.json", (json.dumps(scene.meta) + "\n").encode(), root=root)
-    members = [(f"{cid}/{f:03d}.jpg", _jpeg_bytes(rgb_frame(ids[f], shade[f], g.src_hw))) for f in range(g.F)]
+    members = [
+        (f"{cid}/{f:03d}.jpg", _jpeg_bytes(rgb_frame(ids[f], shade[f], scene.cameras.src_hw))) for f in range(g.F)
+    ]
     return index_row(i, scene.context_keys), members
 
 
@@ -597,7 +600,8 @@ def write_prepared(
     marker = {"generator": "gcc.synth.world", "seed": int(seed), "clips": int(clips), "geometry": g.as_dict()}
     atomic_write(root / MARKER, (json.dumps(marker) + "\n").encode(), root=root)
     t0 = time.time()
-    rows, tars = [], {}
+    rows: list[dict[str, Any]] = []
+    tars: dict[tuple[str, str, str], list[tuple[str, bytes]]] = {}
     for i in range(clips):
         row, members = write_clip(root, seed, i, g)
         rows.append(row)

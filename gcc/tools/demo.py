@@ -273,7 +273,7 @@ def main(argv=None) -> int:
     with inputs.open_text(run_dir / "val_log.csv", "csv") as f:
         print("\n" + "\n".join(validation_table(list(csv.DictReader(f)))))
     curves = plot_run(run_dir, run_dir / "curves.png")
-    sheets = []
+    sheets: list[Path] | None = []
     if args.sample_n > 0:
         print(f"\n[5/{n}] sampling {args.sample_n} val clips with gcc-sample (no --model_dir: the synthetic decoder)")
         sheets = sample_demo(run_dir, prepared, out / "samples", args.sample_n, args.sample_steps, args.seed)

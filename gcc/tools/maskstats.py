@@ -75,7 +75,7 @@ def forced_mask_params(seed: int, sample_id: int):
     return draw_sample(seed, 0, sample_id, 0.0, 0.0, 1.0).mask
 
 
-def ground_cells(cameras, ground_z: Sequence[float], hw: tuple[int, int]) -> np.ndarray | None:
+def ground_cells(cameras, ground_z: Sequence[float] | np.ndarray, hw: tuple[int, int]) -> np.ndarray | None:
     """bool [F, H/4, W/4]: the cell's ray meets the mask's ground plane (None: no finite ground_z)."""
     gz = mask_ground_z(ground_z)
     if gz is None:
@@ -156,7 +156,8 @@ def measure(
     reader = _Reader(data, split, seed)
     try:
         n = min(int(n), len(reader))
-        per_clip, sheet_rows = [], []
+        per_clip: list[dict[str, Any]] = []
+        sheet_rows: list[tuple[str, Any, dict[str, np.ndarray]]] = []  # (clip id, mask params, out per calibration)
         for i in range(n):
             rec = reader.record(i)
             meta = rec.meta()

@@ -90,6 +90,7 @@ def record_change(run_dir: Path, change: dict, store=None) -> None:
     """Append the change to run.json's lineage (and the checkpoint prefix's copy); a relaunch that meets the same
     change again (the launch that made it stopped before its next checkpoint) does not append it twice."""
     record = stored_record(run_dir)
+    assert record is not None  # a resume: run.json exists
     changes = record["lineage"].setdefault(CHANGES, [])
     if changes and changes[-1] == change:
         return

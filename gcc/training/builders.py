@@ -327,6 +327,7 @@ def build_samples(
         fps=FPS,
         keep=cfg.keep_samples,
     )
+    assert isinstance(val_loader.dataset, ValClips)  # build_val_loader's
     val_clips = val_loader.dataset.ds
     return TrainingSamples(
         cfg.run_dir,

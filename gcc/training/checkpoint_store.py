@@ -343,7 +343,7 @@ class CheckpointStore:
             )
         committed = head.checkpoint
         newer = [n for n in ckpts if committed is None or checkpoint_step(n) > checkpoint_step(committed)]
-        stray = [k for k in ckpts.get(committed, []) if k not in head.files]
+        stray = [k for k in ([] if committed is None else ckpts.get(committed, [])) if k not in head.files]
         if newer or stray:
             logger.info(f"checkpoints: removing uncommitted uploads {', '.join(newer + stray)} from {self.ckpts}")
             self._delete([k for n in newer for k in ckpts[n]] + stray)

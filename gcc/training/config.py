@@ -19,7 +19,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -544,7 +544,7 @@ def parse_override(ov: str) -> tuple[str, Any]:
     return key, _load_yaml(raw, f"override {said}", invalid, tuple(key.split(".")))
 
 
-def load_config(yaml_path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
+def load_config(yaml_path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:
     tree: dict = read_yaml(yaml_path) if yaml_path is not None else {}
     for ov in overrides:
         _set_dotted(tree, *parse_override(ov))
@@ -574,7 +574,7 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError(f"{key}: must be one of {allowed}, got {_get(cfg, key)!r}")
     for key, bounds in BOUNDS.items():
         value = _get(cfg, key)
-        problem = value is not None and bounds.problem(value)  # None: a field that may be null (data.limit)
+        problem = bounds.problem(value) if value is not None else None  # None: a field that may be null (data.limit)
         if problem:
             raise ConfigError(f"{key}: {problem}")
     if cfg.checkpoint_dir and not re.fullmatch(r"s3://[^/]+/.*[^/].*", cfg.checkpoint_dir):
@@ -596,7 +596,7 @@ def validate(cfg: TrainConfig) -> None:
                 f"data.cache_limit: must be empty (no limit) or a size such as 200gb, at most 1pb, "
                 f"got {cfg.data.cache_limit!r}"
             )
-    bad_t = [t for t in cfg.val_timesteps if _as_float(t) is None or not 0 <= _as_float(t) <= 1000]
+    bad_t = [t for t in cfg.val_timesteps if (x := _as_float(t)) is None or not 0 <= x <= 1000]
     if bad_t or (not cfg.val_timesteps and cfg.val_every and cfg.val_n) or len(cfg.val_timesteps) > MAX_VAL_TIMESTEPS:
         raise ConfigError(
             f"val_timesteps: must be a non-empty list of at most {MAX_VAL_TIMESTEPS} numbers in [0, 1000] "
@@ -655,7 +655,7 @@ def _check_model_overrides(overrides: dict) -> None:
             )
             want = f"a list of {len(typing.get_args(typ))} integers in [1, {_num(high)}]"
         elif typ is float:
-            ok = _as_float(v) is not None and math.isfinite(_as_float(v)) and 0 < _as_float(v) <= high
+            ok = (x := _as_float(v)) is not None and math.isfinite(x) and 0 < x <= high
             want = f"a number in (0, {_num(high)}]"
         else:
             ok = isinstance(v, int) and not isinstance(v, bool) and 0 < v <= high

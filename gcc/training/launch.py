@@ -208,6 +208,7 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
         head = store.repair(launch) if cfg.autoresume else None
         remote = head.checkpoint if head is not None else None
         if remote is not None and (latest is None or checkpoint_step(remote) >= checkpoint_step(latest)):
+            assert head is not None  # remote is its checkpoint
             committed_files = head.files  # what every node verifies its copy against (fetch_on_this_node)
             if not store.whole_here(remote, run_dir, head.files):
                 latest = store.fetch(remote, run_dir, head.files)
@@ -292,6 +293,7 @@ def fetch_on_this_node(cfg: TrainConfig, start: RunStart, lock: RunLock) -> None
         try:
             hold_cache(cfg, lock)
             if fetch:
+                assert start.store is not None  # fetch: checkpoint_dir is set
                 _fetch(start.store, name, run_dir, files)
         except Refusal as e:
             refused = f"node of rank {dist.get_global_rank()}: {e}"

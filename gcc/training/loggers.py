@@ -149,7 +149,8 @@ def _mlflow(run_dir: Path, kw: dict[str, Any]) -> TablelessMLFlowLogger:
 
 
 class LoggerKind(NamedTuple):
-    composer_class: type  # Composer's logger: its arguments are the options the yaml may set (`check_logger_options`)
+    # Composer's logger: its arguments are the options the yaml may set (`check_logger_options`)
+    composer_class: type[Any]
     build: Callable[[Path, dict[str, Any]], Any]  # gcc's logger for a run folder, from those options (`build_loggers`)
 
 

@@ -214,6 +214,7 @@ def identity(
             )
         return {"signature": signature, "lineage": lineage}, True
     record = adopted if new else stored_record(run_dir)
+    assert record is not None  # new: `adopted` is set (above); else run.json exists
     diffs = diff_signatures(record["signature"], signature)
     if diffs:
         raise Refusal(
@@ -234,7 +235,10 @@ def ckpt_dir(run_dir: Path) -> Path:
 
 def checkpoint_step(path: str | Path) -> int:
     """The optimizer step B of a checkpoint named ep{E}-ba{B}-rank0.pt (DDP) or ep{E}-ba{B} (FSDP folder)."""
-    return int(CKPT_RE.match(Path(path).name).group(2))
+    m = CKPT_RE.match(Path(path).name)
+    if m is None:
+        raise ValueError(f"{path}: not a checkpoint name (ep<E>-ba<B>)")
+    return int(m.group(2))
 
 
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:

@@ -20,6 +20,7 @@ from gcc.training.run_folder import (
     Refusal,
     RunLock,
     check_identity,
+    checkpoint_step,
     latest_checkpoint,
     list_checkpoints,
     repair_checkpoints,
@@ -212,6 +213,12 @@ def test_the_global_batch_a_checkpoint_was_written_with():
     assert checkpoint_global_batch(rec.saved, 3, 24) == 16  # the record wins
     # a checkpoint written before the record: its epoch's samples over its steps in the epoch
     assert checkpoint_global_batch(None, 3, 48) == 16 and checkpoint_global_batch(None, 0, 0) is None
+
+
+def test_checkpoint_step_reads_a_checkpoint_name_and_names_any_other():
+    assert checkpoint_step("run/checkpoints/ep1-ba12-rank0.pt") == 12 and checkpoint_step(Path("ep0-ba3")) == 3
+    with pytest.raises(ValueError, match=r"^run/checkpoints/latest-rank0\.pt: not a checkpoint name"):
+        checkpoint_step("run/checkpoints/latest-rank0.pt")
 
 
 def _fake_ckpt(d: Path, batch: int, complete: bool = True) -> Path:

@@ -112,7 +112,7 @@ class SetProgress:
     def __init__(self, n_clips: int, steps: int):
         self.n_clips, self.steps = n_clips, steps
         self.clip_times: list[float] = []
-        self._bar = None
+        self._bar: Any = None  # the running clip's tqdm bar
 
     def clip_bar(self, n: int, cid: str, device) -> Callable[[], None]:
         self._bar = tqdm(
@@ -216,6 +216,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         raise SampleError(f"{e}; no clip of the data has such an id") from None
     rows = src.rows_for(wanted)
     clip_ids = select_clips(rows, wanted, a.val_n)
+    judge: VaeJudge | SynthJudge
     if vae_path is not None:
         raw_root = Path(a.raw_root) if a.raw_root else src.default_raw
         judge = VaeJudge(a, vae_path, raw_root, vocab, device)

@@ -49,6 +49,7 @@ def check_fits(model: str, vocab: str, ckpt: str | None = None, model_dir: str |
         if ckpt:
             load_gc_weights(dit, ckpt, check_only=True)
         else:
+            assert model_dir is not None  # without --ckpt, --model_dir is required (cli.py)
             load_wan_base(dit, model_dir, check_only=True)
     except (ValueError, OSError, SafetensorError) as e:  # GcCkptError is a ValueError
         raise SampleError(f"{flag}: {e} (the model: --model {model!r}, vocab {vocab!r})") from None
@@ -65,6 +66,7 @@ def load_dit(model: str, vocab: str, device, dtype, ckpt: str | None = None, mod
         if ckpt:
             load_gc_weights(dit, ckpt)
         else:
+            assert model_dir is not None  # without --ckpt, --model_dir is required (cli.py)
             load_wan_base(dit, model_dir)
     except (GcCkptError, FileNotFoundError) as e:
         raise SampleError(str(e)) from None

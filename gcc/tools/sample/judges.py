@@ -126,8 +126,9 @@ class SynthJudge:
         t1 = time.perf_counter()
         decoded = self.decoder.decode(gen_lat, clip.context_ids, gen_lat)
         gen = decoded.cells
+        assert gen is not None  # the synthetic decoder classifies every cell
         t2 = time.perf_counter()
-        frames = [
+        frames: list[dict[str, Any]] = [
             {
                 "latent_frame": k,
                 "pixel_frames": [lo, hi - 1],
@@ -143,11 +144,11 @@ class SynthJudge:
             "class_agreement_copy_frame0": copy,
             "cells": int(gt[1:].size),
         }
-        panels = [
+        panels = (
             colorize(cells_to_pixels(gt), self.vocab),
             decoded.frames,
             colorize(sem, self.vocab),
-        ]
+        )
         write_panels_mp4(out / f"{cid}.mp4", *panels, fps=self.a.fps)
         spans, labels, sheet = latent_frame_spans(geo.T), [], []
         for k in sheet_rows(geo.T):

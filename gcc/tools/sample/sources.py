@@ -13,6 +13,7 @@ import tempfile
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -98,7 +99,10 @@ class ShardSource:
         self.split_ids = {s: set(v["clip_ids"]) for s, v in self.manifest["splits"].items()}
         self._tmp = tempfile.mkdtemp(prefix="gcc_sample_shards_")
         weakref.finalize(self, shutil.rmtree, self._tmp, True)
-        self._ds, self._pos, self._rows, self._fmt = {}, {}, {}, {}
+        self._ds: dict[str, Any] = {}  # split -> its streaming LocalDataset
+        self._pos: dict[str, tuple[str, int]] = {}  # clip id -> (split, sample index)
+        self._rows: dict[str, dict] = {}
+        self._fmt: dict[str, SplitFormat] = {}
 
     def _open(self, split: str) -> None:
         # heavy (streaming, ~2 s over torch): only for a shard source; keeps gcc-sample --help fast
@@ -258,7 +262,9 @@ def read_gt(raw_root: Path, clip: ClipRecord, num_frames: int) -> np.ndarray:
                             f"clip {clip.clip_id}: {path}: member {name} is not a JPEG file of at most "
                             f"{GT_FRAME_MAX >> 20} MB"
                         )
-                    with Image.open(io.BytesIO(tf.extractfile(member).read())) as im:
+                    fh = tf.extractfile(member)
+                    assert fh is not None  # a regular file (checked above)
+                    with Image.open(io.BytesIO(fh.read())) as im:
                         if im.size != (src_w, src_h):  # read from the header: nothing decoded yet
                             raise SampleError(
                                 f"clip {clip.clip_id}: {path}: member {name} is {im.size[0]}x{im.size[1]}, the "

@@ -168,7 +168,8 @@ CALLBACKS: tuple[Entry, ...] = (
 def build_all(context: CallbackContext, table: tuple[Entry, ...] = CALLBACKS) -> tuple[list, list]:
     """Every entry of `table` built in its order (into `context.built`, by name); returns the callbacks in Composer's
     order and the after-saver group, without the ones that are off."""
-    ordered, after_saver = [], []
+    ordered: list[Any] = []
+    after_saver: list[Any] = []
     for entry in table:
         callback = context.built[entry.name] = entry.build(context)
         if callback is not None:

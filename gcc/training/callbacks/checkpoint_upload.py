@@ -52,6 +52,7 @@ class CheckpointUpload(Callback):
 
     def _files(self, batch: int) -> list[str]:
         """This rank's files of the checkpoint of `batch`, relative to the checkpoints folder."""
+        assert self.saver is not None  # set at fit_start
         saved = self.saver.saved_checkpoints
         if not saved:  # DDP: only rank 0 writes
             return []

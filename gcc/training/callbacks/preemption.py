@@ -18,6 +18,7 @@ run folder and exits non-zero (gcc/training/watchdog.py).
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 import torch
 from composer.core import Callback, State
@@ -42,7 +43,7 @@ class Preemption(Callback):
         sync.flag("preempt", lambda: self.requested)
         self.requested = False  # this rank received a signal
         self.preempted_at: int | None = None  # the step all ranks stopped after
-        self._old = {}
+        self._old: dict[int, Any] = {}  # signal -> the handler it had before
 
     def _handler(self, signum, frame):
         self.requested = True

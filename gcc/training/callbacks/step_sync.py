@@ -63,10 +63,10 @@ class StepSync(Callback):
         dev = local.device
         idx = [i for where, _ in self._sources for i in where]
         if idx:  # each name has one source: one copy into place
-            values = torch.cat(
+            read_values = torch.cat(
                 [torch.as_tensor(read(), dtype=torch.float64).to(dev).reshape(-1) for _, read in self._sources]
             )
-            local.index_copy_(0, torch.tensor(idx, device=dev), values)
+            local.index_copy_(0, torch.tensor(idx, device=dev), read_values)
         ids = torch.cat([t.to(dev) for t in self._ids]) if self._ids else local.new_zeros(0)
         slots = local.new_zeros(world, self.per_rank)  # id + 1; 0 = no sample in that slot
         slots[rank, : len(ids)] = ids.to(torch.float64) + 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 import resource
 import time
 from functools import lru_cache
+from typing import Any
 
 import psutil
 import torch
@@ -123,7 +124,7 @@ class TrainStats(Callback):
                 f"disagree"
             )
         epochs = torch.cat([epoch for _, epoch in self._micro]) if self._micro else None
-        row = {
+        row: dict[str, Any] = {
             "step": int(state.timestamp.batch),
             "loss": float(state.total_loss_dict.get("loss/train/total", float("nan"))),
             **values,
