@@ -125,22 +125,26 @@ def test_a_ground_truth_tar_is_read_bounded_and_its_frames_checked_before_decodi
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["data/manifest.json", "run/run.json", "run/train_log.csv"])
-def test_the_trainer_refuses_a_fifo_among_its_inputs_instead_of_hanging(shards, tmp_path, name):
+def test_the_trainer_refuses_a_fifo_among_its_inputs_instead_of_hanging(shards, tmp_path, name, request):
     """A real launch (the manifest is read once the process group is up: tests/_launch.py): exit 3 naming the
-    file, where old code waited for a writer until the test's timeout. The log is met on a resume: a first
-    launch writes the run folder."""
+    file, where old code waited for a writer until the test's timeout. The log is met on a resume: of the session's
+    reference run at its step-9 checkpoint (tests/_launch.py stopped_copy)."""
     import shutil
 
-    from _launch import launch, ok
+    from _launch import launch, stopped_copy
 
     data = tmp_path / "data"
-    shutil.copytree(shards, data)
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    steps = "max_steps=6"
     if name == "run/train_log.csv":
-        ok(launch(run_dir, data, "max_steps=3", direct=True))
+        data = request.getfixturevalue("e2e_shards")  # the reference's own data, read only
+        stopped_copy(request.getfixturevalue("reference"), run_dir, at=9)
+        steps = "max_steps=12"  # past the checkpoint: a resume
+    else:
+        shutil.copytree(shards, data)
+        run_dir.mkdir()
     _fifo(tmp_path / name)
-    r = launch(run_dir, data, "max_steps=6", timeout=120, direct=True)
+    r = launch(run_dir, data, steps, timeout=120, direct=True)
     out = r.stdout + r.stderr
     assert r.returncode == 3, out[-3000:]
     assert "refused" in out and str(tmp_path / name) in out and "FIFO" in out and "Traceback" not in out, out[-3000:]

@@ -221,7 +221,7 @@ sys.path[:0] = {tests!r}  # this test's folder and tests/ (its helpers)
 from pathlib import Path
 from test_data import rank_batches
 
-if __name__ == "__main__":  # loader workers import this file (forkserver): nothing may run at import
+if __name__ == "__main__":  # a spawned process that imports this file must not run it
     rank = int(os.environ.get("RANK", 0))
     res = rank_batches({out!r}, Path({cache!r}), int(sys.argv[1]))  # one cache per node, shared by its ranks
     Path({res!r}, f"rank{{rank}}.json").write_text(json.dumps(res))
@@ -229,9 +229,10 @@ if __name__ == "__main__":  # loader workers import this file (forkserver): noth
 
 
 def rank_batches(shards, cache: Path, batch_size: int) -> list[list[tuple]]:
-    """This rank's batches of an epoch (one loader worker), as digests."""
+    """This rank's batches of an epoch, as digests. In the rank's own process: a loader worker's start (~10 s of
+    CPU) would change no batch (test_same_samples_for_0_1_2_workers_and_epochs_differ)."""
     ds = GcStreamingDataset(shards, "train", cache, batch_size=batch_size, seed=0, dropouts=HEAVY)
-    return [batch_digests(b) for b in build_dataloader(ds, batch_size=batch_size, num_workers=1)]
+    return [batch_digests(b) for b in build_dataloader(ds, batch_size=batch_size, num_workers=0)]
 
 
 @pytest.mark.slow

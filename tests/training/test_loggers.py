@@ -96,6 +96,9 @@ def test_tensorboard_wandb_and_mlflow_get_the_same_keys_and_a_relaunch_continues
                 "checkpoint_every=2",
                 "progress_bar=false",
                 "data.num_workers=0",
+                # samples reach the loggers whatever their number of denoising steps (the default 20 took over
+                # half of this test's time)
+                "sample_steps=2",
                 ALL,
             ],
             capture_output=True,

@@ -358,14 +358,15 @@ def test_data_limit_trains_on_one_seeded_subset_across_ranks_and_a_resume(e2e_sh
 
 
 def test_data_on_s3_with_a_node_cache_trains_and_resumes_the_same(reference, e2e_shards, tmp_path, s3_bucket):
-    """Shards on s3:// (a real S3 server on loopback): the same rows as the local-data run, across a resume."""
+    """Shards on s3:// (a real S3 server on loopback): the same rows as the local-data run (its first 6 steps,
+    past an epoch's end), across a resume."""
     remote = f"{s3_bucket}/shards"
     C.convert(e2e_shards.parent / "prepared", remote, chunk_clips=8, progress=False)
     run_dir = tmp_path / "run"
-    for steps in (6, 12):  # the second launch resumes at step 6 with a warm cache
+    for steps in (3, 6):  # the second launch resumes at step 3 with a warm cache
         r = ok(launch(run_dir, e2e_shards, f"data.path={remote}", f"max_steps={steps}"))
     assert "resuming from" in r.stdout
-    assert exact(rows(run_dir)) == exact(rows(reference))
+    assert exact(rows(run_dir)) == exact(rows(reference))[:6]
     cache = run_dir / "cache" / "node0"
     assert (cache / "text" / "table.safetensors").exists()
     assert any((cache / "train").rglob("*.mds*"))  # the shards streamed into the node cache

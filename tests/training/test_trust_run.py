@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hostile import run_entry
 from safetensors import safe_open
 
 from gcc.compat.streaming import node_registration_lock
@@ -158,28 +159,32 @@ def test_the_run_lock_never_follows_a_planted_link(tmp_path):
     assert victim.read_text() == "someone's file"
 
 
+def _args(run_dir: Path, shards: Path, *overrides: str) -> list[str]:
+    """The trainer's arguments for a single-process run of the tiny model, without samples during training."""
+    return [
+        str(ROOT / "yamls" / "tiny_cpu.yaml"),
+        f"run_dir={run_dir}",
+        f"data.path={shards}",
+        "global_batch=2",
+        "micro_batch=1",
+        "val_every=2",
+        "val_n=2",
+        "val_batch=2",
+        "export_every=2",
+        "checkpoint_every=2",
+        "progress_bar=false",
+        "data.num_workers=0",
+        "loggers={}",
+        "sample_every=0",  # samples during training (20 denoising steps each) are none of these tests' concern
+        *overrides,
+    ]
+
+
 def _train(run_dir: Path, shards: Path, *overrides: str) -> subprocess.CompletedProcess:
-    """One single-process launch of the tiny model (world 1: no launcher needed)."""
+    """One single-process launch (`_args`; world 1: no launcher needed)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     return subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "gcc" / "train.py"),
-            str(ROOT / "yamls" / "tiny_cpu.yaml"),
-            f"run_dir={run_dir}",
-            f"data.path={shards}",
-            "global_batch=2",
-            "micro_batch=1",
-            "val_every=2",
-            "val_n=2",
-            "val_batch=2",
-            "export_every=2",
-            "checkpoint_every=2",
-            "progress_bar=false",
-            "data.num_workers=0",
-            "loggers={}",
-            *overrides,
-        ],
+        [sys.executable, str(ROOT / "gcc" / "train.py"), *_args(run_dir, shards, *overrides)],
         capture_output=True,
         text=True,
         env=env,
@@ -256,8 +261,8 @@ def test_a_warm_started_run_resumes_after_its_init_ckpt_moved(two_steps, e2e_sha
     r = _train(run_dir, e2e_shards, "max_steps=4", f"model.init_ckpt={init}")
     assert r.returncode == 0 and "resuming from" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
     assert json.loads((run_dir / "run.json").read_text())["signature"]["model.init_ckpt"] == recorded
-    # a start from step 0 needs the file: exit 2 naming the key, before any work
-    r = _train(tmp_path / "fresh", e2e_shards, "max_steps=2", f"model.init_ckpt={init}")
+    # a start from step 0 needs the file: exit 2 naming the key, before any work (so in this process)
+    r = run_entry("gcc.train", _args(tmp_path / "fresh", e2e_shards, "max_steps=2", f"model.init_ckpt={init}"))
     assert r.returncode == 2 and "model.init_ckpt" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
 
 
