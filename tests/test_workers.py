@@ -91,6 +91,7 @@ class PidCollate:
         return batch
 
 
+@pytest.mark.slow  # over 5 s: make test, not the edit loop's test-fast
 def test_loader_workers_come_from_the_forkserver_and_serve_every_epoch(shards, tmp_path, monkeypatch):
     ds = GcStreamingDataset(str(shards), "train", tmp_path / uuid.uuid4().hex, batch_size=2, seed=0)
     dl = build_dataloader(ds, batch_size=2, num_workers=1, collate_fn=PidCollate())

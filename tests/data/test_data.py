@@ -160,6 +160,7 @@ def test_ids_vocab_collapses_after_masking(shards):
         assert invalid_values(b["sem_ids"].numpy(), "ids") == []
 
 
+@pytest.mark.slow  # over 5 s: make test, not the edit loop's test-fast
 def test_same_samples_for_0_1_2_workers_and_epochs_differ(shards):
     results = {w: run_epochs(new_ds(shards, dropouts=HEAVY), workers=w, epochs=2) for w in (0, 1, 2)}
     as_sets = {w: [sorted(e) for e in r] for w, r in results.items()}
@@ -371,6 +372,7 @@ time.sleep(300)
 """
 
 
+@pytest.mark.slow  # over 5 s: make test, not the edit loop's test-fast
 def test_release_stale_shm_after_a_killed_process_group(shards, tmp_path):
     """A SIGKILLed launch (its resource tracker included) leaves Streaming shared memory behind; a relaunch
     on the same cache is refused until `release_stale_shm` frees exactly those segments."""

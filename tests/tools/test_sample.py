@@ -96,6 +96,7 @@ def _frames(mp4: Path) -> np.ndarray:
         r.close()
 
 
+@pytest.mark.slow  # over 5 s: make test, not the edit loop's test-fast
 def test_outputs_shapes_frames_and_metrics(assets, prepared_tiny, tmp_path, capsys):
     out = tmp_path / "out"
     assert cli.main(_args(assets, prepared_tiny, out, "--val_n", "2")) == 0

@@ -149,6 +149,7 @@ def test_lock_refuses_a_second_holder_and_frees_on_release(tmp_path):
     b.release()
 
 
+@pytest.mark.slow  # over 5 s: make test, not the edit loop's test-fast
 def test_lock_of_a_killed_process_does_not_block(tmp_path):
     """A process that took the lock and died without releasing it (its exit code says it got that far)."""
     code = (
