@@ -19,4 +19,6 @@ TRAIN_STATS = (
 # TensorBoard scalars `train/<name>` computed from a train_log row: numerator / denominator (nan when it is 0)
 RATIOS = {"sem_over_x": ("sem_rms", "x_rms")}
 
-VAL_ROW_FIELDS = ("timestep", "mse", "mse_uncond", "mse_nulltext", "gap_uncond", "gap_nulltext", "n")
+# a validation row's measured values (each logged per timestep and as the mean over timesteps), then its row
+VAL_VALUES = ("mse", "mse_uncond", "mse_nulltext", "gap_uncond", "gap_nulltext")
+VAL_ROW_FIELDS = ("timestep", *VAL_VALUES, "n")

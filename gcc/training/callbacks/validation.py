@@ -15,10 +15,9 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
+from gcc.model.objective_stats import VAL_VALUES
 from gcc.training.callbacks.preemption import Preemption
 from gcc.training.columns import VAL_COLUMNS
-
-_VALUES = ["mse", "mse_uncond", "mse_nulltext", "gap_uncond", "gap_nulltext"]
 
 
 class ValidationLog(Callback):
@@ -36,9 +35,9 @@ class ValidationLog(Callback):
         logger.log_table(VAL_COLUMNS, [[r[c] for c in VAL_COLUMNS] for r in self.last], name="val_log")
         scalars = {}
         for r in self.last:
-            for k in _VALUES:
+            for k in VAL_VALUES:
                 scalars[f"val/{k}_t{r['timestep']:.1f}"] = r[k]
-        for k in _VALUES:
+        for k in VAL_VALUES:
             scalars[f"val/{k}_mean"] = sum(r[k] for r in self.last) / max(len(self.last), 1)
         logger.log_metrics(scalars)
 
