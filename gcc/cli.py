@@ -7,13 +7,18 @@ file. `run_tool` is the net around a tool's body: an error gets the code and mes
 the trainer's too (an OSError names its file; a non-UTF-8 or non-JSON input that no reader caught still gives
 a message; damaged data exits 6, object storage that does not answer 7 and a full disk 8). Anything else is a
 bug and keeps its traceback.
+
+Every tool's command line is a `ToolParser` (docs/training.md, "Tools"): one flag vocabulary (`VOCABULARY`),
+defaults shown in `--help`, the vocabulary in every epilog, and a tool's old flag spellings accepted with one
+warning line.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from gcc import exit_codes, redact
@@ -83,3 +88,98 @@ def run_tool(prog: str, body: Callable[[], int]) -> int:
         if verdict is None:
             raise
         return fail(prog, verdict[1], verdict[0])
+
+
+# The words every tool uses for the same thing (docs/training.md, "Tools"; tests/test_cli.py holds every tool to
+# them). Words are joined by underscores, as in Composer's launcher (--nproc, --master_port) and llm-foundry's
+# scripts (--out_root); the dashed spelling of any flag (--no-progress) is accepted silently.
+VOCABULARY = {
+    "--data": "the input data: a prepared root or a converted shards folder",
+    "--out": "the main output (a folder or a file)",
+    "--n": "a count of clips",
+    "--seed": "the seed of everything drawn at random (same seed, same result)",
+    "--workers": "data processes on this machine",
+    "--nproc": "training processes (Composer's launcher's --nproc)",
+    "--model": "a model preset (ti2v-5b, tiny)",
+    "--vocab": "the semantic condition's vocabulary (parts, ids)",
+    "--no_progress": "no progress bar",
+    "--verbose": "a line per item as it is done",
+}
+
+
+def vocabulary_epilog(flags: Sequence[str]) -> str:
+    """The closing lines of every --help: the shared words among `flags` (a tool's), then the conventions."""
+    shared = [f"  {flag:<15}{VOCABULARY[flag]}" for flag in VOCABULARY if flag in flags]
+    return "\n".join(
+        [
+            *(["flags with the same meaning in every gcc tool:", *shared] if shared else []),
+            "Flag words are joined by _ as in Composer's launcher (--no-progress works too). Bad input is exit 2",
+            "and one line naming it.",
+        ]
+    )
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions kept as written; each flag's default after its help, unless it has none (None, or False for a
+    switch). A default computed at run time is said in the flag's own help instead."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default is None or action.default is False or action.default == argparse.SUPPRESS:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class ToolParser(argparse.ArgumentParser):
+    """argparse's parser with the tools' conventions (module docstring). `renamed` maps a tool's old spellings to
+    the current flags: an old one parses to the same value, with one line `<prog>: warning: OLD is now NEW` on
+    stderr, and is not shown by --help."""
+
+    def __init__(
+        self, prog: str, description: str, *, renamed: Mapping[str, str] | None = None, epilog: str = ""
+    ) -> None:
+        super().__init__(
+            prog=prog,
+            description=description,
+            epilog=epilog or None,
+            formatter_class=HelpFormatter,
+        )
+        self.renamed = dict(renamed or {})
+
+    def format_help(self) -> str:
+        # the vocabulary's lines follow the tool's own epilog; computed here, when every flag has been added
+        own = self.epilog
+        self.epilog = "\n\n".join(filter(None, [own, vocabulary_epilog(list(self._option_string_actions))]))
+        try:
+            return super().format_help()
+        finally:
+            self.epilog = own
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        return super().parse_known_args(self.current_spelling(sys.argv[1:] if args is None else args), namespace)
+
+    def current_spelling(self, args: Sequence[str]) -> list[str]:
+        """`args` with each old or dashed flag (also as `--flag=value`) spelled as today; up to a `--`, after which
+        everything is a value. argparse never takes a token that starts with -- as a value, so neither does this."""
+        out: list[str] = []
+        warned: set[str] = set()
+        for i, token in enumerate(args):
+            if token == "--":
+                out.extend(args[i:])
+                break
+            flag, eq, value = token.partition("=")
+            if not flag.startswith("--"):
+                out.append(token)
+                continue
+            snake = "--" + flag[2:].replace("-", "_")
+            if snake in self.renamed:
+                if flag not in warned:
+                    warned.add(flag)
+                    print(f"{self.prog}: warning: {flag} is now {self.renamed[snake]}", file=sys.stderr, flush=True)
+                flag = self.renamed[snake]
+            elif snake in self._option_string_actions:
+                flag = snake
+            out.append(flag + eq + value)
+        return out

@@ -38,7 +38,7 @@ from typing import Any
 from tqdm import tqdm
 
 from gcc import __version__, storage
-from gcc.cli import folder_problem, run_tool
+from gcc.cli import ToolParser, folder_problem, run_tool
 from gcc.data.layout import check_splits, clip_files, geometry_of, load_clip, read_index, read_text_table
 from gcc.data.shards import COLUMNS, FORMAT_VERSION, MANIFEST, SHARD_HASHES, SPLITS, TEXT_TABLE
 from gcc.errors import BadInput
@@ -164,7 +164,7 @@ def make_plan(
     include_dropped: bool = False,
 ) -> Plan:
     if not src.is_dir():
-        raise BadInput(f"{src}: {'not a folder' if src.exists() else 'no such folder'} (--src: the prepared data root)")
+        raise BadInput(f"{src}: {'not a folder' if src.exists() else 'no such folder'} (--data: the prepared root)")
     if not (src / "READY").exists():
         raise BadInput(f"{src}: no READY file — the prepared data is incomplete (prep writes READY last)")
     rows = read_index(src)
@@ -207,7 +207,7 @@ def dataset_name(src: str | os.PathLike, name: str | None) -> str:
     try:
         if name is not None:
             return check_component(name, "--name")
-        return check_component(default_name(src), f"the name derived from --src {src} (pass --name)")
+        return check_component(default_name(src), f"the name derived from --data {src} (pass --name)")
     except UnsafeName as e:
         raise BadInput(str(e)) from None
 
@@ -425,9 +425,14 @@ def _quiet_logs():
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="convert_data", description=__doc__.split("\n")[0])
+    p = ToolParser(
+        "convert_data",
+        "Prepared clips -> MDS shards (Streaming's format, which the trainer reads). Interrupted, it resumes: a rerun\n"
+        "with the same --out redoes only the chunks of --chunk_clips clips that are not complete.",
+        renamed={"--src": "--data"},
+    )
     p.add_argument(
-        "--src", required=True, help="prepared data root (holds index/, latents/, sem/, meta/, text/, READY)"
+        "--data", required=True, help="prepared data root (holds index/, latents/, sem/, meta/, text/, READY)"
     )
     p.add_argument(
         "--out",
@@ -439,26 +444,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--name",
         default=None,
         help="the dataset's name, recorded in manifest.json and in every export's metadata (`data`); "
-        "default: synth for gcc-synth data, else the --src folder's name without a leading gc25d_ "
+        "default: synth for gcc-synth data, else the --data folder's name without a leading gc25d_ "
         "and a trailing _mds (/data/gc25d_v10 -> v10)",
     )
     p.add_argument("--workers", type=int, default=1, help="parallel processes (output is identical for any count)")
-    # snake_case like every gcc tool; the kebab-case spellings this tool had first still work
-    p.add_argument(
-        "--include_dropped", "--include-dropped", action="store_true", help="also convert rows with drop=true"
-    )
-    p.add_argument(
-        "--chunk_clips", "--chunk-clips", type=int, default=64, help="clips per chunk, the unit of resumption"
-    )
-    p.add_argument("--size_limit", "--size-limit", type=int, default=1 << 26, help="MDS shard size limit in bytes")
+    p.add_argument("--include_dropped", action="store_true", help="also convert rows with drop=true")
+    p.add_argument("--chunk_clips", type=int, default=64, help="clips per chunk, the unit of resumption")
+    p.add_argument("--size_limit", type=int, default=1 << 26, help="MDS shard size limit in bytes")
     p.add_argument(
         "--compression",
         choices=sorted(COMPRESSIONS),
         default="none",
-        help="shard compression: none (default; a local dataset is read in place by every run) or zstd "
+        help="shard compression: none (a local dataset is read in place by every run) or zstd "
         "(~23%% smaller; each run decompresses the shards into its own cache)",
     )
-    p.add_argument("--no_progress", "--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
     return p
 
 
@@ -468,8 +468,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise BadInput(f"--workers and --chunk_clips must be >= 1, got {args.workers} and {args.chunk_clips}")
     if not 0 < args.size_limit < 1 << 32:  # Streaming's MDSWriter stores sample offsets as uint32
         raise BadInput(f"--size_limit must be in [1, 2**32) bytes, got {args.size_limit}")
-    if problem := storage.userinfo_problem(args.src):  # --out: bucket_problem and folder_problem ask it too
-        raise BadInput(f"--src {args.src}: {problem}")
+    if problem := storage.userinfo_problem(args.data):  # --out: bucket_problem and folder_problem ask it too
+        raise BadInput(f"--data {args.data}: {problem}")
     if storage.is_remote(args.out):
         problem = storage.bucket_problem(args.out)
         if problem:
@@ -478,8 +478,8 @@ def check_args(args: argparse.Namespace) -> None:
     problem = folder_problem(args.out)
     if problem:
         raise BadInput(f"--out {args.out}: {problem}")
-    if Path(args.out).resolve() == Path(args.src).resolve():
-        raise BadInput(f"--out {args.out} is --src: the shards need a folder of their own")
+    if Path(args.out).resolve() == Path(args.data).resolve():
+        raise BadInput(f"--out {args.out} is --data: the shards need a folder of their own")
 
 
 def main(argv: Iterable[str] | None = None) -> int:
@@ -490,7 +490,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     def body() -> int:
         check_args(args)
         convert(
-            args.src,
+            args.data,
             args.out,
             workers=args.workers,
             chunk_clips=args.chunk_clips,

@@ -1,6 +1,6 @@
 """A synthetic world written in the prepared layout (docs/design.md §4, docs/data_format.md).
 
-    python -m gcc.synth.world --out DIR --clips N --geometry tiny|wide|full --seed S [--overwrite]
+    python -m gcc.synth.world --out DIR --n N --geometry tiny|wide|full --seed S [--overwrite]
 
 The world of clip i (a pure function of (seed, i), independent of N):
 * a ground plane Z = gz (per clip) painted with static classes 0..5 as world-anchored blobs (a domain-warped
@@ -54,7 +54,7 @@ import numpy as np
 from PIL import Image
 
 from gcc import vocab
-from gcc.cli import folder_problem, run_tool
+from gcc.cli import ToolParser, folder_problem, run_tool
 from gcc.errors import BadInput
 from gcc.geometry import LATENT_C, Cameras, Geometry, ground_points, latent_frame_spans, rotation_axes
 from gcc.storage import atomic_write
@@ -622,9 +622,14 @@ def make_prepared(tmp_path: str | os.PathLike, clips: int = 24, seed: int = 0, g
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="gcc-synth", description=__doc__.split("\n")[0])
+    ap = ToolParser(
+        "gcc-synth",
+        "A synthetic world written in the prepared layout (what convert_data reads): clips of a camera over a\n"
+        "ground painted with classes, a player and (most clips) a boss, with latents a model can learn from the semantic ids.",
+        renamed={"--clips": "--n"},
+    )
     ap.add_argument("--out", required=True, help="folder for the prepared layout (index/, latents/, ..., READY)")
-    ap.add_argument("--clips", type=int, default=24, help="how many clips (train and val runs, round-robin)")
+    ap.add_argument("--n", type=int, default=24, help="how many clips (train and val runs, round-robin)")
     ap.add_argument(
         "--geometry",
         choices=sorted(GEOMETRIES),
@@ -646,8 +651,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     def body() -> int:
-        if a.clips < 1:
-            raise BadInput(f"--clips must be >= 1, got {a.clips}")
+        if a.n < 1:
+            raise BadInput(f"--n must be >= 1, got {a.n}")
         if a.seed < 0:
             raise BadInput(f"--seed must be >= 0, got {a.seed}")
         if "://" in a.out:
@@ -657,10 +662,10 @@ def main(argv: list[str] | None = None) -> int:
             raise BadInput(f"--out {a.out}: {problem}")
         t0 = time.time()
         try:
-            root = write_prepared(a.out, a.clips, a.geometry, a.seed, overwrite=a.overwrite, verbose=a.verbose)
+            root = write_prepared(a.out, a.n, a.geometry, a.seed, overwrite=a.overwrite, verbose=a.verbose)
         except FileExistsError:
             raise BadInput(f"--out {a.out}: not empty (pass --overwrite to replace the dataset there)") from None
-        print(f"wrote {a.clips} {a.geometry} clips to {root} in {time.time() - t0:.1f}s")
+        print(f"wrote {a.n} {a.geometry} clips to {root} in {time.time() - t0:.1f}s")
         return 0
 
     return run_tool(p.prog, body)

@@ -32,7 +32,7 @@ from pathlib import Path
 from safetensors import SafetensorError, safe_open
 
 from gcc import exit_codes
-from gcc.cli import run_tool
+from gcc.cli import ToolParser, run_tool
 from gcc.errors import BadInput
 from gcc.inputs import open_text, safetensors_header, shown
 from gcc.training.columns import EXACT_TRAIN, EXACT_VAL
@@ -229,11 +229,12 @@ def compare(a: Path, b: Path, lo: int = 0, hi: int = sys.maxsize, rtol: float = 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="gcc-compare",
-        description="Do two run folders hold the same training? "
-        "Compares train_log.csv (timings skipped), val_log.csv and the exports both hold, "
-        "step by step; exit 0 they agree, 1 they differ, 2 bad input.",
+    p = ToolParser(
+        "gcc-compare",
+        "Do two run folders hold the same training? Compares train_log.csv (timings skipped), val_log.csv and the\n"
+        "exports both hold, step by step; exit 0 they agree, 1 they differ (the first step that differs printed),\n"
+        "2 bad input. Made to prove a resume exact: a run interrupted and relaunched against the same run\n"
+        "uninterrupted.",
     )
     p.add_argument("run_a", help="a run folder (e.g. the run uninterrupted)")
     p.add_argument("run_b", help="another run folder (e.g. the same run, interrupted and relaunched)")
@@ -246,15 +247,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="compare only steps >= this (e.g. the step a relaunch on a fresh machine resumed at)",
     )
     p.add_argument(
-        "--to", dest="to_step", type=int, default=sys.maxsize, metavar="STEP", help="compare only steps <= this"
+        "--to", dest="to_step", type=int, default=None, metavar="STEP", help="compare only steps <= this (default: all)"
     )
     p.add_argument(
         "--rtol",
         type=float,
         default=0.0,
         metavar="R",
-        help="relative tolerance of the numbers (default 0: to the last digit; e.g. 1e-4 across world "
-        "sizes); the draws (clips, timestep, drops) always compare exactly",
+        help="relative tolerance of the numbers (0: to the last digit; e.g. 1e-4 across world sizes); the draws "
+        "(clips, timestep, drops) always compare exactly",
     )
     return p
 
@@ -264,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not (args.rtol >= 0 and math.isfinite(args.rtol)):
         p.error(f"--rtol: must be a finite number >= 0, got {args.rtol}")
+    if args.to_step is None:
+        args.to_step = sys.maxsize
     if args.from_step > args.to_step:
         p.error(f"--from {args.from_step} is after --to {args.to_step}")
 

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from gcc import exit_codes, inputs
+from gcc.cli import ToolParser
 from gcc.launcher import train_command
 from gcc.synth import world as synth
 from gcc.tools.plot import plot_run
@@ -39,13 +40,19 @@ from gcc.tools.sample.errors import SampleError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gcc.tools.demo", description=__doc__.split("\n")[0])
+    p = ToolParser(
+        "python -m gcc.tools.demo",
+        "`make demo`: the whole chain on built-in synthetic data, on any machine: gcc-synth -> convert_data ->\n"
+        "the loader -> composer -n NPROC gcc/train.py yamls/tiny_cpu.yaml -> gcc-plot -> gcc-sample. A rerun reuses\n"
+        "what is there (the training resumes, or, finished, stops).",
+        renamed={"--clips": "--n", "--gpus": "--nproc"},
+    )
     p.add_argument("--out", default="runs/demo", help="folder for everything the demo writes")
-    p.add_argument("--clips", type=int, default=48, help="synthetic clips to make")
+    p.add_argument("--n", type=int, default=48, help="synthetic clips to make")
     p.add_argument("--seed", type=int, default=0, help="the synthetic world's seed")
     p.add_argument("--workers", type=int, default=2, help="convert_data's processes")
-    p.add_argument("--gpus", type=int, default=2, help="processes for the training (composer -n)")
-    p.add_argument("--no_train", "--no-train", action="store_true", help="stop after the data part")
+    p.add_argument("--nproc", type=int, default=2, help="training processes, on the CPU (composer --nproc)")
+    p.add_argument("--no_train", action="store_true", help="stop after the data part")
     p.add_argument("--sample_n", type=int, default=4, help="val clips sampled after the training (0: none)")
     p.add_argument("--sample_steps", type=int, default=20, help="denoising steps of that sampling")
     return p
@@ -113,9 +120,9 @@ def _sample_one(
         str(ckpt),
         "--model",
         preset,
-        "--data_root",
+        "--data",
         str(prepared),
-        "--val_n",
+        "--n",
         str(clips),
         "--steps",
         str(steps),
@@ -123,7 +130,7 @@ def _sample_one(
         str(seed),
         "--device",
         "cpu",
-        "--out_dir",
+        "--out",
         str(out),
         "--no_progress",
         *extra,
@@ -229,9 +236,9 @@ def main(argv=None) -> int:
     if (prepared / "READY").exists() and (prepared / synth.MARKER).exists():
         print(f"[1/{n}] synthetic prepared data: reusing {prepared}")
     else:
-        print(f"[1/{n}] synthetic prepared data: {args.clips} tiny clips -> {prepared}")
-        synth.write_prepared(prepared, clips=args.clips, geometry="tiny", seed=args.seed, overwrite=True)
-    print(f"[2/{n}] convert_data --src {prepared} --out {shards} --workers {args.workers}")
+        print(f"[1/{n}] synthetic prepared data: {args.n} tiny clips -> {prepared}")
+        synth.write_prepared(prepared, clips=args.n, geometry="tiny", seed=args.seed, overwrite=True)
+    print(f"[2/{n}] convert_data --data {prepared} --out {shards} --workers {args.workers}")
     manifest = convert(prepared, str(shards), workers=args.workers, chunk_clips=8)
 
     print(f"[3/{n}] reading the shards back through the training loader (StreamingDataset)")
@@ -262,7 +269,11 @@ def main(argv=None) -> int:
     run_dir = out / "train"
     root = Path(__file__).resolve().parents[2]  # the repository: gcc/tools/demo.py -> .
     cmd = train_command(
-        root / "yamls" / "tiny_cpu.yaml", f"run_dir={run_dir}", f"data.path={shards}", "progress_bar=false", n=args.gpus
+        root / "yamls" / "tiny_cpu.yaml",
+        f"run_dir={run_dir}",
+        f"data.path={shards}",
+        "progress_bar=false",
+        n=args.nproc,
     )
     print(f"[4/{n}] training: {' '.join(cmd[:1] + cmd[1:])}")
     del ds, batch  # release the loader's shared memory before the training's ranks start

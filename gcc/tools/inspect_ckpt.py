@@ -6,7 +6,7 @@
 
 (also `python -m gcc.tools.inspect_ckpt`). The file's header alone is read (never its tensors, never a model built
 from it): without --model its key names must be a GcDiT's and fix the block count, every block shaped alike.
-Exit status 2 when the file cannot be read or the check fails, as every gcc tool's for bad input (gcc/cli.py).
+Exit status 2 when the file cannot be read or the check fails, as every gcc tool's for bad input.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import math
 import sys
 
 from gcc import redact
-from gcc.cli import fail, input_file_problem
+from gcc.cli import ToolParser, fail, input_file_problem
 from gcc.errors import BadInput
 from gcc.inputs import safetensors_header, shown
 from gcc.vocab import VOCABS
@@ -71,13 +71,16 @@ def inspect_model(name: str, vocab: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ToolParser(PROG, __doc__.rstrip())
     ap.add_argument("file", nargs="?", help="a gc25d .safetensors export")
     ap.add_argument(
         "--model", help="a model preset name, e.g. ti2v-5b or tiny (with FILE: the preset the file must match)"
     )
     ap.add_argument(
-        "--vocab", choices=VOCABS, default=None, help="expected vocab (file) / vocab to build (model; default parts)"
+        "--vocab",
+        choices=VOCABS,
+        default=None,
+        help="expected vocab (with FILE) / vocab to build (--model alone; default: parts)",
     )
     return ap
 

@@ -2,7 +2,7 @@
 doc's "open issues" table), so the calibration can be decided with numbers.
 
     python -m gcc.tools.maskstats --data DIR --split train --n 100 [--seed 0] [--max_frame_coverage 0.4]
-                            [--json out.json] [--preview out.png]
+                            [--out out.json] [--preview out.png]
 
 DIR is a finished conversion (manifest.json; local folder or s3://). The first n clips of the split (sample ids
 0..n-1 in the stored order) are read with the loader's machinery (`GcStreamingDataset`, `ClipRecord`). The
@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from gcc.cli import file_problem, run_tool
+from gcc.cli import ToolParser, file_problem, run_tool
 from gcc.data.mask import CELL, apply_unknown_mask, cell_pixels, mask_ground_z
 from gcc.data.sample_rng import draw_sample
 from gcc.errors import BadInput
@@ -152,7 +152,7 @@ def measure(
     max_frame_coverage: float = 0.4,
     preview: str | Path | None = None,
 ) -> dict[str, Any]:
-    """The coverage table (as written by --json); optionally also the PNG contact sheet."""
+    """The coverage table (as written by --out); optionally also the PNG contact sheet."""
     reader = _Reader(data, split, seed)
     try:
         n = min(int(n), len(reader))
@@ -295,14 +295,22 @@ def _save_png(img, path: str | Path) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="gcc-maskstats", description=__doc__.split("\n")[0])
+    ap = ToolParser(
+        "gcc-maskstats",
+        "How much of each clip the world-anchored UNKNOWN mask hides under its two calibrations, side by side\n"
+        "(frame0: frame 0's threshold in every frame; cap: each frame's threshold raised so that at most\n"
+        "--max_frame_coverage of its static pixels are masked). The first --n clips of a --split of converted data,\n"
+        "each masked with the parameters the loader draws for it in epoch 0 of --seed; mean, median, p90, max.",
+        epilog=__doc__[__doc__.index("Per clip and calibration") :].rstrip(),
+        renamed={"--json": "--out"},
+    )
     ap.add_argument("--data", required=True, help="a converted shards folder (manifest.json), local or s3://")
     ap.add_argument("--split", default="train", help="train or val")
     ap.add_argument("--n", type=int, default=100, help="the first n clips of the split")
     ap.add_argument("--seed", type=int, default=0, help="the loader seed whose epoch-0 draws give (θ, q)")
     ap.add_argument("--max_frame_coverage", type=float, default=0.4, help="the cap calibration's bound")
-    ap.add_argument("--json", help="write the table (and per-clip values) as JSON")
-    ap.add_argument("--preview", help="write a PNG contact sheet of masked clips")
+    ap.add_argument("--out", help="write the table (and per-clip values) as JSON to this file")
+    ap.add_argument("--preview", help="write a PNG contact sheet of masked clips to this file")
     ap.add_argument("-v", "--verbose", action="store_true", help="print each clip as it is measured")
     return ap
 
@@ -317,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--seed must be in [0, 2**32), got {a.seed}")
 
     def body() -> int:
-        for flag, path in (("--json", a.json), ("--preview", a.preview)):  # before the clips are read
+        for flag, path in (("--out", a.out), ("--preview", a.preview)):  # before the clips are read
             problem = path and file_problem(path)
             if problem:
                 raise BadInput(f"{flag} {path}: {problem}")
@@ -326,9 +334,9 @@ def main(argv: list[str] | None = None) -> int:
             raise BadInput(f"--data {a.data}: {problem}")
         res = measure(a.data, a.split, a.n, a.seed, a.max_frame_coverage, a.preview)
         print(format_table(res))
-        if a.json:
-            atomic_write(a.json, json.dumps(res, indent=1) + "\n")
-            print(f"wrote {a.json}")
+        if a.out:
+            atomic_write(a.out, json.dumps(res, indent=1) + "\n")
+            print(f"wrote {a.out}")
         if a.preview:
             print(f"wrote {a.preview}")
         return 0

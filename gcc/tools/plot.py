@@ -17,7 +17,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from gcc.cli import file_problem, run_tool
+from gcc.cli import ToolParser, file_problem, run_tool
 from gcc.errors import BadInput
 from gcc.inputs import open_text, os_error_message, shown
 from gcc.storage import atomic_path
@@ -143,11 +143,14 @@ def plot_run(run_dir: Path, out: Path, smoothing: float = 0.9) -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="gcc-plot", description="Write a run's curves (train_log.csv, val_log.csv) as one PNG."
+    p = ToolParser(
+        "gcc-plot",
+        "Write a run's curves as one PNG: train loss (raw and smoothed), lr, grad_norm, the logged statistics and\n"
+        "the validation per timestep against step, from the run folder's train_log.csv and val_log.csv (every\n"
+        "launch of a resumed run: one continuous run).",
     )
     p.add_argument("run_dir", help="the run folder (the yaml's run_dir)")
-    p.add_argument("--out", default="", help="PNG to write (default: RUN_DIR/curves.png)")
+    p.add_argument("--out", default=None, help="PNG to write (default: RUN_DIR/curves.png)")
     p.add_argument(
         "--smoothing",
         type=float,

@@ -11,6 +11,7 @@ import sys
 from typing import NoReturn
 
 from gcc import redact
+from gcc.cli import ToolParser
 from gcc.errors import BadInput, Refusal, StorageUnavailable, launch_verdict
 from gcc.redact import secret_keys
 from gcc.training.config import ConfigError, TrainConfig, check_inputs, load_config, to_dict
@@ -21,16 +22,24 @@ from gcc.training.ranks import rank, world_size
 logger = logging.getLogger(__name__)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    p = ToolParser(
+        "gcc/train.py",
+        "Train the gc25d teacher (Wan2.2's DiT with a semantic condition) as the yaml says, on every process of\n"
+        "`composer -n N gcc/train.py <yaml> [key=value ...]`; relaunched on the same run_dir, it resumes.",
+    )
+    p.add_argument("yaml", help="run config, e.g. yamls/sft_v10.yaml")
+    p.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. optimizer.lr=2e-5")
+    return p
+
+
 def prepare(argv: list[str] | None) -> TrainConfig | int:
     """The command line and the config checked, on every rank alike (nothing has started yet), then the console at
     the config's level and this rank's share of `<run_dir>/train.log`. The config, or the exit code of the verdict
     (already logged)."""
     redact.install()  # every line this rank logs or reports, tracebacks included, masked from here on
     configure_logging("INFO", rank())
-    p = argparse.ArgumentParser(prog="gcc/train.py", description="Train the gc25d teacher (docs/design.md §9).")
-    p.add_argument("yaml", help="run config, e.g. yamls/sft_v10.yaml")
-    p.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. optim.lr=2e-5")
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:  # every rank checks the config and what it names before any work: the same verdict everywhere
         cfg = load_config(args.yaml, args.overrides)
         cfg.per_rank_batch(world_size())

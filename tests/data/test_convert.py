@@ -245,7 +245,7 @@ def test_bad_input_is_refused_with_a_clear_message(kind, src, tmp_path, capsys):
     mutate, expected = BAD_INPUTS[kind]
     clip = mutate(src)
     out = tmp_path / "out"
-    code = C.main(["--src", str(src), "--out", str(out), "--chunk-clips", "3", "--no-progress"])
+    code = C.main(["--data", str(src), "--out", str(out), "--chunk-clips", "3", "--no-progress"])
     err = capsys.readouterr().err
     assert code == exit_codes.CONFIG
     assert "Traceback" not in err
@@ -304,7 +304,7 @@ def test_killed_conversion_resumes_to_identical_output(src, tmp_path, caplog):
     clean = tmp_path / "clean"
     C.convert(src, str(clean), chunk_clips=2, progress=False)
     out = tmp_path / "out"
-    args = ["--src", str(src), "--out", str(out), "--chunk_clips", "2", "--no_progress"]
+    args = ["--data", str(src), "--out", str(out), "--chunk_clips", "2", "--no_progress"]
     env = dict(os.environ, KILL_AFTER="6", PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "-c", KILL_SCRIPT, *args], env=env, capture_output=True, text=True)
     assert r.returncode == 137, r.stderr
@@ -377,7 +377,7 @@ def test_the_name_is_recorded_once_and_checked(src, tmp_path, caplog):
     assert "without a name" in caplog.messages[-1]
     # the one rule for names (gcc/names.py), before anything is written
     r = subprocess.run(
-        [sys.executable, "-m", "convert_data", "--src", str(src), "--out", str(tmp_path / "o2"), "--name", "v10/../x"],
+        [sys.executable, "-m", "convert_data", "--data", str(src), "--out", str(tmp_path / "o2"), "--name", "v10/../x"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -394,7 +394,7 @@ def test_console_entry_points(src, tmp_path):
             sys.executable,
             "-m",
             "convert_data",
-            "--src",
+            "--data",
             str(src),
             "--out",
             str(out),
@@ -410,7 +410,7 @@ def test_console_entry_points(src, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "done in" in r.stdout and (out / MANIFEST).exists()
     r = subprocess.run(
-        [str(Path(sys.executable).with_name("convert_data")), "--src", str(src), "--out", str(out)],
+        [str(Path(sys.executable).with_name("convert_data")), "--data", str(src), "--out", str(out)],
         capture_output=True,
         text=True,
     )
@@ -441,7 +441,7 @@ def _tree_bytes(root: Path) -> dict[str, bytes | str]:
 
 
 def _convert(src: Path, out: Path, capsys) -> tuple[int, str]:
-    code = C.main(["--src", str(src), "--out", str(out), "--chunk_clips", "6", "--no_progress"])
+    code = C.main(["--data", str(src), "--out", str(out), "--chunk_clips", "6", "--no_progress"])
     return code, capsys.readouterr().err
 
 

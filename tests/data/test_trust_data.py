@@ -181,7 +181,7 @@ def test_the_converter_refuses_unsafe_names(tmp_path, field, value):
     rows[0][field] = value
     index.write_text("".join(json.dumps(r) + "\n" for r in rows))
     r = subprocess.run(
-        [str(BIN / "convert_data"), "--src", str(src), "--out", str(tmp_path / "out"), "--no_progress"],
+        [str(BIN / "convert_data"), "--data", str(src), "--out", str(tmp_path / "out"), "--no_progress"],
         capture_output=True,
         text=True,
         timeout=300,

@@ -346,6 +346,6 @@ def test_convert_data_answers_any_prepared_layout(prepared, data):
         victim = data.draw(st.sampled_from(sorted((src / "sem").glob("*.npz"))))
         victim.write_bytes(data.draw(npz_files()))
     before = digest_tree(case, skip=case / "out")
-    o = run_entry("convert_data", ["--src", str(src), "--out", str(case / "out"), "--no_progress"])
+    o = run_entry("convert_data", ["--data", str(src), "--out", str(case / "out"), "--no_progress"])
     assert_clean(o)
     assert digest_tree(case, skip=case / "out") == before, o

@@ -160,8 +160,8 @@ def test_refuses_non_empty_out(prepared_tiny, tmp_path):
     root = synth.make_prepared(tmp_path, clips=1, seed=0)
     with pytest.raises(FileExistsError):
         synth.write_prepared(root, clips=1)
-    assert synth.main(["--out", str(root), "--clips", "2", "--geometry", "tiny", "--seed", "3"]) == 2
-    assert synth.main(["--out", str(root), "--clips", "2", "--geometry", "tiny", "--seed", "3", "--overwrite"]) == 0
+    assert synth.main(["--out", str(root), "--n", "2", "--geometry", "tiny", "--seed", "3"]) == 2
+    assert synth.main(["--out", str(root), "--n", "2", "--geometry", "tiny", "--seed", "3", "--overwrite"]) == 0
     assert (root / "READY").exists() and len(rows_of(root)) == 2
 
 
@@ -171,7 +171,7 @@ def test_overwrite_never_replaces_real_prepared_data(tmp_path, capsys):
     root = synth.make_prepared(tmp_path, clips=3, seed=0)
     (root / synth.MARKER).unlink()  # what real prepared data looks like: the same layout, no synth.json
     before = all_files(root)
-    code = synth.main(["--out", str(root), "--clips", "2", "--geometry", "tiny", "--overwrite"])
+    code = synth.main(["--out", str(root), "--n", "2", "--geometry", "tiny", "--overwrite"])
     err = capsys.readouterr().err
     assert code == 2 and f"--out {root}: not empty and not gcc-synth's output" in err and "Traceback" not in err, err
     assert all_files(root) == before
@@ -191,7 +191,7 @@ def test_overwrite_replaces_a_dataset_cut_short(tmp_path, monkeypatch):
             synth.make_prepared(tmp_path, clips=2)
     root = tmp_path / "prepared"
     assert calls and not (root / "READY").exists()
-    assert synth.main(["--out", str(root), "--clips", "2", "--geometry", "tiny", "--overwrite"]) == 0
+    assert synth.main(["--out", str(root), "--n", "2", "--geometry", "tiny", "--overwrite"]) == 0
     assert (root / "READY").exists() and len(rows_of(root)) == 2
 
 
@@ -202,7 +202,7 @@ def test_overwrite_removes_a_link_in_the_layout_never_what_it_points_to(tmp_path
     (outside / "clips.jsonl").write_text("someone else's file")
     shutil.rmtree(root / "index")
     (root / "index").symlink_to(outside)
-    code = synth.main(["--out", str(root), "--clips", "2", "--geometry", "tiny", "--overwrite"])
+    code = synth.main(["--out", str(root), "--n", "2", "--geometry", "tiny", "--overwrite"])
     assert code == 0, capsys.readouterr().err
     assert not (root / "index").is_symlink() and len(rows_of(root)) == 2
     assert [p.read_text() for p in outside.iterdir()] == ["someone else's file"]

@@ -150,7 +150,7 @@ def _no_null_table(w: World) -> Path:
 
 
 def _convert(w: World, src, *flags: str, out=None) -> list[str]:
-    return ["--src", str(src), "--out", str(out or w.tmp / "out"), "--no_progress", *flags]
+    return ["--data", str(src), "--out", str(out or w.tmp / "out"), "--no_progress", *flags]
 
 
 def _prep_break(w: World, rel: str, data: bytes | None) -> Path:
@@ -177,9 +177,9 @@ def _sample(w: World, *flags: str, data_root=None, out_dir=None, ckpt=None) -> l
         "--steps",
         "1",
         "--no_progress",
-        "--data_root",
+        "--data",
         str(data_root),
-        "--out_dir",
+        "--out",
         str(out_dir or w.tmp / "eval"),
         *flags,
     ]
@@ -455,7 +455,7 @@ CASES: dict[str, Case] = {
         "convert_data",
         2,
         lambda w: (
-            ["--src", str(w.prepared()), "--out", w.file("afile"), "--no_progress"],
+            ["--data", str(w.prepared()), "--out", w.file("afile"), "--no_progress"],
             ["--out", "afile", "is a file, expected a folder"],
         ),
     ),
@@ -463,8 +463,8 @@ CASES: dict[str, Case] = {
         "convert_data",
         2,
         lambda w: (
-            ["--src", str(w.prepared()), "--out", str(w.prepared()) + "/", "--no_progress"],
-            ["--out", "is --src"],
+            ["--data", str(w.prepared()), "--out", str(w.prepared()) + "/", "--no_progress"],
+            ["--out", "is --data"],
         ),
     ),
     "convert-size-limit-negative": (
@@ -482,7 +482,7 @@ CASES: dict[str, Case] = {
         "convert_data",
         2,
         lambda w: (
-            ["--src", str(w.prepared()), "--out", "gs://bucket/x", "--no_progress"],
+            ["--data", str(w.prepared()), "--out", "gs://bucket/x", "--no_progress"],
             ["--out gs://bucket/x", "s3://bucket/prefix"],
         ),
     ),
@@ -571,7 +571,7 @@ CASES: dict[str, Case] = {
     "synth-clips-zero": (
         "gcc-synth",
         2,
-        lambda w: (["--out", str(w.tmp / "s"), "--clips", "0"], ["--clips", ">= 1"]),
+        lambda w: (["--out", str(w.tmp / "s"), "--n", "0"], ["--n", ">= 1"]),
     ),
     # ---- gcc-inspect -----------------------------------------------------------------------------------------
     "inspect-unknown-model": (
@@ -670,7 +670,7 @@ CASES: dict[str, Case] = {
     "maskstats-json-a-folder": (
         "gcc-maskstats",
         2,
-        lambda w: (_maskstats(w, "--json", w.folder()), ["--json", "is a folder, expected a file name"]),
+        lambda w: (_maskstats(w, "--out", w.folder()), ["--out", "is a folder, expected a file name"]),
     ),
     "maskstats-preview-under-a-file": (
         "gcc-maskstats",
@@ -684,20 +684,20 @@ CASES: dict[str, Case] = {
     "sample-out-dir-a-file": (
         "gcc-sample",
         2,
-        lambda w: (_sample(w, "--val_n", "1", out_dir=w.file("afile")), ["--out_dir", "is a file, expected a folder"]),
+        lambda w: (_sample(w, "--n", "1", out_dir=w.file("afile")), ["--out", "is a file, expected a folder"]),
     ),
     "sample-device-unknown": (
         "gcc-sample",
         2,
-        lambda w: (_sample(w, "--val_n", "1", "--device", "klingon"), ["--device 'klingon'"]),
+        lambda w: (_sample(w, "--n", "1", "--device", "klingon"), ["--device 'klingon'"]),
     ),
     "sample-shift-nan": (
         "gcc-sample",
         2,
-        lambda w: (_sample(w, "--val_n", "1", "--shift", "nan"), ["--shift", "finite"]),
+        lambda w: (_sample(w, "--n", "1", "--shift", "nan"), ["--shift", "finite"]),
     ),
-    "sample-cfg-inf": ("gcc-sample", 2, lambda w: (_sample(w, "--val_n", "1", "--cfg", "inf"), ["--cfg", "finite"])),
-    "sample-fps-zero": ("gcc-sample", 2, lambda w: (_sample(w, "--val_n", "1", "--fps", "0"), ["--fps", ">= 1"])),
+    "sample-cfg-inf": ("gcc-sample", 2, lambda w: (_sample(w, "--n", "1", "--cfg", "inf"), ["--cfg", "finite"])),
+    "sample-fps-zero": ("gcc-sample", 2, lambda w: (_sample(w, "--n", "1", "--fps", "0"), ["--fps", ">= 1"])),
     "sample-clip-ids-not-utf8": (
         "gcc-sample",
         2,
@@ -706,13 +706,13 @@ CASES: dict[str, Case] = {
     "sample-ckpt-a-folder": (
         "gcc-sample",
         2,
-        lambda w: (_sample(w, "--val_n", "1", ckpt=w.folder()), ["--ckpt", "folder", "is a folder, expected a file"]),
+        lambda w: (_sample(w, "--n", "1", ckpt=w.folder()), ["--ckpt", "folder", "is a folder, expected a file"]),
     ),
     "sample-ckpt-garbage": (
         "gcc-sample",
         2,
         lambda w: (
-            _sample(w, "--val_n", "1", ckpt=w.file("x.safetensors")),
+            _sample(w, "--n", "1", ckpt=w.file("x.safetensors")),
             ["--ckpt", "x.safetensors", "safetensors"],
         ),
     ),
@@ -728,11 +728,11 @@ CASES: dict[str, Case] = {
                 "tiny",
                 "--device",
                 "cpu",
-                "--data_root",
+                "--data",
                 str(w.request.getfixturevalue("prepared_tiny")),
-                "--val_n",
+                "--n",
                 "1",
-                "--out_dir",
+                "--out",
                 str(w.tmp / "eval"),
             ],
             ["--model_dir", "wan", "diffusion_pytorch_model"],
@@ -741,7 +741,7 @@ CASES: dict[str, Case] = {
     "sample-text-table-garbage": (
         "gcc-sample",
         2,
-        lambda w: (_sample(w, "--val_n", "1", data_root=_garbage_table(w)), ["table.safetensors", "not a text table"]),
+        lambda w: (_sample(w, "--n", "1", data_root=_garbage_table(w)), ["table.safetensors", "not a text table"]),
     ),
     "sample-prepared-meta-not-utf8": (
         "gcc-sample",
@@ -777,7 +777,7 @@ def test_sample_refuses_a_checkpoint_of_another_preset_before_building_it(tmp_pa
         resource.setrlimit(resource.RLIMIT_AS, (10 << 30, 10 << 30))
 
     w = World(tmp_path, request)
-    argv = _sample(w, "--val_n", "1")
+    argv = _sample(w, "--n", "1")
     argv[argv.index("tiny")] = "ti2v-5b"
     r = run([str(BIN / "gcc-sample"), *argv], preexec_fn=cap)
     check(r, 2, ["--ckpt", "step-1.safetensors", "key set differs", "ti2v-5b"], "gcc-sample")
@@ -872,17 +872,17 @@ CREDENTIAL_ENTRIES: dict[str, tuple[str, Callable[[World], list[str]]]] = {
     "convert-src": ("convert_data", lambda w: _convert(w, CREDENTIAL_URL)),
     "convert-out": ("convert_data", lambda w: _convert(w, w.folder("src"), out=CREDENTIAL_URL)),
     "maskstats-data": ("gcc-maskstats", lambda w: _maskstats(w, data=CREDENTIAL_URL)),
-    "maskstats-json": ("gcc-maskstats", lambda w: _maskstats(w, "--json", CREDENTIAL_URL, data=CREDENTIAL_URL)),
-    "sample-ckpt": ("gcc-sample", lambda w: _sample(w, "--val_n", "1", ckpt=CREDENTIAL_URL, data_root=w.folder())),
-    "sample-data-root": ("gcc-sample", lambda w: _sample(w, "--val_n", "1", data_root=CREDENTIAL_URL)),
+    "maskstats-json": ("gcc-maskstats", lambda w: _maskstats(w, "--out", CREDENTIAL_URL, data=CREDENTIAL_URL)),
+    "sample-ckpt": ("gcc-sample", lambda w: _sample(w, "--n", "1", ckpt=CREDENTIAL_URL, data_root=w.folder())),
+    "sample-data-root": ("gcc-sample", lambda w: _sample(w, "--n", "1", data_root=CREDENTIAL_URL)),
     "sample-out-dir": (
         "gcc-sample",
-        lambda w: _sample(w, "--val_n", "1", ckpt="x", data_root=w.folder(), out_dir=CREDENTIAL_URL),
+        lambda w: _sample(w, "--n", "1", ckpt="x", data_root=w.folder(), out_dir=CREDENTIAL_URL),
     ),
     "inspect-file": ("gcc-inspect", lambda w: [CREDENTIAL_URL]),
     "plot-run-dir": ("gcc-plot", lambda w: [CREDENTIAL_URL]),
     "plot-out": ("gcc-plot", lambda w: [_plot_run(w), "--out", CREDENTIAL_URL]),
-    "synth-out": ("gcc-synth", lambda w: ["--out", CREDENTIAL_URL, "--clips", "1"]),
+    "synth-out": ("gcc-synth", lambda w: ["--out", CREDENTIAL_URL, "--n", "1"]),
 }
 
 

@@ -74,12 +74,12 @@ def _sample_argv(ckpt: Path, data_root: Path, out: Path, *flags: str) -> list[st
         "tiny",
         "--device",
         "cpu",
-        "--data_root",
+        "--data",
         str(data_root),
-        "--out_dir",
+        "--out",
         str(out),
         "--no_progress",
-        *(flags or ("--val_n", "1")),
+        *(flags or ("--n", "1")),
     ]
 
 

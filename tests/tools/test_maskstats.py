@@ -42,7 +42,7 @@ def stats(prepared_tiny, tmp_path_factory):
             "3",
             "--max_frame_coverage",
             str(CAP),
-            "--json",
+            "--out",
             str(js),
             "--preview",
             str(png),

@@ -76,9 +76,9 @@ def _args(assets, data_root, out, *extra, weights=None):
         "tiny",
         "--model_dir",
         str(assets["model_dir"]),
-        "--data_root",
+        "--data",
         str(data_root),
-        "--out_dir",
+        "--out",
         str(out),
         "--steps",
         "2",
@@ -99,7 +99,7 @@ def _frames(mp4: Path) -> np.ndarray:
 @pytest.mark.slow  # over 5 s: make test, not the edit loop's test-fast
 def test_outputs_shapes_frames_and_metrics(assets, prepared_tiny, tmp_path, capsys):
     out = tmp_path / "out"
-    assert cli.main(_args(assets, prepared_tiny, out, "--val_n", "2")) == 0
+    assert cli.main(_args(assets, prepared_tiny, out, "--n", "2")) == 0
     err = capsys.readouterr().err  # the per-step bar of each clip, with the time left for the whole set
     assert f"[1/2] {VAL_RR[0]}" in err and f"[2/2] {VAL_RR[1]}" in err and "1 clip(s) after this one" in err
     m = json.loads((out / "metrics.json").read_text())
@@ -321,7 +321,7 @@ def test_base_weights_and_shards_match_prepared(assets, prepared_tiny, tmp_path)
 def test_clear_errors(assets, prepared_tiny, tmp_path, capsys):
     out = tmp_path / "out"
     # a checkpoint of another vocab than requested
-    assert cli.main(_args(assets, prepared_tiny, out, "--val_n", "1", "--vocab", "ids")) == exit_codes.CONFIG
+    assert cli.main(_args(assets, prepared_tiny, out, "--n", "1", "--vocab", "ids")) == exit_codes.CONFIG
     err = capsys.readouterr().err
     assert str(assets["ckpt"]) in err and "'parts'" in err and "'ids'" in err
     assert (
@@ -330,7 +330,7 @@ def test_clear_errors(assets, prepared_tiny, tmp_path, capsys):
                 assets,
                 prepared_tiny,
                 out,
-                "--val_n",
+                "--n",
                 "1",
                 "--vocab",
                 "parts",
@@ -348,9 +348,9 @@ def test_clear_errors(assets, prepared_tiny, tmp_path, capsys):
     empty.mkdir()
     assert (
         cli.main(
-            _args(assets, prepared_tiny, out, "--val_n", "1")[:4]
+            _args(assets, prepared_tiny, out, "--n", "1")[:4]
             + ["--model_dir", str(empty)]
-            + _args(assets, prepared_tiny, out, "--val_n", "1")[6:]
+            + _args(assets, prepared_tiny, out, "--n", "1")[6:]
         )
         == exit_codes.CONFIG
     )
@@ -358,7 +358,7 @@ def test_clear_errors(assets, prepared_tiny, tmp_path, capsys):
     assert not (out / "metrics.json").exists()
     # as a program: non-zero exit, one line naming the problem, no traceback
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    argv = _args(assets, prepared_tiny, out, "--val_n", "1", weights=["--base"])
+    argv = _args(assets, prepared_tiny, out, "--n", "1", weights=["--base"])
     argv[argv.index("--model_dir") + 1] = str(empty)  # fails before the heavy imports: a fast subprocess
     p = subprocess.run(
         [sys.executable, "-m", "gcc.tools.sample", *argv],
@@ -393,9 +393,9 @@ def _synth_args(assets, data_root, out, *extra):
         str(assets["ckpt"]),
         "--model",
         "tiny",
-        "--data_root",
+        "--data",
         str(data_root),
-        "--out_dir",
+        "--out",
         str(out),
         "--steps",
         "2",
@@ -412,7 +412,7 @@ def test_synthetic_data_without_model_dir(assets, prepared_tiny, tmp_path, capsy
     from gcc.synth.decode import cells_to_pixels, gt_cell_classes
 
     out = tmp_path / "out"
-    assert cli.main(_synth_args(assets, prepared_tiny, out, "--val_n", "2")) == 0
+    assert cli.main(_synth_args(assets, prepared_tiny, out, "--n", "2")) == 0
     stdout = capsys.readouterr().out
     m = json.loads((out / "metrics.json").read_text())
     assert m["decoder"] == "synth" and m["model_dir"] == "" and m["vae"] == "" and m["clip_ids"] == VAL_RR[:2]
@@ -453,9 +453,9 @@ def test_no_model_dir_needs_synthetic_data(assets, tmp_path, capsys):
     root = make_prepared(tmp_path, clips=12)
     (root / MARKER).unlink()  # data of unknown origin: no decoder without the VAE
     out = tmp_path / "out"
-    assert cli.main(_synth_args(assets, root, out, "--val_n", "1")) == exit_codes.CONFIG
+    assert cli.main(_synth_args(assets, root, out, "--n", "1")) == exit_codes.CONFIG
     err = capsys.readouterr().err
-    assert err.startswith("gcc-sample: error: --data_root") and "--model_dir" in err and MARKER in err
+    assert err.startswith("gcc-sample: error: --data") and "--model_dir" in err and MARKER in err
     assert not (out / "metrics.json").exists()
     # --base loads the Wan weights of --model_dir, synthetic data or not
     assert (
@@ -464,11 +464,11 @@ def test_no_model_dir_needs_synthetic_data(assets, tmp_path, capsys):
                 "--base",
                 "--model",
                 "tiny",
-                "--data_root",
+                "--data",
                 str(root),
-                "--out_dir",
+                "--out",
                 str(out),
-                "--val_n",
+                "--n",
                 "1",
                 "--device",
                 "cpu",
@@ -511,7 +511,7 @@ def test_demo_initial_weights_are_the_trainers_init(assets, tmp_path):
 
 def test_clip_ids_that_leave_out_dir_are_refused(assets, tmp_path, capsys, monkeypatch):
     """Shards whose clips are named `../../escape/x` (converted with the name check switched off, as a hostile or
-    older converter would): gcc-sample refuses them and writes nothing, inside --out_dir or beside it."""
+    older converter would): gcc-sample refuses them and writes nothing, inside --out or beside it."""
     from gcc.data import layout
     from gcc.data.convert import convert
     from gcc.synth.world import make_prepared

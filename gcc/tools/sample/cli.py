@@ -1,7 +1,7 @@
 """Offline TI2V evaluation (docs/design.md §10): sample val clips with a gc25d teacher, decode, compare with the ground truth.
 
     python -m gcc.tools.sample (--ckpt X.safetensors | --base [--vocab parts|ids]) [--model_dir WAN_DIR] \
-        --data_root ROOT [--raw_root RAW] (--clip_ids a,b | --clip_ids @file | --val_n N) --out_dir OUT \
+        --data ROOT [--raw_root RAW] (--clip_ids a,b | --clip_ids @file | --n N) --out OUT \
         [--steps 50 --shift 5 --cfg 1 --sem_cfg 1 --sem_mode cond|unknown --seed 0 --no_ssim --no_recon_ceiling]
 
 Choices (docs/sample.md has the full description):
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from gcc.cli import folder_problem, run_tool
+from gcc.cli import ToolParser, folder_problem, run_tool
 from gcc.geometry import Geometry
 from gcc.inputs import shown
 from gcc.names import UnsafeName, check_component
@@ -50,7 +50,13 @@ logger = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="gcc-sample", description=__doc__.split("\n")[0])
+    ap = ToolParser(
+        "gcc-sample",
+        "Offline TI2V evaluation: sample val clips with a gc25d teacher (or the base Wan weights), decode them and\n"
+        "compare with the ground truth (PSNR/SSIM through the Wan VAE, or per-cell class agreement on gcc-synth\n"
+        "data); writes an mp4 per clip and the metrics as json.",
+        renamed={"--data_root": "--data", "--out_dir": "--out", "--val_n": "--n"},
+    )
     w = ap.add_mutually_exclusive_group(required=True)
     w.add_argument("--ckpt", help="gc25d export (.safetensors); its metadata gives the vocab")
     w.add_argument("--base", action="store_true", help="base Wan weights from --model_dir with a zero cond")
@@ -58,20 +64,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--vocab",
         choices=VOCABS,
         default=None,
-        help="with --base: the cond's vocab (default parts); with --ckpt: must equal the checkpoint's",
+        help="with --base: the cond's vocab (default: parts); with --ckpt: must equal the checkpoint's",
     )
     ap.add_argument(
         "--model_dir",
         default=None,
         help="Wan2.2-TI2V-5B folder (sharded DiT + Wan2.2_VAE.pth); may be left out for data made by "
-        "gcc.synth.world, which is then decoded by the synthetic world's own decoder",
+        "gcc-synth, which is then decoded by the synthetic world's own decoder",
     )
     ap.add_argument("--model", default="ti2v-5b", help="model preset (ti2v-5b, tiny)")
-    ap.add_argument("--data_root", required=True, help="prepared root or converted shards folder (local)")
-    ap.add_argument("--raw_root", default=None, help="ground-truth tars (default <prepared root>/raw)")
+    ap.add_argument("--data", required=True, help="prepared root or converted shards folder (local)")
+    ap.add_argument("--raw_root", default=None, help="ground-truth tars (default: <prepared root>/raw)")
     sel = ap.add_mutually_exclusive_group(required=True)
     sel.add_argument("--clip_ids", help="a,b,c or @file")
-    sel.add_argument("--val_n", type=int, help="N val clips (drop=false), round-robin over runs")
+    sel.add_argument("--n", type=int, help="N val clips (drop=false), round-robin over runs")
     ap.add_argument("--steps", type=int, default=50, help="denoising steps (FlowMatchScheduler, Wan's schedule)")
     ap.add_argument("--shift", type=float, default=5.0, help="the schedule's sigma shift (Wan2.2 TI2V uses 5)")
     ap.add_argument("--cfg", type=float, default=1.0, help="text guidance scale (uncond = NULL_PROMPT cells)")
@@ -81,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--seed", type=int, default=0, help="noise seed; a clip's noise depends on (seed, clip id) only")
     ap.add_argument(
-        "--out_dir",
+        "--out",
         required=True,
         help="folder for the mp4 panels (and PNG contact sheets without --model_dir) and the json files",
     )
@@ -91,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip the VAE round trip of the ground truth (the metrics' ceiling)",
     )
-    ap.add_argument("--device", default=None, help="default cuda if available, else cpu")
+    ap.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     ap.add_argument(
         "--dtype",
         choices=("auto", "bf16", "fp32"),
@@ -156,9 +162,9 @@ def check_args(a: argparse.Namespace) -> torch.device:
     for flag, v in (("--shift", a.shift), ("--cfg", a.cfg), ("--sem_cfg", a.sem_cfg)):
         if not math.isfinite(v) or (flag == "--shift" and v <= 0):
             raise SampleError(f"{flag} must be a finite number{' > 0' if flag == '--shift' else ''}, got {v}")
-    problem = folder_problem(a.out_dir)
+    problem = folder_problem(a.out)
     if problem:
-        raise SampleError(f"--out_dir {a.out_dir}: {problem}")
+        raise SampleError(f"--out {a.out}: {problem}")
     try:
         device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError:
@@ -197,10 +203,10 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     except VaeError as e:
         raise SampleError(f"--model_dir {e}") from None
     check_fits(a.model, vocab, ckpt=a.ckpt, model_dir=a.model_dir)
-    src = open_source(a.data_root)
+    src = open_source(a.data)
     if vae_path is None and not is_synthetic(src.prepared_root):
         raise SampleError(
-            f"--data_root {a.data_root}: no --model_dir, and the data is not gcc.synth.world's (its "
+            f"--data {a.data}: no --model_dir, and the data is not gcc.synth.world's (its "
             f"prepared root {src.prepared_root} holds no {MARKER}), so there is no decoder: pass "
             f"--model_dir (the Wan2.2-TI2V-5B folder, whose VAE decodes)"
         )
@@ -215,7 +221,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     except UnsafeName as e:
         raise SampleError(f"{e}; no clip of the data has such an id") from None
     rows = src.rows_for(wanted)
-    clip_ids = select_clips(rows, wanted, a.val_n)
+    clip_ids = select_clips(rows, wanted, a.n)
     judge: VaeJudge | SynthJudge
     if vae_path is not None:
         raw_root = Path(a.raw_root) if a.raw_root else src.default_raw
@@ -223,7 +229,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     else:
         raw_root = None  # the synthetic decoder compares with the sem ids, not the GT frames
         judge = SynthJudge(a, src.table, vocab)
-    out = Path(a.out_dir)
+    out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
 
     dit = load_dit(a.model, vocab, device, dtype, ckpt=a.ckpt, model_dir=a.model_dir)
@@ -288,7 +294,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "model": a.model,
         **judge.header(),
         "decoder": judge.name,
-        "data_root": str(a.data_root),
+        "data_root": str(a.data),
         "data_kind": src.kind,
         "raw_root": str(raw_root) if raw_root is not None else "",
         "settings": {
@@ -325,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         m = run(a)
         if m.get("summary"):
             print(m["summary"])
-        print(json.dumps({"out_dir": a.out_dir, "mean": m["mean"], "timings": m["timings"]}))
+        print(json.dumps({"out_dir": a.out, "mean": m["mean"], "timings": m["timings"]}))
         return 0
 
     return run_tool(p.prog, body)

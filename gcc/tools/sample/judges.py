@@ -105,7 +105,7 @@ class SynthJudge:
         keys = set(table.keys) - {NULL_PROMPT}
         if not keys <= set(synth.PROMPT_KEYS):
             raise SampleError(
-                f"--data_root {a.data_root}: marked as gcc.synth.world's ({synth.MARKER}), but its text "
+                f"--data {a.data}: marked as gcc.synth.world's ({synth.MARKER}), but its text "
                 f"table has keys that world does not write: {sorted(keys - set(synth.PROMPT_KEYS))}"
             )
         self.a, self.vocab = a, vocab

@@ -180,7 +180,7 @@ class ShardSource:
 def open_source(data_root: str | os.PathLike):
     if str(data_root).startswith("s3://"):
         raise SampleError(
-            f"--data_root {data_root}: object-store shards are not read by gcc.tools.sample; use the "
+            f"--data {data_root}: object-store shards are not read by gcc.tools.sample; use the "
             f"prepared root or a local copy of the shards"
         )
     root = Path(data_root)
@@ -189,7 +189,7 @@ def open_source(data_root: str | os.PathLike):
     if (root / "index" / "clips.jsonl").is_file():
         return PreparedSource(root)
     raise SampleError(
-        f"--data_root {root}: neither a prepared root (index/clips.jsonl) nor a converted shards folder (manifest.json)"
+        f"--data {root}: neither a prepared root (index/clips.jsonl) nor a converted shards folder (manifest.json)"
     )
 
 
@@ -223,7 +223,7 @@ def select_clips(rows: dict[str, dict], clip_ids: Sequence[str] | None = None, v
             raise SampleError(f"clip id(s) not in the data: {', '.join(missing)}")
         return list(clip_ids)
     if val_n is None or val_n < 1:
-        raise SampleError("give --clip_ids or --val_n N (N >= 1)")
+        raise SampleError("give --clip_ids or --n N (N >= 1)")
     from gcc.data.dataset import round_robin_by_run  # heavy (streaming, ~2 s): keeps gcc-sample --help fast
 
     val = [(rows[c]["run"], c) for c in sorted(rows) if rows[c]["split"] == "val" and not rows[c]["drop"]]

@@ -20,7 +20,7 @@ from gcc.tools.sample.errors import SampleError
 from gcc.tools.sample.judges import SynthJudge, VaeJudge
 from gcc.vocab import NULL_PROMPT
 
-ARGS = dict(fps=8, data_root="prepared", vae_tiled=False, no_ssim=False, no_recon_ceiling=False, model_dir="m")
+ARGS = dict(fps=8, data="prepared", vae_tiled=False, no_ssim=False, no_recon_ceiling=False, model_dir="m")
 
 
 @pytest.fixture(scope="module")
