@@ -175,8 +175,8 @@ class ToolParser(argparse.ArgumentParser):
                 continue
             snake = "--" + flag[2:].replace("-", "_")
             if snake in self.renamed:
-                if flag not in warned:
-                    warned.add(flag)
+                if snake not in warned:  # one line per old flag, however often and however spelled
+                    warned.add(snake)
                     print(f"{self.prog}: warning: {flag} is now {self.renamed[snake]}", file=sys.stderr, flush=True)
                 flag = self.renamed[snake]
             elif snake in self._option_string_actions:
