@@ -92,7 +92,9 @@ def test_every_callback_of_the_table_runs_through_every_event_and_every_module_i
     ctx = context(tmp_path, shards, s3_bucket, watchdog)
     ordered, after_saver = build_all(ctx)
     # every entry is on: each one is run (Composer's MemoryMonitor only with a GPU: it reads CUDA's statistics)
-    assert [e.name for e in CALLBACKS if ctx[e.name] is None] == ([] if torch.cuda.is_available() else ["memory_monitor"])
+    assert [e.name for e in CALLBACKS if ctx[e.name] is None] == (
+        [] if torch.cuda.is_available() else ["memory_monitor"]
+    )
     ctx["validate_at_start"].evaluate = lambda: None  # the Trainer's eval(), which trainer.py sets
 
     fit = fit_for(ctx, ordered, after_saver)
