@@ -3,6 +3,7 @@ order they run.
 
 A callback is added in two places: its module here, and its entry in `CALLBACKS` (a name and a factory that builds it
 from the run's `CallbackContext`, or returns None when the config turns it off), at the place its events need.
+Composer's own callbacks that the yaml names (`callbacks:`) come from gcc/training/composer_callbacks.py.
 `gcc/training/builders.py` `build_callbacks` walks the table; tests/training/callbacks/test_every_callback.py runs
 every entry through every Composer event.
 """
