@@ -107,11 +107,10 @@ def main() -> None:
     s_micro = statistics.median(steps) / accum
     mem = max(float(r["mem_gb"]) for r in rows)
     dit = build_gc_dit(preset, device="meta")
-    n_matmul = sum(p.numel() for p in dit.parameters() if p.dim() == 2)
     geo = {"tiny": dict(T=3, h=4, w=6, L=16), "wide": dict(T=3, h=4, w=6, L=16), "full": dict(T=21, h=30, w=52, L=512)}[
         geometry
     ]
-    flops = model_flops(dit.config, n_matmul, batch=1, **geo)
+    flops = model_flops(dit.config, batch=1, **geo)
     peak = None if args.cpu else PEAK_TFLOPS["cuda"]
     zero = "ZeRO-3-like" if args.reshard_after_forward else "ZeRO-2-like"
     print(

@@ -5,10 +5,8 @@
 
 The step is the real objective (GcTrainModel: flow-matching loss, clean frame 0, per-sample draws) with AdamW,
 gradient clipping and (optionally) per-block activation checkpointing, on one device with synthetic inputs
-of the geometry's shapes. MFU = model FLOPs per step / step time / peak bf16 FLOP/s, with model FLOPs =
-6 × (matmul parameters) × tokens + 12 × layers × dim × tokens × (tokens_per_frame + text_len) for attention
-(self-attention within the clip, cross-attention to the frame's text cell); activation recomputation is not
-counted, as usual. Baseline in the same run: the legacy trainer's published 1.2 s per micro-batch at full
+of the geometry's shapes. MFU = model FLOPs per step / step time / peak bf16 FLOP/s, with the model FLOPs the
+trainer's SpeedMonitor uses (gcc/model/flops.py; activation recomputation is not counted, as usual). Baseline in the same run: the legacy trainer's published 1.2 s per micro-batch at full
 geometry on H200 (ZeRO-2, 4 GPUs) is printed next to the measured number for the 5B preset.
 """
 
@@ -29,11 +27,11 @@ LEGACY_S_PER_MICRO = 1.2  # legacy smoke, 4×H200, ZeRO-2, 81×480×832 (design 
 PEAK_TFLOPS = {"cuda": 989.0}  # H100/H200 SXM dense bf16
 
 
-def model_flops(dit_cfg, n_params_matmul: int, T: int, h: int, w: int, L: int, batch: int) -> float:
-    tokens = T * (h // 2) * (w // 2)
-    dense = 6.0 * n_params_matmul * tokens
-    attn = 12.0 * dit_cfg.num_layers * dit_cfg.dim * tokens * (tokens + L)
-    return batch * (dense + attn)
+def model_flops(dit_cfg, T: int, h: int, w: int, L: int, batch: int) -> float:
+    """The model FLOPs of a training step of `batch` clips with a prompt per latent frame (`synthetic_batch`)."""
+    from gcc.model.flops import train_flops
+
+    return float(train_flops(dit_cfg, samples=batch, frames=T, height=h, width=w, text_len=L, prompts=batch * T))
 
 
 def synthetic_batch(B: int, T: int, h: int, w: int, L: int, D: int, device, seed: int = 0) -> dict:
@@ -79,8 +77,7 @@ def main() -> None:
     model.train()
     opt = build_optimizer(model, 1e-5, 1e-4)
     batch = synthetic_batch(args.micro_batch, geo["T"], geo["h"], geo["w"], geo["L"], D, device)
-    n_matmul = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2)
-    flops = model_flops(dit.config, n_matmul, geo["T"], geo["h"], geo["w"], geo["L"], args.micro_batch)
+    flops = model_flops(dit.config, geo["T"], geo["h"], geo["w"], geo["L"], args.micro_batch)
 
     def step() -> None:
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):

@@ -17,6 +17,7 @@ from torchmetrics import Metric
 
 from gcc.compat.diffsynth import FlowMatchScheduler
 from gcc.model.dit import GcDiT
+from gcc.model.flops import train_flops
 from gcc.model.seeds import stable_seed
 from gcc.vocab import UNKNOWN
 
@@ -197,6 +198,23 @@ class GcTrainModel(ComposerModel):
             "x_rms": outputs["x_rms"],
         }
         return loss
+
+    def flops_per_batch(self, batch: dict) -> int:
+        """The model FLOPs of training on `batch` (forward and backward: gcc/model/flops.py), which Composer's
+        SpeedMonitor reads for `throughput/flops_per_sec` and MFU. A clip's distinct prompts are counted per clip
+        (exact at one clip per micro-batch; two clips of a micro-batch that share a prompt embed it once)."""
+        samples, _, frames, height, width = batch["input_latents"].shape
+        ids = batch["context_ids"].sort(dim=1).values  # [B, T]: a clip's prompts, one per latent frame
+        prompts = samples + int((ids[:, 1:] != ids[:, :-1]).sum())
+        return train_flops(
+            self.dit.config,
+            samples=samples,
+            frames=frames,
+            height=height,
+            width=width,
+            text_len=batch["context"].shape[2],
+            prompts=prompts,
+        )
 
     # -- validation
     @torch.no_grad()

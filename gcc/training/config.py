@@ -249,6 +249,9 @@ class TrainConfig:
     console_log_every: int = setting(10, identity=False, exported=False, bounds=Range(0, STEPS))
     # logger name -> options of Composer's class: tensorboard, wandb, mlflow (gcc/training/loggers.py); CSV always
     loggers: dict = field(default_factory=lambda: {"tensorboard": {}}, metadata=role(identity=False, exported=False))
+    # Composer callback name -> its class's arguments: speed_monitor, memory_monitor, lr_monitor
+    # (gcc/training/composer_callbacks.py; docs/training.md, "Callbacks"); none by default
+    callbacks: dict = field(default_factory=dict, metadata=role(identity=False, exported=False))
     # what rank 0 prints
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = setting("INFO", identity=False, exported=False)
     dist_timeout: float = setting(600.0, identity=False, exported=False, bounds=Range(0, 7 * DAY_S, " seconds", True))
@@ -603,6 +606,12 @@ def validate(cfg: TrainConfig) -> None:
             f"(scheduler timesteps), got {shown(cfg.val_timesteps)}"
         )
     _check_model_overrides(cfg.model.overrides)
+    if cfg.callbacks:  # last, with the loggers: it imports Composer (seconds)
+        from gcc.training.composer_callbacks import check_callback_options
+
+        problems = check_callback_options(cfg.callbacks)
+        if problems:
+            raise ConfigError("; ".join(problems))
     if cfg.loggers:  # last: it imports Composer (seconds)
         from gcc.training.loggers import check_logger_options  # heavy: imports Composer; config stays light
 

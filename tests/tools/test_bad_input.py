@@ -258,6 +258,19 @@ CASES: dict[str, Case] = {
     "train-override-empty-key": ("gcc.train", 2, lambda w: (w.train("optim..lr=3"), ["optim..lr=3", "empty key"])),
     "train-override-no-equals": ("gcc.train", 2, lambda w: (w.train("seed"), ["'seed'", "dotted.key=value"])),
     "train-unknown-key": ("gcc.train", 2, lambda w: (w.train("optim.bogus=1"), ["unknown key(s): optim.bogus"])),
+    "train-unknown-callback": (
+        "gcc.train",
+        2,
+        lambda w: (w.train("callbacks={speed_monitr: {}}"), ["callbacks.speed_monitr: unknown callback", "choose"]),
+    ),
+    "train-callback-argument": (
+        "gcc.train",
+        2,
+        lambda w: (
+            w.train("callbacks.speed_monitor.window=10"),
+            ["callbacks.speed_monitor.window: not an argument of Composer's SpeedMonitor", "window_size"],
+        ),
+    ),
     "train-wrong-type": ("gcc.train", 2, lambda w: (w.train("max_steps=many"), ["max_steps", "expected int"])),
     "train-lr-negative": ("gcc.train", 2, lambda w: (w.train("optim.lr=-1"), ["optim.lr", "must be >= 0"])),
     "train-lr-nan": ("gcc.train", 2, lambda w: (w.train("optim.lr=.nan"), ["optim.lr", "finite"])),

@@ -73,9 +73,12 @@ def test_sft_v10_is_the_spec_defaults():
     # samples during training: every 2nd validation, 2 clips, 20 steps (docs/sample.md: ~0.8 % of training time)
     assert (c.sample_every, c.sample_n, c.sample_steps, c.sample_cfg, c.keep_samples) == (2, 2, 20, 1.0, 0)
     # the typed config's defaults are these values (docs/design.md §8), all but where the base weights and VAE lie
+    # and Composer's monitors, which a run names (none by default: docs/training.md, "Callbacks")
     defaults = asdict(load_config(None))
     defaults["model"]["model_dir"] = c.model.model_dir
     defaults["model"]["vae_path"] = c.model.vae_path
+    assert c.callbacks == {"speed_monitor": {"window_size": 10}, "memory_monitor": {}, "lr_monitor": {}}
+    defaults["callbacks"] = c.callbacks
     assert defaults == asdict(c)
 
 

@@ -282,10 +282,22 @@ def test_sigterm_while_a_rank_waits_for_data_stops_the_run_with_stacks(e2e_shard
 
 def test_elastic_resume_on_one_rank_keeps_global_batches(reference, e2e_shards, tmp_path):
     """The reference at step 9's checkpoint (2 ranks, mid-epoch 1) continued on 1 rank with the same global batch 4
-    (micro 1 × accumulation 4): the same clips and draws at every step, across the epoch's end."""
+    (micro 1 × accumulation 4): the same clips and draws at every step, across the epoch's end. It names Composer's
+    SpeedMonitor, which the reference did not (docs/training.md, "Callbacks"): its throughput, FLOP/s and MFU (of a
+    stated peak: a CPU has none Composer knows) reach TensorBoard from the second step on, without a warning."""
     run_dir = stopped_copy(reference, tmp_path / "run", at=9)
-    r = ok(launch(run_dir, e2e_shards, direct=True))  # one rank (without the launcher: it is not the point)
+    speed = "callbacks={speed_monitor: {window_size: 1, gpu_flops_available: 1.0e+12}}"
+    # one rank (without the launcher: it is not the point)
+    r = ok(launch(run_dir, e2e_shards, speed, "loggers={tensorboard: {}}", direct=True))
     assert "resuming from" in r.stdout and "ep1-ba9-rank0.pt" in r.stdout
+    assert "not in the state_dict" not in r.stdout + r.stderr
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = (run_dir / "tensorboard").rglob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events)).Reload()
+    for tag in ("throughput/samples_per_sec", "throughput/flops_per_sec", "throughput/device/mfu"):
+        assert [ev.step for ev in acc.Scalars(tag)] == [11, 12], tag
+    assert all(ev.value > 0 for ev in acc.Scalars("throughput/device/mfu"))
     got, want = rows(run_dir), rows(reference)
     assert [int(r["step"]) for r in got] == list(range(1, 13))
     assert {int(r["epoch"]) for r in got[9:]} == {1, 2}

@@ -3,6 +3,7 @@ order they run.
 
 A callback is added in two places: its module here, and its entry in `CALLBACKS` (a name and a factory that builds it
 from the run's `CallbackContext`, or returns None when the config turns it off), at the place its events need.
+Composer's own callbacks that the yaml names (`callbacks:`) come from gcc/training/composer_callbacks.py.
 `gcc/training/builders.py` `build_callbacks` walks the table; tests/training/callbacks/test_every_callback.py runs
 every entry through every Composer event.
 """
@@ -28,6 +29,7 @@ from gcc.training.callbacks.step_deadline import StepDeadline, writes_at
 from gcc.training.callbacks.step_sync import StepSync
 from gcc.training.callbacks.train_stats import TRAIN_COLUMNS, TrainStats
 from gcc.training.callbacks.validation import VAL_COLUMNS, ValidateAtStart, ValidationLog
+from gcc.training.composer_callbacks import COMPOSER_CALLBACKS, build_composer_callback
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
@@ -64,6 +66,11 @@ class Entry:
     name: str
     build: Callable[[CallbackContext], Callback | None]  # None: off in this run
     after_saver: bool = False  # appended after Composer's CheckpointSaver once the Trainer exists (it sees each save)
+
+
+def _from_yaml(name: str) -> Callable[[CallbackContext], Callback | None]:
+    """The factory of Composer's callback `name`: built when the yaml's `callbacks:` names it."""
+    return lambda c: build_composer_callback(c.cfg.callbacks, name)
 
 
 # Composer runs the callbacks in list order at every event, so this order is the run's: each entry may read the ones
@@ -128,6 +135,8 @@ CALLBACKS: tuple[Entry, ...] = (
             else None
         ),
     ),
+    # Composer's own callbacks the yaml names in `callbacks:` (gcc/training/composer_callbacks.py); they only log
+    *(Entry(name, _from_yaml(name)) for name in COMPOSER_CALLBACKS),
     # only a launch that starts at step 0 and validates (no val loader: no evaluators); a resume never repeats it
     Entry(
         "validate_at_start",

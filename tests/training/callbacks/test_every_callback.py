@@ -8,11 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from _cbfit import Fit, micro
 from composer.callbacks import CheckpointSaver
 from composer.core import Callback, Event
 
 import gcc.training.callbacks as callbacks_package
+from gcc.data.dataset import gc_collate
 from gcc.training import builders as B
 from gcc.training.callbacks import CALLBACKS, CallbackContext, Entry, build_all
 from gcc.training.checkpoint_store import CheckpointStore
@@ -40,6 +42,7 @@ def context(tmp_path, shards, s3_bucket, watchdog) -> CallbackContext:
             "sample_steps=1",
             "sample_every=1",
             "console_log_every=1",
+            "callbacks={speed_monitor: {window_size: 1}, memory_monitor: {}, lr_monitor: {}}",
         ],
     )
     text = B.node_cache(cfg)
@@ -72,11 +75,14 @@ def run_every_event(named: dict[str, Callback], fit: Fit) -> None:
 
 def fit_for(ctx: CallbackContext, ordered: list, after_saver: list) -> Fit:
     """A real State holding the run's callbacks as the Trainer does (Composer's CheckpointSaver between the two
-    groups), in the middle of a step: a micro-batch of the manifest's first two train clips, its loss and stats."""
+    groups), in the middle of a step: a micro-batch of the manifest's first two train clips, its loss and stats,
+    with two clips' model inputs, and the run's model (SpeedMonitor counts the batch's FLOPs with it)."""
     saver = CheckpointSaver(folder=str(ckpt_dir(Path(ctx.cfg.run_dir))), save_interval="1000ba")
     fit = Fit([*ordered, saver, *after_saver], max_steps=ctx.cfg.max_steps)
     clips = ctx.start.manifest["splits"]["train"]["clip_ids"][:2]
-    fit.state.batch, fit.state.outputs, fit.state.loss = micro(clips, [0, 1])
+    batch, fit.state.outputs, fit.state.loss = micro(clips, [0, 1])
+    fit.state.batch = {**gc_collate([ctx.val_loader.dataset[i] for i in range(2)]), **batch}
+    fit.state.model = ctx.model
     return fit
 
 
@@ -85,14 +91,23 @@ def test_every_callback_of_the_table_runs_through_every_event_and_every_module_i
 ):
     ctx = context(tmp_path, shards, s3_bucket, watchdog)
     ordered, after_saver = build_all(ctx)
-    assert [e.name for e in CALLBACKS if ctx[e.name] is None] == []  # every entry is on: each one is run
+    # every entry is on: each one is run (Composer's MemoryMonitor only with a GPU: it reads CUDA's statistics)
+    assert [e.name for e in CALLBACKS if ctx[e.name] is None] == (
+        [] if torch.cuda.is_available() else ["memory_monitor"]
+    )
     ctx["validate_at_start"].evaluate = lambda: None  # the Trainer's eval(), which trainer.py sets
 
-    run_every_event(ctx.built, fit_for(ctx, ordered, after_saver))
+    fit = fit_for(ctx, ordered, after_saver)
+    run_every_event({name: cb for name, cb in ctx.built.items() if cb is not None}, fit)
 
     run = Path(ctx.cfg.run_dir)  # the callbacks did their work at the step (1, the last)
     assert (run / "step-1.safetensors").is_file() and (run / "done.json").is_file()
     assert (run / "samples" / "step-1").is_dir()
+    # Composer's callbacks logged through the run's logger: SpeedMonitor the batch's FLOPs and times, LRMonitor the
+    # two parameter groups' rates
+    assert list(ctx["speed_monitor"].history_flops) == [ctx.model.flops_per_batch(fit.state.batch)]
+    logged = {key for key, _ in fit.memory.data.items()}
+    assert {"time/train", "lr-AdamW/group0", "lr-AdamW/group1"} <= logged
     # every module of the callbacks' package holds a callback of the table
     modules = {p.stem for p in Path(callbacks_package.__file__).parent.glob("*.py")} - {"__init__"}
     in_table = {type(cb).__module__.rsplit(".", 1)[-1] for cb in ctx.built.values()}
@@ -111,4 +126,4 @@ def test_a_callback_that_raises_at_an_event_fails_the_walk(watchdog):
     fit = Fit(ordered)
     fit.state.batch, fit.state.outputs, fit.state.loss = micro(["a"], [0])
     with pytest.raises(pytest.fail.Exception, match="raises raised at eval_end: RuntimeError"):
-        run_every_event(ctx.built, fit)
+        run_every_event({name: cb for name, cb in ctx.built.items() if cb is not None}, fit)
