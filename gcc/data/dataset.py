@@ -127,6 +127,8 @@ class GcStreamingDataset(StreamingBase):
         self.manifest = read_manifest(data)
         if split not in self.manifest["splits"]:
             raise BadInput(f"{data}: split {split!r} not in the manifest ({sorted(self.manifest['splits'])})")
+        if not self.manifest["splits"][split]["clip_ids"]:  # convert_data writes no shards for an empty split
+            raise BadInput(f"{data}: no {split} split (its conversion has 0 {split} clips: manifest.json)")
         self.data, self.split, self.seed, self.vocab = data, split, int(seed), check_vocab(vocab)
         self.format = SplitFormat.of(self.manifest, split)
         # the val split never drops anything (docs/design.md §5)

@@ -31,7 +31,8 @@ def test_the_installed_libraries_are_the_verified_versions():
 
 def _deps() -> list[Requirement]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return [Requirement(d) for d in project["dependencies"] + sum(project["optional-dependencies"].values(), [])]
+    extras = [d for deps in project["optional-dependencies"].values() for d in deps]
+    return [Requirement(d) for d in project["dependencies"] + extras]
 
 
 def test_pyproject_declares_the_tables_ranges_and_constraints_pins_the_verified_versions():

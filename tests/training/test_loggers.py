@@ -39,7 +39,8 @@ def test_bad_logger_config_names_the_key(override, match):
 
 def test_composers_copies_of_gccs_scalars_are_left_out():
     class Kept:
-        got: list = []
+        def __init__(self):
+            self.got = []
 
         def log_metrics(self, metrics, step=None):
             self.got.append((metrics, step))
