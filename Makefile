@@ -23,8 +23,9 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip<26"
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
-	# the `legacy` extra (deepspeed, for importing DeepSpeed ZeRO checkpoints) builds against the installed
-	# torch, so without build isolation (which would fetch another torch) and with `wheel` present
+	# the `legacy` extra (deepspeed), for the tests of the legacy DeepSpeed ZeRO import: a user's `pip install -e .`
+	# does not need it. It builds against the installed torch, so without build isolation (which would fetch another
+	# torch) and with `wheel` present
 	$(BIN)/python -m pip install -q -c constraints.txt wheel
 	$(BIN)/python -m pip install -q --no-build-isolation -c constraints.txt deepspeed
 	touch $(STAMP)

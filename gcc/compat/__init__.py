@@ -3,12 +3,13 @@
 Every use of a library's private API or undocumented behaviour lives in this package, behind a named function or
 class, with a comment saying what it relies on: `composer.py`, `composer_launcher.py`, `streaming.py`, `torch.py`,
 `diffsynth.py`, `loggers.py` (W&B, MLflow), `python.py`. Each module was verified against one version of its library
-(`VERIFIED`) and checks the installed one when it is imported (`require`); tests/compat/ holds a contract test per
-module, which fails when the library's behaviour changes.
+and checks the installed one when it is imported (`require`, against the table `VERSIONS`): that version runs
+silently, another inside the allowed range (a patch release) with one warning, one outside the range stops the
+process (exit 2). tests/compat/ holds a contract test per module, which fails when the library's behaviour changes.
 
-Moving to a new version of a library: run `make test` against it with `GCC_UNVERIFIED_LIBS=<dist name>` (or
-`all`), fix what tests/compat/ reports, then set the new version in the module's `VERIFIED`. The override is
-meant for that check: a run under it logs a warning naming each library outside its verified version.
+Moving to a version outside the range: run `make test` against it with `GCC_UNVERIFIED_LIBS=<dist name>` (or
+`all`), fix what tests/compat/ reports, then set the new version and range in `VERSIONS` and pyproject.toml. The
+override is meant for that check: a run under it logs a warning naming each library outside its range.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ import os
 import sys
 import types
 from collections.abc import Iterable, Iterator
+from typing import NamedTuple
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from gcc import exit_codes
 
@@ -29,7 +34,7 @@ _warned: set[str] = set()
 
 
 class UnverifiedLibrary(SystemExit):
-    """A library whose installed version is not the one gcc's adapter for it was verified against. It is raised
+    """A library whose installed version is outside the range gcc's adapter for it allows. It is raised
     while gcc's modules are imported, before any entry point can catch it, so it ends the process the way a bad
     config does: the message on stderr, exit code 2, no traceback."""
 
@@ -48,28 +53,53 @@ def installed(dist: str) -> str | None:
         return None
 
 
-def require(dist: str, verified: str, adapter: str) -> None:
-    """Stop unless `dist` is installed at the version `adapter` (a module of this package) was verified with, or
-    `GCC_UNVERIFIED_LIBS` names it (a comma-separated list of distribution names, or `all`): then warn once."""
+class Verified(NamedTuple):
+    version: str  # the version the adapter's contract tests (tests/compat/) passed with: constraints.txt pins it
+    allowed: str  # the range gcc runs with (pyproject.toml declares it): inside it, another version warns
+
+
+# The one table of library versions. tests/compat/test_require.py checks that pyproject.toml's dependencies declare
+# these ranges and constraints.txt pins these versions. A new patch release (inside the range) runs with a warning:
+# the contract tests decide whether it holds. Outside the range the adapter refuses to load.
+VERSIONS: dict[str, Verified] = {
+    "torch": Verified("2.7.0", ">=2.7.0,<2.8"),
+    "mosaicml": Verified("0.32.1", ">=0.32.1,<0.33"),  # Composer
+    "mosaicml-streaming": Verified("0.13.0", ">=0.13.0,<0.14"),
+    "diffsynth": Verified("2.1.12", ">=2.1.12,<2.2"),
+    "wandb": Verified("0.31.0", ">=0.31.0,<0.32"),  # the `loggers` extra
+    "mlflow-skinny": Verified("3.18.0", ">=3.18.0,<3.19"),  # the `loggers` extra
+}
+
+
+def require(dist: str, adapter: str) -> None:
+    """Check the installed `dist` against its row of `VERSIONS` before `adapter` (a module of this package) imports
+    it: the verified version passes silently; another version inside the allowed range passes with one warning;
+    outside the range (or not installed) the process stops (exit 2), unless `GCC_UNVERIFIED_LIBS` names `dist` (a
+    comma-separated list of distribution names, or `all`): then one warning."""
+    verified, allowed = VERSIONS[dist]
     have = installed(dist)
-    if have == verified:
+    if have is not None and Version(have).public == verified:  # torch's local label (+cu126, +cpu) aside
         return
-    allowed = {s.strip() for s in os.environ.get(OVERRIDE, "").split(",") if s.strip()}
+    inside = have is not None and Version(have) in SpecifierSet(allowed)
     what = (
-        f"{dist} {have} is installed, but {adapter} was verified with {dist} {verified}"
+        f"{dist} {have} is installed; {adapter} was verified with {dist} {verified}"
         if have
-        else f"{dist} is not installed; {adapter} needs {dist} {verified}"
+        else f"{dist} is not installed; {adapter} needs {dist} {allowed}"
     )
-    if dist in allowed or "all" in allowed:
+    overridden = {s.strip() for s in os.environ.get(OVERRIDE, "").split(",") if s.strip()} & {dist, "all"}
+    if inside or overridden:
         if dist not in _warned:
             _warned.add(dist)
-            logger.warning(f"{what}; running anyway ({OVERRIDE}={os.environ[OVERRIDE]}): re-verify the adapter")
+            why = f"inside the allowed range {allowed}" if inside else f"{OVERRIDE}={os.environ[OVERRIDE]}"
+            logger.warning(f"{what}; running ({why}): the contract tests in tests/compat/ decide whether it holds")
         return
     fix = f"Install {dist}=={verified} (constraints.txt)"
     if have:
+        what += f", outside the range gcc allows ({allowed})"
         fix += (
-            f", or re-verify the adapter against {have}: run `make test` with {OVERRIDE}={dist}, fix what "
-            "tests/compat/ reports, then set its VERIFIED version"
+            f", or re-verify the adapter against {have}: run `make test` with {OVERRIDE}={dist}, fix what the "
+            "contract tests in tests/compat/ report, then widen the range in gcc/compat/__init__.py VERSIONS and "
+            "pyproject.toml"
         )
     stop(f"{what}. {fix}")
 

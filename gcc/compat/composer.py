@@ -29,13 +29,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from gcc.compat import require, stand_ins
-from gcc.compat.composer_launcher import VERIFIED  # one Composer version for both of its adapters
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
 
 # checked before the library is imported: a changed library is then named, not met as an ImportError
-require("mosaicml", VERIFIED, "gcc/compat/composer.py")
+require("mosaicml", "gcc/compat/composer.py")
 
 # What a run's processes load of Composer (`stand_ins`, gcc/compat/__init__.py; the run's entry loads Composer here
 # first: gcc/training/entry.py). Composer's package loads parts that a run never uses: torchmetrics' text and audio

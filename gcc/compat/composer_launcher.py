@@ -15,8 +15,7 @@ from collections.abc import Iterable
 
 from gcc.compat import require
 
-VERIFIED = "0.32.1"  # Composer's, for gcc/compat/composer.py too
-require("mosaicml", VERIFIED, "gcc/compat/composer_launcher.py")
+require("mosaicml", "gcc/compat/composer_launcher.py")
 
 # The launcher SIGTERMs the other ranks as soon as rank 0 has exited (a loaded machine can take several seconds to
 # tear rank 0 down), so this is an upper bound, not a wait.

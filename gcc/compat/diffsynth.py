@@ -25,8 +25,7 @@ import torch._inductor.config as inductor_config
 
 from gcc.compat import require, stand_ins
 
-VERIFIED = "2.1.12"
-require("diffsynth", VERIFIED, "gcc/compat/diffsynth.py")
+require("diffsynth", "gcc/compat/diffsynth.py")
 
 if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # for the processes this one starts

@@ -22,11 +22,9 @@ import os
 
 from gcc.compat import require
 
-VERIFIED = {"wandb": "0.31.0", "mlflow-skinny": "3.18.0"}
-
 
 def wandb_for_composer() -> None:
-    require("wandb", VERIFIED["wandb"], "gcc/compat/loggers.py")
+    require("wandb", "gcc/compat/loggers.py")
     import wandb  # optional: only when the yaml asks for W&B
 
     if not hasattr(wandb.Run, "get_url"):
@@ -34,7 +32,7 @@ def wandb_for_composer() -> None:
 
 
 def allow_mlflow_file_store() -> None:
-    require("mlflow-skinny", VERIFIED["mlflow-skinny"], "gcc/compat/loggers.py")
+    require("mlflow-skinny", "gcc/compat/loggers.py")
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
 
 
@@ -46,6 +44,6 @@ def mlflow_run(logger) -> tuple:
 def check_installed(names) -> None:
     """Stop before the run starts when a logger the yaml names is outside its verified version."""
     if "wandb" in names:
-        require("wandb", VERIFIED["wandb"], "gcc/compat/loggers.py")
+        require("wandb", "gcc/compat/loggers.py")
     if "mlflow" in names:
-        require("mlflow-skinny", VERIFIED["mlflow-skinny"], "gcc/compat/loggers.py")
+        require("mlflow-skinny", "gcc/compat/loggers.py")

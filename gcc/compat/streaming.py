@@ -44,9 +44,8 @@ import numpy as np
 
 from gcc.compat import require, stand_ins
 
-VERIFIED = "0.13.0"
 # checked before the library is imported: a changed library is then named, not met as an ImportError
-require("mosaicml-streaming", VERIFIED, "gcc/compat/streaming.py")
+require("mosaicml-streaming", "gcc/compat/streaming.py")
 
 import torch.distributed as tdist
 from boto3.session import Session

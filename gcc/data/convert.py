@@ -403,7 +403,20 @@ def convert(
         + (f", {done_clips / secs:.1f} clips/s" if secs > 0 else "")
         + f"); manifest {storage.join(out, MANIFEST)}"
     )
+    for split, rows in plan.splits.items():
+        if not rows:
+            logger.warning(
+                f"warning: the {split} split is empty (no kept clip of {plan.src}/index/clips.jsonl has "
+                f"split {split!r}): {EMPTY_SPLIT[split]}"
+            )
     return manifest
+
+
+# what an empty split means for a run on the conversion (the trainer's check: gcc/training/launch.py check_data)
+EMPTY_SPLIT = {
+    "train": "a run refuses this data (nothing to train on)",
+    "val": "a run with validation on refuses this data; eval_interval: 0 turns validation off",
+}
 
 
 def _root(out: str) -> str | None:

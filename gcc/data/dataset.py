@@ -127,6 +127,8 @@ class GcStreamingDataset(StreamingBase):
         self.manifest = read_manifest(data)
         if split not in self.manifest["splits"]:
             raise BadInput(f"{data}: split {split!r} not in the manifest ({sorted(self.manifest['splits'])})")
+        if not self.manifest["splits"][split]["clip_ids"]:  # convert_data writes no shards for an empty split
+            raise BadInput(f"{data}: no {split} split (its conversion has 0 {split} clips: manifest.json)")
         self.data, self.split, self.seed, self.vocab = data, split, int(seed), check_vocab(vocab)
         self.format = SplitFormat.of(self.manifest, split)
         # the val split never drops anything (docs/design.md §5)
@@ -149,6 +151,8 @@ class GcStreamingDataset(StreamingBase):
             storage.atomic_write(self.cache_folder / "index.json", index)
         except Exception as e:  # missing, cut or altered; or the store away, the disk full
             raise self._fault(index_url, e) from None
+        # Streaming's own defaults, given explicitly (the same shuffle): left unset, each dataset logs a notice
+        block = None if num_canonical_nodes is None else max(4_000_000 // num_canonical_nodes, 1 << 18)
         with node_registration_lock():
             # validate_hash: every shard is checked against the xxh64 that convert_data recorded when it enters
             # the cache (a damaged shard otherwise decompresses to garbage or kills the loader's thread)
@@ -161,7 +165,8 @@ class GcStreamingDataset(StreamingBase):
                     shuffle_seed=self.seed,
                     num_canonical_nodes=num_canonical_nodes,
                     cache_limit=cache_limit,
-                    predownload=predownload,
+                    predownload=8 * batch_size if predownload is None else predownload,
+                    shuffle_block_size=block,
                     validate_hash=SHARD_HASH,
                 )
             except Exception as e:  # the cache's disk full, or Streaming refusing the (checked) index

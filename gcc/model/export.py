@@ -371,8 +371,8 @@ def load_legacy_zero(model: GcDiT, ckpt_dir: str | os.PathLike, tag: str | None 
         get_fp32_state_dict_from_zero_checkpoint = zero_to_fp32()
     except ImportError as e:
         raise RuntimeError(
-            "importing a DeepSpeed ZeRO checkpoint needs deepspeed: install the optional extra "
-            "`legacy` (pip install 'gcc[legacy]')"
+            "importing a DeepSpeed ZeRO checkpoint needs deepspeed, the optional extra `legacy`: "
+            "pip install --no-build-isolation -c constraints.txt deepspeed (docs/training.md, Warm start and lineage)"
         ) from e
     # lazy: tensors are gathered one at a time while copying (a 5B fp32 state dict would be another 20 GB)
     sd = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag, lazy_mode=True)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from gcc.geometry import VAE_STRIDE_T, latent_frame_spans
 from gcc.storage import atomic_path, atomic_write
 from gcc.vocab import VALUE_NAMES, colorize
 
@@ -60,6 +62,24 @@ def png_size(data: bytes) -> tuple[int, int]:
 def sheet_rows(n: int, most: int = 4) -> list[int]:
     """Up to `most` of the frames 0..n-1 for a contact sheet, evenly spread from the first to the last."""
     return sorted({int(round(x)) for x in np.linspace(0, n - 1, min(n, most))})
+
+
+def latent_frame_rows(
+    panels: Sequence[np.ndarray], notes: Mapping[int, str]
+) -> tuple[list[list[np.ndarray]], list[str]]:
+    """A contact sheet's rows and row labels (`write_contact_sheet`) for the pixel-frame videos `panels` (each
+    [F, H, W, 3], F = 4(T-1)+1 for T latent frames): one row per shown latent frame (up to 4, `sheet_rows`), each
+    panel at the last pixel frame of that latent frame (the condition as the model saw it there), labelled with the
+    latent frame, that pixel frame and `notes` of that latent frame if any. gcc-sample's sheets and the samples
+    during training both use it."""
+    latent_frames = (panels[0].shape[0] - 1) // VAE_STRIDE_T + 1  # the inverse of geometry.pixel_frames
+    spans = latent_frame_spans(latent_frames)
+    rows, labels = [], []
+    for k in sheet_rows(latent_frames):
+        last = spans[k][1] - 1
+        rows.append([p[last] for p in panels])
+        labels.append(f"latent frame {k}\npixel frame {last}" + (f"\n{notes[k]}" if k in notes else ""))
+    return rows, labels
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -304,7 +304,8 @@ def main(argv=None) -> int:
     print(f"  logs:        {run_dir / 'train_log.csv'}, {run_dir / 'val_log.csv'}")
     print(f"  tensorboard: {run_dir / 'tensorboard'}   (tensorboard --logdir {run_dir / 'tensorboard'})")
     print(f"  exports:     {', '.join(sorted(p.name for p in run_dir.glob('step-*.safetensors')))} in {run_dir}")
-    print(f"  resume:      rerun `make demo` (or the [4/{n}] command) with a larger max_steps=..., it continues")
+    # `make demo` takes no training settings, and run again it finds this run finished and leaves it as it is
+    print(f"  resume:      the [4/{n}] command with a larger max_duration=...ba added continues this run")
     return 0
 
 

@@ -39,7 +39,7 @@ from gcc.training import loggers as run_loggers  # (build_trainer has a `loggers
 from gcc.training.callbacks import TRAIN_COLUMNS, VAL_COLUMNS, CallbackContext, build_all
 from gcc.training.callbacks.samples import SampleSettings, TrainingSamples
 from gcc.training.config import TrainConfig, exported_values, samples_during_training
-from gcc.training.launch import RunStart, cache_dir, data_name, train_clips
+from gcc.training.launch import RunStart, cache_dir, data_name, train_clips, validates
 from gcc.training.peer_fault import PEER_GRACE_S, announce, watch_peers
 from gcc.training.ranks import rank, world_size
 from gcc.training.run_folder import ckpt_dir
@@ -122,11 +122,6 @@ class ValClips(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         return self.ds[self.ids[i]]
-
-
-def validates(cfg: TrainConfig) -> bool:
-    """Whether the run validates at all: `val_every` 0 or `val_n` 0 turn every validation off (step 0's too)."""
-    return cfg.val_n > 0 and cfg.val_every > 0
 
 
 def build_val_loader(cfg: TrainConfig) -> DataLoader | None:

@@ -112,12 +112,30 @@ def read_manifest_bytes(cfg: TrainConfig) -> bytes:
     return storage.read_bytes(storage.join(cfg.data.path, MANIFEST))
 
 
-def check_data(manifest: dict, data: str, per_rank_batch: int = 1, world: int = 1, limit: int | None = None) -> None:
-    """Refuse data the run cannot train on: no train clips, fewer clips a rank than its batch (no step per epoch:
-    the run would loop over empty epochs for ever), or train and val sharing clips or runs. `limit`: data.limit."""
+def validates(cfg: TrainConfig) -> bool:
+    """Whether the run validates at all: `val_every` 0 or `val_n` 0 turn every validation off (step 0's too)."""
+    return cfg.val_n > 0 and cfg.val_every > 0
+
+
+def check_data(
+    manifest: dict,
+    data: str,
+    per_rank_batch: int = 1,
+    world: int = 1,
+    limit: int | None = None,
+    validation: bool = False,
+) -> None:
+    """Refuse data the run cannot train on: no train clips, no val clips for a run that validates
+    (`validation`), fewer clips a rank than its batch (no step per epoch: the run would loop over empty epochs for
+    ever), or train and val sharing clips or runs. `limit`: data.limit."""
     tr, va = manifest["splits"]["train"], manifest["splits"]["val"]
     if not tr["clip_ids"]:
         raise Refusal(f"data {data}: the train split has no clips")
+    if validation and not va["clip_ids"]:
+        raise Refusal(
+            f"data {data}: no val split (its conversion has 0 val clips), and validation is on: set "
+            "eval_interval: 0 to train without validation, or convert data that has val clips"
+        )
     n = train_clips(manifest, limit)
     per_rank = -(-n // world)  # Streaming pads every rank to ceil(N / ranks) (docs/training.md)
     if per_rank < per_rank_batch:
@@ -177,6 +195,7 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
         cfg.per_rank_batch(world_size()),
         world_size(),
         cfg.data.limit,
+        validates(cfg),
     )
     store, launch, committed_files = store_for(cfg.checkpoint_dir), "", None
     remote_record = adopt_remote_record(store, run_dir) if store is not None else None

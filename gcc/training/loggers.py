@@ -6,12 +6,13 @@
       mlflow: {experiment_name: gc25d}     # Composer's MLFlowLogger; any of its arguments
 
 `train_log.csv` and `val_log.csv` are always written (gcc/training/csv_logger.py). Every logger receives the same
-`train/*` and `val/*` scalars. The CSV rows reach the loggers as Composer tables: only the CSV logger keeps
+`train/*` and `val/*` scalars, each once: Composer's own copies of the step's loss and of the validation metric
+(`loss/train/total`, `metrics/val/val_mse`) are left out (`GccNames`). The CSV rows reach the loggers as Composer tables: only the CSV logger keeps
 them (W&B and MLflow would store one table artifact per step). Defaults that make a relaunch continue the
 same run: W&B gets a run id fixed by the run folder (`resume: allow`, files under `<run_dir>/wandb/`), MLflow
 looks up the run by name (`resume: true`) in `tracking_uri`, `MLFLOW_TRACKING_URI` or else the file store
 `<run_dir>/mlruns`. Both use the
-run folder's name as the run name. System metrics (psutil / NVML sampling) are off unless asked for.
+run folder's name as the run name (TensorBoard's too: `<run_dir>/tensorboard/<run folder's name>/`). System metrics (psutil / NVML sampling) are off unless asked for.
 
 Each logger is one entry of `LOGGERS` (Composer's class and how gcc builds it), and its class here writes the
 training samples (`log_samples`, called by gcc/training/callbacks/samples.py) its own way: TensorBoard as images,
@@ -33,8 +34,21 @@ from gcc.compat.composer import LocalTensorboardLogger
 from gcc.compat.loggers import allow_mlflow_file_store, check_installed, mlflow_run, wandb_for_composer
 from gcc.training.csv_logger import CSVLogger
 
+# Composer logs the step's total loss and each evaluator's metrics itself; gcc logs the same values under its own names
+# (`train/loss`; `val/mse_mean` and the rest, gcc/training/callbacks/validation.py), so Composer's copies are dropped
+COMPOSER_COPIES = ("loss/train/", "metrics/")
 
-class SampleTensorboardLogger(LocalTensorboardLogger):
+
+class GccNames:
+    """A logger (put first among its bases) that receives each scalar once, under gcc's name."""
+
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        kept = {k: v for k, v in metrics.items() if not k.startswith(COMPOSER_COPIES)}
+        if kept:
+            super().log_metrics(kept, step)  # type: ignore[misc]  # the logger class this is mixed into
+
+
+class SampleTensorboardLogger(GccNames, LocalTensorboardLogger):
     def log_samples(self, step: int, folder: Path, clips: list[dict]) -> None:
         """The training samples of `step` (gcc/training/callbacks/samples.py): per clip, an animated GIF per
         variant (`samples/<clip>/<variant>`, as torch's `add_video` writes one, without needing moviepy) and the
@@ -53,7 +67,7 @@ class SampleTensorboardLogger(LocalTensorboardLogger):
         self.write_summary(Summary(value=values), step, flush=True)
 
 
-class TablelessWandBLogger(WandBLogger):
+class TablelessWandBLogger(GccNames, WandBLogger):
     def init(self, state, logger) -> None:
         wandb_for_composer()
         super().init(state, logger)
@@ -85,7 +99,7 @@ class TablelessWandBLogger(WandBLogger):
         wandb.log(media, step=step)
 
 
-class TablelessMLFlowLogger(MLFlowLogger):
+class TablelessMLFlowLogger(GccNames, MLFlowLogger):
     def log_table(self, *args, **kwargs) -> None:  # the CSV logger keeps the per-step rows
         pass
 

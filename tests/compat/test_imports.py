@@ -17,11 +17,14 @@ from gcc.compat.deepspeed import NVML_CHECK, zero_to_fp32
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# what a rank imports (gcc/training/entry.py: Composer through its adapter first), then what it must not have loaded
+# what a rank imports (gcc/training/entry.py: Composer through its adapter first) and the tools that load the model
+# (gcc-inspect, gcc-sample), then what they must not have loaded (DeepSpeed: the `legacy` extra, whose import prints
+# an accelerator warning, is loaded only by the legacy ZeRO import, gcc/compat/deepspeed.py)
 PROBE = """
 import json, os, sys
 from gcc.compat.deepspeed import NVML_CHECK, zero_to_fp32
 import gcc.compat.composer, gcc.training.trainer, gcc.data.dataset
+import gcc.tools.inspect_ckpt, gcc.tools.sample.cli, gcc.tools.sample.dit, gcc.model.export  # and the tools'
 kept_out = [m for m in sys.argv[1:] if m in sys.modules]
 from streaming.text import StreamingC4
 from torchmetrics.text import BLEUScore

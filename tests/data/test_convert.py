@@ -514,3 +514,14 @@ def test_a_missing_source_folder_is_named_as_missing(tmp_path, capsys):
     code, err = _convert(tmp_path / "nope", tmp_path / "out", capsys)
     assert code == exit_codes.CONFIG and f"{tmp_path / 'nope'}: no such folder" in err and "READY" not in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_empty_split_is_converted_with_one_warning_naming_it(tmp_path, caplog):
+    src = make_prepared(tmp_path, clips=8)  # runs 0 and 1 only: no val run (gcc.synth.world: every third run)
+    with caplog.at_level(logging.INFO, logger="gcc.data.convert"):
+        manifest = C.convert(src, str(tmp_path / "out"), progress=False)
+    assert manifest["counts"] == {"train": 8, "val": 0}
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+        f"warning: the val split is empty (no kept clip of {src}/index/clips.jsonl has split 'val'): a run with "
+        "validation on refuses this data; eval_interval: 0 turns validation off"
+    ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -83,6 +84,16 @@ def test_sample_contract(shards):
         ids = key_to_id(f.keys())
     assert torch.equal(s["context"], want)
     assert s["context_ids"].tolist() == [ids[k] for k in row["context_keys"]]
+
+
+def test_streamings_defaults_are_given_so_it_logs_no_notice(shards, caplog):
+    """predownload and shuffle_block_size at the values Streaming would pick itself (the same shuffle), given
+    explicitly: unset, Streaming logs a notice about each for every dataset."""
+    with caplog.at_level(logging.INFO, logger="streaming"):
+        ds = new_ds(shards, batch_size=3, num_canonical_nodes=2)
+        run_epochs(ds, workers=0, batch_size=3)
+    assert [r.getMessage() for r in caplog.records if "not specified" in r.getMessage()] == []
+    assert (ds.predownload, ds.shuffle_block_size) == (8 * 3, max(4_000_000 // 2, 1 << 18))
 
 
 def test_splits_and_drop(shards):

@@ -12,7 +12,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gcc.sampling.media import gif_bytes, png_size, sheet_rows, write_contact_sheet, write_json, write_panels_mp4
+from gcc.sampling.media import (
+    gif_bytes,
+    latent_frame_rows,
+    png_size,
+    sheet_rows,
+    write_contact_sheet,
+    write_json,
+    write_panels_mp4,
+)
 from gcc.vocab import UNKNOWN, colorize
 
 
@@ -49,6 +57,22 @@ def test_sheet_rows_spread_from_the_first_frame_to_the_last(n):
     rows = sheet_rows(n)
     assert rows == sorted(set(rows)) and len(rows) == min(n, 4)
     assert rows[0] == 0 and rows[-1] == n - 1 and all(0 <= r < n for r in rows)
+
+
+@pytest.mark.parametrize(
+    "latent, shown",
+    [(1, [(0, 0)]), (2, [(0, 0), (1, 4)]), (3, [(0, 0), (1, 4), (2, 8)]), (21, [(0, 0), (7, 28), (13, 52), (20, 80)])],
+)
+def test_contact_sheet_rows_are_latent_frames_each_at_its_last_pixel_frame(latent, shown):
+    """One row per shown latent frame, never two rows of one latent frame (9 pixel frames were 4 rows for 3
+    latent frames); the same labels for gcc-sample's sheets and the samples during training."""
+    F = 4 * (latent - 1) + 1
+    video = np.arange(F, dtype=np.uint8)[:, None, None, None] * np.ones((1, 2, 3, 3), np.uint8)  # value = frame
+    rows, labels = latent_frame_rows([video, video + 100], {0: "given", 1: "agreement 0.50"})
+    assert [(int(r[0][0, 0, 0]), int(r[1][0, 0, 0])) for r in rows] == [(p, p + 100) for _, p in shown]
+    assert labels == [
+        f"latent frame {k}\npixel frame {p}" + {0: "\ngiven", 1: "\nagreement 0.50"}.get(k, "") for k, p in shown
+    ]
 
 
 def test_the_contact_sheet_is_a_png_of_every_row_and_panel_and_png_size_reads_it(tmp_path):

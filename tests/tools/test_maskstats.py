@@ -18,6 +18,7 @@ from gcc.data.mask import apply_unknown_mask
 from gcc.data.sample_rng import draw_sample
 from gcc.data.shards import ClipRecord, read_manifest
 from gcc.geometry import Cameras
+from gcc.synth.world import make_prepared
 from gcc.tools import maskstats as MS
 
 N = 10  # first 10 train clips of prepared_tiny: clip00000..07, 12, 13; clip00005 has no finite ground_z
@@ -163,3 +164,11 @@ def test_preview_png(stats):
     assert img.size == MS.preview_size(n_clips, f, (h, w))
     colours = {tuple(c) for _, c in img.convert("RGB").getcolors(1 << 20)}
     assert {(40, 40, 40), (210, 210, 210)} <= colours  # UNKNOWN hatching is drawn
+
+
+def test_a_split_with_no_clips_is_named_as_such_not_as_damaged_data(tmp_path, capsys):
+    out = tmp_path / "shards"
+    C.convert(make_prepared(tmp_path, clips=8), str(out), progress=False)  # 2 train runs, no val run
+    assert MS.main(["--data", str(out), "--split", "val", "--n", "1"]) == 2  # the input asked for: not damaged (6)
+    err = capsys.readouterr().err
+    assert f"{out}: no val split (its conversion has 0 val clips: manifest.json)" in err and "damaged" not in err

@@ -350,7 +350,7 @@ def test_a_folder_with_only_step0_validation_rows_is_not_used(tmp_path):
     assert what_a_restart_loses(tmp_path) == ["val_log.csv with 1 row(s)"]
 
 
-def test_data_check_refuses_an_empty_train_split_and_leaks():
+def test_data_check_refuses_an_empty_train_split_an_empty_val_split_if_validating_and_leaks():
     from gcc.training.launch import check_data
 
     def manifest(train, val, train_runs=("r1",), val_runs=("r2",)):
@@ -364,6 +364,9 @@ def test_data_check_refuses_an_empty_train_split_and_leaks():
     check_data(manifest(["a", "b"], ["c"]), "d")
     with pytest.raises(Refusal, match="data d: the train split has no clips"):
         check_data(manifest([], ["c"], train_runs=()), "d")
+    check_data(manifest(["a", "b"], [], val_runs=()), "d")  # no validation: no val split needed
+    with pytest.raises(Refusal, match="data d: no val split .* and validation is on: set eval_interval: 0"):
+        check_data(manifest(["a", "b"], [], val_runs=()), "d", validation=True)
     with pytest.raises(Refusal, match=r"shared clips \['b'\]"):
         check_data(manifest(["a", "b"], ["b"]), "d")
     with pytest.raises(Refusal, match=r"shared runs \['r1'\]"):

@@ -1,5 +1,6 @@
 """`loggers:` in yaml: Composer's TensorBoard, W&B (offline, for real) and MLflow (a local file store, for real)
-loggers receive the same train/ and val/ keys, and a relaunch continues the same W&B and MLflow run."""
+loggers receive the same train/ and val/ keys, each once (not Composer's copies too), and a relaunch continues the
+same W&B and MLflow run."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from _launch import cmd
 from gcc import exit_codes
 from gcc.training.callbacks import TRAIN_COLUMNS
 from gcc.training.config import ConfigError, load_config
+from gcc.training.loggers import COMPOSER_COPIES, GccNames
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "yamls" / "tiny_cpu.yaml"
@@ -33,6 +35,27 @@ ALL = "loggers={tensorboard: {}, wandb: {project: gcc-test}, mlflow: {experiment
 def test_bad_logger_config_names_the_key(override, match):
     with pytest.raises(ConfigError, match=match):
         load_config(TINY, [override])
+
+
+def test_composers_copies_of_gccs_scalars_are_left_out():
+    class Kept:
+        def __init__(self):
+            self.got = []
+
+        def log_metrics(self, metrics, step=None):
+            self.got.append((metrics, step))
+
+    class Logger(GccNames, Kept):
+        pass
+
+    logger = Logger()
+    logger.log_metrics({"loss/train/total": 1.0, "train/loss": 1.0, "time/batch": 3}, 3)
+    logger.log_metrics({"metrics/val/val_mse": 0.5}, 4)  # nothing left: no call
+    logger.log_metrics({"val/mse_mean": 0.5, "memory/peak_allocated_mem": 2.0}, 4)
+    assert logger.got == [
+        ({"train/loss": 1.0, "time/batch": 3}, 3),
+        ({"val/mse_mean": 0.5, "memory/peak_allocated_mem": 2.0}, 4),
+    ]
 
 
 def test_default_is_tensorboard_and_an_empty_mapping_keeps_only_csv():
@@ -141,6 +164,11 @@ def test_tensorboard_wandb_and_mlflow_get_the_same_keys_and_a_relaunch_continues
     )
 
     assert _ours(tb) == _ours(wb) == _ours(ml) == expected
+    # each scalar once, under gcc's name: Composer's copies of the loss and the val metric are left out
+    for keys in (tb, wb, ml):
+        assert {"loss/train/total", "metrics/val/val_mse"} & keys == set()
+        assert not [k for k in keys if k.startswith(COMPOSER_COPIES)]
+    assert {e.parent.name for e in events} == {"run"}  # TensorBoard's run: the run folder's name
     assert not list(run_dir.glob("mlruns/**/artifacts/*.json"))  # the CSV rows stay out of MLflow (no tables)
 
     # samples during training (every second validation and the last step: 0, 4 in the first launch, 6 in the

@@ -18,7 +18,7 @@ import torch
 from gcc.geometry import Geometry, latent_frame_spans
 from gcc.inputs import shown
 from gcc.sampling.decoders import SynthDecoder
-from gcc.sampling.media import sheet_rows, write_contact_sheet, write_json, write_panels_mp4
+from gcc.sampling.media import latent_frame_rows, write_contact_sheet, write_json, write_panels_mp4
 from gcc.sampling.metrics import video_metrics
 from gcc.sampling.sampler import sync
 from gcc.sampling.vae import load_vae, vae_decode, vae_encode
@@ -150,13 +150,8 @@ class SynthJudge:
             colorize(sem, self.vocab),
         )
         write_panels_mp4(out / f"{cid}.mp4", *panels, fps=self.a.fps)
-        spans, labels, sheet = latent_frame_spans(geo.T), [], []
-        for k in sheet_rows(geo.T):
-            _lo, hi = spans[k]
-            last = hi - 1  # the last pixel frame of the latent frame: the condition as the model saw it there
-            sheet.append([p[last] for p in panels])
-            what = "given" if k == 0 else f"agreement {_fmt(frames[k]['class_agreement'], 2)}"
-            labels.append(f"latent frame {k}\npixel frame {last}\n{what}")
+        notes = {0: "given"} | {k: f"agreement {_fmt(f['class_agreement'], 2)}" for k, f in enumerate(frames) if k}
+        sheet, labels = latent_frame_rows(panels, notes)
         present = np.unique(np.concatenate([gt.ravel(), gen.ravel(), np.unique(sem)]))
         write_contact_sheet(
             out / f"{cid}.png",

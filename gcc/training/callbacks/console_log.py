@@ -4,7 +4,8 @@ Every `console_log_every` steps, and at a launch's last step, rank 0 logs one li
 the steps since the last line), lr, grad_norm, s/step (the wall period since the last line: data wait,
 validation and checkpoints included, so the estimate counts them too), data wait per step, the statistics
 declared with a console format (gcc/stats.py), this launch's elapsed time and the estimated time to max_steps at
-that pace. After each validation, one line per timestep with mse, gap_uncond and gap_nulltext. Composer's
+the pace since the launch's first line (`eta ?` on that line: its period holds the loader workers' start, which
+no later step pays). After each validation, one line per timestep with mse, gap_uncond and gap_nulltext. Composer's
 progress bar is for a terminal; with it on and stdout a terminal, these lines stay off the console and go to
 `<run_dir>/train.log` alone (gcc/training/console.py).
 """
@@ -15,6 +16,7 @@ import logging
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 from composer.core import Callback, State
 from composer.loggers import Logger
@@ -50,15 +52,30 @@ class ConsoleLog(Callback):
         val: ValidationLog,
         preemption: Preemption,
         console: bool = True,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.every, self.max_steps, self.stats, self.val = every, max_steps, stats, val
         self.preemption = preemption
         self.extra = None if console else RUN_LOG_ONLY  # console False: the lines go to train.log alone
+        self.clock = clock
         self._window: list[dict] = []
         self._t_start = self._t_line = 0.0
+        self._first_line: tuple[float, int] | None = None  # (time, step) of this launch's first line: the eta's start
 
     def fit_start(self, state: State, logger: Logger) -> None:
-        self._t_start = self._t_line = time.time()
+        self._t_start = self._t_line = self.clock()
+        self._first_line = None
+
+    def eta(self, now: float, step: int) -> str:
+        """The time to max_steps at the pace since this launch's first line; `?` until a line follows it."""
+        if self._first_line is None:
+            self._first_line = (now, step)
+        t0, step0 = self._first_line
+        if step >= self.max_steps:
+            return "0s"
+        if step <= step0:
+            return "?"
+        return duration(max(self.max_steps - step, 0) * (now - t0) / (step - step0))
 
     def batch_end(self, state: State, logger: Logger) -> None:
         row = self.stats.last_row
@@ -68,7 +85,7 @@ class ConsoleLog(Callback):
         step = row["step"]
         if step % self.every and step < self.max_steps and self.preemption.preempted_at is None:
             return
-        now = time.time()
+        now = self.clock()
         per_step = (now - self._t_line) / len(self._window)
         w, self._window, self._t_line = self._window, [], now
         shown = "".join(f"{s.name} {row[s.name]:{s.console}}  " for s in STEP_STATS if s.console)
@@ -77,7 +94,7 @@ class ConsoleLog(Callback):
             f"lr {row['lr']:.2e}  grad_norm {row['grad_norm']:.3f}  {per_step:.2f} s/step  "
             f"data {statistics.fmean(r['data_time'] for r in w):.3f} s/step  {shown}"
             f"elapsed {duration(now - self._t_start)}  "
-            f"eta {duration(max(self.max_steps - step, 0) * per_step)}",
+            f"eta {self.eta(now, step)}",
             extra=self.extra,
         )
 

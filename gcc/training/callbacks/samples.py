@@ -33,7 +33,7 @@ from composer.core.precision import get_precision_context
 from composer.loggers import Logger
 from composer.utils import dist
 
-from gcc.sampling.media import gif_bytes, png_size, sheet_rows, write_contact_sheet, write_panels_mp4
+from gcc.sampling.media import gif_bytes, latent_frame_rows, png_size, write_contact_sheet, write_panels_mp4
 from gcc.sampling.sampler import clip_noise, sample_latents
 from gcc.storage import atomic_write
 from gcc.vocab import UNKNOWN, VALUE_NAMES, colorize
@@ -231,16 +231,12 @@ def _media(c: ClipSample, folder: Path, fps: int) -> dict[str, Any]:
 
 
 def _sheet(path: Path, c: ClipSample, step: int, decoder, vocab: str) -> None:
-    F = c.gt.shape[0]
-    rows, labels = [], []
-    for k in sheet_rows(F):
-        rows.append([c.gt[k], c.videos["cond"][k], c.videos["uncond"][k], c.condition[k]])
-        labels.append(f"frame {k}" + (" (given)" if k == 0 else ""))
+    rows, labels = latent_frame_rows([c.gt, c.videos["cond"], c.videos["uncond"], c.condition], {0: "given"})
     scores = ", ".join(f"{name} {'n/a' if v is None else f'{v:.3f}'}" for name, v in c.scores.items())
     caption = f"{c.clip_id} at step {step}" + (f": {decoder.score_name} {scores}" if decoder.score_name else "")
     classes = np.array([v for v in c.classes if int(v) in VALUE_NAMES[vocab]], dtype=np.uint8)
     write_contact_sheet(
-        path, rows, ["GT", "conditioned", "unconditioned", "condition"], labels, caption, classes, vocab
+        path, rows, ["GT", "conditioned", "unconditioned", "condition (model input)"], labels, caption, classes, vocab
     )
 
 

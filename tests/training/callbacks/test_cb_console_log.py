@@ -1,6 +1,7 @@
 """ConsoleLog (gcc/training/callbacks/console_log.py): every `console_log_every` steps, at the launch's last step and
 at the step a preemption stops, one `gcc.train` line: step/max, the mean loss of the steps since the last line, lr,
-grad_norm, s/step over that period, data wait, sem_rms, elapsed and eta; after each validation one line per
+grad_norm, s/step over that period, data wait, sem_rms, elapsed and eta (from the pace since the launch's first
+line); after each validation one line per
 timestep. With `console` False (Composer's bar on a terminal) the lines are marked for train.log alone."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 
 import torch
 from _cbfit import Fit, micro, records
@@ -25,14 +27,14 @@ LINE = re.compile(
 )
 
 
-def wired(watchdog, every: int, max_steps: int, console: bool = True):
+def wired(watchdog, every: int, max_steps: int, console: bool = True, clock=time.monotonic):
     """The callbacks ConsoleLog reads, in build_callbacks' order, ConsoleLog after them."""
     sync = StepSync(2)
     grad_clip = GradClip(10.0)
     stats = TrainStats(grad_clip, sync, [f"c{i}" for i in range(2 * max_steps)])
     preemption = Preemption(watchdog, TrainConfig().preemption_grace_s, sync)
     val = ValidationLog("val")
-    console_log = ConsoleLog(every, max_steps, stats, val, preemption, console=console)
+    console_log = ConsoleLog(every, max_steps, stats, val, preemption, console=console, clock=clock)
     fit = Fit([sync, grad_clip, stats, preemption, val, console_log], max_steps=max_steps)
     fit.fit_start()
     return fit, preemption
@@ -68,20 +70,36 @@ def test_a_line_every_n_steps_and_at_the_last_with_the_windows_mean_loss(watchdo
     assert all(not getattr(r, "run_log_only", False) for r in got)
 
 
-def test_eta_is_the_remaining_steps_at_the_windows_pace(watchdog):
-    fit, _ = wired(watchdog, every=2, max_steps=100)
+def test_eta_starts_after_the_first_line_at_the_pace_since_then(watchdog):
+    """The first line's period holds the loader workers' start (here 100 s for 2 steps): its eta is `?`; later
+    lines estimate from the pace since the first line (1 s a step, one slow window included), on a fake clock."""
+    now = [0.0]  # the launch starts at t=0 on the fake clock
+    fit, _ = wired(watchdog, every=2, max_steps=12, clock=lambda: now[0])
     try:
         with records("gcc.train") as got:
-            for _ in range(2):
-                step(fit, loss=1.0, data_wait=0.3)
+            for t in (50.0, 100.0, 101.0, 102.0, 103.0, 106.0, 107.0, 108.0):  # steps 1..8
+                now[0] = t
+                step(fit, loss=1.0)
     finally:
         fit.fit_end()
-    m = LINE.fullmatch(got[0].getMessage())
-    per_step = float(m[6])
-    assert 0.3 <= per_step < 5
-    # 98 steps left at per_step s each (under 10 min: `XmYYs`); per_step is printed to 2 decimals
-    eta_s = sum(int(v) * {"m": 60, "s": 1}[u] for v, u in re.findall(r"(\d+)([ms])", m[10]))
-    assert abs(eta_s - 98 * per_step) <= 98 * 0.005 + 0.5
+    parsed = [LINE.fullmatch(r.getMessage()) for r in got]
+    assert [(m[1], m[6], m[10]) for m in parsed] == [
+        ("2", "50.00", "?"),  # the workers' start: no estimate
+        ("4", "1.00", "8s"),  # 2 s for 2 steps since the first line; 8 steps left
+        ("6", "2.00", "9s"),  # 6 s for 4 steps: 1.5 s a step, 6 left
+        ("8", "1.00", "5s"),  # 8 s for 6 steps, 4 left: 5.3 s
+    ]
+
+
+def test_a_launch_whose_first_line_is_its_last_says_0s(watchdog):
+    fit, _ = wired(watchdog, every=5, max_steps=3)
+    try:
+        with records("gcc.train") as got:
+            for _ in range(3):
+                step(fit, loss=1.0)
+    finally:
+        fit.fit_end()
+    assert [LINE.fullmatch(r.getMessage())[10] for r in got] == ["0s"]
 
 
 def test_a_preempted_step_gets_its_line(watchdog):

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import time
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from _cbfit import Fit
 from _gc_helpers import randomize_cond, tiny_dit
@@ -16,9 +18,17 @@ from composer.core import Event
 from gcc.data.dataset import GcStreamingDataset
 from gcc.model.objective import GcTrainModel
 from gcc.sampling.decoders import SynthDecoder
+from gcc.sampling.media import write_contact_sheet
 from gcc.training.builders import select_val_ids
 from gcc.training.callbacks import StepDeadline
-from gcc.training.callbacks.samples import SampleSettings, TrainingSamples, rotate_samples, step_folder
+from gcc.training.callbacks.samples import (
+    ClipSample,
+    SampleSettings,
+    TrainingSamples,
+    _sheet,
+    rotate_samples,
+    step_folder,
+)
 from gcc.training.callbacks.step_deadline import WARMUP
 from gcc.training.loggers import SampleTensorboardLogger
 from gcc.training.watchdog import StallWatchdog
@@ -158,3 +168,22 @@ def test_rotation_keeps_the_newest_step_folders(tmp_path):
     removed = rotate_samples(tmp_path, 2)
     assert sorted(p.name for p in removed) == ["step-0", "step-4"]
     assert sorted(p.name for p in (tmp_path / "samples").iterdir()) == ["notes", "step-12", "step-8"]
+
+
+def test_the_contact_sheet_has_a_row_per_latent_frame_labelled_as_gcc_samples(tmp_path):
+    """9 pixel frames = 3 latent frames: 3 rows (pixel frames 0, 4, 8: each latent frame's last), labelled as
+    gcc-sample labels its sheets (one function draws both: gcc.sampling.media.latent_frame_rows)."""
+    rng = np.random.default_rng(0)
+    video = [rng.integers(0, 255, size=(9, 4, 6, 3), dtype=np.uint8) for _ in range(4)]
+    clip = ClipSample(0, "clip00001", video[0], {"cond": video[1], "uncond": video[2]}, video[3], np.array([0]), {})
+    _sheet(tmp_path / "got.png", clip, 7, SimpleNamespace(score_name=""), "parts")
+    write_contact_sheet(
+        tmp_path / "want.png",
+        [[v[p] for v in video] for p in (0, 4, 8)],
+        ["GT", "conditioned", "unconditioned", "condition (model input)"],
+        ["latent frame 0\npixel frame 0\ngiven", "latent frame 1\npixel frame 4", "latent frame 2\npixel frame 8"],
+        "clip00001 at step 7",
+        np.array([0], np.uint8),
+        "parts",
+    )
+    assert (tmp_path / "got.png").read_bytes() == (tmp_path / "want.png").read_bytes()
