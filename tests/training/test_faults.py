@@ -49,12 +49,13 @@ def _stopped_on_damage(r, bad: Path, took: float) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("damage", ["bytes", "cut", "missing", "index"])
+@pytest.mark.parametrize("damage", ["bytes", "cut", "missing"])
 def test_damaged_data_stops_the_run_naming_the_file(damage, e2e_shards, tmp_path):
-    """Met in the loader worker (or, for the index, where the dataset is opened): every rank stops with exit 6
-    naming the file, before any step, and nothing is written that a relaunch could take for progress. A cut shard
-    and a cut index under the launcher on 2 ranks (every rank stops, the launcher's code is the faulting rank's);
-    flipped bytes and a missing shard, met by the same read in the same worker, on one rank alone."""
+    """Met in the loader worker: every rank stops with exit 6 naming the file, before any step, and nothing is
+    written that a relaunch could take for progress. A cut shard under the launcher on 2 ranks (every rank stops,
+    the launcher's code is the faulting rank's); flipped bytes and a missing shard, met by the same read in the
+    same worker, on one rank alone. A cut index (met where the dataset is opened), under the launcher on 2 ranks:
+    test_a_run_stopped_by_damaged_data_resumes_exactly_once_the_data_is_repaired, whose first launch meets it."""
     shards = tmp_path / "shards"
     shutil.copytree(e2e_shards, shards)
     bad = _damage(shards, damage)
@@ -68,18 +69,22 @@ def test_damaged_data_stops_the_run_naming_the_file(damage, e2e_shards, tmp_path
 
 @pytest.mark.slow
 def test_a_run_stopped_by_damaged_data_resumes_exactly_once_the_data_is_repaired(e2e_shards, reference, tmp_path):
-    """A run at step 9's checkpoint (tests/_launch.py stopped_copy) relaunched on data whose index was damaged:
-    it stops with exit 6 before any step, leaving its checkpoints as they were; relaunched on the repaired data it
-    resumes from step 9 and gives the uninterrupted run's rows exactly."""
+    """A run at step 9's checkpoint (tests/_launch.py stopped_copy) relaunched under the launcher on 2 ranks on
+    data whose index was damaged: every rank stops with exit 6 naming the file (the launcher's code is the faulting
+    rank's) before any step, and writes nothing a relaunch could take for progress (its checkpoints, exports and
+    rows as they were); relaunched on the repaired data it resumes from step 9 and gives the uninterrupted run's
+    rows exactly."""
     shards = tmp_path / "shards"
     shutil.copytree(e2e_shards, shards)
     bad = _damage(shards, "index")
     run_dir = stopped_copy(reference, tmp_path / "run", at=9)
     before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    exports, logged = sorted(p.name for p in run_dir.glob("step-*")), rows(run_dir)
     t0 = time.time()
     r = launch(run_dir, shards, WORKER, timeout=300)
     _stopped_on_damage(r, bad, time.time() - t0)
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before
+    assert sorted(p.name for p in run_dir.glob("step-*")) == exports and rows(run_dir) == logged
     assert os.readlink(run_dir / "checkpoints" / "latest-rank0.pt") == "ep1-ba9-rank0.pt"
 
     shutil.copyfile(e2e_shards / "train" / "index.json", bad)  # repaired
