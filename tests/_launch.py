@@ -26,16 +26,16 @@ ROOT = Path(__file__).resolve().parents[1]
 LAUNCHER = [sys.executable, str(ROOT / "tests" / "composer_launcher.py")]
 # small and fast, but every mechanism on: checkpoints every 3 steps, validation and exports every 6
 BASE = [
-    "global_batch=4",
-    "micro_batch=1",
-    "max_steps=12",
-    "checkpoint_every=3",
-    "keep_checkpoints=2",
+    "global_train_batch_size=4",
+    "device_train_microbatch_size=1",
+    "max_duration=12",
+    "save_interval=3",
+    "save_num_checkpoints_to_keep=2",
     "export_every=6",
-    "val_every=6",
+    "eval_interval=6",
     "val_n=4",
     "val_batch=2",
-    "optim.warmup_steps=4",
+    "scheduler.t_warmup=4",
     "progress_bar=false",
     "loggers={}",
     # no loader worker: a worker's start (a forkserver that imports Streaming, ~10 s of CPU per rank) is most of a

@@ -293,7 +293,7 @@ def main(argv=None) -> int:
     print(f"  logs:        {run_dir / 'train_log.csv'}, {run_dir / 'val_log.csv'}")
     print(f"  tensorboard: {run_dir / 'tensorboard'}   (tensorboard --logdir {run_dir / 'tensorboard'})")
     print(f"  exports:     {', '.join(sorted(p.name for p in run_dir.glob('step-*.safetensors')))} in {run_dir}")
-    print(f"  resume:      rerun `make demo` (or the [4/{n}] command) with a larger max_steps=..., it continues")
+    print(f"  resume:      rerun `make demo` (or the [4/{n}] command) with a larger max_duration=..., it continues")
     return 0
 
 

@@ -347,12 +347,12 @@ def test_a_launch_refused_for_another_runs_signature_leaves_the_prefix_to_its_ow
             lock.release()
 
     remote = f"{s3_bucket}/runs/a"
-    live = prepare(tmp_path / "a", f"checkpoint_dir={remote}")  # the live run's start
+    live = prepare(tmp_path / "a", f"save_folder={remote}")  # the live run's start
     store = CheckpointStore(remote)
     assert store.head().launch == live.launch
     prepare(tmp_path / "other", "seed=5")  # a run folder of another run...
     with pytest.raises(Refusal, match="hold different runs"):  # ...pointed at the live run's prefix
-        prepare(tmp_path / "other", "seed=5", f"checkpoint_dir={remote}")
+        prepare(tmp_path / "other", "seed=5", f"save_folder={remote}")
     with pytest.raises(Refusal, match="holds a run with a different signature"):  # a fresh folder, another signature
-        prepare(tmp_path / "fresh", "seed=5", f"checkpoint_dir={remote}")
+        prepare(tmp_path / "fresh", "seed=5", f"save_folder={remote}")
     assert store.head().launch == live.launch

@@ -21,7 +21,7 @@ LOGGER = "gcc.training.callbacks.checkpoint_upload"
 
 
 def launch_with_upload(store: CheckpointStore, launch: str, run_dir: Path, every: int = 3, max_steps: int = 100):
-    keep = TrainConfig().keep_checkpoints  # 2
+    keep = TrainConfig().save_num_checkpoints_to_keep  # 2
     saver = CheckpointSaver(folder=str(ckpt_dir(run_dir)), save_interval=f"{every}ba", num_checkpoints_to_keep=-1)
     upload = CheckpointUpload(store, launch, run_dir, keep)  # after the saver, as the trainer appends it
     fit = Fit([saver, upload], max_steps=max_steps)
@@ -33,7 +33,7 @@ def test_each_save_is_uploaded_committed_with_its_digest_and_rotated(s3_bucket, 
     monkeypatch.chdir(tmp_path)  # a relative run_dir, as yamls give it (runs/demo/train)
     store = CheckpointStore(f"{s3_bucket}/run")
     launch = store.claim()
-    fit = launch_with_upload(store, launch, Path("run"), max_steps=9)
+    fit = launch_with_upload(store, launch, Path("run"), max_duration=9)
     with records(LOGGER) as got:
         fit.step()
         fit.step()

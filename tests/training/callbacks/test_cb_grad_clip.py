@@ -19,7 +19,7 @@ NORM = math.sqrt(14.0)
 
 
 def test_the_global_norm_is_clipped_to_max_norm_and_reported_before_clipping():
-    clip = GradClip(TrainConfig().optim.grad_clip)  # the default: 1.0, as build_callbacks passes it
+    clip = GradClip(TrainConfig().algorithms.gradient_clipping.clipping_threshold)  # the default: 1.0, as build_callbacks passes it
     assert clip.max_norm == 1.0
     fit = Fit([clip])
     fit.fit_start()
