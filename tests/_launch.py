@@ -322,11 +322,13 @@ def exact(rs: list[dict]) -> list[dict]:
     return [{k: r[k] for k in EXACT_TRAIN} for r in rs]
 
 
-CLIP = 0.5  # an `optim.grad_clip` under most steps' gradient norm in these runs (0.2-1.0)
+CLIP = (
+    0.5  # an `algorithms.gradient_clipping.clipping_threshold` under most steps' gradient norm in these runs (0.2-1.0)
+)
 
 
 def assert_grad_norm_logged_before_clipping(got: list[dict]) -> None:
-    """For a run with `optim.grad_clip=CLIP`: train_log.csv's grad_norm is the norm before clipping (after it, no
+    """For a run with `algorithms.gradient_clipping.clipping_threshold=CLIP`: train_log.csv's grad_norm is the norm before clipping (after it, no
     norm is above CLIP). That the gradient is then at CLIP: tests/model/test_model_fsdp.py, under DDP and FSDP."""
     assert sum(float(x["grad_norm"]) > CLIP for x in got) >= 2, [x["grad_norm"] for x in got]
 

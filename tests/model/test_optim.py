@@ -5,6 +5,7 @@ rate lr · min(1, s / warmup), the schedule gcc had before it had a `scheduler:`
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -81,7 +82,7 @@ def test_cosine_with_warmup_warms_up_then_decays_to_alpha_f_at_the_last_step():
     assert got[11] == pytest.approx(0.1 + 0.9 * 0.5)  # step 12: half way through the decay, half way down
     assert got[7] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 4)))  # step 8: a quarter of the way
     assert got[-1] == pytest.approx(0.1)  # the last step: alpha_f
-    assert all(a > b for a, b in zip(got[3:], got[4:]))  # falling all the way
+    assert all(a > b for a, b in itertools.pairwise(got[3:]))  # falling all the way
 
 
 def test_linear_decay_with_warmup_falls_in_a_line_to_alpha_f_at_the_last_step():
@@ -89,7 +90,7 @@ def test_linear_decay_with_warmup_falls_in_a_line_to_alpha_f_at_the_last_step():
     assert got[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
     assert got[11] == pytest.approx((1 + 0.2) / 2)  # half way through the decay
     assert got[-1] == pytest.approx(0.2)
-    steps = [a - b for a, b in zip(got[3:], got[4:])]
+    steps = [a - b for a, b in itertools.pairwise(got[3:])]
     assert steps == pytest.approx([0.8 / 16] * 16)  # the same fall each step
 
 

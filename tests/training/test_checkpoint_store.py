@@ -1,4 +1,4 @@
-"""The remote side of `checkpoint_dir: s3://...` (gcc/training/checkpoint_store.py) against a real S3 server on
+"""The remote side of `save_folder: s3://...` (gcc/training/checkpoint_store.py) against a real S3 server on
 loopback (moto): the commit log's head (owner + committed checkpoint + manifest, written conditionally), the guard
 between two launches and its races, the repair of uploads cut short and the refusals that replace deletions,
 rotation, the keys read from the prefix, and the download into a run folder. The end-to-end runs are in
@@ -207,7 +207,7 @@ def test_a_head_written_by_an_earlier_gcc_is_refused_naming_the_way_on(s3_bucket
     with pytest.raises(
         Refusal,
         match="names ep0-ba3-rank0.pt without a manifest: a checkpoint prefix written by an "
-        "earlier gcc.*point checkpoint_dir at a new prefix",
+        "earlier gcc.*point save_folder at a new prefix",
     ):
         store.claim()
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gcc import __version__
+from gcc.errors import Refusal
 from gcc.model.export import GC_META, META_DEFAULTS, META_KEYS, gc_metadata
 from gcc.training.builders import export_metadata
 from gcc.training.config import (
@@ -31,7 +32,6 @@ from gcc.training.config import (
     setting,
 )
 from gcc.training.launch import RunStart, run_signature
-from gcc.errors import Refusal
 from gcc.training.run_folder import check_identity, diff_signatures
 
 MANIFEST = b'{"x": 1}'

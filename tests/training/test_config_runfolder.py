@@ -89,7 +89,10 @@ def test_sft_v10_is_the_spec_defaults():
         (["optimizer.lr=fast"], "optimizer.lr: expected float"),
         (["max_duration=1.5"], r"max_duration: expected a whole number of batches \(500 or \"500ba\"\) or of epochs"),
         (["max_duration=20000tok"], "max_duration: the unit 'tok' of '20000tok' cannot be used here"),
-        (["eval_interval=2ep"], "eval_interval: the unit 'ep' of '2ep' cannot be used here .*expected a whole number of batches"),
+        (
+            ["eval_interval=2ep"],
+            "eval_interval: the unit 'ep' of '2ep' cannot be used here .*expected a whole number of batches",
+        ),
         (["save_interval=100sp"], "save_interval: the unit 'sp' of '100sp' cannot be used here"),
         (["scheduler.t_warmup=0.1dur"], "scheduler.t_warmup: expected a whole number of batches"),
         (["max_duration=0ep"], "max_duration: must be >= 1"),

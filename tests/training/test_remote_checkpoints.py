@@ -1,4 +1,4 @@
-"""End to end with `checkpoint_dir: s3://...` (a real S3 server on loopback, moto): the real `composer -n 2`
+"""End to end with `save_folder: s3://...` (a real S3 server on loopback, moto): the real `composer -n 2`
 launcher on CPU. A run killed with SIGKILL resumes exactly on a "fresh machine" (its run folder deleted: only the
 remote checkpoints are left), rotation applies to the remote objects across restarts, exports are uploaded beside
 the checkpoints, a run folder of another run is refused, FSDP's sharded checkpoints travel the same way, and a

@@ -53,7 +53,7 @@ def test_reference_run_outputs(reference, e2e_shards):
     sizes = [len(x["clips"].split(";")) for x in r]  # every rank's clips; an epoch's tail batch is smaller
     assert max(sizes) == 4 and sizes.count(4) >= 9
     v = rows(reference, "val_log")
-    # the step-0 validation of the starting weights (val_at_start), then every val_every
+    # the step-0 validation of the starting weights (eval_first), then every eval_interval
     assert [(int(x["step"]), int(x["n"])) for x in v] == [(0, 4)] * 3 + [(6, 4)] * 3 + [(12, 4)] * 3
     assert sorted(round(float(x["timestep"]), 1) for x in v[:3]) == [201.3, 500.6, 799.7]
     # at step 0 the zero-initialised condition path adds nothing: ids or no ids, the same prediction
@@ -108,7 +108,7 @@ def test_every_step_has_the_full_global_batch_and_a_resume_at_an_epochs_end_is_e
     r = ok(launch(run_dir, e2e_shards))
     assert "resuming from" in r.stdout and "ep0-ba5-rank0.pt" in r.stdout
     assert exact(rows(run_dir)) == exact(rows(reference))
-    # a job log's progress: a line every console_log_every (10) steps and at the last; val lines per timestep
+    # a job log's progress: a line every console_log_interval (10) steps and at the last; val lines per timestep
     progress = [ln for ln in r.stdout.splitlines() if ln.startswith("gcc.train: step ")]
     assert [ln.split()[2] for ln in progress] == ["10/12", "12/12"], r.stdout
     got = rows(run_dir)

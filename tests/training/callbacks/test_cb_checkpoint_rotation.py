@@ -1,5 +1,5 @@
 """CheckpointRotation (gcc/training/callbacks/checkpoint_rotation.py): after each of Composer's saves, keep the
-`keep_checkpoints` newest checkpoints up to `latest`, those of earlier launches included (Composer's own rotation
+`save_num_checkpoints_to_keep` newest checkpoints up to `latest`, those of earlier launches included (Composer's own rotation
 only knows this process's saves), never one newer than `latest`; and log what each new save cost, once:
 `checkpoint ep0-ba6-rank0.pt: 0.0 s, 1.2e-06 GB`."""
 
