@@ -40,6 +40,7 @@ from _launch import (
 
 from gcc.data import convert as C
 from gcc.tools.compare import main as compare_main
+from gcc.training.config import RENAMED
 from gcc.training.run_folder import checkpoint_step
 
 pytestmark = pytest.mark.slow
@@ -240,6 +241,16 @@ def test_loader_workers_start_once_per_rank_from_the_forkserver(reference):
         starts = [line for line in text.splitlines() if f"rank {rank} loader worker" in line]
         assert len(starts) == 1, text[-3000:]
         assert starts[0].endswith("(forkserver)"), starts
+
+
+def test_the_reference_launched_by_the_old_key_names_warned_once_on_rank_0(reference):
+    """The reference is launched by the old key names (tests/_launch.py OLD_BASE; every resume of it is by the
+    new ones): rank 0 names each old key once, with its new name; the other rank stays quiet."""
+    (logs,) = launch_logs(reference)
+    err = (logs / "launcher.err").read_text()
+    for old in ("max_steps", "optim.warmup_steps", "optim.lr"):
+        assert err.count(f"{old}: an old key name, read as {RENAMED[old]};") == 1, err[-3000:]
+    assert "an old key name" not in (logs / "rank1.err").read_text()
 
 
 def test_sigterm_while_a_rank_waits_for_data_stops_the_run_with_stacks(e2e_shards, tmp_path):
