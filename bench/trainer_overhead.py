@@ -84,15 +84,13 @@ def bare_loop(cfg, steps: int, turns: Turns, turn: int):
 
     from gcc.data.dataset import fetch_text_table
     from gcc.data.text_table import TextTable
-    from gcc.model.optim import build_optimizer, composer_scheduler, step_scheduler
-    from gcc.training.builders import build_model, build_train_loader, cache_dir
+    from gcc.training.builders import build_model, build_optimization, build_train_loader, cache_dir
 
     torch.set_num_threads(os.cpu_count() or 1)
     text = TextTable(fetch_text_table(cfg.data.path, cache_dir(cfg)))
     model = build_model(cfg, text, fsdp=False)
-    opt = build_optimizer(model, cfg.optimizer.lr, cfg.optimizer.cond_lr, cfg.optimizer.weight_decay)
-    schedule = cfg.scheduler
-    sched = step_scheduler(opt, composer_scheduler(schedule.name, schedule.t_warmup, schedule.alpha_f), cfg.max_steps)
+    opt, schedule = build_optimization(cfg, model)
+    sched = schedule["schedulers"]
     loader = build_train_loader(cfg, cfg.per_rank_batch(1))
     waits = set(waits_after(steps, turn))
     step_t, data_t, end_t = [], [], []

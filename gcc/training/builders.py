@@ -374,6 +374,14 @@ def build_evaluators(cfg: TrainConfig, val_loader: DataLoader | None, preemption
     ]
 
 
+def build_optimization(cfg: TrainConfig, model) -> tuple[torch.optim.AdamW, dict]:
+    """The yaml's `optimizer:` (AdamW, two parameter groups) and the Trainer kwargs of its `scheduler:` over
+    max_duration (gcc/model/optim.py)."""
+    o, s = cfg.optimizer, cfg.scheduler
+    opt = build_optimizer(model, o.lr, o.cond_lr, o.weight_decay, (float(o.betas[0]), float(o.betas[1])), o.eps)
+    return opt, trainer_schedule_kwargs(opt, composer_scheduler(s.name, s.t_warmup, s.alpha_f), cfg.max_steps)
+
+
 def build_trainer(
     cfg: TrainConfig,
     device,
@@ -387,9 +395,7 @@ def build_trainer(
     """Composer's Trainer with autoresume and batch-based checkpoints (an epoch-end save would lose Streaming's
     position). Under FSDP Composer shards the meta-device model and each rank initialises its shard."""
 
-    o, sched = cfg.optimizer, cfg.scheduler
-    betas = (float(o.betas[0]), float(o.betas[1]))
-    opt = build_optimizer(model, o.lr, o.cond_lr, o.weight_decay, betas, o.eps)
+    opt, schedule = build_optimization(cfg, model)
     with meta_init_on("cuda" if torch.cuda.is_available() else "cpu"):
         trainer = Trainer(
             model=model,
@@ -401,9 +407,7 @@ def build_trainer(
             eval_dataloader=evaluators or None,
             max_duration=f"{cfg.max_steps}ba",
             optimizers=opt,
-            **trainer_schedule_kwargs(
-                opt, composer_scheduler(sched.name, sched.t_warmup, sched.alpha_f), cfg.max_steps
-            ),
+            **schedule,
             device_train_microbatch_size=cfg.device_train_microbatch_size,
             precision="fp32" if cfg.precision == "fp32" else "amp_bf16",
             parallelism_config=fsdp,

@@ -7,7 +7,9 @@ type. The signature, the export metadata, `CHOICES`, `BOUNDS` and `PATH_KEYS` ar
 Unknown keys, wrong types, values outside their range (`BOUNDS`, `MODEL_BOUNDS`), a path with credentials in it
 and inconsistent batch settings raise `ConfigError` naming the key; `gcc/train.py` turns that into a one-line
 message and exit code 2. The yaml and the overrides are read by a bounded loader (`_BoundedLoader`;
-docs/training.md, "Trust and safety").
+docs/training.md, "Trust and safety"). The key names are Composer's and llm-foundry's (`max_duration` as a Composer
+time, `optimizer:`, `scheduler:`, `algorithms:`); the names gcc used before are read as them (`RENAMED`), and
+`describe` lists every key (`train.py --print-config`; docs/training.md, "Config keys").
 """
 
 from __future__ import annotations
@@ -752,7 +754,7 @@ def _build(cls, data: dict, prefix: str = ""):
     return cls(**kwargs)
 
 
-_TIME = re.compile(r"(\d+)\s*([a-z]+)")
+_TIME = re.compile(r"(\d{1,18})\s*([a-z]+)")  # 18 digits: beyond any bound, short of Python's int limit
 COMPOSER_UNITS = ("ba", "ep", "sp", "tok", "dur", "sec", "iter")  # what a Composer time string may end with
 
 
@@ -768,7 +770,9 @@ def _time(key: str, value: Any, units: tuple[str, ...]) -> int | str:
     count, unit = int(match[1]), match[2]
     if unit not in units:
         why = "a Composer unit gcc does not count in here" if unit in COMPOSER_UNITS else "not a Composer unit"
-        raise ConfigError(f"{key}: the unit {unit!r} of {value!r} cannot be used here ({why}); expected {wanted}")
+        raise ConfigError(
+            f"{key}: the unit {unit!r} of {shown(repr(value))} cannot be used here ({why}); expected {wanted}"
+        )
     return count if unit == "ba" else f"{count}{unit}"
 
 
