@@ -33,7 +33,7 @@ def test_each_save_is_uploaded_committed_with_its_digest_and_rotated(s3_bucket, 
     monkeypatch.chdir(tmp_path)  # a relative run_dir, as yamls give it (runs/demo/train)
     store = CheckpointStore(f"{s3_bucket}/run")
     launch = store.claim()
-    fit = launch_with_upload(store, launch, Path("run"), max_duration=9)
+    fit = launch_with_upload(store, launch, Path("run"), max_steps=9)
     with records(LOGGER) as got:
         fit.step()
         fit.step()
