@@ -75,15 +75,15 @@ def main() -> None:
         "parallelism=fsdp",
         f"fsdp.reshard_after_forward={str(args.reshard_after_forward).lower()}",
         "model.grad_ckpt=true",
-        f"global_batch={n * accum}",
-        "micro_batch=1",
-        f"checkpoint_every={args.steps}",
-        "val_every=0",
+        f"global_train_batch_size={n * accum}",
+        "device_train_microbatch_size=1",
+        f"save_interval={args.steps}",
+        "eval_interval=0",
         "export_every=0",
         "progress_bar=false",
         "loggers={}",
         "data.num_workers=2",
-        "optim.warmup_steps=2",
+        "scheduler.t_warmup=2",
     ] + (["precision=fp32"] if args.cpu else [])
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         work = Path(tmp)
@@ -96,8 +96,8 @@ def main() -> None:
         )
         print(f"data: {geometry} geometry synthesized and converted in {time.time() - t:.0f} s")
         run_dir = work / "run"
-        wall1, out1 = launch(n, run_dir, shards, overrides + [f"max_steps={args.steps}"], work / "launch1.log")
-        wall2, out2 = launch(n, run_dir, shards, overrides + [f"max_steps={args.steps + 2}"], work / "launch2.log")
+        wall1, out1 = launch(n, run_dir, shards, overrides + [f"max_duration={args.steps}"], work / "launch1.log")
+        wall2, out2 = launch(n, run_dir, shards, overrides + [f"max_duration={args.steps + 2}"], work / "launch2.log")
         with open(run_dir / "train_log.csv", newline="") as f:
             rows = list(csv.DictReader(f))
         saves = re.findall(r"checkpoint (ep\d+-ba\d+): ([\d.]+) s, ([\d.e+-]+) GB", out1)

@@ -29,12 +29,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
-    "max_steps=2",
-    "global_batch=2",
-    "micro_batch=1",
-    "checkpoint_every=2",
+    "max_duration=2",
+    "global_train_batch_size=2",
+    "device_train_microbatch_size=1",
+    "save_interval=2",
     "export_every=0",
-    "val_every=0",
+    "eval_interval=0",
     "sample_every=0",
     "data.num_workers=0",
     "progress_bar=false",

@@ -42,11 +42,11 @@ sys.path.insert(0, str(ROOT))
 WARM = 10
 COMPUTE = ("model forward + loss", "backward", "grad clip", "optimizer step")
 OVERRIDES = [
-    "global_batch=8",
-    "micro_batch=2",
-    "val_every=0",
+    "global_train_batch_size=8",
+    "device_train_microbatch_size=2",
+    "eval_interval=0",
     "export_every=0",
-    "checkpoint_every=100000",
+    "save_interval=100000",
     "progress_bar=false",
     "data.num_workers=1",
 ]
@@ -84,14 +84,13 @@ def bare_loop(cfg, steps: int, turns: Turns, turn: int):
 
     from gcc.data.dataset import fetch_text_table
     from gcc.data.text_table import TextTable
-    from gcc.model.optim import build_optimizer, warmup_scheduler
-    from gcc.training.builders import build_model, build_train_loader, cache_dir
+    from gcc.training.builders import build_model, build_optimization, build_train_loader, cache_dir
 
     torch.set_num_threads(os.cpu_count() or 1)
     text = TextTable(fetch_text_table(cfg.data.path, cache_dir(cfg)))
     model = build_model(cfg, text, fsdp=False)
-    opt = build_optimizer(model, cfg.optim.lr, cfg.optim.cond_lr, cfg.optim.weight_decay)
-    sched = warmup_scheduler(opt, cfg.optim.warmup_steps)
+    opt, schedule = build_optimization(cfg, model)
+    sched = schedule["schedulers"]
     loader = build_train_loader(cfg, cfg.per_rank_batch(1))
     waits = set(waits_after(steps, turn))
     step_t, data_t, end_t = [], [], []
@@ -108,8 +107,8 @@ def bare_loop(cfg, steps: int, turns: Turns, turn: int):
             t_data = time.perf_counter() - t0
             n = len(batch["clip_id"])
             t = {c: 0.0 for c in COMPUTE}
-            for i in range(0, n, cfg.micro_batch):
-                mb = {k: v[i : i + cfg.micro_batch] for k, v in batch.items()}
+            for i in range(0, n, cfg.device_train_microbatch_size):
+                mb = {k: v[i : i + cfg.device_train_microbatch_size] for k, v in batch.items()}
                 t1 = time.perf_counter()
                 loss = model.loss(model(mb), mb) * (len(mb["clip_id"]) / n)
                 t2 = time.perf_counter()
@@ -117,7 +116,7 @@ def bare_loop(cfg, steps: int, turns: Turns, turn: int):
                 t[COMPUTE[0]] += t2 - t1
                 t[COMPUTE[1]] += time.perf_counter() - t2
             t1 = time.perf_counter()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.algorithms.gradient_clipping.clipping_threshold)
             t2 = time.perf_counter()
             opt.step()
             t[COMPUTE[2]] += t2 - t1
@@ -301,7 +300,7 @@ def main() -> None:
             src = synth.write_prepared(tmp / "prepared", clips=48, geometry="tiny", seed=0)
             shards = str(tmp / "shards")
             convert(src, shards, progress=False)
-        common = [f"data.path={shards}", f"max_steps={args.steps}", *OVERRIDES, *args.overrides]
+        common = [f"data.path={shards}", f"max_duration={args.steps}", *OVERRIDES, *args.overrides]
         for r in range(args.rounds):
             cfg = load_config(ROOT / "yamls" / "tiny_cpu.yaml", [f"run_dir={tmp / f'bare{r}'}", *common])
             periods = {}

@@ -20,22 +20,23 @@ from gcc import exit_codes
 from gcc.compat.streaming import release_shm, shm_prefixes
 from gcc.launcher import train_command
 from gcc.training.columns import EXACT_TRAIN
+from gcc.training.config import RENAMED
 
 ROOT = Path(__file__).resolve().parents[1]
 # Composer's launcher (tests/composer_launcher.py says how it differs from the `composer` command: it loads less)
 LAUNCHER = [sys.executable, str(ROOT / "tests" / "composer_launcher.py")]
 # small and fast, but every mechanism on: checkpoints every 3 steps, validation and exports every 6
 BASE = [
-    "global_batch=4",
-    "micro_batch=1",
-    "max_steps=12",
-    "checkpoint_every=3",
-    "keep_checkpoints=2",
+    "global_train_batch_size=4",
+    "device_train_microbatch_size=1",
+    "max_duration=12",
+    "save_interval=3",
+    "save_num_checkpoints_to_keep=2",
     "export_every=6",
-    "val_every=6",
+    "eval_interval=6",
     "val_n=4",
     "val_batch=2",
-    "optim.warmup_steps=4",
+    "scheduler.t_warmup=4",
     "progress_bar=false",
     "loggers={}",
     # no loader worker: a worker's start (a forkserver that imports Streaming, ~10 s of CPU per rank) is most of a
@@ -45,6 +46,18 @@ BASE = [
     # samples during training off: the launches that check them turn them on (SAMPLES)
     "sample_every=0",
 ]
+
+
+def _old_name(override: str) -> str:
+    key, value = override.split("=", 1)
+    return f"{OLD_NAMES.get(key, key)}={value}"
+
+
+OLD_NAMES = {new: old for old, new in RENAMED.items()}
+# BASE by the names gcc read before it took Composer's (gcc/training/config.py RENAMED), and the yaml's optimizer
+# settings by theirs: the reference run is launched with these, so every resume of it, by BASE's names, proves
+# that a run started with the old names resumes under the new ones (docs/training.md, "Config keys")
+OLD_BASE = [*(_old_name(o) for o in BASE), "optim.lr=1.0e-3", "optim.cond_lr=1.0e-2"]
 WORKER = "data.num_workers=1"
 # samples at every validation (0, 6, 12), 3 clips on 2 ranks (one rank samples a padding clip in lockstep), to the
 # TensorBoard logger
@@ -71,17 +84,19 @@ def cmd(
     launcher: Sequence[str] = (),
     prefix: Sequence[str] = (),
     direct: bool = False,
+    base: Sequence[str] = BASE,
 ) -> list[str]:
     """`composer -n <n> gcc/train.py tiny_cpu.yaml ...`, or with `direct` one rank without the launcher (`python
     gcc/train.py ...`, as on one GPU: where the launcher is not what a test is about, its start is saved). `prefix`
-    runs the command under another (e.g. `unshare`); `launcher` are the launcher's flags."""
+    runs the command under another (e.g. `unshare`); `launcher` are the launcher's flags; `base` the overrides
+    before `overrides` (BASE, or OLD_BASE)."""
     return [
         *prefix,
         *train_command(
             ROOT / "yamls" / "tiny_cpu.yaml",
             f"run_dir={run_dir}",
             f"data.path={shards}",
-            *BASE,
+            *base,
             *overrides,
             n=None if direct else n,
             launcher=LAUNCHER,
@@ -147,7 +162,9 @@ class Launch(subprocess.Popen):
         return "\n".join(parts)
 
 
-def start_bg(run_dir, shards, *overrides, n=2, launcher=(), prefix=(), pipe_stderr=False, direct=False) -> Launch:
+def start_bg(
+    run_dir, shards, *overrides, n=2, launcher=(), prefix=(), pipe_stderr=False, direct=False, base=BASE
+) -> Launch:
     """A launch in its own process group, so a signal reaches the launcher and every rank, as on a cluster. Rank 0
     and the launcher print on the pipe (stdout; stderr apart with `pipe_stderr`), the other ranks into files.
     `direct`: one rank without the launcher (`cmd`)."""
@@ -155,7 +172,7 @@ def start_bg(run_dir, shards, *overrides, n=2, launcher=(), prefix=(), pipe_stde
     flags = _rank_logs(Path(run_dir), launcher)
     shm_before = set(shm_prefixes(_node_cache(Path(run_dir), overrides)))
     p = Launch(
-        cmd(run_dir, shards, *overrides, n=n, launcher=flags, prefix=prefix, direct=direct),
+        cmd(run_dir, shards, *overrides, n=n, launcher=flags, prefix=prefix, direct=direct, base=base),
         env=env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE if pipe_stderr else subprocess.STDOUT,
@@ -167,11 +184,11 @@ def start_bg(run_dir, shards, *overrides, n=2, launcher=(), prefix=(), pipe_stde
 
 
 def launch(
-    run_dir, shards, *overrides, n=2, timeout=600, launcher=(), clean=True, direct=False
+    run_dir, shards, *overrides, n=2, timeout=600, launcher=(), clean=True, direct=False, base=BASE
 ) -> subprocess.CompletedProcess:
     """One launch to its end (a hang fails with every process's stacks: `finish`); what it printed, every rank's
     ended cleanly (`clean`: `assert_clean_end`). `direct`: one rank without the launcher (`cmd`)."""
-    p = start_bg(run_dir, shards, *overrides, n=n, launcher=launcher, pipe_stderr=True, direct=direct)
+    p = start_bg(run_dir, shards, *overrides, n=n, launcher=launcher, pipe_stderr=True, direct=direct, base=base)
     with p:
         out, err = finish(p, timeout, both=True, clean=clean)
     logs = Path(_flag(p.launcher, "--stderr")).parent
@@ -322,11 +339,13 @@ def exact(rs: list[dict]) -> list[dict]:
     return [{k: r[k] for k in EXACT_TRAIN} for r in rs]
 
 
-CLIP = 0.5  # an `optim.grad_clip` under most steps' gradient norm in these runs (0.2-1.0)
+CLIP = (
+    0.5  # an `algorithms.gradient_clipping.clipping_threshold` under most steps' gradient norm in these runs (0.2-1.0)
+)
 
 
 def assert_grad_norm_logged_before_clipping(got: list[dict]) -> None:
-    """For a run with `optim.grad_clip=CLIP`: train_log.csv's grad_norm is the norm before clipping (after it, no
+    """For a run with `algorithms.gradient_clipping.clipping_threshold=CLIP`: train_log.csv's grad_norm is the norm before clipping (after it, no
     norm is above CLIP). That the gradient is then at CLIP: tests/model/test_model_fsdp.py, under DDP and FSDP."""
     assert sum(float(x["grad_norm"]) > CLIP for x in got) >= 2, [x["grad_norm"] for x in got]
 

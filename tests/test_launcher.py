@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_command_is_composer_n_then_the_flags_then_the_trainer_its_yaml_and_overrides():
-    cmd = train_command(ROOT / "yamls" / "tiny_cpu.yaml", "run_dir=r", "max_steps=2", n=2, flags=["--stdout", "o"])
+    cmd = train_command(ROOT / "yamls" / "tiny_cpu.yaml", "run_dir=r", "max_duration=2", n=2, flags=["--stdout", "o"])
     assert cmd == [
         str(Path(sys.executable).with_name("composer")),
         "-n",
@@ -22,7 +22,7 @@ def test_the_command_is_composer_n_then_the_flags_then_the_trainer_its_yaml_and_
         str(ROOT / "gcc" / "train.py"),
         str(ROOT / "yamls" / "tiny_cpu.yaml"),
         "run_dir=r",
-        "max_steps=2",
+        "max_duration=2",
     ]
     assert TRAIN_SCRIPT.is_file() and composer() == cmd[:1]
 

@@ -62,7 +62,7 @@ def test_redact_text_masks_presigned_urls_headers_and_bare_user_info(line, kept)
 @pytest.mark.parametrize(
     "line",
     [
-        "global_batch=16 is not a multiple of micro_batch=3",
+        "global_train_batch_size=16 is not a multiple of device_train_microbatch_size=3",
         "override 'seed': expected dotted.key=value",
         "sample_sigma=0.5 design=3 at 12:30 for user@example.com",
         "the bearer of this run folder",

@@ -4,7 +4,7 @@ Streaming's mid-epoch position holds only for the global batch it was written wi
 cut into per-rank batches of the old size. With another global batch the run therefore continues at the start
 of the next epoch: model, optimizer, schedule and step come from the checkpoint as always; the rest of the
 checkpoint's epoch is skipped (logged with its count); Composer's clock moves to that epoch's start with it; the
-change is recorded in run.json's lineage (`global_batch_changes`). `max_steps`, the lr schedule, validation and
+change is recorded in run.json's lineage (`global_batch_changes`). `max_duration`, the lr schedule, validation and
 exports count steps, so they continue as before. Without a change nothing here acts: the resume stays exact.
 """
 

@@ -30,7 +30,7 @@ from gcc.data.text_table import TextTable
 from gcc.model.dit import build_gc_dit, load_wan_base
 from gcc.model.export import gc_metadata, load_gc_weights, load_legacy_zero
 from gcc.model.objective import GcTrainModel
-from gcc.model.optim import build_optimizer, trainer_schedule_kwargs
+from gcc.model.optim import build_optimizer, composer_scheduler, trainer_schedule_kwargs
 from gcc.redact import redact
 from gcc.sampling.decoders import pick_decoder
 from gcc.sampling.media import FPS
@@ -222,7 +222,7 @@ def resolved_config(cfg: TrainConfig, manifest: dict, per_rank_batch: int) -> di
         "data_geometry": manifest["geometry"],
         "data_counts": manifest["counts"],
         "steps_per_epoch": steps,
-        "samples_per_epoch": steps * cfg.global_batch,
+        "samples_per_epoch": steps * cfg.global_train_batch_size,
     }
 
 
@@ -313,7 +313,7 @@ def build_samples(
     # each rank decodes its own clips: with a VAE, one on every GPU
     decoder = pick_decoder(manifest.get("synthetic", False), cfg.model.vae_path, text.keys, cfg.model.vocab)
     settings = SampleSettings(
-        every_steps=cfg.val_every * cfg.sample_every,
+        every_steps=cfg.eval_interval * cfg.sample_every,
         max_steps=cfg.max_steps,
         steps=cfg.sample_steps,
         shift=WAN_SHIFT,
@@ -346,8 +346,8 @@ def samples_in(batch) -> int:
 
 
 def build_evaluators(cfg: TrainConfig, val_loader: DataLoader | None, preemption) -> list:
-    """Validation every `val_every` steps, and once more at the end of training (not after a preemption) when
-    the last step is not a multiple of it. The step-0 one (`val_at_start`) runs the same evaluators, from
+    """Validation every `eval_interval` steps, and once more at the end of training (not after a preemption) when
+    the last step is not a multiple of it. The step-0 one (`eval_first`) runs the same evaluators, from
     ValidateAtStart."""
     if val_loader is None:
         return []
@@ -355,9 +355,9 @@ def build_evaluators(cfg: TrainConfig, val_loader: DataLoader | None, preemption
     def eval_interval(state, event) -> bool:
         step = int(state.timestamp.batch)
         if event == Event.BATCH_END:
-            return step % cfg.val_every == 0
+            return step % cfg.eval_interval == 0
         if event == Event.FIT_END:
-            return preemption.preempted_at is None and step >= cfg.max_steps and step % cfg.val_every != 0
+            return preemption.preempted_at is None and step >= cfg.max_steps and step % cfg.eval_interval != 0
         return False
 
     return [
@@ -367,6 +367,14 @@ def build_evaluators(cfg: TrainConfig, val_loader: DataLoader | None, preemption
             eval_interval=eval_interval,
         )
     ]
+
+
+def build_optimization(cfg: TrainConfig, model) -> tuple[torch.optim.AdamW, dict]:
+    """The yaml's `optimizer:` (AdamW, two parameter groups) and the Trainer kwargs of its `scheduler:` over
+    max_duration (gcc/model/optim.py)."""
+    o, s = cfg.optimizer, cfg.scheduler
+    opt = build_optimizer(model, o.lr, o.cond_lr, o.weight_decay, (float(o.betas[0]), float(o.betas[1])), o.eps)
+    return opt, trainer_schedule_kwargs(opt, composer_scheduler(s.name, s.t_warmup, s.alpha_f), cfg.max_steps)
 
 
 def build_trainer(
@@ -382,7 +390,7 @@ def build_trainer(
     """Composer's Trainer with autoresume and batch-based checkpoints (an epoch-end save would lose Streaming's
     position). Under FSDP Composer shards the meta-device model and each rank initialises its shard."""
 
-    opt = build_optimizer(model, cfg.optim.lr, cfg.optim.cond_lr, cfg.optim.weight_decay)
+    opt, schedule = build_optimization(cfg, model)
     with meta_init_on("cuda" if torch.cuda.is_available() else "cpu"):
         trainer = Trainer(
             model=model,
@@ -394,12 +402,12 @@ def build_trainer(
             eval_dataloader=evaluators or None,
             max_duration=f"{cfg.max_steps}ba",
             optimizers=opt,
-            **trainer_schedule_kwargs(opt, cfg.optim.warmup_steps),
-            device_train_microbatch_size=cfg.micro_batch,
+            **schedule,
+            device_train_microbatch_size=cfg.device_train_microbatch_size,
             precision="fp32" if cfg.precision == "fp32" else "amp_bf16",
             parallelism_config=fsdp,
             save_folder=str(ckpt_dir(Path(cfg.run_dir))),
-            save_interval=f"{cfg.checkpoint_every}ba",
+            save_interval=f"{cfg.save_interval}ba",
             save_num_checkpoints_to_keep=-1,  # CheckpointRotation keeps N across restarts
             autoresume=cfg.autoresume,
             loggers=loggers,

@@ -1,4 +1,4 @@
-"""Checkpoints on object storage: `checkpoint_dir: s3://bucket/prefix` (docs/training.md, "Checkpoints on object
+"""Checkpoints on object storage: `save_folder: s3://bucket/prefix` (docs/training.md, "Checkpoints on object
 storage").
 
 Composer still writes each checkpoint into `<run_dir>/checkpoints` (a node-local disk will do); the run then puts it
@@ -78,7 +78,7 @@ def checkpoint_of(key: str, where: str) -> str:
     if m is None:
         raise Refusal(
             f"{where}/{key}: not an object of a gcc checkpoint (only {KEY_SHAPES}); the prefix was "
-            f"written by something else. Remove the object, or use another checkpoint_dir"
+            f"written by something else. Remove the object, or use another save_folder"
         )
     return key if m.group(2) == "-rank0.pt" else m.group(1)
 
@@ -142,7 +142,7 @@ def parse_head(data: bytes, etag: str, url: str) -> Head:
         raise Refusal(
             f"{url} names {text} without a manifest: a checkpoint prefix written by an earlier gcc, whose "
             f"checkpoints this one cannot verify. Finish the run with the gcc that wrote it, or point "
-            f"checkpoint_dir at a new prefix (the run then resumes from its run folder's checkpoints)"
+            f"save_folder at a new prefix (the run then resumes from its run folder's checkpoints)"
         )
     try:
         d = inputs.parse_json(text, url, "a commit record")
@@ -159,7 +159,7 @@ def parse_head(data: bytes, etag: str, url: str) -> Head:
         raise Refusal(
             f"{url}: unreadable (not the commit record gcc writes: JSON with format {HEAD_FORMAT}, launch, "
             f"owner, checkpoint, files), so which checkpoint is committed is unknown; nothing is deleted. "
-            f"Restore it, or use another checkpoint_dir"
+            f"Restore it, or use another save_folder"
         )
     name = d["checkpoint"]
     if name is not None:
@@ -255,7 +255,7 @@ class CheckpointStore:
             # a commit or another claim landed between the read and the write: read it again
         raise Refusal(
             f"{self.head_url}: changed under each of {CLAIM_ATTEMPTS} attempts to claim it; another "
-            f"launch is writing this prefix. Two live runs must not share a checkpoint_dir"
+            f"launch is writing this prefix. Two live runs must not share a save_folder"
         )
 
     def _refuse_headless(self) -> None:
@@ -265,7 +265,7 @@ class CheckpointStore:
             raise Refusal(
                 f"{self.head_url} is missing, but {self.ckpts} holds checkpoints ({', '.join(names)}): "
                 f"which one is committed is unknown, so nothing is deleted or resumed. Restore it, or use "
-                f"another checkpoint_dir"
+                f"another save_folder"
             )
 
     def check_owner(self, launch: str) -> Head:
@@ -277,7 +277,7 @@ class CheckpointStore:
             raise TakenOver(
                 f"{self.url}: another launch claimed this checkpoint prefix ({head.who()}); this launch "
                 f"uploads and commits nothing more and stops. Two live runs must not share a "
-                f"checkpoint_dir"
+                f"save_folder"
             )
         return head
 
@@ -339,7 +339,7 @@ class CheckpointStore:
         if head.launch != launch:
             raise Refusal(
                 f"{self.url}: another launch claimed this checkpoint prefix while this one was starting "
-                f"({head.who()}). Two live runs must not share a checkpoint_dir"
+                f"({head.who()}). Two live runs must not share a save_folder"
             )
         committed = head.checkpoint
         newer = [n for n in ckpts if committed is None or checkpoint_step(n) > checkpoint_step(committed)]
@@ -427,10 +427,10 @@ class CheckpointStore:
         return dest
 
 
-def store_for(checkpoint_dir: str) -> CheckpointStore | None:
-    """The store of a `checkpoint_dir` setting: None when it is empty (checkpoints only in the run folder). Built once
+def store_for(save_folder: str) -> CheckpointStore | None:
+    """The store of a `save_folder` setting: None when it is empty (checkpoints only in the run folder). Built once
     a launch, by `launch.prepare_run` (`RunStart.store`)."""
-    return CheckpointStore(checkpoint_dir) if checkpoint_dir else None
+    return CheckpointStore(save_folder) if save_folder else None
 
 
 def clear_fetch_leftovers(run_dir: Path) -> None:

@@ -7,13 +7,16 @@ type. The signature, the export metadata, `CHOICES`, `BOUNDS` and `PATH_KEYS` ar
 Unknown keys, wrong types, values outside their range (`BOUNDS`, `MODEL_BOUNDS`), a path with credentials in it
 and inconsistent batch settings raise `ConfigError` naming the key; `gcc/train.py` turns that into a one-line
 message and exit code 2. The yaml and the overrides are read by a bounded loader (`_BoundedLoader`;
-docs/training.md, "Trust and safety").
+docs/training.md, "Trust and safety"). The key names are Composer's and llm-foundry's (`max_duration` as a Composer
+time, `optimizer:`, `scheduler:`, `algorithms:`); the names gcc used before are read as them (`RENAMED`), and
+`describe` lists every key (`train.py --print-config`; docs/training.md, "Config keys").
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import re
@@ -31,8 +34,10 @@ from gcc import exit_codes, storage
 from gcc.cli import folder_problem, input_file_problem
 from gcc.errors import BadInput
 from gcc.inputs import MAX_DEPTH, read_text, shown
-from gcc.redact import redact_text
+from gcc.redact import redact, redact_text
 from gcc.workers import PREEMPTION_GRACE_S
+
+logger = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -82,78 +87,162 @@ WORKERS = Range(0, 1 << 16)  # a rank or a count of ranks
 @dataclass(frozen=True)
 class Role:
     """What a config field is for, declared next to it with `setting` (`role` for a field with a default factory)
-    and read by validate, launch.run_signature and builders.export_metadata.
+    and read by validate, launch.run_signature, builders.export_metadata and `describe` (`train.py --print-config`).
 
-    identity: True when its value is part of the run signature (docs/design.md §9.3: a relaunch that changes it is
-    refused, exit 3); a signature key (str) when launch.run_signature records, under that key, what identifies
-    the thing it names (a digest, a resolved path) rather than its value; False when it may change on resume.
+    identity: True when its value is part of the run signature under its own dotted key (docs/design.md §9.3: a
+    relaunch that changes it is refused, exit 3); a signature key (str): signed under that key, which is the key
+    runs recorded before the field was renamed (`optimizer.lr` is signed as `optim.lr`), or, for a path, the key
+    under which launch.run_signature records what identifies the thing it names (a digest, a resolved path)
+    rather than its value; False when it may change on resume. sign_default: False for an identity field added
+    after runs were recorded: its default (the behaviour those runs had) stays out of the signature, so their
+    run.json still matches, and any other value is signed.
     exported: True when its value goes into every export's metadata (docs/design.md §9.9) under its own name; a
     metadata key (str): under that key; False: not exported. A path goes in with credentials masked.
     bounds: the range of a number (None: any value of its type). path: a local path or s3:// URL, refused with
-    credentials in it (gcc.storage.userinfo_problem)."""
+    credentials in it (gcc.storage.userinfo_problem). units: a Composer time (an int counts batches, "500ba" is
+    the same; "3ep" is allowed where "ep" is among the units and kept as given until the launch resolves it).
+    doc: its meaning in one line (`describe`)."""
 
     identity: bool | str
     exported: bool | str
     bounds: Range | None = None
     path: bool = False
+    sign_default: bool = True
+    units: tuple[str, ...] = ()
+    doc: str = ""
 
 
 ROLE = "gcc.role"  # the key of a field's Role in its dataclass field metadata
 
 
-def role(*, identity: bool | str, exported: bool | str, bounds: Range | None = None, path: bool = False) -> dict:
+def role(
+    *,
+    identity: bool | str,
+    exported: bool | str,
+    bounds: Range | None = None,
+    path: bool = False,
+    sign_default: bool = True,
+    units: tuple[str, ...] = (),
+    doc: str = "",
+) -> dict:
     """A config field's metadata holding its Role, for a field with a default factory:
     `x: list = field(default_factory=list, metadata=role(identity=..., exported=...))`."""
-    return {ROLE: Role(identity, exported, bounds, path)}
+    return {ROLE: Role(identity, exported, bounds, path, sign_default, units, doc)}
 
 
-def setting(
-    default: Any, *, identity: bool | str, exported: bool | str, bounds: Range | None = None, path: bool = False
-) -> Any:
+def setting(default: Any, **declared: Any) -> Any:
     """A config field with its default and its role (`Role`): `x: int = setting(0, identity=..., exported=...)`."""
-    return field(default=default, metadata=role(identity=identity, exported=exported, bounds=bounds, path=path))
+    return field(default=default, metadata=role(**declared))
+
+
+BATCHES = ("ba",)  # a Composer time counted in batches: 500 or "500ba"
 
 
 @dataclass
 class ModelConfig:
-    # gcc.model.dit presets: ti2v-5b | wide (its width, 2 blocks) | tiny
-    preset: Literal["ti2v-5b", "wide", "tiny"] = setting("ti2v-5b", identity=True, exported=False)
-    # preset fields to change (e.g. tiny's text_dim); signed as sorted JSON
-    overrides: dict = field(default_factory=dict, metadata=role(identity=True, exported=False))
-    # base Wan2.2-TI2V-5B weights (sharded safetensors); "" = random init (tiny/CPU only); signed by the sha256 of
-    # its index file (so a copy elsewhere is the same run)
-    model_dir: str = setting("", identity="model.base_weights", exported=True, path=True)
-    # warm start: a gc25d export (same vocab) or a plain Wan export; signed by its digest. Its export metadata
-    # entry is the lineage's (builders.export_metadata)
-    init_ckpt: str = setting("", identity="model.init_ckpt", exported=False, path=True)
-    # warm start from a DeepSpeed ZeRO checkpoint dir (needs the `legacy` extra); signed by its real path
-    legacy_zero_ckpt: str = setting("", identity="model.legacy_zero_ckpt", exported=False, path=True)
-    # the Wan2.2 VAE file (Wan2.2_VAE.pth as published) that decodes the samples logged during training on real data;
-    # "" = a latent preview (gcc-synth data has its own decoder)
-    vae_path: str = setting("", identity=False, exported=False, path=True)
-    vocab: Literal["parts", "ids"] = setting("parts", identity=True, exported=True)
-    first_frame_cond: bool = setting(True, identity=True, exported=True)
-    grad_ckpt: bool = setting(True, identity=False, exported=False)
+    preset: Literal["ti2v-5b", "wide", "tiny"] = setting(
+        "ti2v-5b",
+        identity=True,
+        exported=False,
+        doc="gcc.model.dit preset: ti2v-5b | wide (its width, 2 blocks) | tiny",
+    )
+    overrides: dict = field(
+        default_factory=dict,
+        metadata=role(
+            identity=True,
+            exported=False,
+            doc="preset fields to change (e.g. tiny's text_dim; docs/model.md); signed as sorted JSON",
+        ),
+    )
+    # signed by the sha256 of its index file (so a copy elsewhere is the same run)
+    model_dir: str = setting(
+        "",
+        identity="model.base_weights",
+        exported=True,
+        path=True,
+        doc='base Wan2.2-TI2V-5B weights (sharded safetensors as published); "" = random init (tiny/CPU only)',
+    )
+    # signed by its digest; its export metadata entry is the lineage's (builders.export_metadata)
+    init_ckpt: str = setting(
+        "",
+        identity="model.init_ckpt",
+        exported=False,
+        path=True,
+        doc="warm start: a gc25d export (same vocab) or a plain Wan export",
+    )
+    # signed by its real path
+    legacy_zero_ckpt: str = setting(
+        "",
+        identity="model.legacy_zero_ckpt",
+        exported=False,
+        path=True,
+        doc="warm start from a DeepSpeed ZeRO checkpoint folder (needs the `legacy` extra)",
+    )
+    vae_path: str = setting(
+        "",
+        identity=False,
+        exported=False,
+        path=True,
+        doc='the Wan2.2 VAE (Wan2.2_VAE.pth) that decodes the samples during training on real data; "" = a latent '
+        "preview (gcc-synth data has its own decoder)",
+    )
+    vocab: Literal["parts", "ids"] = setting(
+        "parts", identity=True, exported=True, doc="the semantic condition's vocabulary: parts | ids"
+    )
+    first_frame_cond: bool = setting(
+        True, identity=True, exported=True, doc="condition on the clean first frame (image-to-video)"
+    )
+    grad_ckpt: bool = setting(True, identity=False, exported=False, doc="activation checkpointing of the DiT blocks")
 
 
 @dataclass
 class DataConfig:
-    # a convert_data output: local folder or s3://bucket/prefix; the run is signed by its manifest's sha256 (the
-    # data's content: a copy elsewhere is the same run); exported as data_root
-    path: str = setting("data/gc25d_v10_mds", identity="data.manifest_sha256", exported="data_root", path=True)
-    # per-node shard cache; "" = <run_dir>/cache/node<N>
-    cache_dir: str = setting("", identity=False, exported=False, path=True)
-    num_workers: int = setting(4, identity=False, exported=False, bounds=Range(0, 256))
-    text_dropout: float = setting(0.1, identity=True, exported=True, bounds=FRACTION)
-    cond_dropout: float = setting(0.05, identity=True, exported=True, bounds=FRACTION)
-    mask_p: float = setting(0.5, identity=True, exported=True, bounds=FRACTION)
-    mask_calibration: Literal["frame0", "cap"] = setting("frame0", identity=True, exported=False)
-    max_frame_coverage: float = setting(0.4, identity=True, exported=False, bounds=FRACTION)
-    # fixed so the sample order is the same for any number of nodes/GPUs
-    num_canonical_nodes: int = setting(1, identity=True, exported=False, bounds=Range(1, 1 << 16))
-    # Streaming cache_limit (e.g. "200gb"); "" = unlimited
-    cache_limit: str = setting("", identity=False, exported=False)
-    # N: train on a seeded subset of N train clips (a smoke run on the real data); null = the whole train split
+    # signed by its manifest's sha256 (the data's content: a copy elsewhere is the same run)
+    path: str = setting(
+        "data/gc25d_v10_mds",
+        identity="data.manifest_sha256",
+        exported="data_root",
+        path=True,
+        doc="a convert_data output: a local folder or s3://bucket/prefix",
+    )
+    cache_dir: str = setting(
+        "", identity=False, exported=False, path=True, doc='per-node shard cache; "" = <run_dir>/cache/node<N>'
+    )
+    num_workers: int = setting(
+        4, identity=False, exported=False, bounds=Range(0, 256), doc="loader worker processes per rank"
+    )
+    text_dropout: float = setting(
+        0.1, identity=True, exported=True, bounds=FRACTION, doc="probability of training a clip without its text"
+    )
+    cond_dropout: float = setting(
+        0.05,
+        identity=True,
+        exported=True,
+        bounds=FRACTION,
+        doc="probability of training a clip without its semantic condition",
+    )
+    mask_p: float = setting(
+        0.5, identity=True, exported=True, bounds=FRACTION, doc="probability of masking the condition's regions"
+    )
+    mask_calibration: Literal["frame0", "cap"] = setting(
+        "frame0",
+        identity=True,
+        exported=False,
+        doc="frame0 | cap (bounds the per-frame coverage by max_frame_coverage)",
+    )
+    max_frame_coverage: float = setting(
+        0.4, identity=True, exported=False, bounds=FRACTION, doc="the largest share of a frame a mask covers (cap)"
+    )
+    num_canonical_nodes: int = setting(
+        1,
+        identity=True,
+        exported=False,
+        bounds=Range(1, 1 << 16),
+        doc="Streaming's; fixed so the sample order is the same for any number of nodes/GPUs",
+    )
+    cache_limit: str = setting(
+        "", identity=False, exported=False, doc='Streaming cache_limit (e.g. "200gb"); "" = unlimited'
+    )
     limit: int | None = setting(
         None,
         identity=True,
@@ -161,24 +250,102 @@ class DataConfig:
         bounds=Range(
             1, STEPS, said=f"a positive number of train clips, or null (the whole train split), at most {STEPS}"
         ),
+        doc="N: train on a seeded subset of N train clips (a smoke run on the real data); null = the whole train split",
     )
 
 
 @dataclass
-class OptimConfig:
-    lr: float = setting(1e-5, identity=True, exported=True, bounds=NON_NEGATIVE)
-    cond_lr: float = setting(1e-4, identity=True, exported=True, bounds=NON_NEGATIVE)
-    weight_decay: float = setting(0.01, identity=True, exported=True, bounds=NON_NEGATIVE)
-    warmup_steps: int = setting(500, identity=True, exported=True, bounds=Range(0, STEPS))
-    # max global grad norm; 0 = off
-    grad_clip: float = setting(1.0, identity=True, exported=False, bounds=NON_NEGATIVE)
+class OptimizerConfig:
+    """Composer's `optimizer:` section: AdamW with two parameter groups, the DiT at `lr` and gc_sem_cond at
+    `cond_lr` (gcc/model/optim.py). Signed under the keys runs recorded before the section had this name."""
+
+    name: Literal["adamw"] = setting(
+        "adamw", identity=True, sign_default=False, exported=False, doc="adamw (the only one gcc trains with)"
+    )
+    lr: float = setting(
+        1e-5, identity="optim.lr", exported=True, bounds=NON_NEGATIVE, doc="learning rate of the DiT's parameters"
+    )
+    cond_lr: float = setting(
+        1e-4,
+        identity="optim.cond_lr",
+        exported=True,
+        bounds=NON_NEGATIVE,
+        doc="learning rate of the gc_sem_cond parameters (the condition path, zero-initialised)",
+    )
+    weight_decay: float = setting(
+        0.01, identity="optim.weight_decay", exported=True, bounds=NON_NEGATIVE, doc="AdamW's weight decay"
+    )
+    betas: list = field(
+        default_factory=lambda: [0.9, 0.999],
+        metadata=role(identity="optim.betas", exported=False, doc="AdamW's betas: two numbers in [0, 1)"),
+    )
+    eps: float = setting(
+        1e-8,
+        identity=True,
+        sign_default=False,
+        exported=False,
+        bounds=Range(0.0, 1.0, exclusive=True),
+        doc="AdamW's eps",
+    )
+
+
+@dataclass
+class SchedulerConfig:
+    """Composer's `scheduler:` section: one of Composer's schedulers by name, over max_duration (gcc/model/optim.py;
+    docs/training.md, "Config keys")."""
+
+    name: Literal["constant_with_warmup", "cosine_with_warmup", "linear_decay_with_warmup"] = setting(
+        "constant_with_warmup",
+        identity=True,
+        sign_default=False,
+        exported=False,
+        doc="constant_with_warmup | cosine_with_warmup | linear_decay_with_warmup (Composer's schedulers)",
+    )
+    t_warmup: int = setting(
+        500,
+        identity="optim.warmup_steps",
+        exported="warmup_steps",
+        bounds=Range(0, STEPS),
+        units=BATCHES,
+        doc='linear warmup from 0 to the rate, in batches (500 or "500ba"); step s runs at min(1, s / t_warmup)',
+    )
+    alpha_f: float = setting(
+        0.0,
+        identity=True,
+        sign_default=False,
+        exported=False,
+        bounds=FRACTION,
+        doc="the rate's multiplier at max_duration (cosine and linear decay; constant ignores it)",
+    )
+
+
+@dataclass
+class GradientClippingConfig:
+    clipping_type: Literal["norm"] = setting(
+        "norm", identity=True, sign_default=False, exported=False, doc="norm: the global gradient norm"
+    )
+    clipping_threshold: float = setting(
+        1.0, identity="optim.grad_clip", exported=False, bounds=NON_NEGATIVE, doc="max global gradient norm; 0 = off"
+    )
+
+
+@dataclass
+class AlgorithmsConfig:
+    """Composer's `algorithms:` section."""
+
+    gradient_clipping: GradientClippingConfig = field(default_factory=GradientClippingConfig)
 
 
 @dataclass
 class FsdpConfig:
-    # False: ZeRO-2-like (a block's gathered parameters stay from its forward to its backward); True: ZeRO-3-like
-    # (gathered again in the backward: less memory, one more all-gather per block). docs/performance.md has both.
-    reshard_after_forward: bool = setting(False, identity=False, exported=False)
+    # docs/performance.md has both
+    reshard_after_forward: bool = setting(
+        False,
+        identity=False,
+        exported=False,
+        doc="false: ZeRO-2-like (a block's gathered parameters stay from its forward to its backward); true: "
+        "ZeRO-3-like (gathered again in the backward: less memory, one more all-gather per block)",
+    )
 
 
 @dataclass
@@ -186,109 +353,290 @@ class FaultsConfig:
     """Fault injection for gcc's own tests (docs/training.md, "Fault injection"), never for a real run; each off by
     default, none part of the run's identity."""
 
-    # make the loss NaN at this step (0 = off)...
-    nonfinite_step: int = setting(0, identity=False, exported=False, bounds=Range(0, STEPS))
-    nonfinite_rank: int = setting(0, identity=False, exported=False, bounds=WORKERS)  # ...on this rank
-    # the loader never delivers this step's batch (0 = off)...
-    stall_step: int = setting(0, identity=False, exported=False, bounds=Range(0, STEPS))
-    stall_rank: int = setting(0, identity=False, exported=False, bounds=WORKERS)  # ...on this rank
-    # the last rank sends itself SIGTERM as the step-0 validation starts (a preemption that only that rank sees,
-    # during the step-0 validation)
-    sigterm_at_val0: bool = setting(False, identity=False, exported=False)
-    # right after committing this step's checkpoint to checkpoint_dir, rank 0 sends SIGSTOP to the launch's process
-    # group, freezing it at a known point (the test kills it, or claims the prefix and sends SIGCONT); 0 = off
-    stop_after_commit_step: int = setting(0, identity=False, exported=False, bounds=Range(0, STEPS))
+    nonfinite_step: int = setting(
+        0, identity=False, exported=False, bounds=Range(0, STEPS), doc="make the loss NaN at this step (0 = off)"
+    )
+    nonfinite_rank: int = setting(
+        0, identity=False, exported=False, bounds=WORKERS, doc="the rank whose loss nonfinite_step makes NaN"
+    )
+    stall_step: int = setting(
+        0,
+        identity=False,
+        exported=False,
+        bounds=Range(0, STEPS),
+        doc="the loader never delivers this step's batch (0 = off)",
+    )
+    stall_rank: int = setting(
+        0, identity=False, exported=False, bounds=WORKERS, doc="the rank whose loader stall_step stalls"
+    )
+    sigterm_at_val0: bool = setting(
+        False,
+        identity=False,
+        exported=False,
+        doc="the last rank sends itself SIGTERM as the step-0 validation starts",
+    )
+    # the test kills it, or claims the prefix and sends SIGCONT
+    stop_after_commit_step: int = setting(
+        0,
+        identity=False,
+        exported=False,
+        bounds=Range(0, STEPS),
+        doc="right after committing this step's checkpoint to save_folder, rank 0 sends SIGSTOP to the launch's "
+        "process group (0 = off)",
+    )
 
 
 @dataclass
 class TrainConfig:
-    run_dir: str = setting("runs/sft_v10", identity=False, exported=False, path=True)
-    # Composer's and Streaming's range
-    seed: int = setting(0, identity=True, exported=True, bounds=Range(0, 2**32 - 1, said="in [0, 2**32)"))
-    # free to change on resume: the run continues at the next epoch (gcc/training/batch_change.py)
-    global_batch: int = setting(16, identity=False, exported=False, bounds=Range(1, 1 << 16))
-    micro_batch: int = setting(1, identity=False, exported=False, bounds=Range(1, 4096))
-    # 0 = derived: global_batch / (world_size × micro_batch); else must match
-    grad_accum: int = setting(0, identity=False, exported=False, bounds=Range(0, 1 << 16))
-    max_steps: int = setting(20000, identity=False, exported=False, bounds=Range(1, STEPS))
-    precision: Literal["amp_bf16", "fp32"] = setting("amp_bf16", identity=True, exported=False)  # GPU | CPU
-    # fsdp (Composer's FSDP2, sharded checkpoints) | ddp; DDP and FSDP checkpoints differ in format
-    parallelism: Literal["fsdp", "ddp"] = setting("fsdp", identity=True, exported=False)
-    # why 1000: docs/design.md §8
-    checkpoint_every: int = setting(1000, identity=False, exported=False, bounds=Range(1, STEPS))
-    # locally and, with checkpoint_dir, remotely; across restarts
-    keep_checkpoints: int = setting(2, identity=False, exported=False, bounds=Range(1, 1000))
-    # "" = checkpoints only in <run_dir>/checkpoints; s3://bucket/prefix = also there, committed after each save,
-    # and a start with an empty run folder resumes from it (docs/training.md, "Checkpoints on object storage")
-    checkpoint_dir: str = setting("", identity=False, exported=False, path=True)
-    export_every: int = setting(1000, identity=False, exported=False, bounds=Range(0, STEPS))
-    val_every: int = setting(500, identity=False, exported=False, bounds=Range(0, STEPS))
-    # validate the starting weights before the first step (a step-0 row, the run's baseline); a resume never repeats it
-    val_at_start: bool = setting(True, identity=False, exported=False)
-    val_n: int = setting(16, identity=False, exported=False, bounds=Range(0, 100_000))
-    val_timesteps: list = field(default_factory=lambda: [200, 500, 800], metadata=role(identity=False, exported=False))
-    val_batch: int = setting(1, identity=False, exported=False, bounds=Range(1, 4096))
-    # samples during training (docs/sample.md): at every sample_every-th validation (and the last step's), sample_n
-    # fixed val clips sampled with their semantic condition and without it, from the same noise; logged as videos and
-    # a contact sheet to every logger and <run_dir>/samples/step-N/. 0 = off
-    sample_every: int = setting(2, identity=False, exported=False, bounds=Range(0, 1_000_000))
-    sample_n: int = setting(2, identity=False, exported=False, bounds=Range(0, 1000))
-    # denoising steps (FlowMatchScheduler, Wan's schedule, shift 5)
-    sample_steps: int = setting(20, identity=False, exported=False, bounds=Range(1, 1000))
-    # semantic guidance of the conditioned variant (gcc-sample's --sem_cfg; 1 = none)
-    sample_cfg: float = setting(1.0, identity=False, exported=False)
-    # samples/step-N folders kept (0 = all)
-    keep_samples: int = setting(0, identity=False, exported=False, bounds=Range(0, 1_000_000))
-    autoresume: bool = setting(True, identity=False, exported=False)
-    # a launch with nothing to resume in a run folder that holds exports, log rows or checkpoints is refused (exit 3);
-    # true starts over there on purpose, moving what the run wrote to <run_dir>/replaced/<time>/
-    allow_existing: bool = setting(False, identity=False, exported=False)
-    progress_bar: bool = setting(True, identity=False, exported=False)
-    # a progress line every this many steps (and val lines after each validation), unless the progress bar is on
-    # and stdout is a terminal; 0 = never
-    console_log_every: int = setting(10, identity=False, exported=False, bounds=Range(0, STEPS))
-    # logger name -> options of Composer's class: tensorboard, wandb, mlflow (gcc/training/loggers.py); CSV always
-    loggers: dict = field(default_factory=lambda: {"tensorboard": {}}, metadata=role(identity=False, exported=False))
-    # Composer callback name -> its class's arguments: speed_monitor, memory_monitor, lr_monitor
-    # (gcc/training/composer_callbacks.py; docs/training.md, "Callbacks"); none by default
-    callbacks: dict = field(default_factory=dict, metadata=role(identity=False, exported=False))
-    # what rank 0 prints
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = setting("INFO", identity=False, exported=False)
-    dist_timeout: float = setting(600.0, identity=False, exported=False, bounds=Range(0, 7 * DAY_S, " seconds", True))
-    # Composer's event engine without visits to callbacks that do nothing on an event (gcc/compat/composer.py
-    # LeanEngine: ~5 ms a step less; docs/performance.md); false runs Composer's own
-    lean_engine: bool = setting(True, identity=False, exported=False)
-    # after SIGTERM/SIGUSR1 a rank must checkpoint and exit within this; else it writes every thread's stack to
-    # <run_dir>/stacks/ and exits 5. Keep it below the scheduler's kill timeout.
-    preemption_grace_s: float = setting(
-        PREEMPTION_GRACE_S, identity=False, exported=False, bounds=Range(0, DAY_S, " seconds", True)
+    run_dir: str = setting(
+        "runs/sft_v10", identity=False, exported=False, path=True, doc="the run folder (docs/training.md)"
     )
-    # a rank that completes no step within this (model build, warm-up, validation; 0 = off), or, once 10 steps
-    # are timed, within max(stall_floor_s, 20 × the median step time), writes its stacks and exits 5
-    stall_timeout_s: float = setting(1800.0, identity=False, exported=False, bounds=Range(0, 7 * DAY_S, " seconds"))
-    stall_floor_s: float = setting(300.0, identity=False, exported=False, bounds=Range(0, 7 * DAY_S, " seconds", True))
+    seed: int = setting(
+        0,
+        identity=True,
+        exported=True,
+        bounds=Range(0, 2**32 - 1, said="in [0, 2**32)"),  # Composer's and Streaming's range
+        doc="seeds everything random (weights, data order, noise)",
+    )
+    global_train_batch_size: int = setting(
+        16,
+        identity=False,
+        exported=False,
+        bounds=Range(1, 1 << 16),
+        doc="clips per optimizer step over all ranks; a change on resume continues at the next epoch",
+    )
+    device_train_microbatch_size: int = setting(
+        1, identity=False, exported=False, bounds=Range(1, 4096), doc="clips per forward/backward on a rank"
+    )
+    grad_accum: int = setting(
+        0,
+        identity=False,
+        exported=False,
+        bounds=Range(0, 1 << 16),
+        doc="0 = derived: global_train_batch_size / (world_size × device_train_microbatch_size); else must match",
+    )
+    # kept as given ("3ep") until the launch resolves it (`resolve_duration`); the code counts `max_steps`
+    max_duration: int | str = setting(
+        20000,
+        identity=False,
+        exported=False,
+        bounds=Range(1, STEPS),
+        units=("ba", "ep"),
+        doc='the run\'s length: batches (20000 or "20000ba") or epochs of the train split ("3ep"); may be raised '
+        "on resume",
+    )
+    precision: Literal["amp_bf16", "fp32"] = setting(
+        "amp_bf16", identity=True, exported=False, doc="amp_bf16 (GPU) | fp32 (CPU)"
+    )
+    parallelism: Literal["fsdp", "ddp"] = setting(
+        "fsdp",
+        identity=True,
+        exported=False,
+        doc="fsdp (Composer's FSDP2, sharded checkpoints) | ddp; their checkpoints differ in format",
+    )
+    save_interval: int = setting(
+        1000,
+        identity=False,
+        exported=False,
+        bounds=Range(1, STEPS),
+        units=BATCHES,
+        doc='a checkpoint every this many batches (1000 or "1000ba"; why 1000: docs/design.md §8)',
+    )
+    save_num_checkpoints_to_keep: int = setting(
+        2,
+        identity=False,
+        exported=False,
+        bounds=Range(1, 1000),
+        doc="checkpoints kept, locally and in save_folder, across restarts",
+    )
+    save_folder: str = setting(
+        "",
+        identity=False,
+        exported=False,
+        path=True,
+        doc='"" = checkpoints only in <run_dir>/checkpoints; s3://bucket/prefix = also there, committed after each '
+        'save; a start with an empty run folder resumes from it (docs/training.md, "Checkpoints on object storage")',
+    )
+    export_every: int = setting(
+        1000,
+        identity=False,
+        exported=False,
+        bounds=Range(0, STEPS),
+        doc="a step-N.safetensors export every this many steps (and the last); 0 = the last only",
+    )
+    eval_interval: int = setting(
+        500,
+        identity=False,
+        exported=False,
+        bounds=Range(0, STEPS),
+        units=BATCHES,
+        doc='validate every this many batches (500 or "500ba") and at the last step; 0 = never',
+    )
+    eval_first: bool = setting(
+        True,
+        identity=False,
+        exported=False,
+        doc="validate the starting weights before the first step (a step-0 row, the run's baseline); a resume "
+        "never repeats it",
+    )
+    val_n: int = setting(
+        16, identity=False, exported=False, bounds=Range(0, 100_000), doc="fixed val clips, round-robin over val runs"
+    )
+    val_timesteps: list = field(
+        default_factory=lambda: [200, 500, 800],
+        metadata=role(identity=False, exported=False, doc="the validation's timesteps, in [0, 1000]"),
+    )
+    val_batch: int = setting(1, identity=False, exported=False, bounds=Range(1, 4096), doc="clips per val batch")
+    # logged as videos and a contact sheet to every logger and <run_dir>/samples/step-N/
+    sample_every: int = setting(
+        2,
+        identity=False,
+        exported=False,
+        bounds=Range(0, 1_000_000),
+        doc="samples during training (docs/sample.md) at every this-many-th validation and the last step's; 0 = off",
+    )
+    sample_n: int = setting(
+        2,
+        identity=False,
+        exported=False,
+        bounds=Range(0, 1000),
+        doc="fixed val clips sampled with their semantic condition and without it, from the same noise",
+    )
+    sample_steps: int = setting(
+        20,
+        identity=False,
+        exported=False,
+        bounds=Range(1, 1000),
+        doc="denoising steps of those samples (FlowMatchScheduler, Wan's schedule, shift 5)",
+    )
+    sample_cfg: float = setting(
+        1.0,
+        identity=False,
+        exported=False,
+        doc="semantic guidance of the conditioned sample (gcc-sample's --sem_cfg; 1 = none)",
+    )
+    keep_samples: int = setting(
+        0, identity=False, exported=False, bounds=Range(0, 1_000_000), doc="samples/step-N folders kept (0 = all)"
+    )
+    autoresume: bool = setting(
+        True, identity=False, exported=False, doc="a relaunch resumes from the run's last checkpoint"
+    )
+    allow_existing: bool = setting(
+        False,
+        identity=False,
+        exported=False,
+        doc="a launch with nothing to resume in a run folder that holds exports, log rows or checkpoints is refused "
+        "(exit 3); true starts over there, moving what the run wrote to <run_dir>/replaced/<time>/",
+    )
+    progress_bar: bool = setting(True, identity=False, exported=False, doc="Composer's progress bar on a terminal")
+    console_log_interval: int = setting(
+        10,
+        identity=False,
+        exported=False,
+        bounds=Range(0, STEPS),
+        doc="a progress line every this many steps (and val lines after each validation), unless the progress bar "
+        "is on and stdout is a terminal; 0 = never",
+    )
+    loggers: dict = field(
+        default_factory=lambda: {"tensorboard": {}},
+        metadata=role(
+            identity=False,
+            exported=False,
+            doc="logger name -> options of Composer's class: tensorboard, wandb, mlflow (CSV always; docs/training.md, "
+            '"Loggers")',
+        ),
+    )
+    callbacks: dict = field(
+        default_factory=dict,
+        metadata=role(
+            identity=False,
+            exported=False,
+            doc="Composer callback name -> its class's arguments: speed_monitor, memory_monitor, lr_monitor "
+            '(docs/training.md, "Callbacks"); none by default',
+        ),
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = setting(
+        "INFO", identity=False, exported=False, doc="what rank 0 prints: DEBUG | INFO | WARNING | ERROR"
+    )
+    dist_timeout: float = setting(
+        600.0,
+        identity=False,
+        exported=False,
+        bounds=Range(0, 7 * DAY_S, " seconds", True),
+        doc="the process group's timeout, in seconds",
+    )
+    lean_engine: bool = setting(
+        True,
+        identity=False,
+        exported=False,
+        doc="Composer's event engine without visits to callbacks that do nothing on an event (~5 ms a step less; "
+        "docs/performance.md); false runs Composer's own",
+    )
+    # keep it below the scheduler's kill timeout
+    preemption_grace_s: float = setting(
+        PREEMPTION_GRACE_S,
+        identity=False,
+        exported=False,
+        bounds=Range(0, DAY_S, " seconds", True),
+        doc="after SIGTERM/SIGUSR1 a rank must checkpoint and exit within this, else it writes every thread's "
+        "stack to <run_dir>/stacks/ and exits 5",
+    )
+    stall_timeout_s: float = setting(
+        1800.0,
+        identity=False,
+        exported=False,
+        bounds=Range(0, 7 * DAY_S, " seconds"),
+        doc="a rank that completes no step within this (0 = off), or, once 10 steps are timed, within "
+        "max(stall_floor_s, 20 × the median step time), writes its stacks and exits 5",
+    )
+    stall_floor_s: float = setting(
+        300.0,
+        identity=False,
+        exported=False,
+        bounds=Range(0, 7 * DAY_S, " seconds", True),
+        doc="the stall deadline's floor once steps are timed",
+    )
     fsdp: FsdpConfig = field(default_factory=FsdpConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    algorithms: AlgorithmsConfig = field(default_factory=AlgorithmsConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)  # for gcc's own tests only
 
+    @property
+    def max_steps(self) -> int:
+        """The run's length in optimizer steps (batches), the one count the code uses: `max_duration`, whose
+        epochs ("3ep") the launch resolves to batches first (`resolve_duration`)."""
+        if isinstance(self.max_duration, str):
+            raise RuntimeError(f"max_duration {self.max_duration!r} is not resolved to batches (resolve_duration)")
+        return self.max_duration
+
     def per_rank_batch(self, world_size: int) -> int:
-        return self.micro_batch * self.accumulation(world_size)
+        return self.device_train_microbatch_size * self.accumulation(world_size)
 
     def accumulation(self, world_size: int) -> int:
-        per_rank, rem = divmod(self.global_batch, world_size * self.micro_batch)
+        micro = self.device_train_microbatch_size
+        per_rank, rem = divmod(self.global_train_batch_size, world_size * micro)
         if rem or per_rank < 1:
             raise ConfigError(
-                f"global_batch={self.global_batch} is not a multiple of world_size × micro_batch = "
-                f"{world_size} × {self.micro_batch}"
+                f"global_train_batch_size={self.global_train_batch_size} is not a multiple of world_size × "
+                f"device_train_microbatch_size = {world_size} × {micro}"
             )
         if self.grad_accum and self.grad_accum != per_rank:
             raise ConfigError(
-                f"grad_accum={self.grad_accum} disagrees with global_batch / (world_size × micro_batch)"
-                f" = {self.global_batch} / ({world_size} × {self.micro_batch}) = {per_rank}"
+                f"grad_accum={self.grad_accum} disagrees with global_train_batch_size / (world_size × "
+                f"device_train_microbatch_size) = {self.global_train_batch_size} / ({world_size} × {micro}) = "
+                f"{per_rank}"
             )
         return per_rank
+
+
+def resolve_duration(cfg: TrainConfig, steps_per_epoch: int) -> None:
+    """An epoch `max_duration` ("3ep") becomes batches at launch: epochs × the batches of an epoch of the train
+    split at this launch's global batch (builders.steps_per_epoch); a batch count stays as it is."""
+    if isinstance(cfg.max_duration, str):
+        cfg.max_duration = _count(cfg.max_duration) * steps_per_epoch
 
 
 def _fields(cls: type, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field, Any]]:
@@ -318,19 +666,30 @@ CHOICES = {key: typing.get_args(t) for key, _, t in _fields(TrainConfig) if typi
 # the range of every field that sizes work (steps, clips, batches, processes, seconds) and of every rate and
 # fraction: a value outside is refused before anything is built, naming the field and the range
 BOUNDS = {key: role.bounds for key, role in ROLES.items() if role.bounds is not None}
-# the config's paths: local, or s3:// URLs (data.path, checkpoint_dir), never with credentials in them
+# the config's paths: local, or s3:// URLs (data.path, save_folder), never with credentials in them
 PATH_KEYS = tuple(key for key, role in ROLES.items() if role.path)
 
 
 def signed_values(cfg: TrainConfig) -> dict[str, Any]:
-    """The run signature's entries that are a field's value (identity=True) by dotted key, a mapping as sorted JSON;
-    launch.run_signature adds the entries it computes."""
+    """The run signature's entries that are a field's value by signature key (its dotted key, or the key its
+    declaration names), a mapping as sorted JSON, a field that is not signed at its default (`sign_default`) only
+    when it differs from it; launch.run_signature adds the entries it computes for the paths."""
     signed = {}
-    for key, role in ROLES.items():
-        if role.identity is True:
-            value = _get(cfg, key)
-            signed[key] = json.dumps(value, sort_keys=True) if isinstance(value, dict) else value
+    for key, f, _ in _fields(TrainConfig):
+        role = f.metadata[ROLE]
+        if role.identity is False or role.path:
+            continue
+        value = _get(cfg, key)
+        if not role.sign_default and value == _default(f):
+            continue
+        signed[key if role.identity is True else role.identity] = (
+            json.dumps(value, sort_keys=True) if isinstance(value, dict) else value
+        )
     return signed
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 def exported_values(cfg: TrainConfig) -> dict[str, Any]:
@@ -388,8 +747,8 @@ def _build(cls, data: dict, prefix: str = ""):
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.') or '(root)'}: expected a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
     if unknown:
         raise ConfigError(f"unknown key(s): {', '.join(prefix + k for k in unknown)}")
     kwargs = {}
@@ -397,9 +756,38 @@ def _build(cls, data: dict, prefix: str = ""):
         typ = hints[k]
         if dataclasses.is_dataclass(typ):
             kwargs[k] = _build(typ, v, f"{prefix}{k}.")
+        elif fields[k].metadata[ROLE].units:
+            kwargs[k] = _time(prefix + k, v, fields[k].metadata[ROLE].units)
         else:
             kwargs[k] = _check_type(prefix + k, v, typ)
     return cls(**kwargs)
+
+
+_TIME = re.compile(r"(\d{1,18})\s*([a-z]+)")  # 18 digits: beyond any bound, short of Python's int limit
+COMPOSER_UNITS = ("ba", "ep", "sp", "tok", "dur", "sec", "iter")  # what a Composer time string may end with
+
+
+def _time(key: str, value: Any, units: tuple[str, ...]) -> int | str:
+    """A Composer time as gcc keeps it: batches as an int (500 and "500ba" alike), epochs as "Nep" (resolved at
+    launch: `resolve_duration`). A ConfigError naming the key for anything else, or a unit that cannot hold here."""
+    wanted = 'a whole number of batches (500 or "500ba")' + (' or of epochs ("3ep")' if "ep" in units else "")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    match = _TIME.fullmatch(value.strip().lower()) if isinstance(value, str) else None
+    if match is None:
+        raise ConfigError(f"{key}: expected {wanted}, got {shown(repr(value))}")
+    count, unit = int(match[1]), match[2]
+    if unit not in units:
+        why = "a Composer unit gcc does not count in here" if unit in COMPOSER_UNITS else "not a Composer unit"
+        raise ConfigError(
+            f"{key}: the unit {unit!r} of {shown(repr(value))} cannot be used here ({why}); expected {wanted}"
+        )
+    return count if unit == "ba" else f"{count}{unit}"
+
+
+def _count(value: int | str) -> int:
+    """The number of a kept time: its batches, or its epochs ("3ep" -> 3)."""
+    return value if isinstance(value, int) else int(value[: -len("ep")])
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
@@ -547,10 +935,101 @@ def parse_override(ov: str) -> tuple[str, Any]:
     return key, _load_yaml(raw, f"override {said}", invalid, tuple(key.split(".")))
 
 
+# the keys gcc read before it took Composer's and llm-foundry's names: old -> new (docs/training.md, "Config keys").
+# An old key is read as its new one, with one warning; a yaml (or a command line) that gives both is refused.
+RENAMED = {
+    "max_steps": "max_duration",
+    "val_every": "eval_interval",
+    "val_at_start": "eval_first",
+    "checkpoint_every": "save_interval",
+    "checkpoint_dir": "save_folder",
+    "keep_checkpoints": "save_num_checkpoints_to_keep",
+    "global_batch": "global_train_batch_size",
+    "micro_batch": "device_train_microbatch_size",
+    "console_log_every": "console_log_interval",
+    "optim.lr": "optimizer.lr",
+    "optim.cond_lr": "optimizer.cond_lr",
+    "optim.weight_decay": "optimizer.weight_decay",
+    "optim.warmup_steps": "scheduler.t_warmup",  # a number of batches, as before; the scheduler's default name
+    "optim.grad_clip": "algorithms.gradient_clipping.clipping_threshold",
+}
+_OLD_SECTIONS = {old.split(".")[0] for old in RENAMED if "." in old}  # optim: gone, its keys moved
+
+
+def _pop_dotted(tree: dict, dotted: str) -> tuple[bool, Any]:
+    """(found, value) of `dotted` in `tree`, removed from it; a section it empties goes too."""
+    *path, leaf = dotted.split(".")
+    nodes = [tree]
+    for p in path:
+        node = nodes[-1].get(p)
+        if not isinstance(node, dict):
+            return False, None
+        nodes.append(node)
+    if leaf not in nodes[-1]:
+        return False, None
+    value = nodes[-1].pop(leaf)
+    for parent, p, node in zip(reversed(nodes[:-1]), reversed(path), reversed(nodes[1:]), strict=True):
+        if not node:
+            del parent[p]
+    return True, value
+
+
+def _has_dotted(tree: dict, dotted: str) -> bool:
+    node: Any = tree
+    for p in dotted.split("."):
+        if not isinstance(node, dict) or p not in node:
+            return False
+        node = node[p]
+    return True
+
+
+def _renamed(tree: dict, where: str) -> list[str]:
+    """`tree` with every old key (RENAMED) moved to its new one, in place; the old keys it held. A ConfigError
+    naming both when `tree` gives an old key and its new one."""
+    found = []
+    for old, new in RENAMED.items():
+        there, value = _pop_dotted(tree, old)
+        if not there:
+            continue
+        if _has_dotted(tree, new):
+            raise ConfigError(f"{where}: {old} and {new} are both given; {old} is the old name of {new}: keep {new}")
+        _set_dotted(tree, new, value)
+        found.append(old)
+    return found
+
+
+def _override_leaves(key: str, value: Any) -> list[tuple[str, Any]]:
+    """An override as (dotted key, value) pairs: one, or each key of an old section given whole (`optim={lr: 1}`)."""
+    if key in _OLD_SECTIONS and isinstance(value, dict):
+        return [(f"{key}.{k}", v) for k, v in value.items()]
+    return [(key, value)]
+
+
 def load_config(yaml_path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """The yaml, then each `dotted.key=value` override over it, old keys read as their new ones (RENAMED, one
+    warning per old key), built and validated."""
     tree: dict = read_yaml(yaml_path) if yaml_path is not None else {}
+    old_keys = _renamed(tree, str(yaml_path))
+    given: dict[str, str] = {}  # new key -> the name the command line gave it by
     for ov in overrides:
-        _set_dotted(tree, *parse_override(ov))
+        for key, value in _override_leaves(*parse_override(ov)):
+            new = RENAMED.get(key, key)
+            if given.get(new, key) != key:  # one old name per key: the other is `new`
+                old = key if key != new else given[new]
+                raise ConfigError(
+                    f"overrides: {old} and {new} are both given; {old} is the old name of {new}: keep {new}"
+                )
+            given[new] = key
+            if new != key:
+                old_keys.append(key)
+            _set_dotted(tree, new, value)
+    for section in _OLD_SECTIONS & set(tree):  # what is left of an old section: keys it never had
+        left = tree[section]
+        unknown = ", ".join(f"{section}.{k}" for k in left) if isinstance(left, dict) else section
+        moved = ", ".join(new for old, new in RENAMED.items() if old.startswith(f"{section}."))
+        raise ConfigError(f"unknown key(s): {unknown} (the keys of {section}: are now {moved})")
+    for old in dict.fromkeys(old_keys):  # once per key, in the order met
+        logger.warning(f'{old}: an old key name, read as {RENAMED[old]}; rename it (docs/training.md, "Config keys")')
     cfg = _build(TrainConfig, tree)
     validate(cfg)
     return cfg
@@ -577,16 +1056,24 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError(f"{key}: must be one of {allowed}, got {_get(cfg, key)!r}")
     for key, bounds in BOUNDS.items():
         value = _get(cfg, key)
+        if ROLES[key].units:
+            value = _count(value)
         problem = bounds.problem(value) if value is not None else None  # None: a field that may be null (data.limit)
         if problem:
             raise ConfigError(f"{key}: {problem}")
-    if cfg.checkpoint_dir and not re.fullmatch(r"s3://[^/]+/.*[^/].*", cfg.checkpoint_dir):
+    if cfg.save_folder and not re.fullmatch(r"s3://[^/]+/.*[^/].*", cfg.save_folder):
         raise ConfigError(
-            f"checkpoint_dir: must be empty (checkpoints in <run_dir>/checkpoints) or "
-            f"s3://bucket/prefix, got {cfg.checkpoint_dir!r}"
+            f"save_folder: must be empty (checkpoints in <run_dir>/checkpoints) or "
+            f"s3://bucket/prefix, got {cfg.save_folder!r}"
         )
-    if cfg.global_batch % cfg.micro_batch:
-        raise ConfigError(f"global_batch={cfg.global_batch} is not a multiple of micro_batch={cfg.micro_batch}")
+    if cfg.global_train_batch_size % cfg.device_train_microbatch_size:
+        raise ConfigError(
+            f"global_train_batch_size={cfg.global_train_batch_size} is not a multiple of "
+            f"device_train_microbatch_size={cfg.device_train_microbatch_size}"
+        )
+    betas = cfg.optimizer.betas
+    if len(betas) != 2 or not all((b := _as_float(x)) is not None and 0 <= b < 1 for x in betas):
+        raise ConfigError(f"optimizer.betas: expected two numbers in [0, 1), got {shown(betas)}")
     if cfg.data.cache_limit:
         from streaming.base.util import bytes_to_int  # heavy (streaming pulls torch, ~3 s): config stays light
 
@@ -600,7 +1087,11 @@ def validate(cfg: TrainConfig) -> None:
                 f"got {cfg.data.cache_limit!r}"
             )
     bad_t = [t for t in cfg.val_timesteps if (x := _as_float(t)) is None or not 0 <= x <= 1000]
-    if bad_t or (not cfg.val_timesteps and cfg.val_every and cfg.val_n) or len(cfg.val_timesteps) > MAX_VAL_TIMESTEPS:
+    if (
+        bad_t
+        or (not cfg.val_timesteps and cfg.eval_interval and cfg.val_n)
+        or len(cfg.val_timesteps) > MAX_VAL_TIMESTEPS
+    ):
         raise ConfigError(
             f"val_timesteps: must be a non-empty list of at most {MAX_VAL_TIMESTEPS} numbers in [0, 1000] "
             f"(scheduler timesteps), got {shown(cfg.val_timesteps)}"
@@ -674,13 +1165,13 @@ def _check_model_overrides(overrides: dict) -> None:
 
 
 def samples_during_training(cfg: TrainConfig) -> bool:
-    """Whether the run logs samples: it validates (val_every, val_n) and sample_every, sample_n are on."""
-    return cfg.val_every > 0 and cfg.val_n > 0 and cfg.sample_every > 0 and cfg.sample_n > 0
+    """Whether the run logs samples: it validates (eval_interval, val_n) and sample_every, sample_n are on."""
+    return cfg.eval_interval > 0 and cfg.val_n > 0 and cfg.sample_every > 0 and cfg.sample_n > 0
 
 
 def check_inputs(cfg: TrainConfig) -> None:
     """What the config names outside itself, checked before any work (every rank does it, before the process
-    group): the folders it writes (run_dir, data.cache_dir) must be folders; an s3:// data.path or checkpoint_dir
+    group): the folders it writes (run_dir, data.cache_dir) must be folders; an s3:// data.path or save_folder
     needs a bucket the store serves; the weights it names (model.model_dir, model.init_ckpt,
     model.legacy_zero_ckpt), where they exist, and model.vae_path (when the run samples), must be of the right kind and fit the model, read from their
     headers against the model built on the meta device (nothing allocated). Missing weights and a local
@@ -692,7 +1183,7 @@ def check_inputs(cfg: TrainConfig) -> None:
         problem = (key == "run_dir" or value) and (storage.local_path_problem(value) or folder_problem(value))
         if problem:
             raise ConfigError(f"{key}: {shown(value)}: {problem}")
-    for key in ("data.path", "checkpoint_dir"):
+    for key in ("data.path", "save_folder"):
         url = _get(cfg, key)
         if url and storage.is_remote(url):
             problem = storage.bucket_problem(url)
@@ -755,6 +1246,39 @@ def _check_weights_fit(cfg: TrainConfig) -> None:
             raise ConfigError(
                 f"model.{key}: {e} (the model: model.preset {cfg.model.preset!r}, model.vocab {cfg.model.vocab!r})"
             ) from None
+
+
+def _type_name(typ: Any, role: Role) -> str:
+    """How `describe` states a field's type: its choices, a time's units, `X | null`."""
+    if role.units:
+        return " | ".join({"ba": 'batches (N or "Nba")', "ep": 'epochs ("Nep")'}[u] for u in role.units)
+    if typing.get_origin(typ) is Literal:
+        return " | ".join(str(a) for a in typing.get_args(typ))
+    if typing.get_origin(typ) in (typing.Union, types.UnionType):
+        return " | ".join("null" if t is type(None) else t.__name__ for t in typing.get_args(typ))
+    return getattr(typ, "__name__", str(typ))
+
+
+def describe(cfg: TrainConfig | None = None) -> list[str]:
+    """`train.py --print-config`: every key (dotted) with its default and type, then its meaning, from the
+    declarations; with `cfg` (a yaml and overrides, resolved), the key's value first, credentials masked. Then the
+    old key names (RENAMED)."""
+    values = redact(dataclasses.asdict(cfg)) if cfg is not None else None
+    lines = []
+    for key, f, typ in _fields(TrainConfig):
+        role = f.metadata[ROLE]
+        default = json.dumps(_default(f))
+        head = f"{key}: {default}"
+        if values is not None:
+            value = values
+            for p in key.split("."):
+                value = value[p]
+            head = f"{key}: {json.dumps(value)}  (default {default})"
+        lines += [f"{head}  [{_type_name(typ, role)}]", f"    {role.doc}"]
+    lines.append("")
+    lines.append("old key names, still read as the new ones (with a warning):")
+    lines += [f"  {old} -> {new}" for old, new in RENAMED.items()]
+    return lines
 
 
 def to_dict(cfg: TrainConfig) -> dict:

@@ -10,11 +10,11 @@ import logging
 import sys
 from typing import NoReturn
 
-from gcc import redact
+from gcc import exit_codes, redact
 from gcc.cli import ToolParser
 from gcc.errors import BadInput, Refusal, StorageUnavailable, launch_verdict
 from gcc.redact import secret_keys
-from gcc.training.config import ConfigError, TrainConfig, check_inputs, load_config, to_dict
+from gcc.training.config import ConfigError, TrainConfig, check_inputs, describe, load_config, to_dict
 from gcc.training.console import configure_logging, open_run_log
 from gcc.training.ending import code_of, exit_process, wait_for_rank0
 from gcc.training.ranks import rank, world_size
@@ -28,8 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
         "Train the gc25d teacher (Wan2.2's DiT with a semantic condition) as the yaml says, on every process of\n"
         "`composer -n N gcc/train.py <yaml> [key=value ...]`; relaunched on the same run_dir, it resumes.",
     )
-    p.add_argument("yaml", help="run config, e.g. yamls/sft_v10.yaml")
+    p.add_argument("yaml", nargs="?", help="run config, e.g. yamls/sft_v10.yaml")
     p.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. optimizer.lr=2e-5")
+    p.add_argument(
+        "--print_config",
+        action="store_true",
+        help="print every config key (type, default, meaning) and exit; with a yaml, its resolved values too",
+    )
     return p
 
 
@@ -39,9 +44,15 @@ def prepare(argv: list[str] | None) -> TrainConfig | int:
     (already logged)."""
     redact.install()  # every line this rank logs or reports, tracebacks included, masked from here on
     configure_logging("INFO", rank())
-    args = build_parser().parse_args(argv)
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.yaml is None and not args.print_config:
+        p.error("the yaml is required (or --print_config)")
     try:  # every rank checks the config and what it names before any work: the same verdict everywhere
         cfg = load_config(args.yaml, args.overrides)
+        if args.print_config:  # what the config says, nothing it names checked: no run starts
+            print("\n".join(describe(cfg if args.yaml is not None else None)))
+            return exit_codes.OK
         cfg.per_rank_batch(world_size())
         check_inputs(cfg)
         configure_logging(cfg.log_level, rank())
@@ -87,3 +98,7 @@ def run(argv: list[str]) -> NoReturn:
         sys.excepthook(*sys.exc_info())
         code = 1
     exit_process(code)
+
+
+if __name__ == "__main__":  # `python -m gcc.training.entry --print_config`
+    run(sys.argv[1:])

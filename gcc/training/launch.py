@@ -29,7 +29,6 @@ from composer.utils import dist
 from gcc import storage
 from gcc.data.shards import MANIFEST, parse_manifest
 from gcc.errors import BadInput, StorageUnavailable
-from gcc.model.optim import BETAS
 from gcc.redact import redact
 from gcc.storage import join
 from gcc.training.checkpoint_store import CheckpointStore, Head, store_for
@@ -63,11 +62,11 @@ class RunStart:
 
     manifest: dict[str, Any]  # the data's manifest.json, parsed and checked
     lineage: dict[str, Any]  # run.json's lineage: the warm start's weights, the global-batch changes
-    launch: str  # this launch's claim on the checkpoint prefix ("" without checkpoint_dir)
+    launch: str  # this launch's claim on the checkpoint prefix ("" without save_folder)
     committed_files: dict[str, Any] | None  # the committed checkpoint's files, when the resume is from the prefix
     resumed_from: str  # the checkpoint resumed from ("" for a start from step 0)
     resumed_step: int | None  # its step (None for a start from step 0)
-    store: CheckpointStore | None = None  # checkpoint_dir's store, built once here (None without checkpoint_dir)
+    store: CheckpointStore | None = None  # save_folder's store, built once here (None without save_folder)
 
     @property
     def resumed(self) -> bool:
@@ -89,7 +88,7 @@ def data_name(cfg: TrainConfig, manifest: dict[str, Any]) -> str:
 def run_signature(cfg: TrainConfig, manifest_bytes: bytes, known: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything that makes two launches the same run (docs/design.md §9.3): the value of every field declared
     `identity=True` (gcc/training/config.py), and for a field that names a file or the data, what identifies it
-    (the key its declaration names), computed here. Every other field may change on resume: max_steps, global
+    (the key its declaration names), computed here. Every other field may change on resume: max_duration, global
     batch (a change continues at the next epoch: gcc/training/batch_change.py), micro-batch/accumulation split,
     workers, logging, export/checkpoint/validation cadence; so may the GPU/node count."""
     m = cfg.model
@@ -103,7 +102,6 @@ def run_signature(cfg: TrainConfig, manifest_bytes: bytes, known: dict[str, Any]
         "model.init_ckpt": file_digest(m.init_ckpt, known.get("model.init_ckpt")) if m.init_ckpt else "",
         "model.legacy_zero_ckpt": os.path.realpath(m.legacy_zero_ckpt) if m.legacy_zero_ckpt else "",
         "data.manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest(),  # data.path: the data by its content
-        "optim.betas": list(BETAS),  # not a config field: gcc/model/optim.py's
     }
     return redact({**signed_values(cfg), **computed})  # a credential in a path or URL never reaches run.json
 
@@ -113,8 +111,8 @@ def read_manifest_bytes(cfg: TrainConfig) -> bytes:
 
 
 def validates(cfg: TrainConfig) -> bool:
-    """Whether the run validates at all: `val_every` 0 or `val_n` 0 turn every validation off (step 0's too)."""
-    return cfg.val_n > 0 and cfg.val_every > 0
+    """Whether the run validates at all: `eval_interval` 0 or `val_n` 0 turn every validation off (step 0's too)."""
+    return cfg.val_n > 0 and cfg.eval_interval > 0
 
 
 def check_data(
@@ -146,8 +144,8 @@ def check_data(
         )
         raise Refusal(
             f"data {data}: {what} give each of the {world} rank(s) {per_rank} samples an epoch, fewer than "
-            f"its batch of {per_rank_batch} (global_batch / world_size): no step could be taken; lower "
-            f"global_batch"
+            f"its batch of {per_rank_batch} (global_train_batch_size / world_size): no step could be taken; lower "
+            f"global_train_batch_size"
         )
     clips = sorted(set(tr["clip_ids"]) & set(va["clip_ids"]))
     runs = sorted(set(tr["runs"]) & set(va["runs"]))
@@ -197,7 +195,7 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
         cfg.data.limit,
         validates(cfg),
     )
-    store, launch, committed_files = store_for(cfg.checkpoint_dir), "", None
+    store, launch, committed_files = store_for(cfg.save_folder), "", None
     remote_record = adopt_remote_record(store, run_dir) if store is not None else None
     old = stored_record(run_dir) or remote_record
     try:  # a moved init_ckpt keeps the digest recorded at the first launch (a resume loads the checkpoint)
@@ -264,9 +262,9 @@ def check_fresh_start(cfg: TrainConfig, run_dir: Path, committed: Head | None, d
             )
     if committed is not None and committed.checkpoint:
         raise Refusal(
-            f"{cfg.checkpoint_dir}: commits {committed.checkpoint} of this run, but autoresume is off, so "
+            f"{cfg.save_folder}: commits {committed.checkpoint} of this run, but autoresume is off, so "
             f"this launch would start from step 0 and its rotation would delete the committed checkpoints. "
-            f"Set autoresume=true to continue the run, or use another checkpoint_dir"
+            f"Set autoresume=true to continue the run, or use another save_folder"
         )
     lost = what_a_restart_loses(run_dir, doomed)
     if lost and not cfg.allow_existing:
@@ -287,15 +285,15 @@ def adopt_remote_record(store: CheckpointStore, run_dir: Path) -> dict | None:
         if store.checkpoints():
             raise Refusal(
                 f"{store.url}: holds checkpoints but no run.json, so its run signature is unknown; use "
-                f"another checkpoint_dir"
+                f"another save_folder"
             )
         return None
     if local is not None and (diffs := diff_signatures(remote["signature"], local["signature"])):
         raise Refusal(
-            f"{run_dir} and checkpoint_dir {store.url} hold different runs; their run.json signatures "
+            f"{run_dir} and save_folder {store.url} hold different runs; their run.json signatures "
             f"differ (prefix -> run folder):\n  "
             + "\n  ".join(diffs)
-            + "\nPoint run_dir and checkpoint_dir at the same run"
+            + "\nPoint run_dir and save_folder at the same run"
         )
     return remote
 
@@ -305,14 +303,14 @@ def fetch_on_this_node(cfg: TrainConfig, start: RunStart, lock: RunLock) -> None
     checkpoints (every node needs the checkpoint in its own run folder, which may be node-local) downloads what
     rank 0 resumes from, unless its folder holds it file for file as committed (the manifest rank 0 read). A node
     that cannot is a Refusal on every rank."""
-    fetch = bool(cfg.checkpoint_dir and start.resumed_from)
+    fetch = bool(cfg.save_folder and start.resumed_from)
     name, run_dir, files = Path(start.resumed_from).name, Path(cfg.run_dir), start.committed_files
     refused = ""
     if dist.get_local_rank() == 0 and dist.get_global_rank() != 0:
         try:
             hold_cache(cfg, lock)
             if fetch:
-                assert start.store is not None  # fetch: checkpoint_dir is set
+                assert start.store is not None  # fetch: save_folder is set
                 _fetch(start.store, name, run_dir, files)
         except Refusal as e:
             refused = f"node of rank {dist.get_global_rank()}: {e}"

@@ -221,7 +221,7 @@ def identity(
             f"{run_dir}: holds a run with a different signature; these fields differ "
             f"(stored -> now):\n  "
             + "\n  ".join(diffs)
-            + "\nOnly max_steps, the GPU/node count, the global batch (the run then continues at the next "
+            + "\nOnly max_duration, the GPU/node count, the global batch (the run then continues at the next "
             "epoch), workers and logging may change on resume. Use another run_dir to start a different "
             "run."
         )

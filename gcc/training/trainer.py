@@ -38,10 +38,10 @@ from gcc.training.batch_change import continue_after_change
 from gcc.training.callbacks import NonFiniteLoss, PreemptedBeforeFirstStep
 from gcc.training.callbacks.train_stats import peak_rss_gb
 from gcc.training.checkpoint_store import TakenOver
-from gcc.training.config import ConfigError
+from gcc.training.config import ConfigError, resolve_duration
 from gcc.training.console import ALL_RANKS
 from gcc.training.ending import end
-from gcc.training.launch import agree_on_start, fetch_on_this_node
+from gcc.training.launch import agree_on_start, fetch_on_this_node, train_clips
 from gcc.training.peer_fault import announce, peer_fault
 from gcc.training.ranks import rank, world_size
 from gcc.training.run_folder import RunLock, repair_checkpoints
@@ -96,18 +96,22 @@ def _run(cfg) -> int:
         code, line = launch_verdict(e)
         logger.error(line)
         return code
+    if isinstance(cfg.max_duration, str):  # epochs: batches from this launch's train split and global batch
+        given = cfg.max_duration
+        resolve_duration(cfg, B.steps_per_epoch(train_clips(start.manifest, cfg.data.limit), world, per_rank))
+        logger.info(f"max_duration {given}: {cfg.max_steps} batches at this launch's global batch")
     resumed = start.resumed
     if resumed and start.resumed_step >= cfg.max_steps:
         logger.info(
-            f"nothing to do: {cfg.run_dir} is at step {start.resumed_step} >= max_steps={cfg.max_steps} "
-            f"(raise max_steps=... to train further)"
+            f"nothing to do: {cfg.run_dir} is at step {start.resumed_step} >= max_duration={cfg.max_steps} "
+            f"(raise max_duration=... to train further)"
         )
         return exit_codes.OK
     text = B.node_cache(cfg)
     logger.info(
         f"{'resuming from ' + start.resumed_from if resumed else 'starting'}: world {world}, per-rank "
-        f"batch {per_rank} (micro {cfg.micro_batch} × accumulation {cfg.accumulation(world)}), "
-        f"global {cfg.global_batch}"
+        f"batch {per_rank} (micro {cfg.device_train_microbatch_size} × accumulation {cfg.accumulation(world)}), "
+        f"global {cfg.global_train_batch_size}"
     )
     fsdp = B.parallelism_config(cfg)
     model = B.build_model(cfg, text, fsdp=fsdp is not None)

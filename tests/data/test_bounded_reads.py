@@ -135,11 +135,11 @@ def test_the_trainer_refuses_a_fifo_among_its_inputs_instead_of_hanging(shards, 
 
     data = tmp_path / "data"
     run_dir = tmp_path / "run"
-    steps = "max_steps=6"
+    steps = "max_duration=6"
     if name == "run/train_log.csv":
         data = request.getfixturevalue("e2e_shards")  # the reference's own data, read only
         stopped_copy(request.getfixturevalue("reference"), run_dir, at=9)
-        steps = "max_steps=12"  # past the checkpoint: a resume
+        steps = "max_duration=12"  # past the checkpoint: a resume
     else:
         shutil.copytree(shards, data)
         run_dir.mkdir()

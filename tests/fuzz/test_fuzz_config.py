@@ -36,7 +36,7 @@ KEYS = sorted(
     {
         *(k for k in dotted_keys(TINY) if k != "run_dir"),
         *("model.overrides.num_layers", "model.overrides.dim", "model.overrides.num_heads", "model.overrides.ffn_dim"),
-        *("loggers.mlflow.tracking_uri", "loggers.wandb.api_key", "checkpoint_dir", "init_ckpt", "data.cache_dir"),
+        *("loggers.mlflow.tracking_uri", "loggers.wandb.api_key", "save_folder", "init_ckpt", "data.cache_dir"),
         *("data.cache_limit", "sample_steps", "val_n", "data.num_workers", "stall_timeout_s", "unknown", "a.b.c"),
     }
 )

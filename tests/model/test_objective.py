@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from gcc.model.objective import GcTrainModel, GcValMSE, make_scheduler, resolve_timesteps, train_draw, val_noise
 from gcc.model.objective_stats import TRAIN_STATS, VAL_ROW_FIELDS
-from gcc.model.optim import BETAS, build_optimizer, param_groups, trainer_schedule_kwargs
+from gcc.model.optim import BETAS, build_optimizer, composer_scheduler, param_groups, trainer_schedule_kwargs
 
 
 def _model(seed=0, dit_seed=0, **kw):
@@ -145,7 +145,7 @@ def test_warmup_lr_applied_by_a_real_composer_trainer(tmp_path, monkeypatch):
         eval_interval="3ba",
         max_duration="3ba",
         optimizers=opt,
-        **trainer_schedule_kwargs(opt, warmup),
+        **trainer_schedule_kwargs(opt, composer_scheduler("constant_with_warmup", warmup), 3),
         device="cpu",
         progress_bar=False,
         log_to_console=False,

@@ -125,7 +125,7 @@ class World:
             f"data.path={self.shards if data is None else data}",
             "progress_bar=false",
             "loggers={}",
-            "max_steps=1",
+            "max_duration=1",
             *overrides,
         ]
 
@@ -271,19 +271,27 @@ CASES: dict[str, Case] = {
             ["callbacks.speed_monitor.window: not an argument of Composer's SpeedMonitor", "window_size"],
         ),
     ),
-    "train-wrong-type": ("gcc.train", 2, lambda w: (w.train("max_steps=many"), ["max_steps", "expected int"])),
-    "train-lr-negative": ("gcc.train", 2, lambda w: (w.train("optim.lr=-1"), ["optim.lr", "must be >= 0"])),
-    "train-lr-nan": ("gcc.train", 2, lambda w: (w.train("optim.lr=.nan"), ["optim.lr", "finite"])),
-    "train-cond-lr-inf": ("gcc.train", 2, lambda w: (w.train("optim.cond_lr=inf"), ["optim.cond_lr", "finite"])),
+    "train-wrong-type": (
+        "gcc.train",
+        2,
+        lambda w: (w.train("max_duration=many"), ["max_duration", "expected a whole number"]),
+    ),
+    "train-lr-negative": ("gcc.train", 2, lambda w: (w.train("optimizer.lr=-1"), ["optimizer.lr", "must be >= 0"])),
+    "train-lr-nan": ("gcc.train", 2, lambda w: (w.train("optimizer.lr=.nan"), ["optimizer.lr", "finite"])),
+    "train-cond-lr-inf": (
+        "gcc.train",
+        2,
+        lambda w: (w.train("optimizer.cond_lr=inf"), ["optimizer.cond_lr", "finite"]),
+    ),
     "train-weight-decay-negative": (
         "gcc.train",
         2,
-        lambda w: (w.train("optim.weight_decay=-1"), ["optim.weight_decay", ">= 0"]),
+        lambda w: (w.train("optimizer.weight_decay=-1"), ["optimizer.weight_decay", ">= 0"]),
     ),
     "train-warmup-negative": (
         "gcc.train",
         2,
-        lambda w: (w.train("optim.warmup_steps=-5"), ["optim.warmup_steps", ">= 0"]),
+        lambda w: (w.train("scheduler.t_warmup=-5"), ["scheduler.t_warmup", ">= 0"]),
     ),
     "train-seed-negative": ("gcc.train", 2, lambda w: (w.train("seed=-1"), ["seed", "[0, 2**32)"])),
     "train-seed-huge": ("gcc.train", 2, lambda w: (w.train(f"seed={2**70}"), ["seed", "[0, 2**32)"])),
@@ -807,8 +815,8 @@ def test_the_trainers_data_and_run_folder_problems_keep_their_codes(case, tmp_pa
     w = World(tmp_path, request)
     data, code, extra = w.shards, 3, []
     if case == "batch-beyond-the-data":  # no step in an epoch: the run looped over empty epochs for ever
-        extra = ["global_batch=64", "micro_batch=2"]
-        fragments = ["refused", "fewer than its batch of 64", "lower global_batch"]
+        extra = ["global_train_batch_size=64", "device_train_microbatch_size=2"]
+        fragments = ["refused", "fewer than its batch of 64", "lower global_train_batch_size"]
     elif case.startswith("manifest"):
         data = _manifest(w, "garbage" if case == "manifest-garbage" else "{}")
         fragments = ["refused", "manifest.json", "not valid JSON" if case == "manifest-garbage" else "format_version"]
@@ -832,15 +840,15 @@ def test_a_bucket_that_does_not_exist_is_named(case, tmp_path, request, s3_bucke
     if case == "train-data":
         argv, prog, fragments = w.train(f"data.path={url}"), "gcc.train", ["data.path", *fragments]
     elif case == "train-checkpoint-dir":
-        argv, prog, fragments = w.train(f"checkpoint_dir={url}"), "gcc.train", ["checkpoint_dir", *fragments]
+        argv, prog, fragments = w.train(f"save_folder={url}"), "gcc.train", ["save_folder", *fragments]
     elif case == "train-no-credentials":
         monkeypatch.delenv("AWS_ACCESS_KEY_ID")
         monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
         monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
         monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
         monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-        argv, prog = w.train(f"checkpoint_dir={s3_bucket}/x"), "gcc.train"
-        fragments = ["checkpoint_dir", "no S3 credentials"]
+        argv, prog = w.train(f"save_folder={s3_bucket}/x"), "gcc.train"
+        fragments = ["save_folder", "no S3 credentials"]
     elif case == "convert-out":
         argv, prog, fragments = _convert(w, w.prepared(), out=url), "convert_data", ["--out", *fragments]
     else:
@@ -858,7 +866,7 @@ def test_object_storage_that_does_not_answer_is_exit_7(tmp_path, request, monkey
     }.items():
         monkeypatch.setenv(k, v)
     w = World(tmp_path, request)
-    r = call("gcc.train", w.train("checkpoint_dir=s3://bucket/x"))
+    r = call("gcc.train", w.train("save_folder=s3://bucket/x"))
     check(r, 7, ["storage unavailable", "s3://bucket/x"], "gcc.train")
     r = call("convert_data", _convert(w, w.prepared(), out="s3://bucket/x"))
     check(r, 7, ["storage unavailable", "s3://bucket/x"], "convert_data")
@@ -873,7 +881,7 @@ CREDENTIAL_ENTRIES: dict[str, tuple[str, Callable[[World], list[str]]]] = {
         f"train-{key}": ("gcc.train", lambda w, key=key: w.train(f"{key}={CREDENTIAL_URL}", data=UNREAD))
         for key in (
             "data.path",
-            "checkpoint_dir",
+            "save_folder",
             "run_dir",
             "data.cache_dir",
             "model.model_dir",

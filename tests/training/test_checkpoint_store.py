@@ -1,4 +1,4 @@
-"""The remote side of `checkpoint_dir: s3://...` (gcc/training/checkpoint_store.py) against a real S3 server on
+"""The remote side of `save_folder: s3://...` (gcc/training/checkpoint_store.py) against a real S3 server on
 loopback (moto): the commit log's head (owner + committed checkpoint + manifest, written conditionally), the guard
 between two launches and its races, the repair of uploads cut short and the refusals that replace deletions,
 rotation, the keys read from the prefix, and the download into a run folder. The end-to-end runs are in
@@ -207,7 +207,7 @@ def test_a_head_written_by_an_earlier_gcc_is_refused_naming_the_way_on(s3_bucket
     with pytest.raises(
         Refusal,
         match="names ep0-ba3-rank0.pt without a manifest: a checkpoint prefix written by an "
-        "earlier gcc.*point checkpoint_dir at a new prefix",
+        "earlier gcc.*point save_folder at a new prefix",
     ):
         store.claim()
 
@@ -347,12 +347,12 @@ def test_a_launch_refused_for_another_runs_signature_leaves_the_prefix_to_its_ow
             lock.release()
 
     remote = f"{s3_bucket}/runs/a"
-    live = prepare(tmp_path / "a", f"checkpoint_dir={remote}")  # the live run's start
+    live = prepare(tmp_path / "a", f"save_folder={remote}")  # the live run's start
     store = CheckpointStore(remote)
     assert store.head().launch == live.launch
     prepare(tmp_path / "other", "seed=5")  # a run folder of another run...
     with pytest.raises(Refusal, match="hold different runs"):  # ...pointed at the live run's prefix
-        prepare(tmp_path / "other", "seed=5", f"checkpoint_dir={remote}")
+        prepare(tmp_path / "other", "seed=5", f"save_folder={remote}")
     with pytest.raises(Refusal, match="holds a run with a different signature"):  # a fresh folder, another signature
-        prepare(tmp_path / "fresh", "seed=5", f"checkpoint_dir={remote}")
+        prepare(tmp_path / "fresh", "seed=5", f"save_folder={remote}")
     assert store.head().launch == live.launch

@@ -84,5 +84,5 @@ def test_an_override_names_the_key_path_of_what_it_refuses():
         ConfigError, match=r"override 'loggers=\{mlflow: \{tags: \{true: 1\}\}\}': loggers.mlflow.tags: "
     ):
         parse_override("loggers={mlflow: {tags: {true: 1}}}")
-    with pytest.raises(ConfigError, match=r"optim.lr.0.0.….0.0.0: nested deeper than 64 levels"):
-        parse_override("optim.lr=" + "[" * 5000 + "]" * 5000)
+    with pytest.raises(ConfigError, match=r"optimizer.lr.0.0.….0.0.0: nested deeper than 64 levels"):
+        parse_override("optimizer.lr=" + "[" * 5000 + "]" * 5000)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gcc import __version__
+from gcc.errors import Refusal
 from gcc.model.export import GC_META, META_DEFAULTS, META_KEYS, gc_metadata
 from gcc.training.builders import export_metadata
 from gcc.training.config import (
@@ -31,7 +32,7 @@ from gcc.training.config import (
     setting,
 )
 from gcc.training.launch import RunStart, run_signature
-from gcc.training.run_folder import diff_signatures
+from gcc.training.run_folder import check_identity, diff_signatures
 
 MANIFEST = b'{"x": 1}'
 
@@ -51,7 +52,10 @@ def test_every_field_of_every_config_dataclass_declares_its_role():
         "FsdpConfig",
         "ModelConfig",
         "DataConfig",
-        "OptimConfig",
+        "OptimizerConfig",
+        "SchedulerConfig",
+        "AlgorithmsConfig",
+        "GradientClippingConfig",
         "FaultsConfig",
     ]
     undeclared, values = [], 0
@@ -84,10 +88,22 @@ def test_a_field_without_a_role_is_refused_naming_it():
         roles(_Config)
 
 
-def _pinned_config(tmp_path: Path) -> tuple[TrainConfig, Path, Path]:
-    """A config that sets every field of the run signature to a value other than its default."""
+# the pinned config's optimizer settings by their names before (old) and since the `optimizer:`, `scheduler:` and
+# `algorithms:` sections (new), and their value
+RENAMED_PINNED = [
+    ("optim.lr", "optimizer.lr", "2e-5"),
+    ("optim.cond_lr", "optimizer.cond_lr", "3e-4"),
+    ("optim.weight_decay", "optimizer.weight_decay", "0.02"),
+    ("optim.warmup_steps", "scheduler.t_warmup", "9"),
+    ("optim.grad_clip", "algorithms.gradient_clipping.clipping_threshold", "0.5"),
+]
+
+
+def _pinned_config(tmp_path: Path, old_keys: bool = False, *more: str) -> tuple[TrainConfig, Path, Path]:
+    """A config that sets every field of the run signature as runs recorded it to a value other than its default;
+    its optimizer settings by their old names with `old_keys`; then the overrides `more`."""
     wan, init = tmp_path / "wan", tmp_path / "init.safetensors"
-    wan.mkdir()
+    wan.mkdir(exist_ok=True)
     (wan / "diffusion_pytorch_model.safetensors.index.json").write_bytes(b'{"weight_map": {}}')
     init.write_bytes(b"weights")
     cfg = load_config(
@@ -112,11 +128,8 @@ def _pinned_config(tmp_path: Path) -> tuple[TrainConfig, Path, Path]:
             "seed=11",
             "precision=fp32",
             "parallelism=ddp",
-            "optim.lr=2e-5",
-            "optim.cond_lr=3e-4",
-            "optim.weight_decay=0.02",
-            "optim.warmup_steps=9",
-            "optim.grad_clip=0.5",
+            *(f"{old if old_keys else new}={value}" for old, new, value in RENAMED_PINNED),
+            *more,
         ],
     )
     return cfg, wan, init
@@ -164,12 +177,52 @@ def test_the_run_signature_is_the_one_recorded_before_the_roles(tmp_path):
 
 
 def test_each_identity_field_is_in_the_signature_and_nothing_else_is(tmp_path):
-    """A field declared identity=True is signed under its key; one that declares a signature key is computed
-    under that key by launch.run_signature; the betas are the one entry that is not a config field."""
+    """A field declared identity=True is signed under its key, one that declares a signature key under that key
+    (a path: what launch.run_signature computes to identify it); a field signed only off its default
+    (sign_default=False) is not, at its default."""
     cfg, _, _ = _pinned_config(tmp_path)
-    plain = {key for key, role in ROLES.items() if role.identity is True}
-    computed = {role.identity for role in ROLES.values() if isinstance(role.identity, str)}
-    assert set(run_signature(cfg, MANIFEST)) == plain | computed | {"optim.betas"}
+    plain = {key for key, role in ROLES.items() if role.identity is True and role.sign_default}
+    renamed_or_computed = {role.identity for role in ROLES.values() if isinstance(role.identity, str)}
+    assert set(run_signature(cfg, MANIFEST)) == plain | renamed_or_computed
+    assert {"optim.lr", "optim.warmup_steps", "optim.grad_clip", "optim.betas"} <= renamed_or_computed
+
+
+def test_the_old_keys_give_the_signature_of_the_new_ones(tmp_path):
+    """A run started with the old key names (optim.lr, optim.warmup_steps, ...) and relaunched with the new ones
+    is the same run: the same signature, and its run.json is accepted as it is."""
+    old_cfg, _, _ = _pinned_config(tmp_path, old_keys=True)
+    new_cfg, _, _ = _pinned_config(tmp_path)
+    assert dataclasses.asdict(old_cfg) == dataclasses.asdict(new_cfg)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    check_identity(run_dir, run_signature(old_cfg, MANIFEST), {"init_ckpt": ""})
+    written = (run_dir / "run.json").read_bytes()
+    check_identity(run_dir, run_signature(new_cfg, MANIFEST), {"init_ckpt": ""})  # no Refusal
+    assert (run_dir / "run.json").read_bytes() == written
+
+
+@pytest.mark.parametrize(
+    "override, entry",
+    [
+        ("scheduler.name=cosine_with_warmup", "scheduler.name: '<absent>' -> 'cosine_with_warmup'"),
+        ("scheduler.alpha_f=0.1", "scheduler.alpha_f: '<absent>' -> 0.1"),
+        ("optimizer.eps=1e-6", "optimizer.eps: '<absent>' -> 1e-06"),
+        ("optimizer.betas=[0.9, 0.95]", "optim.betas: [0.9, 0.999] -> [0.9, 0.95]"),
+        ("scheduler.t_warmup=10ba", "optim.warmup_steps: 9 -> 10"),
+    ],
+)
+def test_a_new_schedule_or_optimizer_setting_on_resume_is_another_run(tmp_path, override, entry):
+    """The scheduler and AdamW's betas and eps are part of the run's identity: at the values every run had before
+    they were settings they leave the signature as it was (the test above), any other value is signed, and a
+    relaunch that changes one is refused naming it."""
+    cfg, _, _ = _pinned_config(tmp_path)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    check_identity(run_dir, run_signature(cfg, MANIFEST), {"init_ckpt": ""})
+    changed, _, _ = _pinned_config(tmp_path, False, override)
+    with pytest.raises(Refusal, match="holds a run with a different signature") as e:
+        check_identity(run_dir, run_signature(changed, MANIFEST), {"init_ckpt": ""})
+    assert f"\n  {entry}\n" in str(e.value)
 
 
 def test_what_may_change_on_resume_leaves_the_signature_as_it_was(tmp_path):
@@ -177,9 +230,9 @@ def test_what_may_change_on_resume_leaves_the_signature_as_it_was(tmp_path):
     before = run_signature(cfg, MANIFEST)
     changed = dataclasses.replace(
         cfg,
-        max_steps=cfg.max_steps + 1,
-        global_batch=cfg.global_batch * 2,
-        val_every=cfg.val_every + 1,
+        max_duration=cfg.max_steps + 1,
+        global_train_batch_size=cfg.global_train_batch_size * 2,
+        eval_interval=cfg.eval_interval + 1,
         faults=dataclasses.replace(cfg.faults, nonfinite_step=3, sigterm_at_val0=True),
     )
     assert run_signature(changed, MANIFEST) == before
@@ -255,10 +308,13 @@ def test_choices_bounds_and_paths_come_from_the_declarations():
         "model.preset": ("ti2v-5b", "wide", "tiny"),
         "model.vocab": ("parts", "ids"),
         "data.mask_calibration": ("frame0", "cap"),
+        "optimizer.name": ("adamw",),
+        "scheduler.name": ("constant_with_warmup", "cosine_with_warmup", "linear_decay_with_warmup"),
+        "algorithms.gradient_clipping.clipping_type": ("norm",),
     }
     assert set(PATH_KEYS) == {
         "run_dir",
-        "checkpoint_dir",
+        "save_folder",
         "data.path",
         "data.cache_dir",
         "model.model_dir",
@@ -266,7 +322,7 @@ def test_choices_bounds_and_paths_come_from_the_declarations():
         "model.legacy_zero_ckpt",
         "model.vae_path",
     }
-    assert {"data.mask_p", "optim.lr", "seed", "data.limit", "faults.stall_step"} <= set(BOUNDS)
+    assert {"data.mask_p", "optimizer.lr", "seed", "data.limit", "faults.stall_step"} <= set(BOUNDS)
 
 
 @pytest.mark.parametrize(
@@ -274,8 +330,11 @@ def test_choices_bounds_and_paths_come_from_the_declarations():
     [
         ("seed=-1", "seed: must be in [0, 2**32), got -1"),
         (f"seed={2**32}", f"seed: must be in [0, 2**32), got {2**32}"),
-        ("optim.lr=-1", "optim.lr: must be >= 0, got -1.0"),
-        ("optim.grad_clip=-0.5", "optim.grad_clip: must be >= 0, got -0.5"),
+        ("optimizer.lr=-1", "optimizer.lr: must be >= 0, got -1.0"),
+        (
+            "algorithms.gradient_clipping.clipping_threshold=-0.5",
+            "algorithms.gradient_clipping.clipping_threshold: must be >= 0, got -0.5",
+        ),
         ("data.max_frame_coverage=1.5", "data.max_frame_coverage: must be in [0, 1], got 1.5"),
         (
             "data.limit=0",

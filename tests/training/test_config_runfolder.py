@@ -33,7 +33,7 @@ YAMLS = sorted((ROOT / "yamls").glob("*.yaml"))
 
 
 # each shipped yaml at the world size(s) its header's launch command uses: (world_size, accumulation, per-rank
-# batch), worked out by hand from its global_batch and micro_batch
+# batch), worked out by hand from its global_train_batch_size and device_train_microbatch_size
 LAUNCHES = {
     "mini.yaml": [(4, 2, 2)],  # composer -n 4: 8 / (4 × 1) = 2 micro-batches of 1
     "sft_v10.yaml": [(8, 2, 2), (16, 1, 1)],  # composer -n 8: 16 / (8 × 1); two nodes of 8: 16 / (16 × 1)
@@ -51,23 +51,25 @@ def test_shipped_yamls_load(yaml):
 
 def test_sft_v10_is_the_spec_defaults():
     c = load_config(ROOT / "yamls" / "sft_v10.yaml")
-    assert (c.optim.lr, c.optim.cond_lr, c.optim.weight_decay, c.optim.warmup_steps, c.optim.grad_clip) == (
-        1e-5,
-        1e-4,
-        0.01,
-        500,
-        1.0,
+    o = c.optimizer
+    assert (o.name, o.lr, o.cond_lr, o.weight_decay, o.betas, o.eps) == ("adamw", 1e-5, 1e-4, 0.01, [0.9, 0.999], 1e-8)
+    assert (c.scheduler.name, c.scheduler.t_warmup, c.scheduler.alpha_f) == ("constant_with_warmup", 500, 0.0)
+    assert c.algorithms.gradient_clipping.clipping_threshold == 1.0
+    assert (c.global_train_batch_size, c.device_train_microbatch_size, c.accumulation(8), c.max_steps) == (
+        16,
+        1,
+        2,
+        20000,
     )
-    assert (c.global_batch, c.micro_batch, c.accumulation(8), c.max_steps) == (16, 1, 2, 20000)
-    assert (c.export_every, c.keep_checkpoints, c.val_every, c.val_n, c.val_timesteps) == (
+    assert (c.export_every, c.save_num_checkpoints_to_keep, c.eval_interval, c.val_n, c.val_timesteps) == (
         1000,
         2,
         500,
         16,
         [200, 500, 800],
     )
-    assert c.checkpoint_every == 1000  # the old trainer's cadence (why: docs/design.md §8)
-    assert c.val_at_start and load_config(None).val_at_start  # the baseline row, by default too
+    assert c.save_interval == 1000  # the old trainer's cadence (why: docs/design.md §8)
+    assert c.eval_first and load_config(None).eval_first  # the baseline row, by default too
     assert (c.data.text_dropout, c.data.cond_dropout, c.data.mask_p, c.data.num_workers) == (0.1, 0.05, 0.5, 4)
     assert (c.model.grad_ckpt, c.model.vocab, c.parallelism, c.precision) == (True, "parts", "fsdp", "amp_bf16")
     # samples during training: every 2nd validation, 2 clips, 20 steps (docs/sample.md: ~0.8 % of training time)
@@ -87,17 +89,33 @@ def test_sft_v10_is_the_spec_defaults():
     [
         (["optim.lrr=1"], "unknown key.*optim.lrr"),
         (["nonsense=1"], "unknown key.*nonsense"),
-        (["optim.lr=fast"], "optim.lr: expected float"),
-        (["max_steps=1.5"], "max_steps: expected int"),
+        (["optimizer.lr=fast"], "optimizer.lr: expected float"),
+        (["max_duration=1.5"], r"max_duration: expected a whole number of batches \(500 or \"500ba\"\) or of epochs"),
+        (["max_duration=20000tok"], "max_duration: the unit 'tok' of '20000tok' cannot be used here"),
+        (
+            ["eval_interval=2ep"],
+            "eval_interval: the unit 'ep' of '2ep' cannot be used here .*expected a whole number of batches",
+        ),
+        (["save_interval=100sp"], "save_interval: the unit 'sp' of '100sp' cannot be used here"),
+        (["scheduler.t_warmup=0.1dur"], "scheduler.t_warmup: expected a whole number of batches"),
+        (["max_duration=0ep"], "max_duration: must be >= 1"),
+        (["optimizer.name=sgd"], r"optimizer.name: must be one of \('adamw',\), got 'sgd'"),
+        (["scheduler.name=step"], "scheduler.name: must be one of"),
+        (["optimizer.betas=[0.9]"], r"optimizer.betas: expected two numbers in \[0, 1\)"),
+        (["optimizer.betas=[0.9, 1.5]"], r"optimizer.betas: expected two numbers in \[0, 1\)"),
+        (["scheduler.alpha_f=2"], r"scheduler.alpha_f: must be in \[0, 1\]"),
         (["model.grad_ckpt=3"], "model.grad_ckpt: expected bool"),
         (["model.vocab=words"], "model.vocab: must be one of"),
-        (["global_batch=10", "micro_batch=4"], "global_batch=10 is not a multiple of micro_batch=4"),
+        (
+            ["global_train_batch_size=10", "device_train_microbatch_size=4"],
+            "global_train_batch_size=10 is not a multiple of device_train_microbatch_size=4",
+        ),
         (["data.mask_p=1.5"], r"data.mask_p: must be in \[0, 1\]"),
-        (["optim=3"], "optim: expected a mapping"),
+        (["optimizer=3"], "optimizer: expected a mapping"),
         (["preemption_grace_s=0"], "preemption_grace_s: must be > 0 seconds"),
-        (["console_log_every=-1"], "console_log_every: must be >= 0"),
-        (["checkpoint_dir=/shared/ckpts"], "checkpoint_dir: must be empty .* or s3://bucket/prefix"),
-        (["checkpoint_dir=s3://bucket"], "checkpoint_dir: must be empty .* or s3://bucket/prefix"),
+        (["console_log_interval=-1"], "console_log_interval: must be >= 0"),
+        (["save_folder=/shared/ckpts"], "save_folder: must be empty .* or s3://bucket/prefix"),
+        (["save_folder=s3://bucket"], "save_folder: must be empty .* or s3://bucket/prefix"),
         (["data.limit=0"], r"data.limit: must be a positive number of train clips, or null \(the whole train split\)"),
         (["data.limit=-4"], "data.limit: must be a positive number"),
         (["data.limit=2.5"], "data.limit: expected int or null, got float 2.5"),
@@ -114,11 +132,14 @@ def test_bad_config_names_the_key(overrides, match):
 
 
 def test_batch_consistency_with_world_size():
-    c = load_config(ROOT / "yamls" / "tiny_cpu.yaml", ["global_batch=8", "micro_batch=2"])
+    c = load_config(ROOT / "yamls" / "tiny_cpu.yaml", ["global_train_batch_size=8", "device_train_microbatch_size=2"])
     assert c.accumulation(2) == 2 and c.per_rank_batch(2) == 4 and c.accumulation(1) == 4
     with pytest.raises(ConfigError, match="not a multiple of world_size"):
         c.accumulation(3)
-    c = load_config(ROOT / "yamls" / "tiny_cpu.yaml", ["global_batch=8", "micro_batch=2", "grad_accum=4"])
+    c = load_config(
+        ROOT / "yamls" / "tiny_cpu.yaml",
+        ["global_train_batch_size=8", "device_train_microbatch_size=2", "grad_accum=4"],
+    )
     with pytest.raises(ConfigError, match="grad_accum=4 disagrees"):
         c.accumulation(2)
 

@@ -26,13 +26,13 @@ pytestmark = pytest.mark.slow
 
 # a launch as short as the whole mechanism allows: two steps, one checkpoint, a loader worker from the forkserver
 SHORT = [
-    "max_steps=2",
-    "checkpoint_every=2",
+    "max_duration=2",
+    "save_interval=2",
     "export_every=0",
-    "val_every=0",
+    "eval_interval=0",
     "val_n=2",
     "val_batch=2",
-    "optim.warmup_steps=1",
+    "scheduler.t_warmup=1",
     WORKER,
 ]
 

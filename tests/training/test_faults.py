@@ -103,12 +103,12 @@ def test_a_rank_that_completes_no_step_leaves_every_stack_and_exits_5(e2e_shards
         run_dir,
         e2e_shards,
         WORKER,
-        "max_steps=40",
+        "max_duration=40",
         "faults.stall_step=15",
         "faults.stall_rank=1",
         "stall_timeout_s=300",
         "stall_floor_s=8",
-        "val_every=0",
+        "eval_interval=0",
         timeout=400,
     )
     took = time.time() - t0
@@ -152,7 +152,9 @@ def test_a_full_disk_stops_the_run_keeping_nothing_partial(during, e2e_shards, r
     run_dir = stopped_copy(reference, small_disk / "run", at=9)
     exports = sorted(p.name for p in run_dir.glob("step-*"))
     filler = _fill(small_disk, leave=64 << 10)
-    cadence = ["val_every=0", "export_every=0"] if during == "checkpoint" else ["val_every=0", "export_every=10"]
+    cadence = (
+        ["eval_interval=0", "export_every=0"] if during == "checkpoint" else ["eval_interval=0", "export_every=10"]
+    )
     r = launch(run_dir, e2e_shards, *cadence, timeout=300)
     out = r.stdout + r.stderr
     assert r.returncode == 8, out[-3000:]
@@ -188,7 +190,7 @@ def test_object_storage_going_away_stops_the_run_naming_the_object_and_the_relau
 
     local = tmp_path / "shards"
     C.convert(make_prepared(tmp_path, clips=130, seed=5), str(local), chunk_clips=1, progress=False)
-    steps = ["max_steps=30", "val_every=0", "export_every=0"]
+    steps = ["max_duration=30", "eval_interval=0", "export_every=0"]
     server = S3Server()  # not the session's: this one is stopped mid-run
     try:
         for k, v in server.env().items():

@@ -152,7 +152,7 @@ def test_fsdp_world_size_changes_continue_the_run(fsdp_reference, e2e_shards, tm
     checkpoint is read back resharded (weights, AdamW moments), the data continues where it stopped; numbers equal
     up to summation order."""
     run_dir = stopped_copy(fsdp_reference, tmp_path / "run", at=9)
-    r = ok(launch(run_dir, e2e_shards, FSDP, AC, "max_steps=11", direct=True))  # one rank
+    r = ok(launch(run_dir, e2e_shards, FSDP, AC, "max_duration=11", direct=True))  # one rank
     assert "resuming from" in r.stdout and "ep1-ba9" in r.stdout
     assert sorted(f.name for f in ckpt_folders(run_dir)[-1].iterdir()) == [".metadata", "__0_0.distcp"]  # 1 rank's
     r = ok(launch(run_dir, e2e_shards, FSDP, AC))
@@ -162,15 +162,15 @@ def test_fsdp_world_size_changes_continue_the_run(fsdp_reference, e2e_shards, tm
 
 def test_fsdp_refusals_and_the_nonfinite_stop(e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
-    clip = f"optim.grad_clip={CLIP}"
-    r = launch(run_dir, e2e_shards, FSDP, "faults.nonfinite_step=5", "faults.nonfinite_rank=1", "val_every=0", clip)
+    clip = f"algorithms.gradient_clipping.clipping_threshold={CLIP}"
+    r = launch(run_dir, e2e_shards, FSDP, "faults.nonfinite_step=5", "faults.nonfinite_rank=1", "eval_interval=0", clip)
     assert r.returncode == 4, (r.stdout[-2000:], r.stderr[-3000:])
     assert "non-finite loss at step 5 (rank 1: clips clip" in r.stderr
     assert [checkpoint_step(p) for p in ckpt_folders(run_dir)] == [3]  # nothing of the poisoned state
     assert [int(x["step"]) for x in rows(run_dir)] == [1, 2, 3, 4]
     assert_grad_norm_logged_before_clipping(rows(run_dir))
     # DDP cannot read these checkpoints: refused before any work, on one rank as on two
-    r = launch(run_dir, e2e_shards, "parallelism=ddp", "val_every=0", clip, direct=True)
+    r = launch(run_dir, e2e_shards, "parallelism=ddp", "eval_interval=0", clip, direct=True)
     assert r.returncode == 3 and "parallelism: 'fsdp' -> 'ddp'" in r.stderr
     assert [checkpoint_step(p) for p in ckpt_folders(run_dir)] == [3] and latest_step(run_dir) == 3  # untouched
 
@@ -196,13 +196,13 @@ def test_wide_preset_loads_published_layout_base_weights_by_shard(tmp_path):
             "model.preset=wide",
             "model.overrides={num_layers: 1}",
             f"model.model_dir={model_dir}",
-            "optim.lr=0",
-            "optim.cond_lr=0",
-            "max_steps=1",
+            "optimizer.lr=0",
+            "optimizer.cond_lr=0",
+            "max_duration=1",
             "export_every=1",
-            "val_every=0",
-            "checkpoint_every=1",
-            "global_batch=2",
+            "eval_interval=0",
+            "save_interval=1",
+            "global_train_batch_size=2",
             timeout=1800,
         )
     )

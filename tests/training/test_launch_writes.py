@@ -22,7 +22,7 @@ YAML = ROOT / "yamls" / "tiny_cpu.yaml"
 
 
 def _cfg(run_dir: Path, shards: Path, *overrides: str):
-    return load_config(YAML, [f"run_dir={run_dir}", f"data.path={shards}", "global_batch=2", *overrides])
+    return load_config(YAML, [f"run_dir={run_dir}", f"data.path={shards}", "global_train_batch_size=2", *overrides])
 
 
 def _prepare(cfg):
@@ -176,13 +176,13 @@ def test_the_prefix_record_is_copied_into_a_fresh_run_folder_only_by_a_launch_th
     """A run folder with no run.json takes the checkpoint prefix's (a fresh machine): not when the launch is then
     refused (another run's signature), and once it passes, written as the prefix holds it."""
     prefix = f"{s3_bucket}/run"
-    _, lock = _prepare(_cfg(tmp_path / "first", e2e_shards, f"checkpoint_dir={prefix}"))
+    _, lock = _prepare(_cfg(tmp_path / "first", e2e_shards, f"save_folder={prefix}"))
     lock.release()
     fresh = tmp_path / "fresh"
     with pytest.raises(Refusal, match="different signature"):
-        _prepare(_cfg(fresh, e2e_shards, f"checkpoint_dir={prefix}", "seed=7"))
+        _prepare(_cfg(fresh, e2e_shards, f"save_folder={prefix}", "seed=7"))
     assert not (fresh / "run.json").exists()
-    _, lock = _prepare(_cfg(fresh, e2e_shards, f"checkpoint_dir={prefix}"))
+    _, lock = _prepare(_cfg(fresh, e2e_shards, f"save_folder={prefix}"))
     lock.release()
     assert (fresh / "run.json").read_bytes() == (tmp_path / "first" / "run.json").read_bytes()
 
@@ -195,10 +195,10 @@ def test_a_live_run_keeps_its_cache_dir_when_a_second_run_names_it(e2e_shards, t
     from _launch import finish, launch, rows, start_bg, wait_for_step
 
     cache = tmp_path / "cache"
-    first = start_bg(tmp_path / "first", e2e_shards, f"data.cache_dir={cache}", "max_steps=300", direct=True)
+    first = start_bg(tmp_path / "first", e2e_shards, f"data.cache_dir={cache}", "max_duration=300", direct=True)
     try:
         wait_for_step(tmp_path / "first", 1, first)
-        r = launch(tmp_path / "second", e2e_shards, f"data.cache_dir={cache}", "max_steps=6", direct=True)
+        r = launch(tmp_path / "second", e2e_shards, f"data.cache_dir={cache}", "max_duration=6", direct=True)
         assert first.poll() is None, "the first run ended before the second started: nothing was shared"
         assert r.returncode == exit_codes.REFUSED, r.stdout[-2000:] + r.stderr[-2000:]
         assert f"another live run holds {cache / 'node0' / '.lock'}" in r.stderr, r.stderr[-2000:]

@@ -109,14 +109,14 @@ def test_tensorboard_wandb_and_mlflow_get_the_same_keys_and_a_relaunch_continues
                 str(TINY),
                 f"run_dir={run_dir}",
                 f"data.path={e2e_shards}",
-                f"max_steps={max_steps}",
-                "global_batch=4",
-                "micro_batch=2",
-                "val_every=2",
+                f"max_duration={max_steps}",
+                "global_train_batch_size=4",
+                "device_train_microbatch_size=2",
+                "eval_interval=2",
                 "val_n=2",
                 "val_batch=2",
                 "export_every=0",
-                "checkpoint_every=2",
+                "save_interval=2",
                 "progress_bar=false",
                 "data.num_workers=0",
                 # samples reach the loggers whatever their number of denoising steps (the default 20 took over
@@ -217,7 +217,13 @@ def test_the_password_of_an_unreachable_mlflow_uri_is_masked_on_the_console_and_
     )
     # the tests' one trainer command (tests/_launch.py `cmd`), one rank without the launcher
     argv = cmd(
-        run_dir, shards, "max_steps=1", "progress_bar=false", "data.num_workers=0", "loggers={mlflow: {}}", direct=True
+        run_dir,
+        shards,
+        "max_duration=1",
+        "progress_bar=false",
+        "data.num_workers=0",
+        "loggers={mlflow: {}}",
+        direct=True,
     )
     r = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     console = r.stdout + r.stderr

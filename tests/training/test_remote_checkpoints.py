@@ -1,4 +1,4 @@
-"""End to end with `checkpoint_dir: s3://...` (a real S3 server on loopback, moto): the real `composer -n 2`
+"""End to end with `save_folder: s3://...` (a real S3 server on loopback, moto): the real `composer -n 2`
 launcher on CPU. A run killed with SIGKILL resumes exactly on a "fresh machine" (its run folder deleted: only the
 remote checkpoints are left), rotation applies to the remote objects across restarts, exports are uploaded beside
 the checkpoints, a run folder of another run is refused, FSDP's sharded checkpoints travel the same way, and a
@@ -53,7 +53,7 @@ def test_sigkill_then_a_fresh_machine_resumes_exactly_from_remote_checkpoints(
     remote = f"{s3_bucket}/runs/a"
     store = CheckpointStore(remote)
     run_dir = tmp_path / "run"
-    with frozen_after_commit(run_dir, e2e_shards, 6, f"checkpoint_dir={remote}") as p:
+    with frozen_after_commit(run_dir, e2e_shards, 6, f"save_folder={remote}") as p:
         os.killpg(p.pid, signal.SIGKILL)  # step 6 committed, step 9 not begun
         p.wait()
     committed = store.latest()
@@ -61,7 +61,7 @@ def test_sigkill_then_a_fresh_machine_resumes_exactly_from_remote_checkpoints(
     assert list(store.checkpoints()) == ["ep0-ba3-rank0.pt", committed]  # rotated: keep 2
     shutil.rmtree(run_dir)  # a fresh machine: nothing local is left
 
-    r = ok(launch(run_dir, e2e_shards, f"checkpoint_dir={remote}"))
+    r = ok(launch(run_dir, e2e_shards, f"save_folder={remote}"))
     assert f"fetched {committed} from {remote}/checkpoints" in r.stdout, r.stdout[-3000:]
     resumed = checkpoint_step(committed)
     got, want = exact(rows(run_dir)), exact(rows(reference))
@@ -84,7 +84,7 @@ def test_sigkill_then_a_fresh_machine_resumes_exactly_from_remote_checkpoints(
     record["signature"]["seed"] = 5
     (other / "run.json").write_text(json.dumps(record))
     owner = store.head()
-    r = launch(other, e2e_shards, f"checkpoint_dir={remote}", "seed=5", direct=True)  # refused before any work
+    r = launch(other, e2e_shards, f"save_folder={remote}", "seed=5", direct=True)  # refused before any work
     assert r.returncode == 3 and "hold different runs" in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
     assert store.head() == owner
 
@@ -92,9 +92,9 @@ def test_sigkill_then_a_fresh_machine_resumes_exactly_from_remote_checkpoints(
 def test_fsdp_sharded_checkpoints_resume_from_the_prefix_on_a_fresh_machine(reference, e2e_shards, tmp_path, s3_bucket):
     remote = f"{s3_bucket}/runs/fsdp"
     run_dir = tmp_path / "run"
-    ok(launch(run_dir, e2e_shards, "parallelism=fsdp", f"checkpoint_dir={remote}", "max_steps=6"))
+    ok(launch(run_dir, e2e_shards, "parallelism=fsdp", f"save_folder={remote}", "max_duration=6"))
     shutil.rmtree(run_dir)
-    r = ok(launch(run_dir, e2e_shards, "parallelism=fsdp", f"checkpoint_dir={remote}"))
+    r = ok(launch(run_dir, e2e_shards, "parallelism=fsdp", f"save_folder={remote}"))
     assert f"fetched ep1-ba6 from {remote}/checkpoints" in r.stdout, r.stdout[-3000:]
     store = CheckpointStore(remote)
     assert list(store.checkpoints()) == ["ep1-ba9", "ep2-ba12"]
@@ -129,10 +129,10 @@ def test_a_launch_that_lost_its_prefix_uploads_nothing_more_and_stops_with_3(
         run_dir,
         e2e_shards,
         2,
-        f"checkpoint_dir={remote}",
-        "checkpoint_every=2",
-        "max_steps=40",
-        "val_every=0",
+        f"save_folder={remote}",
+        "save_interval=2",
+        "max_duration=40",
+        "eval_interval=0",
         f"export_every={4 if next_upload == 'export' else 0}",
     ) as p:
         before = storage.list_prefix(remote)
@@ -208,9 +208,9 @@ def test_two_nodes_with_node_local_run_folders_resume_from_the_prefix(reference,
     remote = f"{s3_bucket}/runs/nodes"
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    two_nodes(run_dir, e2e_shards, "parallelism=fsdp", f"checkpoint_dir={remote}", "max_steps=6")
+    two_nodes(run_dir, e2e_shards, "parallelism=fsdp", f"save_folder={remote}", "max_duration=6")
     assert sorted(p.name for p in (run_dir / "checkpoints" / "ep1-ba6").iterdir()) == [".metadata", "__0_0.distcp"]
-    out0, out1 = two_nodes(run_dir, e2e_shards, "parallelism=fsdp", f"checkpoint_dir={remote}")
+    out0, out1 = two_nodes(run_dir, e2e_shards, "parallelism=fsdp", f"save_folder={remote}")
     assert f"fetched ep1-ba6 from {remote}/checkpoints" in out0, out0[-3000:]  # node 0 lacked rank 1's shard
     node1_files = out1.split("NODE1_CHECKPOINTS")[1].split()
     assert node1_files == ["./ep1-ba9/__1_0.distcp", "./ep2-ba12/__1_0.distcp"], out1[-3000:]  # rotated, its own

@@ -40,6 +40,7 @@ from _launch import (
 
 from gcc.data import convert as C
 from gcc.tools.compare import main as compare_main
+from gcc.training.config import RENAMED
 from gcc.training.run_folder import checkpoint_step
 
 pytestmark = pytest.mark.slow
@@ -53,7 +54,7 @@ def test_reference_run_outputs(reference, e2e_shards):
     sizes = [len(x["clips"].split(";")) for x in r]  # every rank's clips; an epoch's tail batch is smaller
     assert max(sizes) == 4 and sizes.count(4) >= 9
     v = rows(reference, "val_log")
-    # the step-0 validation of the starting weights (val_at_start), then every val_every
+    # the step-0 validation of the starting weights (eval_first), then every eval_interval
     assert [(int(x["step"]), int(x["n"])) for x in v] == [(0, 4)] * 3 + [(6, 4)] * 3 + [(12, 4)] * 3
     assert sorted(round(float(x["timestep"]), 1) for x in v[:3]) == [201.3, 500.6, 799.7]
     # at step 0 the zero-initialised condition path adds nothing: ids or no ids, the same prediction
@@ -104,11 +105,11 @@ def test_every_step_has_the_full_global_batch_and_a_resume_at_an_epochs_end_is_e
     seen = [set(";".join(r["clips"] for r in got if int(r["epoch"]) == e).split(";")) for e in (0, 1)]
     assert seen[0] != seen[1]  # the dropped tail varies with the epoch's shuffle
     run_dir = tmp_path / "run"
-    ok(launch(run_dir, e2e_shards, "max_steps=5", "checkpoint_every=5"))
+    ok(launch(run_dir, e2e_shards, "max_duration=5", "save_interval=5"))
     r = ok(launch(run_dir, e2e_shards))
     assert "resuming from" in r.stdout and "ep0-ba5-rank0.pt" in r.stdout
     assert exact(rows(run_dir)) == exact(rows(reference))
-    # a job log's progress: a line every console_log_every (10) steps and at the last; val lines per timestep
+    # a job log's progress: a line every console_log_interval (10) steps and at the last; val lines per timestep
     progress = [ln for ln in r.stdout.splitlines() if ln.startswith("gcc.train: step ")]
     assert [ln.split()[2] for ln in progress] == ["10/12", "12/12"], r.stdout
     got = rows(run_dir)
@@ -203,7 +204,7 @@ def test_preemption_delivered_to_the_launcher_alone(pid1, e2e_shards, tmp_path):
         if probe.returncode != 0:
             pytest.skip(f"a PID namespace needs the right to create one (root): unshare said {probe.stderr.strip()!r}")
     run_dir = tmp_path / "run"
-    p = start_bg(run_dir, e2e_shards, WORKER, "max_steps=1000", prefix=UNSHARE if pid1 else ())
+    p = start_bg(run_dir, e2e_shards, WORKER, "max_duration=1000", prefix=UNSHARE if pid1 else ())
     wait_for_step(run_dir, 4, p)
     target = psutil.Process(p.pid).children()[0].pid if pid1 else p.pid  # the launcher (unshare forks it)
     os.kill(target, signal.SIGTERM)
@@ -223,7 +224,7 @@ def test_two_launches_on_one_machine_at_once_both_succeed(e2e_shards, tmp_path):
     (1 in `make test`; `python bench/stress.py` runs many)."""
     for attempt in range(int(os.environ.get("GCC_STRESS_ROUNDS", "1"))):
         runs = [tmp_path / f"try{attempt}" / name for name in ("a", "b")]
-        procs = [start_bg(r, e2e_shards, WORKER, "max_steps=6", "checkpoint_every=2") for r in runs]
+        procs = [start_bg(r, e2e_shards, WORKER, "max_duration=6", "save_interval=2") for r in runs]
         outs = [finish(p, 600) for p in procs]
         for p, out in zip(procs, outs):
             assert p.returncode == 0, f"attempt {attempt}: {out[-4000:]}"
@@ -242,6 +243,16 @@ def test_loader_workers_start_once_per_rank_from_the_forkserver(reference):
         assert starts[0].endswith("(forkserver)"), starts
 
 
+def test_the_reference_launched_by_the_old_key_names_warned_once_on_rank_0(reference):
+    """The reference is launched by the old key names (tests/_launch.py OLD_BASE; every resume of it is by the
+    new ones): rank 0 names each old key once, with its new name; the other rank stays quiet."""
+    (logs,) = launch_logs(reference)
+    err = (logs / "launcher.err").read_text()
+    for old in ("max_steps", "optim.warmup_steps", "optim.lr"):
+        assert err.count(f"{old}: an old key name, read as {RENAMED[old]};") == 1, err[-3000:]
+    assert "an old key name" not in (logs / "rank1.err").read_text()
+
+
 def test_sigterm_while_a_rank_waits_for_data_stops_the_run_with_stacks(e2e_shards, tmp_path):
     """Rank 1's loader never delivers step 5's batch, rank 0 waits for rank 1 inside step 5: a SIGTERM to the
     process group still ends both within the grace, with rank 1's stacks in the run folder; the last
@@ -255,7 +266,7 @@ def test_sigterm_while_a_rank_waits_for_data_stops_the_run_with_stacks(e2e_shard
         "faults.stall_step=5",
         "faults.stall_rank=1",
         f"preemption_grace_s={grace}",
-        "checkpoint_every=4",
+        "save_interval=4",
         launcher=["--stderr", str(tmp_path / "rank{rank}.stderr")],
     )
     # step 4's checkpoint is saved after both ranks agreed at step 4's end that no signal had come: from then
@@ -315,7 +326,7 @@ def test_a_changed_global_batch_continues_at_the_next_epoch(reference, e2e_shard
     ranks (which share the node's Streaming state) with global batch 4, both start epoch 4."""
     run_dir = tmp_path / "run"
     shutil.copytree(reference, run_dir, symlinks=True, ignore=shutil.ignore_patterns("cache", "tensorboard", ".lock"))
-    r = ok(launch(run_dir, e2e_shards, "global_batch=2", "max_steps=23", direct=True))  # one rank
+    r = ok(launch(run_dir, e2e_shards, "global_train_batch_size=2", "max_duration=23", direct=True))  # one rank
     assert "resuming from" in r.stdout and "ep2-ba12-rank0.pt" in r.stdout
     assert (
         "global batch changed from 4 (the checkpoint's) to 2: step 12 continues at the start of epoch 3; the "
@@ -337,7 +348,7 @@ def test_a_changed_global_batch_continues_at_the_next_epoch(reference, e2e_shard
     lineage = json.loads((run_dir / "run.json").read_text())["lineage"]
     assert lineage["global_batch_changes"] == [{"step": 12, "old": 4, "new": 2}]
     assert json.loads((run_dir / "config.json").read_text())["steps_per_epoch"] == 11
-    r = ok(launch(run_dir, e2e_shards, "max_steps=25"))
+    r = ok(launch(run_dir, e2e_shards, "max_duration=25"))
     assert "to 4: step 23 continues at the start of epoch 4; the rest of epoch 3, 0 of its 22 samples" in r.stdout
     last = rows(run_dir)[23:]
     assert [(int(x["step"]), int(x["epoch"])) for x in last] == [(24, 4), (25, 4)]
@@ -356,9 +367,9 @@ def test_data_limit_trains_on_one_seeded_subset_across_ranks_and_a_resume(e2e_sh
     from gcc.data.dataset import subset_ids
 
     run_dir = tmp_path / "run"
-    quiet = ["data.limit=8", "val_every=0", "export_every=0"]
-    ok(launch(run_dir, e2e_shards, "max_steps=3", *quiet))
-    r = ok(launch(run_dir, e2e_shards, "max_steps=6", *quiet, direct=True))  # one rank
+    quiet = ["data.limit=8", "eval_interval=0", "export_every=0"]
+    ok(launch(run_dir, e2e_shards, "max_duration=3", *quiet))
+    r = ok(launch(run_dir, e2e_shards, "max_duration=6", *quiet, direct=True))  # one rank
     assert "resuming from" in r.stdout and "global batch changed" not in r.stdout
     train = json.loads((e2e_shards / "manifest.json").read_text())["splits"]["train"]["clip_ids"]
     want = sorted(train[i] for i in subset_ids(len(train), 8, seed=0))  # tiny_cpu.yaml's seed
@@ -376,7 +387,7 @@ def test_data_on_s3_with_a_node_cache_trains_and_resumes_the_same(reference, e2e
     C.convert(e2e_shards.parent / "prepared", remote, chunk_clips=8, progress=False)
     run_dir = tmp_path / "run"
     for steps in (3, 6):  # the second launch resumes at step 3 with a warm cache
-        r = ok(launch(run_dir, e2e_shards, f"data.path={remote}", f"max_steps={steps}"))
+        r = ok(launch(run_dir, e2e_shards, f"data.path={remote}", f"max_duration={steps}"))
     assert "resuming from" in r.stdout
     assert exact(rows(run_dir)) == exact(rows(reference))[:6]
     cache = run_dir / "cache" / "node0"
@@ -390,18 +401,22 @@ def test_preempted_in_the_step0_validation_then_a_changed_signature_refused_then
     is still refused (run.json), one of the same run starts over from step 0 (the rows are not a used folder's)
     and writes them again, once, then trains."""
     run_dir = tmp_path / "run"
-    r = ok(launch(run_dir, e2e_shards, "max_steps=2", "val_every=3", "export_every=0", "faults.sigterm_at_val0=true"))
+    r = ok(
+        launch(
+            run_dir, e2e_shards, "max_duration=2", "eval_interval=3", "export_every=0", "faults.sigterm_at_val0=true"
+        )
+    )
     assert "preempted: stopped before step 1, after the step-0 validation" in r.stdout, r.stdout[-3000:]
     assert rows(run_dir) == [] and not list((run_dir / "checkpoints").glob("ep*"))  # no step, no checkpoint
     step0 = rows(run_dir, "val_log")
     assert [int(x["step"]) for x in step0] == [0, 0, 0]
-    r = launch(run_dir, e2e_shards, "max_steps=2", "optim.lr=5e-4", "model.vocab=ids", "data.limit=8")
+    r = launch(run_dir, e2e_shards, "max_duration=2", "optimizer.lr=5e-4", "model.vocab=ids", "data.limit=8")
     assert r.returncode == 3
     assert "optim.lr: 0.001 -> 0.0005" in r.stderr and "model.vocab: 'parts' -> 'ids'" in r.stderr
     assert "data.limit: None -> 8" in r.stderr
     assert "Traceback" not in r.stderr
     assert (run_dir / "train.log").read_text().count("refused: ") == 1  # rank 0's verdict, not one per rank
-    r = ok(launch(run_dir, e2e_shards, "max_steps=2", "val_every=3", "export_every=0"))
+    r = ok(launch(run_dir, e2e_shards, "max_duration=2", "eval_interval=3", "export_every=0"))
     assert "resuming" not in r.stdout and "val_log.csv: removed 3 row(s) of a start from step 0" in r.stdout
     got = rows(run_dir, "val_log")  # step 0's written again (the same numbers: the same starting weights), then 2's
     assert got[:3] == step0 and [int(x["step"]) for x in got] == [0, 0, 0, 2, 2, 2]
@@ -414,10 +429,10 @@ def test_second_launch_refused_stale_lock_ignored(e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
     # far more steps than it can take while the second launch starts (on a loaded machine that takes a while)
     # one rank each, without the launcher: the lock is global rank 0's
-    p = start_bg(run_dir, e2e_shards, "max_steps=1000000", "val_every=0", "export_every=0", direct=True)
+    p = start_bg(run_dir, e2e_shards, "max_duration=1000000", "eval_interval=0", "export_every=0", direct=True)
     try:
         wait_for_step(run_dir, 4, p)
-        r = launch(run_dir, e2e_shards, "max_steps=1000000", direct=True)
+        r = launch(run_dir, e2e_shards, "max_duration=1000000", direct=True)
         assert p.poll() is None, "the first launch ended: this test needs it alive"
         assert r.returncode == 3 and "another live run holds" in r.stderr, (r.stdout[-3000:], r.stderr[-3000:])
     finally:
@@ -426,8 +441,8 @@ def test_second_launch_refused_stale_lock_ignored(e2e_shards, tmp_path):
     at = checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt"))
     # the dead run's lock does not block: the relaunch takes the lock, finds the run at its checkpoint, which is
     # already max_steps, says so and exits 0 (that a relaunch after a SIGKILL resumes: test_exact_resume_after_sigkill)
-    r = ok(launch(run_dir, e2e_shards, f"max_steps={at}", direct=True))
-    assert f"nothing to do: {run_dir} is at step {at} >= max_steps={at}" in r.stdout
+    r = ok(launch(run_dir, e2e_shards, f"max_duration={at}", direct=True))
+    assert f"nothing to do: {run_dir} is at step {at} >= max_duration={at}" in r.stdout
 
 
 def test_nonfinite_loss_on_one_rank_stops_all(e2e_shards, tmp_path):
@@ -437,8 +452,8 @@ def test_nonfinite_loss_on_one_rank_stops_all(e2e_shards, tmp_path):
         e2e_shards,
         "faults.nonfinite_step=5",
         "faults.nonfinite_rank=1",
-        "val_every=0",
-        f"optim.grad_clip={CLIP}",
+        "eval_interval=0",
+        f"algorithms.gradient_clipping.clipping_threshold={CLIP}",
     )
     assert r.returncode == 4, (r.stdout[-2000:], r.stderr[-3000:])
     assert "non-finite loss at step 5 (rank 1: clips clip" in r.stderr
@@ -451,12 +466,12 @@ def test_nonfinite_loss_on_one_rank_stops_all(e2e_shards, tmp_path):
 def test_warm_start_and_lineage_over_two_resumes(reference, e2e_shards, tmp_path):
     init = reference / "step-12.safetensors"
     run_dir = tmp_path / "run"
-    quiet = ["val_every=0", "export_every=2", "checkpoint_every=2"]
+    quiet = ["eval_interval=0", "export_every=2", "save_interval=2"]
     # one rank each, without the launcher: the warm start and its lineage are rank 0's
-    ok(launch(run_dir, e2e_shards, "max_steps=2", f"model.init_ckpt={init}", *quiet, direct=True))
+    ok(launch(run_dir, e2e_shards, "max_duration=2", f"model.init_ckpt={init}", *quiet, direct=True))
     assert float(rows(run_dir)[0]["sem_rms"]) > 0  # the warm-started cond is not zero
-    ok(launch(run_dir, e2e_shards, "max_steps=4", f"model.init_ckpt={init}", *quiet, direct=True))
-    ok(launch(run_dir, e2e_shards, "max_steps=6", f"model.init_ckpt={init}", *quiet, direct=True))
+    ok(launch(run_dir, e2e_shards, "max_duration=4", f"model.init_ckpt={init}", *quiet, direct=True))
+    ok(launch(run_dir, e2e_shards, "max_duration=6", f"model.init_ckpt={init}", *quiet, direct=True))
     meta = {n: export_tensors(run_dir / f"step-{n}.safetensors")[1] for n in (2, 4, 6)}
     assert {m["init_ckpt"] for m in meta.values()} == {str(init.resolve())}
     assert (meta[2]["resumed_from"], meta[2]["resumed_step"]) == ("", "")
@@ -476,15 +491,15 @@ def test_learning_uses_the_condition(e2e_shards, tmp_path):
         launch(
             run_dir,
             e2e_shards,
-            "max_steps=120",
-            "val_every=120",
+            "max_duration=120",
+            "eval_interval=120",
             "val_n=8",
             "export_every=0",
-            "checkpoint_every=120",
-            "global_batch=8",
-            "micro_batch=8",  # one forward a step: a third of the cost of 4 micro-batches of 2, the same global batch
-            "optim.lr=2e-3",
-            "optim.cond_lr=3e-2",
+            "save_interval=120",
+            "global_train_batch_size=8",
+            "device_train_microbatch_size=8",  # one forward a step: a third of the cost of 4 micro-batches of 2, the same global batch
+            "optimizer.lr=2e-3",
+            "optimizer.cond_lr=3e-2",
             direct=True,  # one rank, without the launcher
             timeout=1800,
         )

@@ -40,12 +40,12 @@ def test_credentials_stay_out_of_gccs_files_and_logs(e2e_shards, tmp_path):
             str(ROOT / "yamls" / "tiny_cpu.yaml"),
             f"run_dir={run_dir}",
             f"data.path={e2e_shards}",
-            "max_steps=2",
-            "global_batch=2",
-            "micro_batch=1",
-            "val_every=0",
+            "max_duration=2",
+            "global_train_batch_size=2",
+            "device_train_microbatch_size=1",
+            "eval_interval=0",
             "export_every=2",
-            "checkpoint_every=2",
+            "save_interval=2",
             "progress_bar=false",
             "data.num_workers=0",
             f"loggers={{wandb: {{project: p, init_kwargs: {{settings: {{api_key: {SECRET}, base_url: "
@@ -165,13 +165,13 @@ def _args(run_dir: Path, shards: Path, *overrides: str) -> list[str]:
         str(ROOT / "yamls" / "tiny_cpu.yaml"),
         f"run_dir={run_dir}",
         f"data.path={shards}",
-        "global_batch=2",
-        "micro_batch=1",
-        "val_every=2",
+        "global_train_batch_size=2",
+        "device_train_microbatch_size=1",
+        "eval_interval=2",
         "val_n=2",
         "val_batch=2",
         "export_every=2",
-        "checkpoint_every=2",
+        "save_interval=2",
         "progress_bar=false",
         "data.num_workers=0",
         "loggers={}",
@@ -204,7 +204,7 @@ def two_steps(e2e_shards, shared):
     it: `_copy`)."""
 
     def build(path: Path) -> None:
-        r = _train(path / "run", e2e_shards, "max_steps=2")
+        r = _train(path / "run", e2e_shards, "max_duration=2")
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
     return shared("two_steps", build) / "run"
@@ -224,13 +224,13 @@ def test_a_run_folder_with_outputs_but_no_checkpoint_is_refused_and_allow_existi
     (run_dir / "run.json").unlink()  # and its record: the refused launch must not write one first
     before = _snapshot(run_dir)
     assert "step-2.safetensors" in before and before["train_log.csv"].count(b"\n") == 3
-    r = _train(run_dir, e2e_shards, "max_steps=2")
+    r = _train(run_dir, e2e_shards, "max_duration=2")
     assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-2000:]
     assert "1 export(s) (newest step-2.safetensors), train_log.csv with 2 row(s)" in r.stderr
     assert "allow_existing=true" in r.stderr and "Traceback" not in r.stderr
     assert _snapshot(run_dir) == before  # nothing rewritten, nothing trimmed
     assert not (run_dir / "run.json").exists()
-    r = _train(run_dir, e2e_shards, "max_steps=2", "allow_existing=true")
+    r = _train(run_dir, e2e_shards, "max_duration=2", "allow_existing=true")
     assert r.returncode == 0, r.stderr[-3000:]
     (replaced,) = (run_dir / "replaced").iterdir()
     assert f"what the run had written is now in {replaced}" in r.stdout
@@ -243,7 +243,7 @@ def test_autoresume_off_in_a_used_folder_is_refused(two_steps, e2e_shards, tmp_p
     run_dir = _copy(two_steps, tmp_path / "run")
     before = {p.name: p.read_bytes() for p in (run_dir / "checkpoints").iterdir()}
     assert list(before) and all(n.startswith(("ep0-ba2", "latest")) for n in before), sorted(before)
-    r = _train(run_dir, e2e_shards, "max_steps=4", "autoresume=false")
+    r = _train(run_dir, e2e_shards, "max_duration=4", "autoresume=false")
     assert r.returncode == 3 and "autoresume is off" in r.stderr and "1 checkpoint(s)" in r.stderr, r.stderr[-2000:]
     # the refused launch left the checkpoints as they were
     assert {p.name: p.read_bytes() for p in (run_dir / "checkpoints").iterdir()} == before
@@ -254,15 +254,15 @@ def test_a_warm_started_run_resumes_after_its_init_ckpt_moved(two_steps, e2e_sha
     init = tmp_path / "init.safetensors"
     shutil.copyfile(two_steps / "step-2.safetensors", init)
     run_dir = tmp_path / "run"
-    r = _train(run_dir, e2e_shards, "max_steps=2", f"model.init_ckpt={init}")
+    r = _train(run_dir, e2e_shards, "max_duration=2", f"model.init_ckpt={init}")
     assert r.returncode == 0, r.stderr[-3000:]
     recorded = json.loads((run_dir / "run.json").read_text())["signature"]["model.init_ckpt"]
     init.rename(tmp_path / "moved.safetensors")
-    r = _train(run_dir, e2e_shards, "max_steps=4", f"model.init_ckpt={init}")
+    r = _train(run_dir, e2e_shards, "max_duration=4", f"model.init_ckpt={init}")
     assert r.returncode == 0 and "resuming from" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
     assert json.loads((run_dir / "run.json").read_text())["signature"]["model.init_ckpt"] == recorded
     # a start from step 0 needs the file: exit 2 naming the key, before any work (so in this process)
-    r = run_entry("gcc.train", _args(tmp_path / "fresh", e2e_shards, "max_steps=2", f"model.init_ckpt={init}"))
+    r = run_entry("gcc.train", _args(tmp_path / "fresh", e2e_shards, "max_duration=2", f"model.init_ckpt={init}"))
     assert r.returncode == 2 and "model.init_ckpt" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
 
 

@@ -46,7 +46,7 @@ class CallbackContext:
     makes them) and, by name, the callbacks the table built before (`context["step_sync"]`)."""
 
     cfg: TrainConfig
-    start: RunStart  # its `store`: checkpoint_dir's CheckpointStore, or None
+    start: RunStart  # its `store`: save_folder's CheckpointStore, or None
     model: Any  # the GcTrainModel
     per_rank_batch: int
     val_loader: DataLoader | None  # None: the run does not validate
@@ -78,7 +78,7 @@ def _from_yaml(name: str) -> Callable[[CallbackContext], Callback | None]:
 # order, after Composer's CheckpointSaver.
 CALLBACKS: tuple[Entry, ...] = (
     # in every checkpoint: a resume sees a changed global batch (gcc/training/batch_change.py)
-    Entry("global_batch", lambda c: GlobalBatchRecord(c.cfg.global_batch)),
+    Entry("global_batch", lambda c: GlobalBatchRecord(c.cfg.global_train_batch_size)),
     # before the saver at BATCH_CHECKPOINT: it times each save for the rotation's log line
     Entry("checkpoint_clock", lambda c: SaveClock()),
     # the step's one reduce; first at AFTER_TRAIN_BATCH: the guard, the stats and the preemption read its totals
@@ -87,7 +87,7 @@ CALLBACKS: tuple[Entry, ...] = (
         "nonfinite_guard",
         lambda c: NonFiniteGuard(c["step_sync"], c.cfg.faults.nonfinite_step, c.cfg.faults.nonfinite_rank),
     ),
-    Entry("grad_clip", lambda c: GradClip(c.cfg.optim.grad_clip)),
+    Entry("grad_clip", lambda c: GradClip(c.cfg.algorithms.gradient_clipping.clipping_threshold)),
     Entry(
         "train_stats",
         lambda c: TrainStats(c["grad_clip"], c["step_sync"], c.start.manifest["splits"]["train"]["clip_ids"]),
@@ -101,7 +101,7 @@ CALLBACKS: tuple[Entry, ...] = (
             c.watchdog,
             c.cfg.stall_timeout_s,
             c.cfg.stall_floor_s,
-            writes_at(c.cfg.max_steps, c.cfg.checkpoint_every, c.cfg.export_every),
+            writes_at(c.cfg.max_steps, c.cfg.save_interval, c.cfg.export_every),
         ),
     ),
     Entry("validation_log", lambda c: ValidationLog("val")),
@@ -124,14 +124,14 @@ CALLBACKS: tuple[Entry, ...] = (
         "console_log",
         lambda c: (
             ConsoleLog(
-                c.cfg.console_log_every,
+                c.cfg.console_log_interval,
                 c.cfg.max_steps,
                 c["train_stats"],
                 c["validation_log"],
                 c["preemption"],
-                console=console_lines_wanted(c.cfg.console_log_every, c.cfg.progress_bar),
+                console=console_lines_wanted(c.cfg.console_log_interval, c.cfg.progress_bar),
             )
-            if c.cfg.console_log_every > 0
+            if c.cfg.console_log_interval > 0
             else None
         ),
     ),
@@ -142,18 +142,18 @@ CALLBACKS: tuple[Entry, ...] = (
         "validate_at_start",
         lambda c: (
             ValidateAtStart(c["preemption"], c.cfg.faults.sigterm_at_val0)
-            if c.cfg.val_at_start and c.val_loader is not None and not c.start.resumed
+            if c.cfg.eval_first and c.val_loader is not None and not c.start.resumed
             else None
         ),
     ),
     # ---- after Composer's CheckpointSaver ----
-    # first: it logs the save's time (its clock's) and keeps `keep_checkpoints` of them
+    # first: it logs the save's time (its clock's) and keeps `save_num_checkpoints_to_keep` of them
     Entry(
         "checkpoint_rotation",
-        lambda c: CheckpointRotation(c.cfg.run_dir, c.cfg.keep_checkpoints, c["checkpoint_clock"]),
+        lambda c: CheckpointRotation(c.cfg.run_dir, c.cfg.save_num_checkpoints_to_keep, c["checkpoint_clock"]),
         after_saver=True,
     ),
-    # with an s3:// checkpoint_dir: upload and commit each checkpoint
+    # with an s3:// save_folder: upload and commit each checkpoint
     Entry(
         "checkpoint_upload",
         lambda c: (
@@ -161,7 +161,7 @@ CALLBACKS: tuple[Entry, ...] = (
                 c.start.store,
                 c.start.launch,
                 c.cfg.run_dir,
-                c.cfg.keep_checkpoints,
+                c.cfg.save_num_checkpoints_to_keep,
                 c.cfg.faults.stop_after_commit_step,
             )
             if c.start.store is not None

@@ -1,4 +1,4 @@
-"""After each checkpoint Composer writes, put it under `checkpoint_dir: s3://...` and commit it
+"""After each checkpoint Composer writes, put it under `save_folder: s3://...` and commit it
 (gcc/training/checkpoint_store.py): rank 0 checks that this launch still owns the prefix (every rank learns the verdict:
 a launch that lost the prefix uploads nothing more), every rank uploads the files it wrote with their size and sha256,
 and rank 0 commits them (the head names the checkpoint and its manifest, a write conditional on the head it checked)

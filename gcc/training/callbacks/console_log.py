@@ -1,9 +1,9 @@
 """Progress as plain log lines, for runs whose stdout is a file (a scheduler's job log) (docs/training.md).
 
-Every `console_log_every` steps, and at a launch's last step, rank 0 logs one line: step/max, loss (mean of
+Every `console_log_interval` steps, and at a launch's last step, rank 0 logs one line: step/max, loss (mean of
 the steps since the last line), lr, grad_norm, s/step (the wall period since the last line: data wait,
 validation and checkpoints included, so the estimate counts them too), data wait per step, the statistics
-declared with a console format (gcc/stats.py), this launch's elapsed time and the estimated time to max_steps at
+declared with a console format (gcc/stats.py), this launch's elapsed time and the estimated time to max_duration at
 the pace since the launch's first line (`eta ?` on that line: its period holds the loader workers' start, which
 no later step pays). After each validation, one line per timestep with mse, gap_uncond and gap_nulltext. Composer's
 progress bar is for a terminal; with it on and stdout a terminal, these lines stay off the console and go to

@@ -5,7 +5,7 @@ the ranks agree on the same step even when the signal reached them at different 
 BATCH_END every rank calls `state.stop_training()`, and Composer's CheckpointSaver saves at its
 BATCH_CHECKPOINT (end of training always saves). A signal that arrives after the reduction stops the next step.
 
-Before step 1 there is one more place: after the step-0 validation (`val_at_start`), which takes a while before
+Before step 1 there is one more place: after the step-0 validation (`eval_first`), which takes a while before
 any step's reduction. There the ranks agree on the flag in a reduction of its own (`stop_before_first_step`) and
 all stop before step 1: nothing was trained, so there is nothing to checkpoint (`PreemptedBeforeFirstStep`).
 

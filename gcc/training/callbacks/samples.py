@@ -46,7 +46,7 @@ SAMPLES = "samples"
 
 @dataclass(frozen=True)
 class SampleSettings:
-    every_steps: int  # val_every × sample_every: the steps at which it samples (and the last step)
+    every_steps: int  # eval_interval × sample_every: the steps at which it samples (and the last step)
     max_steps: int
     steps: int  # denoising steps
     shift: float

@@ -1,5 +1,5 @@
 """`val_log.csv` rows and TensorBoard `val/*_t{t}`, `val/*_mean` after each validation (docs/design.md §9.8),
-and the step-0 validation of the starting weights (`val_at_start`).
+and the step-0 validation of the starting weights (`eval_first`).
 
 The numbers come from the objective's `val_mse` metric (torchmetrics, synced over ranks), so any world size
 gives the same rows.
@@ -43,7 +43,7 @@ class ValidationLog(Callback):
 
 
 class ValidateAtStart(Callback):
-    """The step-0 validation (`val_at_start`): the starting weights validated before the first step, the run's
+    """The step-0 validation (`eval_first`): the starting weights validated before the first step, the run's
     baseline (step-0 rows in val_log.csv and every logger). Only a launch that starts at step 0 has one; a resume
     never repeats it.
 
@@ -62,5 +62,5 @@ class ValidateAtStart(Callback):
             return
         if self.inject_sigterm and dist.get_global_rank() == dist.get_world_size() - 1:
             os.kill(os.getpid(), signal.SIGTERM)  # fault injection (tests): handled as the validation starts
-        self.evaluate()  # the trainer's evaluators, as at val_every: ValidationLog logs the rows at EVAL_END
+        self.evaluate()  # the trainer's evaluators, as at eval_interval: ValidationLog logs the rows at EVAL_END
         self.preemption.stop_before_first_step(state)

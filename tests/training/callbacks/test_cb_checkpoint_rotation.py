@@ -1,5 +1,5 @@
 """CheckpointRotation (gcc/training/callbacks/checkpoint_rotation.py): after each of Composer's saves, keep the
-`keep_checkpoints` newest checkpoints up to `latest`, those of earlier launches included (Composer's own rotation
+`save_num_checkpoints_to_keep` newest checkpoints up to `latest`, those of earlier launches included (Composer's own rotation
 only knows this process's saves), never one newer than `latest`; and log what each new save cost, once:
 `checkpoint ep0-ba6-rank0.pt: 0.0 s, 1.2e-06 GB`."""
 
@@ -44,7 +44,7 @@ def test_keeps_the_newest_across_restarts_and_logs_each_new_save_once(tmp_path):
     run_dir = tmp_path / "run"
     earlier_launch(run_dir, steps=4, every=2)
     assert names(run_dir) == ["ep0-ba2-rank0.pt", "ep0-ba4-rank0.pt"]
-    keep = TrainConfig().keep_checkpoints
+    keep = TrainConfig().save_num_checkpoints_to_keep
     assert keep == 2
     rotation = CheckpointRotation(run_dir, keep)  # built before the Trainer, as build_callbacks does
     fit = Fit([rotation.clock, saver(run_dir, 2), rotation], max_steps=8)

@@ -1,6 +1,6 @@
 """CheckpointUpload (gcc/training/callbacks/checkpoint_upload.py), against a real S3 server on loopback (moto): after
-each checkpoint Composer's CheckpointSaver writes, the launch that owns `checkpoint_dir` uploads it, commits it (the
-head names it with each file's size and sha256) and rotates the remote checkpoints to `keep_checkpoints`; steps
+each checkpoint Composer's CheckpointSaver writes, the launch that owns `save_folder` uploads it, commits it (the
+head names it with each file's size and sha256) and rotates the remote checkpoints to `save_num_checkpoints_to_keep`; steps
 without a save upload nothing, and a launch that lost the prefix to another raises TakenOver and uploads nothing."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ LOGGER = "gcc.training.callbacks.checkpoint_upload"
 
 
 def launch_with_upload(store: CheckpointStore, launch: str, run_dir: Path, every: int = 3, max_steps: int = 100):
-    keep = TrainConfig().keep_checkpoints  # 2
+    keep = TrainConfig().save_num_checkpoints_to_keep  # 2
     saver = CheckpointSaver(folder=str(ckpt_dir(run_dir)), save_interval=f"{every}ba", num_checkpoints_to_keep=-1)
     upload = CheckpointUpload(store, launch, run_dir, keep)  # after the saver, as the trainer appends it
     fit = Fit([saver, upload], max_steps=max_steps)
@@ -49,7 +49,10 @@ def test_each_save_is_uploaded_committed_with_its_digest_and_rotated(s3_bucket, 
             fit.step()  # saves at 6 and 9 (the last step)
         fit.fit_end()  # the same checkpoint is not committed twice
     assert store.latest() == "ep0-ba9-rank0.pt"
-    assert list(store.checkpoints()) == ["ep0-ba6-rank0.pt", "ep0-ba9-rank0.pt"]  # keep_checkpoints remotely
+    assert list(store.checkpoints()) == [
+        "ep0-ba6-rank0.pt",
+        "ep0-ba9-rank0.pt",
+    ]  # save_num_checkpoints_to_keep remotely
     remote = tmp_path / "fetched.pt"
     storage.download_file(f"{store.ckpts}/ep0-ba9-rank0.pt", str(remote))
     assert remote.read_bytes() == (tmp_path / "run" / "checkpoints" / "ep0-ba9-rank0.pt").read_bytes()

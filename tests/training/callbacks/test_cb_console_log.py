@@ -1,4 +1,4 @@
-"""ConsoleLog (gcc/training/callbacks/console_log.py): every `console_log_every` steps, at the launch's last step and
+"""ConsoleLog (gcc/training/callbacks/console_log.py): every `console_log_interval` steps, at the launch's last step and
 at the step a preemption stops, one `gcc.train` line: step/max, the mean loss of the steps since the last line, lr,
 grad_norm, s/step over that period, data wait, sem_rms, elapsed and eta (from the pace since the launch's first
 line); after each validation one line per
@@ -158,5 +158,5 @@ def test_duration_and_whether_the_lines_are_wanted():
         "1h02m",
         "25h01m",
     ]
-    assert console_lines_wanted(0, progress_bar=False) is False  # console_log_every: 0 is off
+    assert console_lines_wanted(0, progress_bar=False) is False  # console_log_interval: 0 is off
     assert console_lines_wanted(10, progress_bar=False) is True

@@ -1,6 +1,6 @@
 """GradClip (gcc/training/callbacks/grad_clip.py): at AFTER_TRAIN_BATCH (after backward, before the update) the
-global gradient norm is clipped to `optim.grad_clip` and reported in `last_norm` (the norm before clipping);
-`grad_clip: 0` turns clipping off but still reports the norm."""
+global gradient norm is clipped to `algorithms.gradient_clipping.clipping_threshold` and reported in `last_norm` (the norm before clipping);
+`clipping_threshold: 0` turns clipping off but still reports the norm."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ NORM = math.sqrt(14.0)
 
 
 def test_the_global_norm_is_clipped_to_max_norm_and_reported_before_clipping():
-    clip = GradClip(TrainConfig().optim.grad_clip)  # the default: 1.0, as build_callbacks passes it
+    clip = GradClip(
+        TrainConfig().algorithms.gradient_clipping.clipping_threshold
+    )  # the default: 1.0, as build_callbacks passes it
     assert clip.max_norm == 1.0
     fit = Fit([clip])
     fit.fit_start()

@@ -47,9 +47,9 @@ def cfg(tmp_path, monkeypatch):
 
 
 def launch(cfg, start_step: int, dataset=None):
-    sync = StepSync(cfg.micro_batch)
-    stats = TrainStats(GradClip(cfg.optim.grad_clip), sync, CLIPS)
-    config = resolved_config(cfg, MANIFEST, cfg.micro_batch)
+    sync = StepSync(cfg.device_train_microbatch_size)
+    stats = TrainStats(GradClip(cfg.algorithms.gradient_clipping.clipping_threshold), sync, CLIPS)
+    config = resolved_config(cfg, MANIFEST, cfg.device_train_microbatch_size)
     files = RunFiles(cfg.run_dir, config, stats)
     fit = Fit([sync, stats, files], max_steps=cfg.max_steps, dataset=dataset)
     if start_step:  # autoresume put the timestamp at the checkpoint's step
@@ -69,8 +69,11 @@ def test_config_json_at_the_start_names_the_config_and_the_start_step(cfg):
     fit.fit_start()
     written = read(cfg, "config.json")
     assert written == {**json.loads(json.dumps(config, default=str)), "start_step": 4}
-    assert written["config"]["run_dir"] == cfg.run_dir and written["config"]["max_steps"] == 300
-    assert written["steps_per_epoch"] == len(CLIPS) // cfg.micro_batch and written["data_counts"]["train"] == 40
+    assert written["config"]["run_dir"] == cfg.run_dir and written["config"]["max_duration"] == 300
+    assert (
+        written["steps_per_epoch"] == len(CLIPS) // cfg.device_train_microbatch_size
+        and written["data_counts"]["train"] == 40
+    )
     fit2, _, _ = launch(cfg, start_step=0)  # the next launch's file replaces it
     fit2.fit_start()
     assert read(cfg, "config.json")["start_step"] == 0

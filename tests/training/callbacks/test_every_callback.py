@@ -33,21 +33,21 @@ def context(tmp_path, shards, s3_bucket, watchdog) -> CallbackContext:
         [
             f"run_dir={tmp_path / 'run'}",
             f"data.path={shards}",
-            f"checkpoint_dir={s3_bucket}/run",
-            "global_batch=2",
-            "max_steps=1",
+            f"save_folder={s3_bucket}/run",
+            "global_train_batch_size=2",
+            "max_duration=1",
             "val_n=2",
             "val_batch=1",
             "sample_n=1",
             "sample_steps=1",
             "sample_every=1",
-            "console_log_every=1",
+            "console_log_interval=1",
             "callbacks={speed_monitor: {window_size: 1}, memory_monitor: {}, lr_monitor: {}}",
         ],
     )
     text = B.node_cache(cfg)
     val_loader = B.build_val_loader(cfg)
-    store = CheckpointStore(cfg.checkpoint_dir)
+    store = CheckpointStore(cfg.save_folder)
     start = RunStart(val_loader.dataset.ds.manifest, {"init_ckpt": ""}, store.claim(), None, "", None, store)
     model = B.build_model(cfg, text, fsdp=False)
     return B.callback_context(cfg, start, model, cfg.per_rank_batch(1), val_loader, text, watchdog)
