@@ -174,6 +174,37 @@ class OptimConfig:
     grad_clip: float = setting(1.0, identity=True, exported=False, bounds=NON_NEGATIVE)
 
 
+# a count of batches as Composer writes it: "1000ba" (gcc's EMA counts optimizer steps)
+_BATCHES = re.compile(r"(0|[1-9][0-9]{0,9})ba")
+
+
+def batches(key: str, value: str, low: int) -> int:
+    """The number of batches of a Composer time string "<N>ba" (N >= `low`); a ConfigError naming `key` otherwise."""
+    m = _BATCHES.fullmatch(value)
+    if m is None or not low <= int(m[1]) <= STEPS:
+        raise ConfigError(f'{key}: expected a number of batches, "<N>ba" with N in [{low}, {STEPS}], got {value!r}')
+    return int(m[1])
+
+
+@dataclass
+class EmaConfig:
+    """`algorithms: {ema: {...}}`: an exponential moving average of the trainable weights, Composer's EMA keys
+    (docs/training.md, "EMA"). Not part of the run's identity: it never changes the raw training, so it may be turned
+    on, off or retuned at a resume."""
+
+    # the steps over which an old weight's share halves; smoothing = 2 ** (-update_interval / half_life)
+    half_life: str = setting("1000ba", identity=False, exported=False)
+    update_interval: str = setting("1ba", identity=False, exported=False)  # average every this many steps
+    # until this step the EMA is the weights themselves; it averages from the next step on
+    ema_start: str = setting("0ba", identity=False, exported=False)
+
+
+@dataclass
+class AlgorithmsConfig:
+    # null (the default) = off; `ema: {}` = on with Composer's defaults
+    ema: EmaConfig | None = None
+
+
 @dataclass
 class FsdpConfig:
     # False: ZeRO-2-like (a block's gathered parameters stay from its forward to its backward); True: ZeRO-3-like
@@ -269,6 +300,7 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)  # for gcc's own tests only
+    algorithms: AlgorithmsConfig = field(default_factory=AlgorithmsConfig)
 
     def per_rank_batch(self, world_size: int) -> int:
         return self.micro_batch * self.accumulation(world_size)
@@ -288,12 +320,21 @@ class TrainConfig:
         return per_rank
 
 
+def _section(typ: Any) -> type | None:
+    """The section (dataclass) a field of type `typ` holds: `Section`, or `Section | None` (an optional section,
+    off while null: algorithms.ema); None for a value."""
+    if typing.get_origin(typ) in (typing.Union, types.UnionType):
+        typ = next((t for t in typing.get_args(typ) if t is not type(None)), None)
+    return typ if isinstance(typ, type) and dataclasses.is_dataclass(typ) else None
+
+
 def _fields(cls: type, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field, Any]]:
     """(dotted key, field, type) of every field of `cls` that holds a value, sections walked, in declaration order."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(hints[f.name]):
-            yield from _fields(hints[f.name], f"{prefix}{f.name}.")
+        section = _section(hints[f.name])
+        if section is not None:
+            yield from _fields(section, f"{prefix}{f.name}.")
         else:
             yield prefix + f.name, f, hints[f.name]
 
@@ -391,9 +432,10 @@ def _build(cls, data: dict, prefix: str = ""):
         raise ConfigError(f"unknown key(s): {', '.join(prefix + k for k in unknown)}")
     kwargs = {}
     for k, v in data.items():
-        typ = hints[k]
-        if dataclasses.is_dataclass(typ):
-            kwargs[k] = _build(typ, v, f"{prefix}{k}.")
+        typ, section = hints[k], _section(hints[k])
+        if section is not None:
+            optional = section is not typ
+            kwargs[k] = None if optional and v is None else _build(section, v, f"{prefix}{k}.")
         else:
             kwargs[k] = _check_type(prefix + k, v, typ)
     return cls(**kwargs)
@@ -554,7 +596,10 @@ def load_config(yaml_path: str | Path | None, overrides: Sequence[str] = ()) -> 
 
 
 def _get(cfg, dotted: str):
+    """The value at `dotted`; None inside an optional section that is off (null)."""
     for p in dotted.split("."):
+        if cfg is None:
+            return None
         cfg = getattr(cfg, p)
     return cfg
 
@@ -570,8 +615,9 @@ def validate(cfg: TrainConfig) -> None:
         if problem:
             raise ConfigError(f"{key}: {problem}")
     for key, allowed in CHOICES.items():
-        if _get(cfg, key) not in allowed:
-            raise ConfigError(f"{key}: must be one of {allowed}, got {_get(cfg, key)!r}")
+        value = _get(cfg, key)  # None: in an optional section that is off
+        if value is not None and value not in allowed:
+            raise ConfigError(f"{key}: must be one of {allowed}, got {value!r}")
     for key, bounds in BOUNDS.items():
         value = _get(cfg, key)
         problem = bounds.problem(value) if value is not None else None  # None: a field that may be null (data.limit)
@@ -603,6 +649,11 @@ def validate(cfg: TrainConfig) -> None:
             f"(scheduler timesteps), got {shown(cfg.val_timesteps)}"
         )
     _check_model_overrides(cfg.model.overrides)
+    ema = cfg.algorithms.ema
+    if ema is not None:
+        batches("algorithms.ema.half_life", ema.half_life, 1)
+        batches("algorithms.ema.update_interval", ema.update_interval, 1)
+        batches("algorithms.ema.ema_start", ema.ema_start, 0)
     if cfg.loggers:  # last: it imports Composer (seconds)
         from gcc.training.loggers import check_logger_options  # heavy: imports Composer; config stays light
 
