@@ -40,6 +40,7 @@ def context(tmp_path, shards, s3_bucket, watchdog) -> CallbackContext:
             "sample_steps=1",
             "sample_every=1",
             "console_log_every=1",
+            "algorithms.ema.half_life=4ba",
         ],
     )
     text = B.node_cache(cfg)
@@ -92,6 +93,7 @@ def test_every_callback_of_the_table_runs_through_every_event_and_every_module_i
 
     run = Path(ctx.cfg.run_dir)  # the callbacks did their work at the step (1, the last)
     assert (run / "step-1.safetensors").is_file() and (run / "done.json").is_file()
+    assert (run / "step-1.ema.safetensors").is_file()
     assert (run / "samples" / "step-1").is_dir()
     # every module of the callbacks' package holds a callback of the table
     modules = {p.stem for p in Path(callbacks_package.__file__).parent.glob("*.py")} - {"__init__"}
