@@ -46,6 +46,9 @@ BASE = [
     "sample_every=0",
 ]
 WORKER = "data.num_workers=1"
+# the EMA of the weights (algorithms.ema), exported beside the raw weights as step-N.ema.safetensors; a half life short
+# enough that the average differs from the weights in 12 steps
+EMA = "algorithms.ema.half_life=4ba"
 # samples at every validation (0, 6, 12), 3 clips on 2 ranks (one rank samples a padding clip in lockstep), to the
 # TensorBoard logger
 SAMPLES = ["sample_every=1", "sample_n=3", "sample_steps=4", "loggers={tensorboard: {}}"]

@@ -121,12 +121,12 @@ def e2e_shards(shared):
 
 @pytest.fixture(scope="session")
 def reference(e2e_shards, shared):
-    """One uninterrupted 12-step DDP run on 2 ranks (tests/_launch.py BASE) with a loader worker per rank and
-    samples during training (SAMPLES), launched once for the session; interrupted runs, mostly without either,
-    must reproduce it."""
-    from _launch import SAMPLES, WORKER, launch, ok
+    """One uninterrupted 12-step DDP run on 2 ranks (tests/_launch.py BASE) with a loader worker per rank, samples
+    during training (SAMPLES) and the EMA (EMA), launched once for the session; interrupted runs, mostly without
+    any of these, must reproduce it."""
+    from _launch import EMA, SAMPLES, WORKER, launch, ok
 
-    return shared("ref", lambda p: ok(launch(p / "run", e2e_shards, WORKER, *SAMPLES))) / "run"
+    return shared("ref", lambda p: ok(launch(p / "run", e2e_shards, WORKER, *SAMPLES, EMA))) / "run"
 
 
 @pytest.fixture

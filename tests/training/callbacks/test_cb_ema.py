@@ -10,7 +10,7 @@ import pytest
 import torch
 from _cbfit import Fit, records
 
-from gcc.training.callbacks.ema import Ema, build_ema, smoothing
+from gcc.training.callbacks.ema import Ema, build_ema, checkpoint_holds_ema, smoothing
 from gcc.training.config import ConfigError, load_config
 
 
@@ -165,3 +165,30 @@ def test_the_config_keys_are_composers_and_off_by_default():
     ):
         with pytest.raises(ConfigError, match=f"algorithms.ema.{key}: expected a number of batches"):
             load_config(None, [bad])
+
+
+def test_whether_a_sharded_checkpoint_holds_an_average_is_read_from_its_metadata(tmp_path):
+    """A sharded (DCP) checkpoint is loaded into what the run asks for, so a launch that turns the EMA on at a resume
+    asks for none from a checkpoint written without it (the average then starts from the resumed weights). A DDP
+    checkpoint file is read whole: Composer skips a callback it holds nothing of."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    model = {"weight": torch.zeros(2, 3)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP in one process, without a process group: it says so
+        dcp.save({"state": {"model": model, "callbacks": {"Ema": {"averages": model}}}}, checkpoint_id=tmp_path / "a")
+        dcp.save(
+            {"state": {"model": model, "callbacks": {"Other": {"x": torch.ones(1)}}}}, checkpoint_id=tmp_path / "b"
+        )
+    assert checkpoint_holds_ema(str(tmp_path / "a")) is True
+    assert checkpoint_holds_ema(str(tmp_path / "b")) is False
+    assert checkpoint_holds_ema(str(tmp_path / "ep0-ba4-rank0.pt")) is True  # a DDP file: the load tells
+    assert checkpoint_holds_ema("") is True  # no resume
+
+    cfg = load_config(None, ["algorithms.ema.half_life=8ba"])
+    ema = build_ema(cfg, torch.nn.Linear(3, 2), str(tmp_path / "b"))
+    assert ema is not None and ema.state_dict() == {}  # the load asks for no average
+    ema.fit_start(Fit().state, None)
+    assert set(ema.state_dict()["averages"]) == {"weight", "bias"}  # every save holds it
