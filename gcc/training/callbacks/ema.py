@@ -4,8 +4,8 @@ placement), updated on the local shards after each optimizer step (no collective
 restored exactly on resume; the Export callback writes it beside the raw weights (`step-N.ema.safetensors`).
 
 Composer's own EMA algorithm is not used: it swaps the averaged weights into the model for every evaluation and
-every checkpoint (validation and samples would then see the EMA, and the checkpoint's model holds it) and gathers
-FSDP1's full parameters to update them; and any algorithm turns gcc's lean event engine off
+every checkpoint (validation and samples would then see the EMA, and the checkpoint's model holds it), it is made
+for FSDP1 (it updates under `summon_full_params`), and any algorithm turns gcc's lean event engine off
 (gcc/compat/composer.py). The keys and the decay are Composer's: smoothing = 2 ** (-update_interval / half_life).
 """
 
@@ -49,8 +49,8 @@ def trainable(module: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
 def checkpoint_holds_ema(path: str) -> bool:
     """Whether the checkpoint a launch resumes from holds an EMA. A sharded (DCP) checkpoint is read into what the
     run holds, so a key the checkpoint lacks would fail the load: its metadata is asked first. A DDP checkpoint
-    (one file) is read whole, and Composer skips a callback it holds no state of: assumed to, the load tells."""
-    if not path or not Path(path).is_dir():
+    (one file) is read whole and Composer skips a callback it holds no state of: not asked (True)."""
+    if not path or not (Path(path) / ".metadata").is_file():  # a DDP file, or no resume: Composer's load decides
         return True
     from torch.distributed.checkpoint import FileSystemReader
 
