@@ -156,14 +156,21 @@ def test_fsdp_world_size_changes_continue_the_run(fsdp_reference, e2e_shards, tm
     """Same global batch on another number of ranks, 2 -> 1 -> 2: the FSDP reference at step 9's checkpoint
     (tests/_launch.py stopped_copy) continued on 1 rank to step 11, then on 2 ranks to step 12. Each sharded
     checkpoint is read back resharded (weights, AdamW moments), the data continues where it stopped; numbers equal
-    up to summation order."""
+    up to summation order. The EMA goes off and on again on the way (it is not part of the run's identity): the
+    1-rank launch ignores the reference's averages, and the last one, resuming a checkpoint without any, starts
+    them from the resumed weights."""
     run_dir = stopped_copy(fsdp_reference, tmp_path / "run", at=9)
     r = ok(launch(run_dir, e2e_shards, FSDP, AC, "max_steps=11", direct=True))  # one rank
     assert "resuming from" in r.stdout and "ep1-ba9" in r.stdout
     assert sorted(f.name for f in ckpt_folders(run_dir)[-1].iterdir()) == [".metadata", "__0_0.distcp"]  # 1 rank's
-    r = ok(launch(run_dir, e2e_shards, FSDP, AC))
+    (run_dir / "step-12.ema.safetensors").unlink()  # the reference's: the last launch writes its own
+    r = ok(launch(run_dir, e2e_shards, FSDP, AC, EMA))
     assert "resuming from" in r.stdout and "ep2-ba11" in r.stdout
+    assert "EMA: the checkpoint holds no average" in r.stderr and "weights of step 11" in r.stderr, r.stderr
     same_draws(rows(run_dir), rows(fsdp_reference), rel=1e-4)
+    ema, meta = export_tensors(run_dir / "step-12.ema.safetensors")
+    raw, _ = export_tensors(run_dir / "step-12.safetensors")
+    assert meta["weights"] == "ema" and set(ema) == set(raw) and not all(torch.equal(ema[k], raw[k]) for k in raw)
 
 
 def test_fsdp_refusals_and_the_nonfinite_stop(e2e_shards, tmp_path):
