@@ -59,6 +59,9 @@ OLD_NAMES = {new: old for old, new in RENAMED.items()}
 # that a run started with the old names resumes under the new ones (docs/training.md, "Config keys")
 OLD_BASE = [*(_old_name(o) for o in BASE), "optim.lr=1.0e-3", "optim.cond_lr=1.0e-2"]
 WORKER = "data.num_workers=1"
+# the EMA of the weights (algorithms.ema), exported beside the raw weights as step-N.ema.safetensors; a half life short
+# enough that the average differs from the weights in 12 steps
+EMA = "algorithms.ema.half_life=4ba"
 # samples at every validation (0, 6, 12), 3 clips on 2 ranks (one rank samples a padding clip in lockstep), to the
 # TensorBoard logger
 SAMPLES = ["sample_every=1", "sample_n=3", "sample_steps=4", "loggers={tensorboard: {}}"]

@@ -122,11 +122,11 @@ def e2e_shards(shared):
 @pytest.fixture(scope="session")
 def reference(e2e_shards, shared):
     """One uninterrupted 12-step DDP run on 2 ranks (tests/_launch.py BASE, by the old key names: OLD_BASE) with a
-    loader worker per rank and samples during training (SAMPLES), launched once for the session; interrupted runs,
-    mostly without either and by the new key names, must reproduce it."""
-    from _launch import OLD_BASE, SAMPLES, WORKER, launch, ok
+    loader worker per rank, samples during training (SAMPLES) and the EMA (EMA), launched once for the session;
+    interrupted runs, mostly without any of these and by the new key names, must reproduce it."""
+    from _launch import EMA, OLD_BASE, SAMPLES, WORKER, launch, ok
 
-    return shared("ref", lambda p: ok(launch(p / "run", e2e_shards, WORKER, *SAMPLES, base=OLD_BASE))) / "run"
+    return shared("ref", lambda p: ok(launch(p / "run", e2e_shards, WORKER, *SAMPLES, EMA, base=OLD_BASE))) / "run"
 
 
 @pytest.fixture

@@ -56,6 +56,7 @@ META_KEYS = (
     "trainer",
     "resumed_from",
     "resumed_step",
+    "weights",
 )
 GC_META = {"arm": "gc25d", "format": "gc25d", "sem_cond": "gc_sem_cond", "mask_channel": "False"}
 # what a trainer of this gcc writes unless it says otherwise (a start from step 0 has no resume)
@@ -66,7 +67,12 @@ META_DEFAULTS = {
     "trainer": f"gcc {__version__}",
     "resumed_from": "",
     "resumed_step": "",
+    "weights": "raw",
 }
+# `weights`: which weights the file holds, the trained ones or their EMA (algorithms.ema); an export written before
+# the key existed holds the raw ones and reads as such
+WEIGHTS = ("raw", "ema")
+LATER_KEYS = {"weights": "raw"}  # a key older exports lack -> the value they read as
 EXPORT_DTYPE = torch.bfloat16
 _ST_DTYPE = "BF16"
 
@@ -94,7 +100,7 @@ def gc_metadata(**values: Any) -> dict[str, str]:
 
 
 def _check_metadata(meta: Mapping[str, Any], where: str) -> None:
-    keys = set(meta)
+    keys = set(meta) | set(LATER_KEYS)
     if keys != set(META_KEYS):
         raise GcCkptError(
             f"{where}: metadata keys differ from docs/design.md §9.9: missing {sorted(set(META_KEYS) - keys)}, "
@@ -108,6 +114,8 @@ def _check_metadata(meta: Mapping[str, Any], where: str) -> None:
             raise GcCkptError(f"{where}: metadata {k}={meta[k][:80]!r}, expected {v!r}")
     if meta["vocab"] not in VOCABS:
         raise GcCkptError(f"{where}: metadata vocab={meta['vocab'][:80]!r} is not one of {VOCABS}")
+    if meta.get("weights", "raw") not in WEIGHTS:
+        raise GcCkptError(f"{where}: metadata weights={meta['weights'][:80]!r} is not one of {WEIGHTS}")
 
 
 # a block's key: `blocks.<index>.<suffix>`; an index of more than 9 digits is no GcDiT's
@@ -234,7 +242,8 @@ def read_export(
     bound (`_block_count`). Any difference is a GcCkptError naming the file, the key and what was expected.
 
     `allow_wan`: a plain Wan export (no gc25d metadata, no cond keys) is accepted, its keys checked against the
-    Wan keys of the layout. Returns {"tensors": {key: TensorEntry}, "metadata", "kind": "gc25d"|"wan", "vocab",
+    Wan keys of the layout. Returns {"tensors": {key: TensorEntry}, "metadata" (a gc25d export's with every key:
+    one an older export lacks has the value it reads as, `LATER_KEYS`), "kind": "gc25d"|"wan", "vocab",
     "num_layers", "preset" (the declared one, or the one whose layout the file matches, or None)}."""
     path = str(path)
     tensors, meta = _header(path)
@@ -246,6 +255,7 @@ def read_export(
     kind = "gc25d" if meta.get("format") == "gc25d" else "wan"
     if kind == "gc25d":
         _check_metadata(meta, path)
+        meta = {**meta, **{k: v for k, v in LATER_KEYS.items() if k not in meta}}
         if vocab is not None and meta["vocab"] != vocab:
             raise GcCkptError(f"{path}: vocab {meta['vocab']!r} differs from {vocab_from} {vocab!r}")
     file_vocab = meta["vocab"] if kind == "gc25d" else (vocab or "parts")
@@ -399,6 +409,7 @@ __all__ = [
     "GC_META",
     "META_DEFAULTS",
     "META_KEYS",
+    "WEIGHTS",
     "GcCkptError",
     "check_gc_ckpt",
     "gc_key_set",

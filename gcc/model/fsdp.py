@@ -13,7 +13,7 @@ parameters become DTensors. What gcc adds around that, on GPU and on CPU (gloo) 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -44,12 +44,17 @@ def fill_local(target: torch.Tensor, read: Callable[[tuple[slice, ...]], torch.T
 
 # ---- gathering -------------------------------------------------------------------------------------------
 @torch.no_grad()
-def full_state_dict(module: torch.nn.Module, dtype: torch.dtype, keep: bool) -> dict[str, torch.Tensor]:
+def full_state_dict(
+    module: torch.nn.Module, dtype: torch.dtype, keep: bool, instead: Mapping[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
     """`module.state_dict()` with every tensor in full, as `dtype` on the CPU, kept where `keep` (rank 0) and
-    dropped elsewhere. Gathered one tensor at a time (a collective per DTensor, on every rank), so the peak is
-    the result plus one full tensor: a bf16 export of the 5B model never holds its fp32 state."""
+    dropped elsewhere; a key of `instead` (the EMA's averages, placed as their parameters) is taken from there.
+    Gathered one tensor at a time (a collective per DTensor, on every rank), so the peak is the result plus one
+    full tensor: a bf16 export of the 5B model never holds its fp32 state."""
     out = {}
+    instead = instead or {}
     for k, v in module.state_dict().items():
+        v = instead.get(k, v)
         full = v.full_tensor() if isinstance(v, DTensor) else v
         if keep:
             out[k] = full.detach().to("cpu", dtype)

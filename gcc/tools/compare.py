@@ -5,8 +5,8 @@ against the same run uninterrupted. Compared, step by step, over the steps in [-
 * `train_log.csv` on the columns a resumed run reproduces (`gcc.training.columns.EXACT_TRAIN`: the step's clips,
   epoch, timestep, drops and mask, loss, mse, lr, grad_norm, ...; the timing and memory columns are skipped);
 * `val_log.csv` on every column (`EXACT_VAL`), row by (step, timestep), when the folders hold one (both must);
-* the exports both folders hold (`step-N.safetensors`), tensor by tensor (names, dtypes, shapes, values); their
-  metadata differs by design (`resumed_from`) and is not compared.
+* the exports both folders hold (`step-N.safetensors`, and with algorithms.ema `step-N.ema.safetensors`), tensor
+  by tensor (names, dtypes, shapes, values); their metadata differs by design (`resumed_from`) and is not compared.
 
 A step that one log holds and the other does not is a difference (a relaunch on a fresh machine starts its
 train_log.csv at the resumed step: compare with `--from` that step). Numbers compare as the logs hold them, to the
@@ -127,11 +127,14 @@ def _rows_in(rows: dict, lo: int, hi: int) -> int:
     return sum(lo <= k[0] <= hi for k in rows)
 
 
-def export_steps(run_dir: Path) -> dict[int, Path]:
-    """The exports `step-N.safetensors` of a run folder by N (the trainer's names; anything else is ignored)."""
+EXPORT_KINDS = ("", ".ema")  # step-N.safetensors, and with algorithms.ema step-N.ema.safetensors (the EMA)
+
+
+def export_steps(run_dir: Path, kind: str = "") -> dict[int, Path]:
+    """The exports `step-N{kind}.safetensors` of a run folder by N (the trainer's names; anything else is ignored)."""
     out = {}
-    for p in run_dir.glob("step-*.safetensors"):
-        n = p.name[len("step-") : -len(".safetensors")]
+    for p in run_dir.glob(f"step-*{kind}.safetensors"):
+        n = p.name[len("step-") : -len(f"{kind}.safetensors")]
         if n.isdigit() and str(int(n)) == n:
             out[int(n)] = p
     return out
@@ -149,14 +152,13 @@ def diff_export(a: Path, b: Path, step: int, rtol: float) -> Difference | None:
         only = sorted(ka - kb)[:3] or sorted(kb - ka)[:3]
         return Difference(
             step,
-            f"step-{step}.safetensors: tensor names differ ({[shown(k, 80) for k in only]} only in "
-            f"{'RUN_A' if ka - kb else 'RUN_B'})",
+            f"{a.name}: tensor names differ ({[shown(k, 80) for k in only]} only in {'RUN_A' if ka - kb else 'RUN_B'})",
         )
     for k in sorted(ka):
         if ha[k][:2] != hb[k][:2]:
             return Difference(
                 step,
-                f"step-{step}.safetensors: tensor {shown(k, 80)} is {ha[k].dtype} {list(ha[k].shape)} (RUN_A), "
+                f"{a.name}: tensor {shown(k, 80)} is {ha[k].dtype} {list(ha[k].shape)} (RUN_A), "
                 f"{hb[k].dtype} {list(hb[k].shape)} (RUN_B)",
             )
 
@@ -171,7 +173,7 @@ def diff_export(a: Path, b: Path, step: int, rtol: float) -> Difference | None:
             try:
                 x, y = fa.get_tensor(k), fb.get_tensor(k)
             except (SafetensorError, TypeError) as e:  # a dtype torch does not know, say
-                raise BadInput(f"step-{step}.safetensors: tensor {shown(k, 80)} cannot be read ({e})") from None
+                raise BadInput(f"{a.name}: tensor {shown(k, 80)} cannot be read ({e})") from None
             same = (
                 torch.equal(x, y)
                 if rtol == 0
@@ -180,7 +182,7 @@ def diff_export(a: Path, b: Path, step: int, rtol: float) -> Difference | None:
             if not same:
                 return Difference(
                     step,
-                    f"step-{step}.safetensors: tensor {shown(k, 80)} differs (max abs difference "
+                    f"{a.name}: tensor {shown(k, 80)} differs (max abs difference "
                     f"{(x.float() - y.float()).abs().max().item():.3g})",
                 )
     return None
@@ -209,17 +211,22 @@ def compare(a: Path, b: Path, lo: int = 0, hi: int = sys.maxsize, rtol: float = 
             lines.append(f"{name}.csv: {len(diffs)} row(s) differ, the first: {diffs[0].what}")
         else:
             lines.append(f"{name}.csv: {n} row(s) agree")
-    ea, eb = export_steps(a), export_steps(b)
-    common = sorted(s for s in set(ea) & set(eb) if lo <= s <= hi)
-    diffs = [d for d in (diff_export(ea[s], eb[s], s, rtol) for s in common) if d is not None]
-    if diffs:
-        first.append(diffs[0])
-        lines.append(f"exports: {len(diffs)} of {len(common)} differ, the first: {diffs[0].what}")
-    else:
-        lines.append(f"exports: {', '.join(f'step-{s}' for s in common) + ' agree' if common else 'none in common'}")
-    alone = sorted(s for s in set(ea) ^ set(eb) if lo <= s <= hi)
-    if alone:
-        lines.append(f"exports in one folder only (not compared): {', '.join(f'step-{s}' for s in alone)}")
+    for kind in EXPORT_KINDS:
+        ea, eb = export_steps(a, kind), export_steps(b, kind)
+        if kind and not (ea or eb):  # a run without algorithms.ema
+            continue
+        what = "exports" + (f" ({kind[1:]})" if kind else "")
+        common = sorted(s for s in set(ea) & set(eb) if lo <= s <= hi)
+        diffs = [d for d in (diff_export(ea[s], eb[s], s, rtol) for s in common) if d is not None]
+        if diffs:
+            first.append(diffs[0])
+            lines.append(f"{what}: {len(diffs)} of {len(common)} differ, the first: {diffs[0].what}")
+        else:
+            names = ", ".join(f"step-{s}{kind}" for s in common)
+            lines.append(f"{what}: {names + ' agree' if common else 'none in common'}")
+        alone = sorted(s for s in set(ea) ^ set(eb) if lo <= s <= hi)
+        if alone:
+            lines.append(f"{what} in one folder only (not compared): {', '.join(f'step-{s}{kind}' for s in alone)}")
     if first:
         d = min(first, key=lambda d: d.step)
         lines.append(f"they differ; the first step that differs is {d.step} ({d.what})")

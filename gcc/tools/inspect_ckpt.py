@@ -52,7 +52,7 @@ def inspect_file(path: str, vocab: str | None = None, preset: str | None = None)
     layout = f"the {info['preset']!r} preset" if info["preset"] else "no preset's widths (a run with model.overrides)"
     print(
         f"check_gc_ckpt OK: {info['n_keys']} keys, {info['num_layers']} blocks, vocab {info['vocab']}, "
-        f"shaped as {layout}"
+        f"{info['metadata']['weights']} weights (ema: the EMA of a run's weights), shaped as {layout}"
     )
     return 0
 

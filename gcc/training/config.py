@@ -330,10 +330,35 @@ class GradientClippingConfig:
 
 
 @dataclass
+class EmaConfig:
+    """`algorithms: {ema: {...}}`: an exponential moving average of the trainable weights, Composer's EMA keys
+    (docs/training.md, "EMA"). Not part of the run's identity: it never changes the raw training, so it may be turned
+    on, off or retuned at a resume."""
+
+    # the steps over which an old weight's share halves; smoothing = 2 ** (-update_interval / half_life)
+    half_life: int = setting(
+        1000, identity=False, exported=False, bounds=Range(1, STEPS), units=BATCHES, doc='"1000ba" or 1000'
+    )
+    update_interval: int = setting(
+        1, identity=False, exported=False, bounds=Range(1, STEPS), units=BATCHES, doc="average every this many steps"
+    )
+    ema_start: int = setting(
+        0,
+        identity=False,
+        exported=False,
+        bounds=Range(0, STEPS),
+        units=BATCHES,
+        doc="until this step the EMA is the weights themselves; it averages from the next step on",
+    )
+
+
+@dataclass
 class AlgorithmsConfig:
     """Composer's `algorithms:` section."""
 
     gradient_clipping: GradientClippingConfig = field(default_factory=GradientClippingConfig)
+    # null (the default) = off; `ema: {}` = on with Composer's defaults
+    ema: EmaConfig | None = None
 
 
 @dataclass
@@ -603,6 +628,7 @@ class TrainConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     algorithms: AlgorithmsConfig = field(default_factory=AlgorithmsConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)  # for gcc's own tests only
+    algorithms: AlgorithmsConfig = field(default_factory=AlgorithmsConfig)
 
     @property
     def max_steps(self) -> int:
@@ -639,12 +665,21 @@ def resolve_duration(cfg: TrainConfig, steps_per_epoch: int) -> None:
         cfg.max_duration = _count(cfg.max_duration) * steps_per_epoch
 
 
+def _section(typ: Any) -> type | None:
+    """The section (dataclass) a field of type `typ` holds: `Section`, or `Section | None` (an optional section,
+    off while null: algorithms.ema); None for a value."""
+    if typing.get_origin(typ) in (typing.Union, types.UnionType):
+        typ = next((t for t in typing.get_args(typ) if t is not type(None)), None)
+    return typ if isinstance(typ, type) and dataclasses.is_dataclass(typ) else None
+
+
 def _fields(cls: type, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field, Any]]:
     """(dotted key, field, type) of every field of `cls` that holds a value, sections walked, in declaration order."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(hints[f.name]):
-            yield from _fields(hints[f.name], f"{prefix}{f.name}.")
+        section = _section(hints[f.name])
+        if section is not None:
+            yield from _fields(section, f"{prefix}{f.name}.")
         else:
             yield prefix + f.name, f, hints[f.name]
 
@@ -753,9 +788,10 @@ def _build(cls, data: dict, prefix: str = ""):
         raise ConfigError(f"unknown key(s): {', '.join(prefix + k for k in unknown)}")
     kwargs = {}
     for k, v in data.items():
-        typ = hints[k]
-        if dataclasses.is_dataclass(typ):
-            kwargs[k] = _build(typ, v, f"{prefix}{k}.")
+        typ, section = hints[k], _section(hints[k])
+        if section is not None:
+            optional = section is not typ
+            kwargs[k] = None if optional and v is None else _build(section, v, f"{prefix}{k}.")
         elif fields[k].metadata[ROLE].units:
             kwargs[k] = _time(prefix + k, v, fields[k].metadata[ROLE].units)
         else:
@@ -1036,7 +1072,10 @@ def load_config(yaml_path: str | Path | None, overrides: Sequence[str] = ()) -> 
 
 
 def _get(cfg, dotted: str):
+    """The value at `dotted`; None inside an optional section that is off (null)."""
     for p in dotted.split("."):
+        if cfg is None:
+            return None
         cfg = getattr(cfg, p)
     return cfg
 
@@ -1052,8 +1091,9 @@ def validate(cfg: TrainConfig) -> None:
         if problem:
             raise ConfigError(f"{key}: {problem}")
     for key, allowed in CHOICES.items():
-        if _get(cfg, key) not in allowed:
-            raise ConfigError(f"{key}: must be one of {allowed}, got {_get(cfg, key)!r}")
+        value = _get(cfg, key)  # None: in an optional section that is off
+        if value is not None and value not in allowed:
+            raise ConfigError(f"{key}: must be one of {allowed}, got {value!r}")
     for key, bounds in BOUNDS.items():
         value = _get(cfg, key)
         if ROLES[key].units:

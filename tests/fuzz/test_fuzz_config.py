@@ -38,6 +38,7 @@ KEYS = sorted(
         *("model.overrides.num_layers", "model.overrides.dim", "model.overrides.num_heads", "model.overrides.ffn_dim"),
         *("loggers.mlflow.tracking_uri", "loggers.wandb.api_key", "save_folder", "init_ckpt", "data.cache_dir"),
         *("data.cache_limit", "sample_steps", "val_n", "data.num_workers", "stall_timeout_s", "unknown", "a.b.c"),
+        *("algorithms", "algorithms.ema", "algorithms.ema.half_life", "algorithms.ema.ema_start"),
     }
 )
 HOSTILE_STRINGS = [

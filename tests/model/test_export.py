@@ -87,6 +87,7 @@ def test_export_keys_dtypes_metadata(tmp_path):
         "trainer": f"gcc {gcc.__version__}",
         "resumed_from": "",
         "resumed_step": "",
+        "weights": "raw",
     }
     info = check_gc_ckpt(path, vocab="parts")
     assert info["n_keys"] == len(keys) and info["num_layers"] == 2
@@ -128,6 +129,22 @@ def test_metadata_must_be_exactly_spec(tmp_path):
     with pytest.raises(GcCkptError, match="null_context"):  # not a GcDiT state dict
         save_gc({**sd, "null_context": torch.zeros(2)}, tmp_path / "step-1.safetensors", _meta())
     assert os.listdir(tmp_path) == []
+
+
+def test_weights_says_raw_or_ema_and_an_export_written_before_it_reads_as_raw(tmp_path):
+    """`weights` (algorithms.ema: step-N.ema.safetensors holds the EMA); an export of an earlier gcc lacks the key
+    and reads as the raw weights, for gcc-inspect, gcc-sample and a warm start alike; any other value is refused."""
+    sd, _ = _trained_state()
+    ema = save_gc(sd, tmp_path / "step-1.ema.safetensors", {**_meta(), "weights": "ema"})
+    assert check_gc_ckpt(ema)["metadata"]["weights"] == "ema"
+    older = tmp_path / "older.safetensors"
+    tensors = {k[4:]: v.to(torch.bfloat16) for k, v in sd.items()}
+    save_file(tensors, str(older), metadata={k: v for k, v in _meta().items() if k != "weights"})
+    assert check_gc_ckpt(older)["metadata"]["weights"] == "raw"
+    assert load_gc_weights(tiny_dit(), older)["kind"] == "gc25d"
+    save_file(tensors, str(tmp_path / "odd.safetensors"), metadata={**_meta(), "weights": "swa"})
+    with pytest.raises(GcCkptError, match="metadata weights='swa' is not one of \\('raw', 'ema'\\)"):
+        check_gc_ckpt(tmp_path / "odd.safetensors")
 
 
 def test_crash_mid_write_leaves_no_export(tmp_path, monkeypatch):
@@ -288,6 +305,11 @@ def test_inspect_cli(tmp_path, capsys):
     assert inspect_main([str(good)]) == 0
     out = capsys.readouterr().out
     assert f"keys       {len(sd)}" in out and "BF16" in out and "check_gc_ckpt OK" in out and "vocab = 'parts'" in out
+    assert "vocab parts, raw weights" in out
+    ema = save_gc(sd, tmp_path / "step-1.ema.safetensors", {**_meta(), "weights": "ema"})  # algorithms.ema's
+    assert inspect_main([str(ema)]) == 0
+    out = capsys.readouterr().out
+    assert "weights = 'ema'" in out and "vocab parts, ema weights" in out
     bad = tmp_path / "bad.safetensors"
     with safe_open(str(good), "pt") as fh:
         save_file({k: fh.get_tensor(k) for k in fh.keys()}, str(bad))  # metadata dropped

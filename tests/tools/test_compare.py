@@ -170,6 +170,24 @@ def test_a_difference_in_validation_or_an_export(uninterrupted, tmp_path, capsys
     capsys.readouterr()
 
 
+def test_the_ema_exports_are_compared_too(tmp_path, capsys):
+    """With algorithms.ema each export step has step-N.ema.safetensors beside it: compared as the raw ones."""
+    runs = [write_run(tmp_path / name) for name in ("a", "b")]
+    for run, scale in zip(runs, (1.0, 1 + 2**-5)):
+        sd, meta = export_of(6, None)
+        name = sorted(sd)[0]
+        sd[name] = sd[name] * scale  # in b: the average differs in one tensor
+        save_gc(sd, run / "step-6.ema.safetensors", {**meta, "weights": "ema"})
+    assert main([str(runs[0]), str(runs[0])]) == 0
+    out = capsys.readouterr().out
+    assert "exports: step-6, step-12 agree" in out and "exports (ema): step-6.ema agree" in out
+    assert "exports (ema) in one folder only" not in out
+    assert main([str(runs[0]), str(runs[1])]) == 1
+    out = capsys.readouterr().out
+    assert "exports: step-6, step-12 agree" in out and "exports (ema): 1 of 1 differ" in out
+    assert f"the first step that differs is 6 (step-6.ema.safetensors: tensor {name} differs" in out
+
+
 def test_from_compares_from_the_resumed_step(uninterrupted, tmp_path, capsys):
     """A relaunch on a fresh machine starts its logs at the resumed step; the steps before it are only in RUN_A."""
     b = write_run(tmp_path / "b", first=7, launch=1, resumed_step=6)

@@ -63,9 +63,11 @@ def assets(tmp_path_factory):
 
     randomize_cond(dit, scale=2.0)  # a trained-looking cond, so the ids matter
     ck = save_gc(dit.state_dict(), root / "step-1.safetensors", _meta("parts", str(md)))
+    # what a run with algorithms.ema writes beside it (here the same tensors: sampling with it must give the same)
+    ema = save_gc(dit.state_dict(), root / "step-1.ema.safetensors", {**_meta("parts", str(md)), "weights": "ema"})
     dit_ids = tiny_dit(vocab="ids", seed=3)
     ck_ids = save_gc(dit_ids.state_dict(), root / "ids-step-1.safetensors", _meta("ids", str(md)))
-    return {"model_dir": md, "ckpt": ck, "ckpt_ids": ck_ids, "root": root}
+    return {"model_dir": md, "ckpt": ck, "ckpt_ema": ema, "ckpt_ids": ck_ids, "root": root}
 
 
 def _args(assets, data_root, out, *extra, weights=None):
@@ -171,6 +173,7 @@ def test_psnr_identical_is_null_and_known_perturbation_matches_hand_computation(
 
 
 def test_same_seed_identical_and_unknown_differs(assets, prepared_tiny, tmp_path):
+    """b: the same weights as a, from the EMA export of a run with algorithms.ema (step-N.ema.safetensors)."""
     runs = {
         "a": ["--seed", "0"],
         "b": ["--seed", "0"],
@@ -180,17 +183,17 @@ def test_same_seed_identical_and_unknown_differs(assets, prepared_tiny, tmp_path
     vids = {}
     for name, extra in runs.items():
         out = tmp_path / name
-        assert (
-            cli.main(
-                _args(assets, prepared_tiny, out, "--clip_ids", "clip00008", "--no_ssim", "--no_recon_ceiling", *extra)
-            )
-            == 0
-        )
+        weights = ["--ckpt", str(assets["ckpt_ema" if name == "b" else "ckpt"])]
+        flags = ["--clip_ids", "clip00008", "--no_ssim", "--no_recon_ceiling", *extra]
+        assert cli.main(_args(assets, prepared_tiny, out, *flags, weights=weights)) == 0
         vids[name] = _frames(out / "clip00008.mp4")
     assert (tmp_path / "a" / "clip00008.mp4").read_bytes() == (tmp_path / "b" / "clip00008.mp4").read_bytes()
     assert (tmp_path / "a" / "clip00008.frames.json").read_bytes() == (
         tmp_path / "b" / "clip00008.frames.json"
     ).read_bytes()
+    got = {k: json.loads((tmp_path / k / "metrics.json").read_text()) for k in ("a", "b")}
+    assert (got["a"]["ckpt_weights"], got["b"]["ckpt_weights"]) == ("raw", "ema")
+    assert got["b"]["ckpt"] == str(assets["ckpt_ema"])
     gen = {k: v[:, :, 96:192].astype(int) for k, v in vids.items()}
     assert np.abs(gen["a"] - gen["unk"]).mean() > 1.0  # the semantic condition reaches the video
     assert np.abs(gen["a"] - gen["seed1"]).mean() > 1.0

@@ -18,6 +18,7 @@ import torch
 from _gc_helpers import save_wan_layout
 from _launch import (
     CLIP,
+    EMA,
     SAMPLES,
     WORKER,
     assert_grad_norm_logged_before_clipping,
@@ -44,9 +45,9 @@ NUMERIC = ["loss", "mse", "grad_norm", "sem_rms", "x_rms"]  # the same computati
 
 @pytest.fixture(scope="session")
 def fsdp_reference(e2e_shards, shared):
-    """One uninterrupted 12-step FSDP2 run on 2 ranks, launched once for the session; the interrupted FSDP runs
-    must reproduce it."""
-    return shared("fsdp_ref", lambda p: ok(launch(p / "run", e2e_shards, FSDP, AC, *SAMPLES))) / "run"
+    """One uninterrupted 12-step FSDP2 run on 2 ranks with the EMA, launched once for the session; the interrupted
+    FSDP runs must reproduce it."""
+    return shared("fsdp_ref", lambda p: ok(launch(p / "run", e2e_shards, FSDP, AC, *SAMPLES, EMA))) / "run"
 
 
 def ckpt_folders(run_dir: Path) -> list[Path]:
@@ -80,11 +81,12 @@ def test_fsdp_trains_as_ddp_and_writes_sharded_checkpoints(fsdp_reference, refer
     for p in folders:  # one shard per rank and the metadata DCP writes last
         assert sorted(f.name for f in p.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert latest_step(fsdp_reference) == 12
-    a, meta_a = export_tensors(fsdp_reference / "step-12.safetensors")
-    b, _ = export_tensors(reference / "step-12.safetensors")
-    assert set(a) == set(b) and len(a) == len(b)
-    assert all(torch.allclose(a[k].float(), b[k].float(), rtol=2e-2, atol=1e-3) for k in a)
-    assert meta_a["format"] == "gc25d" and meta_a["step"] == "12"
+    for ema in ("", ".ema"):  # the raw weights, and their EMA averaged on each rank's shard
+        a, meta_a = export_tensors(fsdp_reference / f"step-12{ema}.safetensors")
+        b, _ = export_tensors(reference / f"step-12{ema}.safetensors")
+        assert set(a) == set(b) and len(a) == len(b)
+        assert all(torch.allclose(a[k].float(), b[k].float(), rtol=2e-2, atol=1e-3) for k in a)
+        assert meta_a["format"] == "gc25d" and meta_a["step"] == "12"
     # samples with the model sharded: every rank samples in lockstep (3 clips on 2 ranks), rank 0 gathers; the same
     # clips and, from the same noise and nearly the same weights, nearly the same scores as DDP
     for s in (0, 6, 12):
@@ -118,12 +120,16 @@ def test_fsdp_exact_resume_never_reads_a_partial_checkpoint(fsdp_reference, e2e_
     (partial / ".metadata").rename(partial / ".metadata.tmp")
     (ckpts / "latest-rank0.pt").unlink()
     os.symlink(partial.name, ckpts / "latest-rank0.pt")
-    r = ok(launch(run_dir, e2e_shards, FSDP, AC, *SAMPLES))
+    (run_dir / "step-12.ema.safetensors").unlink()  # the relaunch writes it anew
+    r = ok(launch(run_dir, e2e_shards, FSDP, AC, *SAMPLES, EMA))
     assert f"removing incomplete/stale {partial.name}" in r.stdout and f"resuming from {done}" in r.stdout, r.stdout
     assert exact(rows(run_dir)) == exact(rows(fsdp_reference))  # to the last digit
-    a, _ = export_tensors(fsdp_reference / "step-12.safetensors")
-    b, meta_b = export_tensors(run_dir / "step-12.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    for ema in ("", ".ema"):  # the EMA's shards came back from the sharded checkpoint exactly
+        a, _ = export_tensors(fsdp_reference / f"step-12{ema}.safetensors")
+        b, meta_b = export_tensors(run_dir / f"step-12{ema}.safetensors")
+        assert all(torch.equal(a[k], b[k]) for k in a) and meta_b["weights"] == (ema[1:] or "raw")
+    raw, _ = export_tensors(run_dir / "step-12.safetensors")
+    assert not all(torch.equal(raw[k], b[k]) for k in raw)  # the EMA is not the weights
     assert meta_b["resumed_step"] == "9" and meta_b["resumed_from"].endswith(f"/{done.name}")
     assert [checkpoint_step(p) for p in ckpt_folders(run_dir)] == [9, 12]  # rotation across the restart
     same_samples(fsdp_reference, run_dir)  # sharded sampling after a resume: the same pictures
@@ -150,14 +156,21 @@ def test_fsdp_world_size_changes_continue_the_run(fsdp_reference, e2e_shards, tm
     """Same global batch on another number of ranks, 2 -> 1 -> 2: the FSDP reference at step 9's checkpoint
     (tests/_launch.py stopped_copy) continued on 1 rank to step 11, then on 2 ranks to step 12. Each sharded
     checkpoint is read back resharded (weights, AdamW moments), the data continues where it stopped; numbers equal
-    up to summation order."""
+    up to summation order. The EMA goes off and on again on the way (it is not part of the run's identity): the
+    1-rank launch ignores the reference's averages, and the last one, resuming a checkpoint without any, starts
+    them from the resumed weights."""
     run_dir = stopped_copy(fsdp_reference, tmp_path / "run", at=9)
     r = ok(launch(run_dir, e2e_shards, FSDP, AC, "max_duration=11", direct=True))  # one rank
     assert "resuming from" in r.stdout and "ep1-ba9" in r.stdout
     assert sorted(f.name for f in ckpt_folders(run_dir)[-1].iterdir()) == [".metadata", "__0_0.distcp"]  # 1 rank's
-    r = ok(launch(run_dir, e2e_shards, FSDP, AC))
+    (run_dir / "step-12.ema.safetensors").unlink()  # the reference's: the last launch writes its own
+    r = ok(launch(run_dir, e2e_shards, FSDP, AC, EMA))
     assert "resuming from" in r.stdout and "ep2-ba11" in r.stdout
+    assert "EMA: the checkpoint holds no average" in r.stderr and "weights of step 11" in r.stderr, r.stderr
     same_draws(rows(run_dir), rows(fsdp_reference), rel=1e-4)
+    ema, meta = export_tensors(run_dir / "step-12.ema.safetensors")
+    raw, _ = export_tensors(run_dir / "step-12.safetensors")
+    assert meta["weights"] == "ema" and set(ema) == set(raw) and not all(torch.equal(ema[k], raw[k]) for k in raw)
 
 
 def test_fsdp_refusals_and_the_nonfinite_stop(e2e_shards, tmp_path):

@@ -21,6 +21,7 @@ import pytest
 import torch
 from _launch import (
     CLIP,
+    EMA,
     SAMPLES,
     WORKER,
     assert_grad_norm_logged_before_clipping,
@@ -59,7 +60,9 @@ def test_reference_run_outputs(reference, e2e_shards):
     assert sorted(round(float(x["timestep"]), 1) for x in v[:3]) == [201.3, 500.6, 799.7]
     # at step 0 the zero-initialised condition path adds nothing: ids or no ids, the same prediction
     assert [float(x["gap_uncond"]) for x in v[:3]] == [0.0] * 3 and all(float(x["gap_uncond"]) for x in v[3:])
-    assert sorted(p.name for p in reference.glob("step-*.safetensors")) == ["step-12.safetensors", "step-6.safetensors"]
+    assert sorted(p.name for p in reference.glob("step-*.safetensors")) == [
+        *("step-12.ema.safetensors", "step-12.safetensors", "step-6.ema.safetensors", "step-6.safetensors")
+    ]
     # `data` is the dataset's name from its manifest (convert_data's default for gcc-synth data), not the folder's
     meta = export_tensors(reference / "step-12.safetensors")[1]
     assert (meta["data"], meta["data_root"], e2e_shards.name) == ("synth", str(e2e_shards), "shards")
@@ -133,14 +136,18 @@ def test_every_step_has_the_full_global_batch_and_a_resume_at_an_epochs_end_is_e
 
 def test_exact_resume_after_sigkill(reference, e2e_shards, tmp_path):
     run_dir = tmp_path / "run"
-    p = start_bg(run_dir, e2e_shards, WORKER, *SAMPLES)
+    p = start_bg(run_dir, e2e_shards, WORKER, *SAMPLES, EMA)
     wait_for_step(run_dir, 8, p)  # past the step-6 checkpoint, before step 9's
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
-    r = ok(launch(run_dir, e2e_shards, *SAMPLES))
+    r = ok(launch(run_dir, e2e_shards, *SAMPLES, EMA))
     assert "resuming from" in r.stdout
     assert exact(rows(run_dir)) == exact(rows(reference))  # clips, drops, mask, timestep, loss: exactly
     assert compare_main([str(reference), str(run_dir)]) == 0  # what a user runs to check it: logs and exports
+    # the EMA came back from the checkpoint exactly: its export is the uninterrupted run's, bit for bit
+    a, meta_a = export_tensors(reference / "step-12.ema.safetensors")
+    b, meta_b = export_tensors(run_dir / "step-12.ema.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a) and meta_a["weights"] == meta_b["weights"] == "ema"
     a, meta_a = export_tensors(reference / "step-12.safetensors")
     b, meta_b = export_tensors(run_dir / "step-12.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -191,9 +191,9 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     if a.model not in PRESETS:
         raise SampleError(f"--model {a.model!r}: unknown preset; known: {sorted(PRESETS)}")
     if a.ckpt:
-        vocab, ckpt_kind = ckpt_vocab(a.ckpt, a.vocab, a.model)
+        vocab, ckpt_kind, ckpt_weights = ckpt_vocab(a.ckpt, a.vocab, a.model)
     else:
-        vocab, ckpt_kind = a.vocab or "parts", "base"
+        vocab, ckpt_kind, ckpt_weights = a.vocab or "parts", "base", "raw"
         if not a.model_dir:
             raise SampleError(
                 "--base loads the Wan weights of --model_dir: pass --model_dir (the Wan2.2-TI2V-5B folder)"
@@ -290,6 +290,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     metrics = {
         "ckpt": str(a.ckpt) if a.ckpt else "",
         "weights": ckpt_kind,
+        "ckpt_weights": ckpt_weights,  # raw, or ema (a run's step-N.ema.safetensors)
         "vocab": vocab,
         "model": a.model,
         **judge.header(),

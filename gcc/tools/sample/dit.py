@@ -11,10 +11,11 @@ from gcc.inputs import shown
 from gcc.tools.sample.errors import SampleError
 
 
-def ckpt_vocab(path: str | os.PathLike, requested: str | None, model: str | None = None) -> tuple[str, str]:
-    """(vocab, kind) of a checkpoint: a gc25d export's metadata vocab (a `requested` vocab that differs is an
-    error), or `requested` (default parts) for a plain Wan export. Its header alone is read and checked against
-    the `model` preset (`gcc.model.export.read_export`: key set, dtypes, shapes), before any model is built."""
+def ckpt_vocab(path: str | os.PathLike, requested: str | None, model: str | None = None) -> tuple[str, str, str]:
+    """(vocab, kind, weights) of a checkpoint: a gc25d export's metadata vocab (a `requested` vocab that differs is
+    an error) and `weights` (raw, or ema: the EMA export of a run with algorithms.ema), or `requested` (default
+    parts) for a plain Wan export (raw). Its header alone is read and checked against the `model` preset
+    (`gcc.model.export.read_export`: key set, dtypes, shapes), before any model is built."""
     # heavy (diffsynth, ~4 s): gcc-sample imports this module; keeps --help and argument errors fast
     from gcc.model.export import GcCkptError, read_export
 
@@ -27,12 +28,12 @@ def ckpt_vocab(path: str | os.PathLike, requested: str | None, model: str | None
     except GcCkptError as e:
         raise SampleError(f"--ckpt {e}" + (f" (the model: --model {model!r})" if model else "")) from None
     if info["kind"] == "wan":
-        return requested or "parts", "wan"
+        return requested or "parts", "wan", "raw"
     if requested is not None and info["vocab"] != requested:
         raise SampleError(
             f"--ckpt {shown(path)} has vocab {info['vocab']!r} (metadata), but --vocab {requested!r} was requested"
         )
-    return info["vocab"], "gc25d"
+    return info["vocab"], "gc25d", info["metadata"]["weights"]
 
 
 def check_fits(model: str, vocab: str, ckpt: str | None = None, model_dir: str | None = None) -> None:

@@ -20,6 +20,7 @@ from gcc.training.batch_change import GlobalBatchRecord
 from gcc.training.callbacks.checkpoint_rotation import CheckpointRotation, SaveClock
 from gcc.training.callbacks.checkpoint_upload import CheckpointUpload
 from gcc.training.callbacks.console_log import ConsoleLog, console_lines_wanted
+from gcc.training.callbacks.ema import Ema, build_ema
 from gcc.training.callbacks.export import Export
 from gcc.training.callbacks.grad_clip import GradClip
 from gcc.training.callbacks.nonfinite import NonFiniteGuard, NonFiniteLoss
@@ -105,6 +106,8 @@ CALLBACKS: tuple[Entry, ...] = (
         ),
     ),
     Entry("validation_log", lambda c: ValidationLog("val")),
+    # algorithms.ema: before the export, which writes its averages at the step it updated them
+    Entry("ema", lambda c: build_ema(c.cfg, c.model.dit, c.start.resumed_from)),
     Entry(
         "export",
         lambda c: Export(
@@ -116,6 +119,7 @@ CALLBACKS: tuple[Entry, ...] = (
             lambda: c["preemption"].preempted_at is not None,
             c.start.store,
             c.start.launch,
+            c["ema"],
         ),
     ),
     Entry("run_files", lambda c: RunFiles(c.cfg.run_dir, c.resolved_config, c["train_stats"])),
@@ -194,6 +198,7 @@ __all__ = [
     "CheckpointRotation",
     "CheckpointUpload",
     "ConsoleLog",
+    "Ema",
     "Entry",
     "Export",
     "GradClip",

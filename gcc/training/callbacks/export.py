@@ -1,6 +1,7 @@
-"""`step-N.safetensors` every `export_every` steps and at the end of training (docs/design.md §9.9), also uploaded
-beside the checkpoints when they are on object storage, as long as this launch owns that prefix (a launch that lost
-it to another stops on every rank: `TakenOver`, exit code 3)."""
+"""`step-N.safetensors` every `export_every` steps and at the end of training (docs/design.md §9.9), with
+`algorithms.ema` also `step-N.ema.safetensors` (the EMA's averages, metadata `weights=ema`), also uploaded beside the
+checkpoints when they are on object storage, as long as this launch owns that prefix (a launch that lost it to
+another stops on every rank: `TakenOver`, exit code 3)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from composer.utils import dist
 from gcc.errors import Refusal
 from gcc.model.export import EXPORT_DTYPE, save_gc
 from gcc.model.fsdp import full_state_dict
+from gcc.training.callbacks.ema import Ema
 from gcc.training.checkpoint_store import CheckpointStore, TakenOver
 
 log = logging.getLogger(__name__)  # not `logger`: Composer passes its Logger under that name
@@ -32,25 +34,31 @@ class Export(Callback):
         is_preempted: Callable[[], bool] = lambda: False,
         store: CheckpointStore | None = None,
         launch: str = "",
+        ema: Ema | None = None,
     ):
         self.run_dir, self.dit, self.every, self.max_steps = Path(run_dir), dit, every, max_steps
         self.metadata, self.is_preempted, self.store, self.launch = metadata, is_preempted, store, launch
+        self.ema = ema
         self.last_step = -1
 
     def export(self, state: State) -> None:
         step = int(state.timestamp.batch)
-        # under FSDP a collective per tensor; the full bf16 state lands on rank 0's CPU
-        sd = full_state_dict(self.dit, EXPORT_DTYPE, keep=dist.get_global_rank() == 0)
         taken_over = [""]
-        if dist.get_global_rank() == 0:
-            path = save_gc(sd, self.run_dir / f"step-{step}.safetensors", self.metadata(step))
-            log.info(f"export: {path}")
-            if self.store is not None:
-                try:
-                    self.store.upload_export(path, self.launch)
-                    log.info(f"export: uploaded to {self.store.url}/{path.name}")
-                except (TakenOver, Refusal) as e:
-                    taken_over[0] = str(e)
+        exports = [("", "raw", None)] + ([(".ema", "ema", self.ema.averages)] if self.ema is not None else [])
+        for suffix, weights, instead in exports:
+            # under FSDP a collective per tensor; the full bf16 state lands on rank 0's CPU
+            sd = full_state_dict(self.dit, EXPORT_DTYPE, keep=dist.get_global_rank() == 0, instead=instead)
+            if dist.get_global_rank() == 0 and not taken_over[0]:
+                meta = {**self.metadata(step), "weights": weights}
+                path = save_gc(sd, self.run_dir / f"step-{step}{suffix}.safetensors", meta)
+                log.info(f"export: {path}")
+                if self.store is not None:
+                    try:
+                        self.store.upload_export(path, self.launch)
+                        log.info(f"export: uploaded to {self.store.url}/{path.name}")
+                    except (TakenOver, Refusal) as e:
+                        taken_over[0] = str(e)
+            del sd
         self.last_step = step
         dist.broadcast_object_list(taken_over, src=0)  # also the barrier: every rank stops here on a TakenOver
         if taken_over[0]:

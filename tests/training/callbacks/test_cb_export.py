@@ -14,7 +14,7 @@ from gcc import storage
 from gcc.model.dit import build_gc_dit
 from gcc.model.export import check_gc_ckpt
 from gcc.training.builders import export_metadata
-from gcc.training.callbacks import Export
+from gcc.training.callbacks import Ema, Export
 from gcc.training.checkpoint_store import CheckpointStore, TakenOver
 from gcc.training.config import TrainConfig
 from gcc.training.launch import RunStart
@@ -119,3 +119,31 @@ def test_exports_are_uploaded_beside_the_checkpoints_while_the_launch_owns_the_p
         fit.step()
     assert (tmp_path / "step-4.safetensors").is_file()  # written locally, then the launch stops
     assert not storage.exists(f"{store.url}/step-4.safetensors")
+
+
+def test_with_an_ema_each_export_has_its_average_beside_it_same_keys_and_metadata_but_weights(tmp_path, dit):
+    """`algorithms.ema`: step-N.ema.safetensors beside step-N.safetensors, the same key set, dtypes and metadata
+    but `weights` (raw | ema); it holds the EMA's averages (here moved off the weights so the two differ)."""
+    ema = Ema(dit, half_life=2)
+    export = Export(tmp_path, dit, every=2, max_steps=2, metadata=metadata, ema=ema)
+    fit = Fit([ema, export], max_steps=2)
+    ema.before_load(fit.state, fit.logger)
+    fit.fit_start()
+    for a in ema.averages.values():
+        a.add_(0.5)
+    fit.step()
+    fit.step()
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-2.ema.safetensors", "step-2.safetensors"]
+    raw, avg = (check_gc_ckpt(tmp_path / f"step-2{s}.safetensors", vocab="parts") for s in ("", ".ema"))
+    assert raw["metadata"] == metadata(2) and raw["metadata"]["weights"] == "raw"
+    assert avg["metadata"] == {**metadata(2), "weights": "ema"}
+    a, b = load_file(str(tmp_path / "step-2.safetensors")), load_file(str(tmp_path / "step-2.ema.safetensors"))
+    assert set(a) == set(b) == set(dit.state_dict())
+    for k, v in dit.state_dict().items():
+        want = ema.averages[k] if k in ema.averages else v
+        torch.testing.assert_close(b[k], want.to(torch.bfloat16), rtol=0, atol=0)
+        assert b[k].dtype == a[k].dtype == torch.bfloat16
+    # the average, not the weights: 0.5 above them, shrunk by two updates towards them
+    k = next(iter(ema.averages))
+    s = ema.smoothing
+    torch.testing.assert_close(b[k].float(), (dit.state_dict()[k] + 0.5 * s * s).bfloat16().float())

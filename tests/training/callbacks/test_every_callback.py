@@ -43,6 +43,7 @@ def context(tmp_path, shards, s3_bucket, watchdog) -> CallbackContext:
             "sample_every=1",
             "console_log_interval=1",
             "callbacks={speed_monitor: {window_size: 1}, memory_monitor: {}, lr_monitor: {}}",
+            "algorithms.ema.half_life=4ba",
         ],
     )
     text = B.node_cache(cfg)
@@ -102,6 +103,7 @@ def test_every_callback_of_the_table_runs_through_every_event_and_every_module_i
 
     run = Path(ctx.cfg.run_dir)  # the callbacks did their work at the step (1, the last)
     assert (run / "step-1.safetensors").is_file() and (run / "done.json").is_file()
+    assert (run / "step-1.ema.safetensors").is_file()
     assert (run / "samples" / "step-1").is_dir()
     # Composer's callbacks logged through the run's logger: SpeedMonitor the batch's FLOPs and times, LRMonitor the
     # two parameter groups' rates
