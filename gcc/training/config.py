@@ -116,8 +116,8 @@ def setting(
 
 @dataclass
 class ModelConfig:
-    # gcc.model.dit presets: ti2v-5b | wide (its width, 2 blocks) | tiny
-    preset: Literal["ti2v-5b", "wide", "tiny"] = setting("ti2v-5b", identity=True, exported=False)
+    # gcc.model.dit presets: ti2v-5b | wide (its width, 2 blocks) | tiny | tiny-p1 (tiny, one token per latent cell)
+    preset: Literal["ti2v-5b", "wide", "tiny", "tiny-p1"] = setting("ti2v-5b", identity=True, exported=False)
     # preset fields to change (e.g. tiny's text_dim); signed as sorted JSON
     overrides: dict = field(default_factory=dict, metadata=role(identity=True, exported=False))
     # base Wan2.2-TI2V-5B weights (sharded safetensors); "" = random init (tiny/CPU only); signed by the sha256 of
