@@ -100,7 +100,7 @@ VOCABULARY = {
     "--seed": "the seed of everything drawn at random (same seed, same result)",
     "--workers": "data processes on this machine",
     "--nproc": "training processes (Composer's launcher's --nproc)",
-    "--model": "a model preset (ti2v-5b, tiny)",
+    "--model": "a model preset (ti2v-5b, wide, tiny, tiny-p1)",
     "--vocab": "the semantic condition's vocabulary (parts, ids)",
     "--no_progress": "no progress bar",
     "--verbose": "a line per item as it is done",

@@ -96,6 +96,12 @@ PRESETS: dict[str, DiTConfig] = {
     "wide": DiTConfig(dim=3072, ffn_dim=14336, num_heads=24, num_layers=2),
     # CPU-sized; text_dim matches the tiny synthetic data (D=64). head_dim 32 keeps Wan's 3D RoPE split even.
     "tiny": DiTConfig(dim=64, ffn_dim=128, num_heads=2, num_layers=2, text_dim=64, freq_dim=32, cond_hidden=32),
+    # `make demo`'s model: tiny with a 1x1 spatial patch, one token per latent cell. The condition is a token's class
+    # fractions, so tiny's 2x2 patch mixes four cells' classes; on the tiny world's 4x6 latent frames that caps what
+    # the condition can say about a cell below what repeating frame 0 scores (docs/sample.md, "Reading the numbers")
+    "tiny-p1": DiTConfig(
+        dim=64, ffn_dim=128, num_heads=2, num_layers=2, text_dim=64, freq_dim=32, cond_hidden=32, patch_size=(1, 1, 1)
+    ),
 }
 
 

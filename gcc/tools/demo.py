@@ -1,7 +1,8 @@
 """`make demo`: the whole chain on built-in synthetic data, on any machine.
 
     synth (prepared layout) -> convert_data (MDS shards) -> one batch through the loader
-    -> composer -n 2 gcc/train.py yamls/tiny_cpu.yaml (training, validation, exports) -> gcc-plot (curves.png)
+    -> composer -n 2 gcc/train.py yamls/tiny_cpu.yaml model.preset=tiny-p1 (training, validation, exports)
+    -> gcc-plot (curves.png)
     -> gcc-sample on a few val clips (a picture of what the model learned)
 
 After the training it prints the validation table: a line per validation, step 0 (the starting weights, validated
@@ -58,7 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-SEM_CFG = 3.0  # the demo's tiny model uses the condition weakly after 300 steps; guidance shows what it learned
+SEM_CFG = 3.0  # guidance amplifies the condition's effect: its line shows how far the model already follows it
+
+# what the demo's training changes in yamls/tiny_cpu.yaml (the one place; printed in its command line): the model
+# with one token per latent cell, whose condition says which class each cell holds (gcc/model/dit.py PRESETS,
+# docs/sample.md "Reading the numbers")
+TRAIN_SETTINGS = ("model.preset=tiny-p1",)
 
 
 def _step_of(path: Path) -> int:
@@ -270,6 +276,7 @@ def main(argv=None) -> int:
     root = Path(__file__).resolve().parents[2]  # the repository: gcc/tools/demo.py -> .
     cmd = train_command(
         root / "yamls" / "tiny_cpu.yaml",
+        *TRAIN_SETTINGS,
         f"run_dir={run_dir}",
         f"data.path={shards}",
         "progress_bar=false",

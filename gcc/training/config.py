@@ -140,11 +140,11 @@ BATCHES = ("ba",)  # a Composer time counted in batches: 500 or "500ba"
 
 @dataclass
 class ModelConfig:
-    preset: Literal["ti2v-5b", "wide", "tiny"] = setting(
+    preset: Literal["ti2v-5b", "wide", "tiny", "tiny-p1"] = setting(
         "ti2v-5b",
         identity=True,
         exported=False,
-        doc="gcc.model.dit preset: ti2v-5b | wide (its width, 2 blocks) | tiny",
+        doc="gcc.model.dit preset: ti2v-5b | wide (its width, 2 blocks) | tiny | tiny-p1 (tiny, one token per latent cell)",
     )
     overrides: dict = field(
         default_factory=dict,
@@ -628,7 +628,6 @@ class TrainConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     algorithms: AlgorithmsConfig = field(default_factory=AlgorithmsConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)  # for gcc's own tests only
-    algorithms: AlgorithmsConfig = field(default_factory=AlgorithmsConfig)
 
     @property
     def max_steps(self) -> int:

@@ -512,6 +512,25 @@ def test_demo_initial_weights_are_the_trainers_init(assets, tmp_path):
     assert initial_weights(tmp_path, assets["ckpt"], tmp_path / "none.safetensors") is None
 
 
+def test_the_demos_model_reads_the_condition_per_latent_cell():
+    """make demo trains yamls/tiny_cpu.yaml with its TRAIN_SETTINGS: a model whose condition input is each latent
+    cell's own class fractions (one token per cell), the fractions the synthetic world wrote that cell's latent from;
+    `tiny`'s 2x2 patch would mix four cells (docs/sample.md, "Reading the numbers")."""
+    from gcc.model.dit import build_gc_dit, class_fractions
+    from gcc.synth import world as synth
+    from gcc.tools.demo import TRAIN_SETTINGS
+    from gcc.training.config import load_config
+
+    cfg = load_config(REPO / "yamls" / "tiny_cpu.yaml", TRAIN_SETTINGS)
+    dit = build_gc_dit(cfg.model.preset, device="meta", vocab=cfg.model.vocab, **cfg.model.overrides)
+    g = synth.get_geometry("tiny")
+    ids, _ = synth.render_clip(synth.make_scene(0, 8, g))
+    got = class_fractions(torch.from_numpy(ids)[None], cfg.model.vocab, dit.patch_size)
+    want = synth.latent_cell_fractions(ids, g.T, g.h, g.w, cfg.model.vocab).reshape(1, g.T * g.h * g.w, -1)
+    assert tuple(got.shape) == want.shape
+    torch.testing.assert_close(got, torch.from_numpy(want), rtol=0, atol=1e-6)
+
+
 def test_clip_ids_that_leave_out_dir_are_refused(assets, tmp_path, capsys, monkeypatch):
     """Shards whose clips are named `../../escape/x` (converted with the name check switched off, as a hostile or
     older converter would): gcc-sample refuses them and writes nothing, inside --out or beside it."""

@@ -310,7 +310,7 @@ def test_choices_bounds_and_paths_come_from_the_declarations():
         "precision": ("amp_bf16", "fp32"),
         "parallelism": ("fsdp", "ddp"),
         "log_level": ("DEBUG", "INFO", "WARNING", "ERROR"),
-        "model.preset": ("ti2v-5b", "wide", "tiny"),
+        "model.preset": ("ti2v-5b", "wide", "tiny", "tiny-p1"),
         "model.vocab": ("parts", "ids"),
         "data.mask_calibration": ("frame0", "cap"),
         "optimizer.name": ("adamw",),

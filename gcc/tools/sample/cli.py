@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="Wan2.2-TI2V-5B folder (sharded DiT + Wan2.2_VAE.pth); may be left out for data made by "
         "gcc-synth, which is then decoded by the synthetic world's own decoder",
     )
-    ap.add_argument("--model", default="ti2v-5b", help="model preset (ti2v-5b, tiny)")
+    ap.add_argument("--model", default="ti2v-5b", help="model preset (ti2v-5b, wide, tiny, tiny-p1)")
     ap.add_argument("--data", required=True, help="prepared root or converted shards folder (local)")
     ap.add_argument("--raw_root", default=None, help="ground-truth tars (default: <prepared root>/raw)")
     sel = ap.add_mutually_exclusive_group(required=True)
