@@ -18,7 +18,10 @@ def test_the_model_folder_is_the_published_layout_and_loads_as_base_weights(tmp_
     out = tmp_path / "models" / "Wan2.2-TI2V-tiny"
     assert world.main(["--wan_model", "tiny", "--out", str(out), "--seed", "3"]) == 0
     assert f"to {out}" in capsys.readouterr().out
-    shards = ["diffusion_pytorch_model-00001-of-00002.safetensors", "diffusion_pytorch_model-00002-of-00002.safetensors"]
+    shards = [
+        "diffusion_pytorch_model-00001-of-00002.safetensors",
+        "diffusion_pytorch_model-00002-of-00002.safetensors",
+    ]
     assert sorted(p.name for p in out.iterdir()) == sorted([*shards, WAN_INDEX, "Wan2.2_VAE.pth"])
     weight_map = json.loads((out / WAN_INDEX).read_text())["weight_map"]
     assert set(weight_map.values()) == set(shards)
