@@ -68,7 +68,7 @@ def write_wan_vae(folder: str | os.PathLike, seed: int = 5) -> dict[str, torch.T
 
 
 def write_model_folder(out: str | os.PathLike, preset: str = "tiny", n_shards: int = 2, seed: int = 11) -> int:
-    """`gcc-synth --wan_model PRESET --out DIR`: the DiT (bf16, as published) and the VAE into the new or empty
+    """`gcc-synth --wan_model PRESET --out DIR`: the DiT (in bf16; the readers cast to the model's dtype) and the VAE into the new or empty
     folder `out`. Returns the DiT's parameter count. BadInput when `out` is not empty (nothing is overwritten)."""
     import torch
 

@@ -25,7 +25,7 @@ def test_the_model_folder_is_the_published_layout_and_loads_as_base_weights(tmp_
     assert sorted(p.name for p in out.iterdir()) == sorted([*shards, WAN_INDEX, "Wan2.2_VAE.pth"])
     weight_map = json.loads((out / WAN_INDEX).read_text())["weight_map"]
     assert set(weight_map.values()) == set(shards)
-    with safe_open(str(out / shards[0]), "pt") as f:  # bf16, as Wan2.2 is published
+    with safe_open(str(out / shards[0]), "pt") as f:  # bf16: the readers cast to the model's dtype
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
 
     dit = build_gc_dit("tiny", init_seed=0)
