@@ -13,11 +13,13 @@ the path from a published model folder to a run and its samples, not a model.
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gcc.errors import BadInput
+from gcc.storage import atomic_write
 
 if TYPE_CHECKING:  # torch is imported where weights are made: `gcc-synth --help` starts without it
     import torch
@@ -63,7 +65,9 @@ def write_wan_vae(folder: str | os.PathLike, seed: int = 5) -> dict[str, torch.T
         torch.manual_seed(seed)
         net = VideoVAE38_(**TINY_VAE)
     sd = net.state_dict()
-    torch.save(sd, Path(folder) / VAE_FILE)
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    atomic_write(Path(folder) / VAE_FILE, buf.getvalue(), root=folder)  # gcc's one writer (gcc/storage.py)
     return sd
 
 

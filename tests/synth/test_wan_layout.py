@@ -10,6 +10,7 @@ from safetensors import safe_open
 
 from gcc.model.dit import WAN_INDEX, build_gc_dit, load_wan_base, wan_keys
 from gcc.sampling.vae import find_vae_file, load_vae
+from gcc.storage import umask
 from gcc.synth import world
 from gcc.synth.wan_layout import TINY_VAE, write_wan_dit
 
@@ -23,6 +24,8 @@ def test_the_model_folder_is_the_published_layout_and_loads_as_base_weights(tmp_
         "diffusion_pytorch_model-00002-of-00002.safetensors",
     ]
     assert sorted(p.name for p in out.iterdir()) == sorted([*shards, WAN_INDEX, "Wan2.2_VAE.pth"])
+    for f in out.iterdir():  # written by gcc's one writer: the user's umask, as every file gcc writes
+        assert f.stat().st_mode & 0o777 == 0o666 & ~umask(), f
     weight_map = json.loads((out / WAN_INDEX).read_text())["weight_map"]
     assert set(weight_map.values()) == set(shards)
     with safe_open(str(out / shards[0]), "pt") as f:  # bf16: the readers cast to the model's dtype
