@@ -18,8 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "slurm" / "sft_v10.sbatch"
 
 STUBS = {
-    # the job's node list as hostnames, one a line
-    "scontrol": '[ "$1 $2" = "show hostnames" ] && [ "$3" = "$SLURM_JOB_NODELIST" ] && printf "%s\\n" gpu-a gpu-b\n',
+    # the job's node list as hostnames, one a line, the second a moment later: a reader that stops after the first
+    # line (`head -n 1`) ends it with SIGPIPE, which `set -o pipefail` makes the script's failure
+    "scontrol": '[ "$1 $2" = "show hostnames" ] && [ "$3" = "$SLURM_JOB_NODELIST" ] || exit 1\n'
+    "echo gpu-a; sleep 0.2; echo gpu-b\n",
     # one task per node: the command once per node id, with that node's SLURM_NODEID (options before it skipped)
     "srun": 'while [[ "$1" == --* ]]; do shift; done\n'
     'for ((i = 0; i < SLURM_JOB_NUM_NODES; i++)); do SLURM_NODEID=$i "$@" || exit $?; done\n',
