@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from gcc.compat.diffsynth import WanModel
 from gcc.geometry import Geometry
-from gcc.model.dit import build_gc_dit, model_config, write_wan_layout
+from gcc.model.dit import build_gc_dit
 from gcc.vocab import VOCAB_VALUES
 
 L_TXT, D_TXT = 16, 64  # tiny synthetic text: L tokens of width D
@@ -82,18 +79,3 @@ def make_batch(
 
 def null_embedding(seed: int = 7) -> torch.Tensor:
     return torch.randn(L_TXT, D_TXT, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
-
-
-def save_wan_layout(
-    folder: Path, n_shards: int = 2, preset: str = "tiny", seed: int = 11, dtype: torch.dtype | None = None, **overrides
-) -> dict:
-    """A plain DiffSynth WanModel (random, seeded) written as Wan2.2 is published: `n_shards` files
-    diffusion_pytorch_model-0000i-of-0000n.safetensors + the index. Returns its state dict (in `dtype`)."""
-    cfg = model_config(preset, **overrides)
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        wan = WanModel(**cfg.wan_kwargs())
-    sd = {k: (v.to(dtype) if dtype is not None else v) for k, v in wan.state_dict().items()}
-    del wan
-    write_wan_layout(sd, folder, n_shards)
-    return sd

@@ -20,9 +20,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save as safetensors_bytes
 
-from gcc import inputs
+from gcc import inputs, storage
 from gcc.compat.diffsynth import (
     CrossAttention,
     DiTBlock,
@@ -465,15 +465,18 @@ def _wan_weight_map(model_dir: Path) -> dict[str, str]:
 
 def write_wan_layout(state_dict: dict[str, torch.Tensor], folder: str | os.PathLike, n_shards: int = 1) -> None:
     """Write Wan weights as Wan2.2 is published (what `load_wan_base` reads): `n_shards` files
-    diffusion_pytorch_model-0000i-of-0000n.safetensors and the index that maps each key to its file."""
+    diffusion_pytorch_model-0000i-of-0000n.safetensors and the index that maps each key to its file. Each file goes
+    through gcc's one writer (gcc.storage: never through a link, never half written, the user's umask)."""
     keys = sorted(state_dict)
     weight_map = {}
     for s in range(n_shards):
         name = f"diffusion_pytorch_model-{s + 1:05d}-of-{n_shards:05d}.safetensors"
         part = keys[s::n_shards]
-        save_file({k: state_dict[k].contiguous() for k in part}, str(Path(folder) / name))
+        shard = safetensors_bytes({k: state_dict[k].contiguous() for k in part})
+        storage.atomic_write(Path(folder) / name, shard, root=folder)
         weight_map.update({k: name for k in part})
-    (Path(folder) / WAN_INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    index = json.dumps({"metadata": {}, "weight_map": weight_map})
+    storage.atomic_write(Path(folder) / WAN_INDEX, index, root=folder)
 
 
 def read_slice(fh, key: str, slices: tuple[slice, ...]) -> torch.Tensor:

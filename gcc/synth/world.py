@@ -58,6 +58,8 @@ from gcc.cli import ToolParser, folder_problem, run_tool
 from gcc.errors import BadInput
 from gcc.geometry import LATENT_C, Cameras, Geometry, ground_points, latent_frame_spans, rotation_axes
 from gcc.storage import atomic_write
+from gcc.synth.wan_layout import PRESETS as WAN_PRESETS
+from gcc.synth.wan_layout import write_model_folder
 
 CLIPS_PER_RUN = 4
 GLOBAL_SEED = 20250101  # CLASS_PROJ and text vectors: fixed whatever --seed is
@@ -643,6 +645,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="replace the dataset in --out, only one gcc-synth wrote (its synth.json); never real prepared data",
     )
     ap.add_argument("-v", "--verbose", action="store_true", help="print each clip as it is written")
+    ap.add_argument(
+        "--wan_model",
+        choices=WAN_PRESETS,
+        default=None,
+        help="instead of clips, write into --out (new or empty) a random Wan2.2 model folder as published, with "
+        "this DiT preset's shapes (DiT shards + index + Wan2.2_VAE.pth; --seed seeds the weights): a stand-in for "
+        "Wan2.2-TI2V-5B, for model.model_dir and gcc-sample --model_dir (tiny fits --geometry tiny)",
+    )
     return ap
 
 
@@ -661,6 +671,13 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             raise BadInput(f"--out {a.out}: {problem}")
         t0 = time.time()
+        if a.wan_model:
+            n = write_model_folder(a.out, a.wan_model, seed=a.seed)
+            print(
+                f"wrote a random {a.wan_model} Wan2.2 model folder ({n:,} DiT parameters) to {a.out} in "
+                f"{time.time() - t0:.1f}s"
+            )
+            return 0
         try:
             root = write_prepared(a.out, a.n, a.geometry, a.seed, overwrite=a.overwrite, verbose=a.verbose)
         except FileExistsError:

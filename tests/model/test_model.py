@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _gc_helpers import make_batch, randomize_cond, save_wan_layout, tiny_dit
+from _gc_helpers import make_batch, randomize_cond, tiny_dit
 
 from gcc.compat.diffsynth import DiTBlock, sinusoidal_embedding_1d
 from gcc.model.dit import build_gc_dit, class_fractions, cond_keys, count_params, load_wan_base, wan_keys
+from gcc.synth.wan_layout import write_wan_dit
 from gcc.vocab import CHANNEL_LUT, UNKNOWN, num_classes
 
 
@@ -219,7 +220,7 @@ def test_ti2v_5b_on_meta_has_831_keys_and_5b_params():
 
 
 def test_load_sharded_base_weights(tmp_path):
-    sd = save_wan_layout(tmp_path)
+    sd = write_wan_dit(tmp_path)
     dit = tiny_dit(seed=3)
     cond_before = {k: v.clone() for k, v in dit.state_dict().items() if k.startswith("gc_sem_cond.")}
     load_wan_base(dit, tmp_path)
@@ -232,13 +233,13 @@ def test_load_sharded_base_weights(tmp_path):
 
 
 def test_load_base_weights_errors(tmp_path):
-    save_wan_layout(tmp_path)
+    write_wan_dit(tmp_path)
     (tmp_path / "diffusion_pytorch_model-00002-of-00002.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="00002-of-00002"):
         load_wan_base(tiny_dit(), tmp_path)
     other = tmp_path / "wide"
     other.mkdir()
-    save_wan_layout(other, dim=128)
+    write_wan_dit(other, dim=128)
     with pytest.raises(ValueError, match="shape"):
         load_wan_base(tiny_dit(), other)
     with pytest.raises(FileNotFoundError, match="index"):

@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from _gc_helpers import save_wan_layout
+
+from gcc.synth.wan_layout import write_wan_dit
 
 HERE = Path(__file__).resolve().parents[1]  # tests/: the helper modules
 
@@ -161,7 +162,7 @@ dist.destroy_process_group()
 
 @pytest.mark.slow
 def test_fsdp2_two_ranks_match_one_process(tmp_path):
-    save_wan_layout(tmp_path, seed=21)
+    write_wan_dit(tmp_path, seed=21)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

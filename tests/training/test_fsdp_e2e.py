@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from _gc_helpers import save_wan_layout
 from _launch import (
     CLIP,
     EMA,
@@ -35,6 +34,7 @@ from _launch import (
 )
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from gcc.synth.wan_layout import write_wan_dit
 from gcc.training.run_folder import checkpoint_step
 
 pytestmark = pytest.mark.slow
@@ -196,7 +196,7 @@ def test_wide_preset_loads_published_layout_base_weights_by_shard(tmp_path):
 
     model_dir = tmp_path / "wan"
     model_dir.mkdir()
-    base = save_wan_layout(model_dir, n_shards=3, preset="wide", seed=5, dtype=torch.bfloat16, num_layers=1)
+    base = write_wan_dit(model_dir, n_shards=3, preset="wide", seed=5, dtype=torch.bfloat16, num_layers=1)
     shards = tmp_path / "shards"
     convert(write_prepared(tmp_path / "prepared", clips=8, geometry="wide", seed=3), str(shards), progress=False)
     run_dir = tmp_path / "run"
