@@ -47,7 +47,7 @@ PARSERS = {
 # it is listed here: first check that no word of gcc.cli.VOCABULARY already says it (--data, --out, --n, ...).
 OWN_FLAGS = {
     "convert_data": {"--name", "--include_dropped", "--chunk_clips", "--size_limit", "--compression"},
-    "gcc-synth": {"--geometry", "--overwrite"},
+    "gcc-synth": {"--geometry", "--overwrite", "--wan_model"},
     "gcc-sample": {
         "--ckpt",
         "--base",

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TESTED_IN = {
     "compat/__init__.py": ["compat/test_imports.py"],  # the stand-ins, on both sides of a library's load
     "compat/deepspeed.py": ["compat/test_imports.py"],
-    "compat/loggers.py": ["compat/test_wandb_mlflow_contract.py", "compat/test_require.py"],
+    "compat/loggers.py": ["compat/test_wandb_mlflow_contract.py"],
     "data/dataset.py": ["data/test_data.py", "data/test_loader_paths.py"],
     "data/sample_rng.py": ["data/test_mask.py"],
     "data/shards.py": ["data/test_data.py", "data/test_trust_data.py", "data/test_layout.py"],

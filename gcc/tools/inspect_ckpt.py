@@ -51,8 +51,8 @@ def inspect_file(path: str, vocab: str | None = None, preset: str | None = None)
         return fail(PROG, f"check failed: {e}")
     layout = f"the {info['preset']!r} preset" if info["preset"] else "no preset's widths (a run with model.overrides)"
     print(
-        f"check_gc_ckpt OK: {info['n_keys']} keys, {info['num_layers']} blocks, vocab {info['vocab']}, "
-        f"{info['metadata']['weights']} weights (ema: the EMA of a run's weights), shaped as {layout}"
+        f"check_gc_ckpt OK: {info['n_keys']} keys, {info['num_layers']} blocks, vocab {info['vocab']}, shaped as "
+        f"{layout}; {info['metadata']['weights']} weights (ema: the EMA of a run's weights)"
     )
     return 0
 

@@ -1094,10 +1094,10 @@ def validate(cfg: TrainConfig) -> None:
         if value is not None and value not in allowed:
             raise ConfigError(f"{key}: must be one of {allowed}, got {value!r}")
     for key, bounds in BOUNDS.items():
-        value = _get(cfg, key)
-        if ROLES[key].units:
+        value = _get(cfg, key)  # None: a field that may be null (data.limit), or in an optional section that is off
+        if ROLES[key].units and value is not None:
             value = _count(value)
-        problem = bounds.problem(value) if value is not None else None  # None: a field that may be null (data.limit)
+        problem = bounds.problem(value) if value is not None else None
         if problem:
             raise ConfigError(f"{key}: {problem}")
     if cfg.save_folder and not re.fullmatch(r"s3://[^/]+/.*[^/].*", cfg.save_folder):
@@ -1311,7 +1311,7 @@ def describe(cfg: TrainConfig | None = None) -> list[str]:
         if values is not None:
             value = values
             for p in key.split("."):
-                value = value[p]
+                value = value[p] if value is not None else None  # None: an optional section that is off
             head = f"{key}: {json.dumps(value)}  (default {default})"
         lines += [f"{head}  [{_type_name(typ, role)}]", f"    {role.doc}"]
     lines.append("")

@@ -305,11 +305,11 @@ def test_inspect_cli(tmp_path, capsys):
     assert inspect_main([str(good)]) == 0
     out = capsys.readouterr().out
     assert f"keys       {len(sd)}" in out and "BF16" in out and "check_gc_ckpt OK" in out and "vocab = 'parts'" in out
-    assert "vocab parts, raw weights" in out
+    assert "vocab parts, shaped as" in out and "; raw weights" in out
     ema = save_gc(sd, tmp_path / "step-1.ema.safetensors", {**_meta(), "weights": "ema"})  # algorithms.ema's
     assert inspect_main([str(ema)]) == 0
     out = capsys.readouterr().out
-    assert "weights = 'ema'" in out and "vocab parts, ema weights" in out
+    assert "weights = 'ema'" in out and "; ema weights" in out
     bad = tmp_path / "bad.safetensors"
     with safe_open(str(good), "pt") as fh:
         save_file({k: fh.get_tensor(k) for k in fh.keys()}, str(bad))  # metadata dropped

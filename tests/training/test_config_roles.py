@@ -57,9 +57,8 @@ def test_every_field_of_every_config_dataclass_declares_its_role():
         "SchedulerConfig",
         "AlgorithmsConfig",
         "GradientClippingConfig",
-        "FaultsConfig",
-        "AlgorithmsConfig",
         "EmaConfig",
+        "FaultsConfig",
     ]
     undeclared, values = [], 0
     for cls in sections:
