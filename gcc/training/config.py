@@ -9,7 +9,7 @@ and inconsistent batch settings raise `ConfigError` naming the key; `gcc/train.p
 message and exit code 2. The yaml and the overrides are read by a bounded loader (`_BoundedLoader`;
 docs/training.md, "Trust and safety"). The key names are Composer's and llm-foundry's (`max_duration` as a Composer
 time, `optimizer:`, `scheduler:`, `algorithms:`); the names gcc used before are read as them (`RENAMED`), and
-`describe` lists every key (`train.py --print-config`; docs/training.md, "Config keys").
+`describe` lists every key (`train.py --print_config`; docs/training.md, "Config keys").
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ WORKERS = Range(0, 1 << 16)  # a rank or a count of ranks
 @dataclass(frozen=True)
 class Role:
     """What a config field is for, declared next to it with `setting` (`role` for a field with a default factory)
-    and read by validate, launch.run_signature, builders.export_metadata and `describe` (`train.py --print-config`).
+    and read by validate, launch.run_signature, builders.export_metadata and `describe` (`train.py --print_config`).
 
     identity: True when its value is part of the run signature under its own dotted key (docs/design.md §9.3: a
     relaunch that changes it is refused, exit 3); a signature key (str): signed under that key, which is the key
@@ -1299,7 +1299,7 @@ def _type_name(typ: Any, role: Role) -> str:
 
 
 def describe(cfg: TrainConfig | None = None) -> list[str]:
-    """`train.py --print-config`: every key (dotted) with its default and type, then its meaning, from the
+    """`train.py --print_config`: every key (dotted) with its default and type, then its meaning, from the
     declarations; with `cfg` (a yaml and overrides, resolved), the key's value first, credentials masked. Then the
     old key names (RENAMED)."""
     values = redact(dataclasses.asdict(cfg)) if cfg is not None else None

@@ -8,10 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from gcc.compat.diffsynth import VideoVAE38_
 from gcc.sampling.vae import VAE_FILES, VaeError, find_vae_file, from_vae_range, load_vae, to_vae_range
-
-TINY_VAE = dict(dim=8, z_dim=48, dec_dim=8)  # DiffSynth VideoVAE38_ widths of the test VAE
+from gcc.synth.wan_layout import TINY_VAE, write_wan_vae
 
 
 def test_the_vae_file_is_found_as_published_and_its_absence_named(tmp_path):
@@ -39,12 +37,9 @@ def test_every_pixel_value_survives_the_vae_range_and_back():
 
 @pytest.fixture(scope="module")
 def vae_pth(tmp_path_factory):
-    with torch.random.fork_rng():
-        torch.manual_seed(5)
-        net = VideoVAE38_(**TINY_VAE)
-    path = tmp_path_factory.mktemp("vae") / "Wan2.2_VAE.pth"
-    torch.save(net.state_dict(), path)  # the published format: the bare network's state dict
-    return path, net.state_dict()
+    folder = tmp_path_factory.mktemp("vae")
+    sd = write_wan_vae(folder)  # the published format: the bare network's state dict
+    return folder / "Wan2.2_VAE.pth", sd
 
 
 def test_a_published_format_vae_loads_with_its_widths_read_from_the_file(vae_pth):

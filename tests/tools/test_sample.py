@@ -23,6 +23,7 @@ from gcc.model.export import save_gc
 from gcc.sampling import metrics as M
 from gcc.sampling import sampler as SA
 from gcc.sampling import vae as V
+from gcc.synth.wan_layout import write_wan_vae
 from gcc.tools.sample import cli
 from gcc.tools.sample import dit as D
 from gcc.tools.sample import sources as SRC
@@ -30,7 +31,6 @@ from gcc.tools.sample.errors import SampleError
 from gcc.vocab import UNKNOWN, colorize
 
 REPO = Path(__file__).resolve().parents[2]
-TINY_VAE = dict(dim=8, z_dim=48, dec_dim=8)  # DiffSynth VideoVAE38_ widths of the test VAE
 VAL_RR = ["clip00008", "clip00020", "clip00010", "clip00021"]  # prepared_tiny: val runs 2 and 5, 9 is dropped
 
 
@@ -41,8 +41,6 @@ def _meta(vocab: str, model_dir: str) -> dict:
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     """A tiny Wan2.2 model dir as published (sharded DiT + index + Wan2.2_VAE.pth) and gc25d exports."""
-    from gcc.compat.diffsynth import VideoVAE38_
-
     root = tmp_path_factory.mktemp("sample_assets")
     md = root / "Wan2.2-TI2V-tiny"
     md.mkdir()
@@ -56,10 +54,7 @@ def assets(tmp_path_factory):
     (md / "diffusion_pytorch_model.safetensors.index.json").write_text(
         json.dumps({"metadata": {}, "weight_map": weight_map})
     )
-    with torch.random.fork_rng():
-        torch.manual_seed(5)
-        vae_net = VideoVAE38_(**TINY_VAE)
-    torch.save(vae_net.state_dict(), md / "Wan2.2_VAE.pth")  # the published format: the bare network's state dict
+    write_wan_vae(md)  # the published format: the bare network's state dict
 
     randomize_cond(dit, scale=2.0)  # a trained-looking cond, so the ids matter
     ck = save_gc(dit.state_dict(), root / "step-1.safetensors", _meta("parts", str(md)))

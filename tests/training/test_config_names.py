@@ -1,7 +1,7 @@
 """The yaml's key names (gcc/training/config.py; docs/training.md, "Config keys"): Composer's and llm-foundry's
 (`max_duration`, `eval_interval`, `save_interval`, `optimizer:`, `scheduler:`, `algorithms:` ...), the old names read
 as the new ones with one warning each (`RENAMED`), Composer time strings where a key counts batches or epochs, and
-`train.py --print-config`."""
+`train.py --print_config`."""
 
 from __future__ import annotations
 
