@@ -11,9 +11,13 @@ JOBS    ?= 2
 PYTEST  := $(BIN)/python -m pytest -n $(JOBS) --maxschedchunk 1 -q -rs
 # the wall and CPU time of everything the command ran (every process it started), printed when it ends
 TIMED   = TIMEFORMAT="$@: %0R s wall, %0U s user + %0S s sys CPU"; time
-# the lint gate, first in `make test` and `make test-fast`: ruff (lint, then formatting; `$(BIN)/ruff format .`
-# applies the formatting), then mypy (types; what it checks and how strictly: [tool.mypy] in pyproject.toml)
-LINT    := $(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
+# the lint gate: ruff (lint, then formatting; `$(BIN)/ruff format .` applies the formatting), then mypy (types; what
+# it checks and how strictly: [tool.mypy] in pyproject.toml)
+RUFF    := $(BIN)/ruff check . && $(BIN)/ruff format --check .
+LINT    := $(RUFF) && $(BIN)/mypy
+# ruff first (a second), then mypy beside pytest: mypy is one single-threaded process (~25 s cold), and pytest leaves
+# a core idle while its launches wait; either failing fails the target
+CHECKED = $(RUFF) && { $(BIN)/mypy & mypy=$$!; $(PYTEST) $(1); status=$$?; wait $$mypy && exit $$status; }
 
 .PHONY: setup demo test test-fast durations lint bench clean
 
@@ -37,13 +41,13 @@ lint: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m gcc.tools.demo --out $(DEMO)
 
-# everything (CI): lint, then every test; ends with its wall and CPU time
+# everything (CI): the lint gate and every test; ends with its wall and CPU time
 test: $(STAMP)
-	@$(TIMED) ( $(LINT) && $(PYTEST) --durations=25 tests )
+	@$(TIMED) ( $(call CHECKED,--durations=25 tests) )
 
-# the edit loop: lint and the tests not marked slow (unit, contract and in-process tests), a few minutes
+# the edit loop: the lint gate and the tests not marked slow (unit, contract and in-process tests), a few minutes
 test-fast: $(STAMP)
-	@$(TIMED) ( $(LINT) && $(PYTEST) -m "not slow" tests )
+	@$(TIMED) ( $(call CHECKED,-m "not slow" tests) )
 
 # tests/durations.json anew (each test's time in a full run: the order tests are handed out in)
 durations: $(STAMP)
