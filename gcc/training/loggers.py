@@ -22,7 +22,6 @@ W&B as videos and images, MLflow as artifacts.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +31,7 @@ from composer.loggers import MLFlowLogger, WandBLogger
 
 from gcc.compat.composer import LocalTensorboardLogger
 from gcc.compat.loggers import allow_mlflow_file_store, check_installed, mlflow_run, wandb_for_composer
+from gcc.training.composer_options import option_problems
 from gcc.training.csv_logger import CSVLogger
 
 # Composer logs the step's total loss and each evaluator's metrics itself; gcc logs the same values under its own names
@@ -115,21 +115,12 @@ class TablelessMLFlowLogger(GccNames, MLFlowLogger):
 def check_logger_options(loggers: dict[str, Any]) -> list[str]:
     """Problems with the yaml's `loggers:` section, each naming the key (empty: fine); then the named loggers' packages
     are checked against the versions gcc verified (gcc/compat/loggers.py)."""
-    problems = []
-    for name, options in loggers.items():
-        if name not in LOGGERS:
-            problems.append(f"loggers.{name}: unknown logger; choose from {', '.join(LOGGERS)}")
-            continue
-        if options is not None and not isinstance(options, dict):
-            problems.append(f"loggers.{name}: expected a mapping of options (or {{}}), got {options!r}")
-            continue
-        composer_class = LOGGERS[name].composer_class
-        params = set(inspect.signature(composer_class.__init__).parameters) - {"self", "log_dir"}
-        for key in sorted(set(options or {}) - params):
-            problems.append(
-                f"loggers.{name}.{key}: not an option of Composer's {composer_class.__name__} "
-                f"({', '.join(sorted(params))})"
-            )
+    # log_dir is gcc's (the run folder); every other argument of Composer's class is the yaml's, of its type
+    problems = [
+        problem
+        for name, options in loggers.items()
+        for problem in option_problems("loggers", "logger", LOGGERS, name, options, reserved={"log_dir"})[0]
+    ]
     if not problems:  # a logger outside the version gcc verified stops the launch here (exit 2), before any work
         check_installed(loggers)
     return problems

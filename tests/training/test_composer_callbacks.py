@@ -77,6 +77,8 @@ def test_the_memory_monitor_is_off_with_one_line_on_a_run_without_a_gpu(monkeypa
         ("callbacks.speed_monitor.window_size=true", r"^callbacks.speed_monitor.window_size: expected int, got True"),
         ("callbacks.speed_monitor.window_size=0", r"^callbacks.speed_monitor.window_size: must be >= 1"),
         ("callbacks.speed_monitor.gpu_flops_available=0", r"^callbacks.speed_monitor.gpu_flops_available: must be > 0"),
+        # inf passes every range check (MFU would then log 0): refused as the config's own floats are
+        ("callbacks.speed_monitor.gpu_flops_available=.inf", r"gpu_flops_available: expected a finite number or None"),
         ("callbacks.speed_monitor.time_unit=weeks", r"^callbacks.speed_monitor: Invalid time_unit: weeks"),
         (
             "callbacks.memory_monitor.memory_keys=[a]",

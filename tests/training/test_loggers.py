@@ -28,8 +28,15 @@ ALL = "loggers={tensorboard: {}, wandb: {project: gcc-test}, mlflow: {experiment
     "override, match",
     [
         ("loggers={neptune: {}}", "loggers.neptune: unknown logger"),
-        ("loggers={wandb: {projekt: x}}", r"loggers.wandb.projekt: not an option of Composer's WandBLogger"),
+        ("loggers={wandb: {projekt: x}}", r"loggers.wandb.projekt: not an argument of Composer's WandBLogger"),
         ("loggers={mlflow: 3}", "loggers.mlflow: expected a mapping"),
+        # each option of its type, as a callback's (one checker, gcc/training/composer_options.py)
+        (
+            "loggers={tensorboard: {flush_interval: soon}}",
+            r"loggers.tensorboard.flush_interval: expected int, got 'soon'",
+        ),
+        ("loggers={wandb: {tags: gc25d}}", r"loggers.wandb.tags: expected list\[str\] or None, got 'gc25d'"),
+        ("loggers={tensorboard: {log_dir: /tmp/x}}", r"loggers.tensorboard.log_dir: not an argument of Composer's"),
     ],
 )
 def test_bad_logger_config_names_the_key(override, match):
