@@ -387,24 +387,29 @@ def bucket_problem(url: str) -> str | None:
 
 def read_bytes(url: str, kind: str = "json", cap: int | None = None) -> bytes:
     """The whole of a file or object of at most `cap` bytes (by default the cap of `kind`, gcc.inputs.CAPS): a
-    local one through `gcc.inputs.read_bytes` (a regular file only), an object refused by its declared length
-    and read no further than the cap, whatever it says (a BadInput naming it)."""
+    local one through `gcc.inputs.read_bytes` (a regular file only), an object through `_get_capped`."""
     if not is_remote(url):
         return inputs.read_bytes(url, kind, cap)
+    with _unreachable_named(url):
+        return _get_capped(url, kind, cap)[0]
+
+
+def _get_capped(url: str, kind: str, cap: int | None = None) -> tuple[bytes, str]:
+    """An object's bytes and ETag, refused by its declared length and read no further than the cap of `kind`
+    (gcc.inputs.CAPS) whatever it says: a BadInput naming it. Every whole-object read of gcc goes through here."""
     cap = inputs.CAPS[kind] if cap is None else cap
     bucket, key = _split_s3(url)
-    with _unreachable_named(url):
-        got = _s3().get_object(Bucket=bucket, Key=key)
-        body = got["Body"]
-        try:
-            if int(got.get("ContentLength") or 0) > cap:
-                raise BadInput(f"{url}: {got['ContentLength']} bytes, larger than a {kind} object may be ({cap})")
-            data = body.read(cap + 1)
-        finally:
-            body.close()
+    got = _s3().get_object(Bucket=bucket, Key=key)
+    body = got["Body"]
+    try:
+        if int(got.get("ContentLength") or 0) > cap:
+            raise BadInput(f"{url}: {got['ContentLength']} bytes, larger than a {kind} object may be ({cap})")
+        data = body.read(cap + 1)
+    finally:
+        body.close()
     if len(data) > cap:
         raise BadInput(f"{url}: larger than a {kind} object may be ({cap} bytes)")
-    return data
+    return data, got.get("ETag", "")
 
 
 def write_bytes(url: str, data: bytes, mode: int | None = None, root: str | None = None) -> None:
@@ -475,14 +480,13 @@ def error_code(e: BaseException) -> str | None:
 _LOST_RACE = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409", "NoSuchKey", "404")
 
 
-def read_with_etag(url: str) -> tuple[bytes, str] | None:
-    """An S3 object's bytes and its ETag (what a conditional write names), or None when it does not exist."""
-    bucket, key = _split_s3(url)
+def read_with_etag(url: str, kind: str = "json") -> tuple[bytes, str] | None:
+    """An S3 object's bytes (at most the cap of `kind`, as `read_bytes`) and its ETag (what a conditional write
+    names), or None when it does not exist."""
     try:
         with _unreachable_named(url):
-            got = _s3().get_object(Bucket=bucket, Key=key)
-            return got["Body"].read(), got["ETag"]
-    except StorageUnavailable:
+            return _get_capped(url, kind)
+    except (StorageUnavailable, BadInput):
         raise
     except Exception as e:
         if error_code(e) in ("404", "NoSuchKey", "NotFound"):

@@ -226,7 +226,10 @@ class CheckpointStore:
 
     # ---- the head: owner and commit ------------------------------------------------------------------
     def head(self) -> Head | None:
-        got = storage.read_with_etag(self.head_url)
+        try:
+            got = storage.read_with_etag(self.head_url)
+        except BadInput as e:  # larger than any head gcc writes
+            raise Refusal(f"{e}: not the commit record gcc writes; the prefix was written by something else") from None
         return None if got is None else parse_head(got[0], got[1], self.head_url)
 
     def _write_head(self, new: Head, old: Head | None) -> bool:

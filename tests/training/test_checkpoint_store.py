@@ -13,7 +13,7 @@ import zipfile
 
 import pytest
 
-from gcc import storage
+from gcc import inputs, storage
 from gcc.training.checkpoint_store import CheckpointStore, TakenOver
 from gcc.training.run_folder import LATEST, Refusal, ckpt_dir, is_complete, latest_checkpoint
 
@@ -197,6 +197,19 @@ def test_a_missing_or_unreadable_head_with_checkpoints_is_a_refusal_that_deletes
         with pytest.raises(Refusal, match=why):
             step()
     assert list(store.checkpoints()) == ["ep0-ba3-rank0.pt", "ep0-ba6-rank0.pt"]
+
+
+def test_a_head_larger_than_any_gcc_writes_is_refused_unread(s3_bucket, tmp_path, monkeypatch):
+    """The head is read with a cap (its declared length first, then never past the cap), like every object."""
+    store = CheckpointStore(f"{s3_bucket}/run")
+    launch = store.claim()
+    committed(store, tmp_path, "ep0-ba3-rank0.pt", launch)
+    monkeypatch.setitem(inputs.CAPS, "json", 4096)  # 64 MiB in production: the same rule, a smaller object
+    raw_put(store.head_url, store.head().to_bytes() + b" " * 4096)  # still a valid head, but too long to read
+    for step in (lambda: store.repair(launch), store.claim):
+        with pytest.raises(Refusal, match=rf"{store.head_url}: \d+ bytes, larger than a json object may be \(4096\)"):
+            step()
+    assert list(store.checkpoints()) == ["ep0-ba3-rank0.pt"]
 
 
 def test_a_head_written_by_an_earlier_gcc_is_refused_naming_the_way_on(s3_bucket, tmp_path):
