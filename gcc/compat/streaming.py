@@ -33,6 +33,7 @@ import contextlib
 import fcntl
 import json
 import os
+import threading
 import time
 from collections.abc import Sequence
 from multiprocessing.shared_memory import SharedMemory as BuiltinSharedMemory
@@ -72,16 +73,38 @@ from gcc import inputs, storage
 from gcc.errors import DamagedData
 from gcc.locks import hold_flock, user_lock_dir
 
-
 # ---- downloaders ---------------------------------------------------------------------------------------------
+# the size the file being fetched on this thread must have (`BoundedStream._download_file` sets it around the
+# download it asks Streaming for: the same thread runs the downloader)
+_fetching = threading.local()
+
+
 class BoundedS3Downloader(streaming_download.S3Downloader):
     """Streaming's S3 shard downloader with the project's retry policy (botocore's standard mode, a bounded
-    number of attempts: gcc.storage.s3_config) in place of Streaming's adaptive mode."""
+    number of attempts: gcc.storage.s3_config) in place of Streaming's adaptive mode, which asks the object's
+    length before downloading it: a shard of another size than its index declares (an index.json larger than a
+    JSON file may be) is refused by its declared length, never downloaded."""
 
     def _create_s3_client(self, unsigned: bool = False, timeout: float = 60) -> None:
         self._s3_client = Session().client(
             "s3", config=storage.s3_config(timeout, unsigned), endpoint_url=os.environ.get("S3_ENDPOINT_URL")
         )
+
+    def _download_file_impl(self, remote: str, local: str, timeout: float) -> None:
+        expected: tuple[int, bool] | None = getattr(_fetching, "expected", None)  # (bytes, exactly or at most)
+        if expected is not None:
+            if self._s3_client is None:
+                self._create_s3_client(timeout=timeout)
+            bucket, _, key = remote.removeprefix("s3://").partition("/")
+            size = int(self._s3_client.head_object(Bucket=bucket, Key=key)["ContentLength"])  # type: ignore[union-attr]
+            wanted, exactly = expected
+            if size > wanted or (exactly and size != wanted):
+                raise DamagedData(
+                    f"{remote}: {size} bytes, "
+                    + (f"its index.json says {wanted}" if exactly else f"larger than an index.json may be ({wanted})")
+                    + " — restore or reconvert it"
+                )
+        super()._download_file_impl(remote, local, timeout)
 
 
 class LinkingLocalDownloader(streaming_download.LocalDownloader):
@@ -129,8 +152,12 @@ class BoundedStream(Stream):
         return os.path.join(self.remote or self.local, self.split or "", basename)
 
     def _download_file(self, from_basename: str, to_basename: str | None = None) -> str:
-        local = super()._download_file(from_basename, to_basename)
         declared = getattr(self, "_declared", {}).get(from_basename)  # index.json itself: none
+        _fetching.expected = (declared[0], True) if declared is not None else (inputs.CAPS["json"], False)
+        try:
+            local = super()._download_file(from_basename, to_basename)
+        finally:
+            _fetching.expected = None
         if declared is not None:
             with inputs.open_regular(local, "shard", cap=declared[0]) as (_, size):
                 pass  # a link to a device, a folder or a larger file is refused by the opening itself

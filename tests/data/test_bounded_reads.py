@@ -148,3 +148,25 @@ def test_the_trainer_refuses_a_fifo_among_its_inputs_instead_of_hanging(shards, 
     out = r.stdout + r.stderr
     assert r.returncode == 3, out[-3000:]
     assert "refused" in out and str(tmp_path / name) in out and "FIFO" in out and "Traceback" not in out, out[-3000:]
+
+
+def test_a_remote_shard_of_another_size_than_its_index_declares_is_refused_before_its_download(
+    shards, tmp_path, s3_bucket
+):
+    """Streaming's downloader fetches whatever the store holds; gcc's asks the object's length first: a shard
+    replaced by a larger one is refused naming it, and no byte of it reaches the cache."""
+    from gcc.data.dataset import Dropouts, GcStreamingDataset
+    from gcc.errors import DamagedData
+
+    remote = f"{s3_bucket}/shards"
+    index = json.loads((shards / "train" / "index.json").read_text())
+    name = index["shards"][0]["raw_data"]["basename"]
+    for f in ("manifest.json", "text/table.safetensors", "train/index.json"):  # what the dataset opens with
+        storage.write_bytes(f"{remote}/{f}", (shards / f).read_bytes())
+    url = f"{remote}/train/{name}"
+    storage.write_bytes(url, (shards / "train" / name).read_bytes() + b"\0" * 4096)
+    cache = tmp_path / "cache"
+    ds = GcStreamingDataset(remote, "train", cache, batch_size=2, dropouts=Dropouts())
+    with pytest.raises(DamagedData, match=rf"{url}: \d+ bytes, its index.json says \d+"):
+        ds.streams[0]._download_file(name)
+    assert not [p for p in cache.rglob("*") if name in p.name]  # old code: downloaded whole, then refused
