@@ -42,11 +42,10 @@ class Export(Callback):
         self.metadata, self.preemption, self.store, self.launch = metadata, preemption, store, launch
         self.ema = ema
         self.last_step = -1
-        if preemption is not None:
-            preemption.skippable("export", self.due)
 
     def due(self, step: int) -> bool:
-        """Every `export_every` steps (the end of training's export comes at FIT_END)."""
+        """Every `export_every` steps (the end of training's export comes at FIT_END); registered with the
+        preemption, which skips it at a preempted step (gcc/training/callbacks/__init__.py)."""
         return bool(self.every) and step % self.every == 0
 
     def export(self, state: State) -> None:

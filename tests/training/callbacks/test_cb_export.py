@@ -152,10 +152,11 @@ def test_with_an_ema_each_export_has_its_average_beside_it_same_keys_and_metadat
 
 
 def test_a_preempted_step_skips_its_export_and_the_relaunch_writes_it_first(tmp_path, dit, watchdog):
-    """The preempted launch registers the export with its Preemption; at step 6 (an export step) the ranks stopped
+    """The export is registered with the launch's Preemption; at step 6 (an export step) the ranks stopped
     on a signal: no export there, and the checkpoint says so; the relaunch from it exports step 6 at FIT_START."""
     preemption = Preemption(watchdog, 25.0, StepSync(2))
     export = Export(tmp_path, dit, every=3, max_steps=10, metadata=metadata, preemption=preemption)
+    preemption.skippable("export", export.due)  # as the callbacks' table registers it
     fit = run(export, 5, 10)
     preemption.sync.totals = {"preempt": 1.0}  # step 6's reduction carried a signal
     fit.state.callbacks.insert(0, preemption)  # before the export, as in the callbacks' table (its signals unused)
