@@ -16,6 +16,7 @@ from _cbfit import Fit
 from composer.core import Event, Timestamp
 
 from gcc.model.objective import GcValMSE
+from gcc.training.builders import build_evaluators
 from gcc.training.callbacks import (
     VAL_COLUMNS,
     PreemptedBeforeFirstStep,
@@ -182,5 +183,27 @@ def test_a_resume_at_another_step_than_the_skipped_one_validates_nothing_first(p
     fit, _, calls = wired(preemption, at=9)
     try:
         assert calls == []
+    finally:
+        fit.fit_end()
+
+
+def test_the_evaluator_skips_the_validation_of_the_preempted_step_only(preemption):
+    """builders.build_evaluators: Composer asks at each BATCH_END, after the preemption's handler, whether to
+    validate; the validation due at the step the ranks stopped after on a signal is skipped (and named)."""
+    cfg = TrainConfig()
+    cfg.eval_interval = 3
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(2, 1)))
+    [evaluator] = build_evaluators(cfg, loader, preemption)
+    fit = Fit([preemption.sync, preemption])
+    fit.fit_start()
+    try:
+        asked = []
+        for _ in range(6):
+            if fit.step_count == 5:
+                os.kill(os.getpid(), signal.SIGTERM)  # reaches step 6's reduction
+            fit.step()
+            asked.append(evaluator.eval_interval(fit.state, Event.BATCH_END))
+        assert asked == [False, False, True, False, False, False]  # step 6 was due, and preempted
+        assert preemption.preempted_at == 6 and preemption.skipped == ["validation"]
     finally:
         fit.fit_end()
