@@ -26,6 +26,7 @@ run folder and exits non-zero (gcc/training/watchdog.py).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import statistics
@@ -157,7 +158,8 @@ def grace_warning(
         + (f" (+{upload_s:.1f} s upload and commit)" if upload_s is not None else "")
         + (f"; with a step of {step_s:.1f} s" if step_s is not None else "; with no step timed yet")
         + f" that is {total:.1f} s > preemption_grace_s={grace_s:g}: a preemption would exit 5 and lose up to "
-        f"save_interval={save_interval} steps; raise preemption_grace_s above {total:.0f} s, and the scheduler's "
+        f"save_interval={save_interval} steps; raise preemption_grace_s to at least {math.ceil(total)} s, and the "
+        f"scheduler's "
         f'grace with it (docs/training.md, "Preemption grace")'
     )
 

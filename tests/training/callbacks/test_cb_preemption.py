@@ -184,7 +184,7 @@ def test_the_grace_warning_adds_a_step_the_save_and_the_upload():
     assert grace_warning(25.0, 1000, 41.2, 12.0, 3.1) == (
         "the first checkpoint took 41.2 s to save (+12.0 s upload and commit); with a step of 3.1 s that is "
         "56.3 s > preemption_grace_s=25: a preemption would exit 5 and lose up to save_interval=1000 steps; raise "
-        'preemption_grace_s above 56 s, and the scheduler\'s grace with it (docs/training.md, "Preemption grace")'
+        'preemption_grace_s to at least 57 s, and the scheduler\'s grace with it (docs/training.md, "Preemption grace")'
     )
     assert grace_warning(25.0, 1000, 20.0, None, 4.9) is None  # 24.9 s fits
     assert grace_warning(25.0, 1000, 20.0, 0.2, 4.9) is not None  # 25.1 s does not
