@@ -159,8 +159,7 @@ def grace_warning(
         + (f"; with a step of {step_s:.1f} s" if step_s is not None else "; with no step timed yet")
         + f" that is {total:.1f} s > preemption_grace_s={grace_s:g}: a preemption would exit 5 and lose up to "
         f"save_interval={save_interval} steps; raise preemption_grace_s to at least {math.ceil(total)} s, and the "
-        f"scheduler's "
-        f'grace with it (docs/training.md, "Preemption grace")'
+        f'scheduler\'s grace with it (docs/training.md, "Preemption grace")'
     )
 
 
