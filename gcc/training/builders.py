@@ -346,16 +346,21 @@ def samples_in(batch) -> int:
 
 
 def build_evaluators(cfg: TrainConfig, val_loader: DataLoader | None, preemption) -> list:
-    """Validation every `eval_interval` steps, and once more at the end of training (not after a preemption) when
-    the last step is not a multiple of it. The step-0 one (`eval_first`) runs the same evaluators, from
-    ValidateAtStart."""
+    """Validation every `eval_interval` steps (not at a preempted step: gcc/training/callbacks/preemption.py), and
+    once more at the end of training (not after a preemption) when the last step is not a multiple of it. The
+    step-0 one (`eval_first`) and a resume's catch-up run the same evaluators, from ValidateAtStart."""
     if val_loader is None:
         return []
 
+    def due(step: int) -> bool:
+        return step % cfg.eval_interval == 0
+
+    preemption.skippable("validation", due)
+
     def eval_interval(state, event) -> bool:
         step = int(state.timestamp.batch)
-        if event == Event.BATCH_END:
-            return step % cfg.eval_interval == 0
+        if event == Event.BATCH_END:  # Composer runs it after BATCH_END, before the step's BATCH_CHECKPOINT
+            return due(step) and not preemption.skips("validation", step)
         if event == Event.FIT_END:
             return preemption.preempted_at is None and step >= cfg.max_steps and step % cfg.eval_interval != 0
         return False

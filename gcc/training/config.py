@@ -409,6 +409,13 @@ class FaultsConfig:
         doc="right after committing this step's checkpoint to save_folder, rank 0 sends SIGSTOP to the launch's "
         "process group (0 = off)",
     )
+    sigterm_at_step: int = setting(
+        0,
+        identity=False,
+        exported=False,
+        bounds=Range(0, STEPS),
+        doc="the last rank sends SIGTERM to the launch's process group as this step starts (0 = off)",
+    )
 
 
 @dataclass

@@ -161,41 +161,66 @@ def _ranks_of(run_dir: Path) -> list[int]:
 
 
 def test_preemption_by_sigterm_then_sigusr1_checkpoints_and_resumes(reference, e2e_shards, tmp_path):
-    """SIGTERM, then at the relaunch SIGUSR1 (Slurm's `--signal`), each to the process group (launcher and ranks,
-    as a cluster's preemption does): the ranks finish the step, checkpoint and exit, and the run continues exactly.
-    Composer's launcher has no SIGUSR1 handler, so SIGUSR1 ends it at once (-10) while its ranks go on without it
-    to their checkpoint (docs/training.md says what a Slurm job should send instead)."""
+    """SIGTERM to the process group (launcher and ranks, as a cluster's preemption does), sent by the last rank as
+    step 6 starts (`faults.sigterm_at_step`): step 6's validation and export are due, and the ranks skip them and
+    checkpoint at once (train.log says so; no step-6 row in val_log.csv, no step-6 export). The relaunch validates
+    and exports step 6 first (the checkpoint holds step 6's weights); then SIGUSR1 to its ranks alone (`pkill -USR1
+    -P <launcher pid>`, docs/training.md "Resuming"): the ranks checkpoint and the launcher exits 0. The last launch,
+    with a grace no save fits in (preemption_grace_s=0.001), warns at its first save and ends the run: exactly the
+    uninterrupted one (gcc-compare: train and val rows, exports)."""
     run_dir = tmp_path / "run"
-    stopped = 0
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        logs = [
+
+    def logs(name: str) -> list[str]:  # not the dying launcher's temp folder
+        return [
             "--stdout",
-            str(tmp_path / f"{sig.name}.rank{{rank}}.out"),
+            str(tmp_path / f"{name}.rank{{rank}}.out"),
             "--stderr",
-            str(tmp_path / f"{sig.name}.rank{{rank}}.err"),
-        ]  # not the dying launcher's temp folder
-        p = start_bg(run_dir, e2e_shards, WORKER, launcher=logs)
-        wait_for_step(run_dir, stopped + 3, p)
-        os.killpg(p.pid, sig)
+            str(tmp_path / f"{name}.rank{{rank}}.err"),
+        ]
+
+    def preempted(p, name: str) -> int:
+        """The launch ended on a preemption with exit 0, its checkpoint the latest, no rank left, and the ranks'
+        resource trackers alive to the end; the step it stopped after."""
         out = finish(p, 600)  # EOF once rank 0 exited
-        assert "preempted: stopped after step" in out, out[-4000:]
-        assert p.returncode == (0 if sig == signal.SIGTERM else -signal.SIGUSR1), out[-4000:]
+        assert p.returncode == 0 and "preempted: stopped after step" in out, out[-4000:]
         at = int(out.split("preempted: stopped after step ")[1].split()[0])
-        assert stopped + 3 <= at < 12, (sig.name, stopped, at)
-        stopped = at
-        ckpts = [p.name for p in (run_dir / "checkpoints").glob("ep*-ba*-rank0.pt")]
-        assert any(f"-ba{stopped}-" in c for c in ckpts), ckpts
-        assert checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt")) == stopped
+        assert any(f"-ba{at}-" in c.name for c in (run_dir / "checkpoints").glob("ep*-ba*-rank0.pt"))
+        assert checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt")) == at
         deadline = time.time() + 60
         while _ranks_of(run_dir) and time.time() < deadline:  # rank 1 ends a moment after rank 0
             time.sleep(0.2)
         assert not _ranks_of(run_dir)
         # the ranks' resource trackers outlive the signal (started with it blocked): a dead one is replaced and
         # the new one fails every unregister of what the dead one tracked
-        rank1 = (tmp_path / f"{sig.name}.rank1.err").read_text()
+        rank1 = (tmp_path / f"{name}.rank1.err").read_text()
         assert "resource_tracker" not in out + rank1 and "KeyError" not in out + rank1, (out + rank1)[-3000:]
-    ok(launch(run_dir, e2e_shards))
+        return at
+
+    p = start_bg(run_dir, e2e_shards, WORKER, "faults.sigterm_at_step=6", launcher=logs("SIGTERM"))
+    assert preempted(p, "SIGTERM") == 6
+    log = (run_dir / "train.log").read_text()
+    assert "preempted at step 6: saving now, skipped export, validation (the relaunch runs them first)" in log
+    assert [int(x["step"]) for x in rows(run_dir, "val_log")] == [0, 0, 0]  # the validation did not run
+    assert not (run_dir / "step-6.safetensors").exists()
+
+    p = start_bg(run_dir, e2e_shards, WORKER, launcher=logs("SIGUSR1"))
+    wait_for_step(run_dir, 8, p)
+    subprocess.run(["pkill", "-USR1", "-P", str(p.pid)], check=True)  # the ranks, not the launcher
+    at = preempted(p, "SIGUSR1")
+    assert 8 <= at < 12
+    log = (run_dir / "train.log").read_text()
+    assert "step 6: running first what the preempted launch skipped there: export, validation" in log
+    assert [int(x["step"]) for x in rows(run_dir, "val_log")] == [0] * 3 + [6] * 3
+    assert (run_dir / "step-6.safetensors").is_file()
+
+    ok(launch(run_dir, e2e_shards, "preemption_grace_s=0.001"))
     assert exact(rows(run_dir)) == exact(rows(reference))
+    assert compare_main([str(reference), str(run_dir)]) == 0  # val rows at 0, 6, 12 and the exports of 6 and 12
+    log = (run_dir / "train.log").read_text().split("==== launch ")[-1]  # the last launch's part
+    [warning] = [ln for ln in log.splitlines() if "the first checkpoint took" in ln]
+    assert (
+        " WARNING " in warning and " s > preemption_grace_s=0.001: a preemption would exit 5 and lose up to" in warning
+    )
 
 
 UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc"]

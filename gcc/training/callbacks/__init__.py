@@ -24,7 +24,7 @@ from gcc.training.callbacks.ema import Ema, build_ema
 from gcc.training.callbacks.export import Export
 from gcc.training.callbacks.grad_clip import GradClip
 from gcc.training.callbacks.nonfinite import NonFiniteGuard, NonFiniteLoss
-from gcc.training.callbacks.preemption import PreemptedBeforeFirstStep, Preemption
+from gcc.training.callbacks.preemption import GraceCheck, PreemptedBeforeFirstStep, Preemption
 from gcc.training.callbacks.run_files import RunFiles
 from gcc.training.callbacks.step_deadline import StepDeadline, writes_at
 from gcc.training.callbacks.step_sync import StepSync
@@ -93,9 +93,13 @@ CALLBACKS: tuple[Entry, ...] = (
         "train_stats",
         lambda c: TrainStats(c["grad_clip"], c["step_sync"], c.start.manifest["splits"]["train"]["clip_ids"]),
     ),
-    Entry("preemption", lambda c: Preemption(c.watchdog, c.cfg.preemption_grace_s, c["step_sync"])),
-    # before the step deadline: it samples at EVAL_END, still under the validation's deadline
-    Entry("samples", lambda c: c.build_samples()),
+    Entry(
+        "preemption",
+        lambda c: Preemption(c.watchdog, c.cfg.preemption_grace_s, c["step_sync"], c.cfg.faults.sigterm_at_step),
+    ),
+    # before the step deadline: it samples at EVAL_END, still under the validation's deadline; a preempted step
+    # skips it with its validation
+    Entry("samples", lambda c: skipped_when_preempted(c, "training samples", c.build_samples())),
     Entry(
         "step_deadline",
         lambda c: StepDeadline(
@@ -110,16 +114,20 @@ CALLBACKS: tuple[Entry, ...] = (
     Entry("ema", lambda c: build_ema(c.cfg, c.model.dit, c.start.resumed_from)),
     Entry(
         "export",
-        lambda c: Export(
-            c.cfg.run_dir,
-            c.model.dit,
-            c.cfg.export_every,
-            c.cfg.max_steps,
-            c.export_metadata,
-            lambda: c["preemption"].preempted_at is not None,
-            c.start.store,
-            c.start.launch,
-            c["ema"],
+        lambda c: skipped_when_preempted(
+            c,
+            "export",
+            Export(
+                c.cfg.run_dir,
+                c.model.dit,
+                c.cfg.export_every,
+                c.cfg.max_steps,
+                c.export_metadata,
+                c["preemption"],
+                c.start.store,
+                c.start.launch,
+                c["ema"],
+            ),
         ),
     ),
     Entry("run_files", lambda c: RunFiles(c.cfg.run_dir, c.resolved_config, c["train_stats"])),
@@ -141,12 +149,13 @@ CALLBACKS: tuple[Entry, ...] = (
     ),
     # Composer's own callbacks the yaml names in `callbacks:` (gcc/training/composer_callbacks.py); they only log
     *(Entry(name, _from_yaml(name)) for name in COMPOSER_CALLBACKS),
-    # only a launch that starts at step 0 and validates (no val loader: no evaluators); a resume never repeats it
+    # a launch that validates (no val loader: no evaluators): the step-0 validation of a launch that starts at step
+    # 0 (`eval_first`), or on a resume the one a preemption skipped at its step
     Entry(
         "validate_at_start",
         lambda c: (
-            ValidateAtStart(c["preemption"], c.cfg.faults.sigterm_at_val0)
-            if c.cfg.eval_first and c.val_loader is not None and not c.start.resumed
+            ValidateAtStart(c["preemption"], c.cfg.eval_first and not c.start.resumed, c.cfg.faults.sigterm_at_val0)
+            if c.val_loader is not None and (c.cfg.eval_first or c.start.resumed)
             else None
         ),
     ),
@@ -173,9 +182,29 @@ CALLBACKS: tuple[Entry, ...] = (
         ),
         after_saver=True,
     ),
+    # once the launch's first checkpoint is saved (and committed): does a preemption's save fit in the grace?
+    Entry(
+        "grace_check",
+        lambda c: GraceCheck(
+            c.cfg.preemption_grace_s,
+            c.cfg.save_interval,
+            c["checkpoint_clock"].seconds,
+            c["step_deadline"].times,
+            None if c["checkpoint_upload"] is None else c["checkpoint_upload"].seconds,
+        ),
+        after_saver=True,
+    ),
     # last: the step deadline again once every write of the step is done
     Entry("step_deadline_after_save", lambda c: c["step_deadline"].after_save, after_saver=True),
 )
+
+
+def skipped_when_preempted(c: CallbackContext, name: str, callback: Any) -> Any:
+    """`callback` (None: off), with its `due(step)` registered as `name` with the run's Preemption: a preempted step
+    skips it (gcc/training/callbacks/preemption.py)."""
+    if callback is not None:
+        c["preemption"].skippable(name, callback.due)
+    return callback
 
 
 def build_all(context: CallbackContext, table: tuple[Entry, ...] = CALLBACKS) -> tuple[list, list]:
@@ -201,6 +230,7 @@ __all__ = [
     "Ema",
     "Entry",
     "Export",
+    "GraceCheck",
     "GradClip",
     "NonFiniteGuard",
     "NonFiniteLoss",

@@ -1,5 +1,6 @@
 """Keep N checkpoints across restarts (Composer's own rotation only knows this process's saves), and say what each
-save cost: `checkpoint ep0-ba6: 3.1 s, 0.42 GB`."""
+save cost: `checkpoint ep0-ba6: 3.1 s, 0.42 GB` (SaveClock's time, which the preemption grace check also reads:
+gcc/training/callbacks/preemption.py `GraceCheck`)."""
 
 from __future__ import annotations
 
@@ -11,20 +12,27 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
-from gcc.training.run_folder import disk_gb, latest_checkpoint, rotate_checkpoints
+from gcc.training.run_folder import checkpoint_step, disk_gb, latest_checkpoint, rotate_checkpoints
 
 log = logging.getLogger(__name__)  # not `logger`: Composer passes its Logger under that name
 
 
 class SaveClock(Callback):
-    """Runs before Composer's CheckpointSaver at each BATCH_CHECKPOINT (early in gcc/training/callbacks/__init__.py's
-    table)."""
+    """A duration per save: `seconds[step]`, the time to write the checkpoint of `step` whole, from its
+    BATCH_CHECKPOINT to `saved(step)` (the checkpoint complete). Runs before Composer's CheckpointSaver at each
+    BATCH_CHECKPOINT (early in gcc/training/callbacks/__init__.py's table)."""
 
     def __init__(self):
         self.t0 = 0.0
+        self.seconds: dict[int, float] = {}  # step -> its save's time, once complete (rank 0)
 
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
         self.t0 = time.perf_counter()  # Composer's end-of-training save too: the last step's BATCH_CHECKPOINT
+
+    def saved(self, step: int) -> float:
+        """The checkpoint of `step` is complete: its save's time, recorded."""
+        self.seconds[step] = time.perf_counter() - self.t0
+        return self.seconds[step]
 
 
 class CheckpointRotation(Callback):
@@ -40,7 +48,8 @@ class CheckpointRotation(Callback):
             return
         latest = latest_checkpoint(self.run_dir)
         if latest is not None and latest != self._last:
-            log.info(f"checkpoint {latest.name}: {time.perf_counter() - self.clock.t0:.1f} s, {disk_gb(latest):.3g} GB")
+            seconds = self.clock.saved(checkpoint_step(latest))
+            log.info(f"checkpoint {latest.name}: {seconds:.1f} s, {disk_gb(latest):.3g} GB")
             self._last = latest
         rotate_checkpoints(self.run_dir, self.keep)
 

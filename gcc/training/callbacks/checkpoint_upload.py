@@ -46,6 +46,7 @@ class CheckpointUpload(Callback):
         self.local = ckpt_dir(self.run_dir)
         self.saver: CheckpointSaver | None = None
         self.done_batch = -1
+        self.seconds: dict[int, float] = {}  # step -> its checkpoint's upload and commit time (the grace check's)
 
     def fit_start(self, state: State, logger: Logger) -> None:
         self.saver = next(cb for cb in state.callbacks if isinstance(cb, CheckpointSaver))
@@ -78,6 +79,7 @@ class CheckpointUpload(Callback):
         files = {f: self.store.upload(self.local / f, f) for f in self._files(batch)}
         parts = dist.all_gather_object(files)  # also the barrier: every rank's files are up before the commit
         name = self._agree(lambda: self._commit({k: v for part in parts for k, v in part.items()}, t0))
+        self.seconds[batch] = time.perf_counter() - t0
         if dist.get_local_rank() == 0 and dist.get_global_rank() != 0:
             # another node's run folder (node-local: only its ranks' shards, no `latest`): rotated here
             local = [p for _, p in list_checkpoints(self.run_dir)]

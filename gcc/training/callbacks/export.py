@@ -1,7 +1,8 @@
 """`step-N.safetensors` every `export_every` steps and at the end of training (docs/design.md §9.9), with
 `algorithms.ema` also `step-N.ema.safetensors` (the EMA's averages, metadata `weights=ema`), also uploaded beside the
 checkpoints when they are on object storage, as long as this launch owns that prefix (a launch that lost it to
-another stops on every rank: `TakenOver`, exit code 3)."""
+another stops on every rank: `TakenOver`, exit code 3). A preempted step skips its export; the relaunch writes it
+before its first step (gcc/training/callbacks/preemption.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from gcc.errors import Refusal
 from gcc.model.export import EXPORT_DTYPE, save_gc
 from gcc.model.fsdp import full_state_dict
 from gcc.training.callbacks.ema import Ema
+from gcc.training.callbacks.preemption import Preemption
 from gcc.training.checkpoint_store import CheckpointStore, TakenOver
 
 log = logging.getLogger(__name__)  # not `logger`: Composer passes its Logger under that name
@@ -31,15 +33,20 @@ class Export(Callback):
         every: int,
         max_steps: int,
         metadata: Callable[[int], dict],
-        is_preempted: Callable[[], bool] = lambda: False,
+        preemption: Preemption | None = None,
         store: CheckpointStore | None = None,
         launch: str = "",
         ema: Ema | None = None,
     ):
         self.run_dir, self.dit, self.every, self.max_steps = Path(run_dir), dit, every, max_steps
-        self.metadata, self.is_preempted, self.store, self.launch = metadata, is_preempted, store, launch
+        self.metadata, self.preemption, self.store, self.launch = metadata, preemption, store, launch
         self.ema = ema
         self.last_step = -1
+
+    def due(self, step: int) -> bool:
+        """Every `export_every` steps (the end of training's export comes at FIT_END); registered with the
+        preemption, which skips it at a preempted step (gcc/training/callbacks/__init__.py)."""
+        return bool(self.every) and step % self.every == 0
 
     def export(self, state: State) -> None:
         step = int(state.timestamp.batch)
@@ -64,15 +71,21 @@ class Export(Callback):
         if taken_over[0]:
             raise TakenOver(taken_over[0])
 
+    def fit_start(self, state: State, logger: Logger) -> None:
+        if self.preemption is not None and self.preemption.catch_up("export", int(state.timestamp.batch)):
+            self.export(state)  # the preempted launch skipped it; the checkpoint brought back that step's weights
+
     def batch_end(self, state: State, logger: Logger) -> None:
-        if self.every and int(state.timestamp.batch) % self.every == 0:
+        step = int(state.timestamp.batch)
+        if self.due(step) and not (self.preemption is not None and self.preemption.skips("export", step)):
             self.export(state)
 
     def fit_end(self, state: State, logger: Logger) -> None:
         # the end of training, not a preemption (a preempted run's relaunch exports when it really ends)
+        preempted = self.preemption is not None and self.preemption.preempted_at is not None
         if (
             int(state.timestamp.batch) != self.last_step
             and int(state.timestamp.batch) >= self.max_steps
-            and not self.is_preempted()
+            and not preempted
         ):
             self.export(state)

@@ -5,6 +5,14 @@ the ranks agree on the same step even when the signal reached them at different 
 BATCH_END every rank calls `state.stop_training()`, and Composer's CheckpointSaver saves at its
 BATCH_CHECKPOINT (end of training always saves). A signal that arrives after the reduction stops the next step.
 
+The grace is spent on the save (docs/training.md, "Preemption grace"): the work due at the preempted step that
+Composer would run between its BATCH_END and BATCH_CHECKPOINT (the validation, and the training samples at its
+EVAL_END) or at BATCH_END (the export) is skipped on every rank (each registers what is due when with `skippable`
+and asks `skips`), one log line says what, and the checkpoint records it (`state_dict`). The relaunch resumes from
+that checkpoint with the weights of that step and runs the skipped work before its first step (`catch_up`): the
+run's logs and exports are the uninterrupted run's. A signal at the last step stops nothing: the run ends there,
+its last validation and export run as usual.
+
 Before step 1 there is one more place: after the step-0 validation (`eval_first`), which takes a while before
 any step's reduction. There the ranks agree on the flag in a reduction of its own (`stop_before_first_step`) and
 all stop before step 1: nothing was trained, so there is nothing to checkpoint (`PreemptedBeforeFirstStep`).
@@ -17,7 +25,12 @@ run folder and exits non-zero (gcc/training/watchdog.py).
 
 from __future__ import annotations
 
+import logging
+import math
+import os
 import signal
+import statistics
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,6 +43,8 @@ from gcc.training.callbacks.step_sync import StepSync
 from gcc.training.watchdog import StallWatchdog
 from gcc.workers import PREEMPTION_SIGNALS
 
+log = logging.getLogger(__name__)  # not `logger`: Composer passes its Logger under that name
+
 
 class PreemptedBeforeFirstStep(Exception):
     """A preemption signal came before step 1 (during the step-0 validation): every rank stops, nothing to save."""
@@ -38,12 +53,37 @@ class PreemptedBeforeFirstStep(Exception):
 
 
 class Preemption(Callback):
-    def __init__(self, watchdog: StallWatchdog, grace_s: float, sync: StepSync):
-        self.watchdog, self.grace_s, self.sync = watchdog, grace_s, sync
+    def __init__(self, watchdog: StallWatchdog, grace_s: float, sync: StepSync, sigterm_at_step: int = 0):
+        """`sigterm_at_step`: fault injection for tests (`faults.sigterm_at_step`)."""
+        self.watchdog, self.grace_s, self.sync, self.sigterm_at_step = watchdog, grace_s, sync, sigterm_at_step
         sync.flag("preempt", lambda: self.requested)
         self.requested = False  # this rank received a signal
         self.preempted_at: int | None = None  # the step all ranks stopped after
         self._old: dict[int, Any] = {}  # signal -> the handler it had before
+        self._due: list[tuple[str, Callable[[int], bool]]] = []  # what a preempted step skips, and when it is due
+        self.skipped: list[str] = []  # what this launch skipped at preempted_at
+        self.pending: tuple[int, list[str]] | None = None  # the loaded checkpoint's (step, what was skipped there)
+
+    def skippable(self, name: str, due: Callable[[int], bool]) -> None:
+        """`name` (the log line's word for it) is due at the steps where `due(step)`; a preempted step skips it."""
+        self._due.append((name, due))
+
+    def skips(self, name: str, step: int) -> bool:
+        """Whether `name`, due at `step`, is skipped there: the ranks stopped after `step` on a signal."""
+        return self.preempted_at == step and name in self.skipped
+
+    def catch_up(self, name: str, step: int) -> bool:
+        """Whether the launch that wrote the checkpoint resumed at `step` skipped `name` there: this launch runs it
+        before its first step."""
+        return self.pending is not None and self.pending[0] == step and name in self.pending[1]
+
+    def state_dict(self) -> dict[str, Any]:  # in every checkpoint (Composer saves a callback's state_dict)
+        # plain values (a sharded checkpoint stores these beside the tensors)
+        return {"step": -1 if self.preempted_at is None else self.preempted_at, "skipped": ",".join(self.skipped)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("skipped"):
+            self.pending = (int(state["step"]), str(state["skipped"]).split(","))
 
     def _handler(self, signum, frame):
         self.requested = True
@@ -56,6 +96,11 @@ class Preemption(Callback):
                 self.grace_s,
                 f"{signal.Signals(s).name} received, and the rank did not "
                 f"checkpoint and exit within preemption_grace_s={self.grace_s:g} s",
+            )
+        step = int(state.timestamp.batch)
+        if self.pending is not None and self.pending[0] == step:  # the callbacks that own the work run it next
+            log.info(
+                f"step {step}: running first what the preempted launch skipped there: {', '.join(self.pending[1])}"
             )
 
     def stop_before_first_step(self, state: State) -> None:
@@ -72,12 +117,91 @@ class Preemption(Callback):
                 f"checkpoint: relaunch the same command to start the run"
             )
 
+    def batch_start(self, state: State, logger: Logger) -> None:
+        step = int(state.timestamp.batch) + 1
+        if step == self.sigterm_at_step and dist.get_global_rank() == dist.get_world_size() - 1:
+            # fault injection (tests): the launch's process group, as a cluster's preemption; this rank's own
+            # handler has set the flag before the step's reduction, so every rank stops after this step
+            os.killpg(os.getpgid(0), signal.SIGTERM)
+
     def batch_end(self, state: State, logger: Logger) -> None:
         if self.sync.totals.get("preempt", 0.0) > 0 and self.preempted_at is None:
-            self.preempted_at = int(state.timestamp.batch)
+            step = int(state.timestamp.batch)
+            if state.max_duration is not None and state.timestamp >= state.max_duration:
+                log.info(f"preemption signal in the last step ({step}): the run ends there as it would have")
+                return
+            self.preempted_at = step
+            self.skipped = [name for name, due in self._due if due(step)]
             state.stop_training()
+            log.info(
+                f"preempted at step {step}: saving now"
+                + (f", skipped {', '.join(self.skipped)} (the relaunch runs them first)" if self.skipped else "")
+            )
 
     def fit_end(self, state: State, logger: Logger) -> None:
         self.watchdog.close()  # deadlines already armed by a signal still hold until the process exits
         for s, h in self._old.items():
             signal.signal(s, h)
+
+
+def grace_warning(
+    grace_s: float, save_interval: int, save_s: float, upload_s: float | None = None, step_s: float | None = None
+) -> str | None:
+    """The warning when a preemption's save would not fit in the grace: a step (the signal may come as one starts),
+    the save, and with `save_folder: s3://...` its upload and commit, against `preemption_grace_s`; None when it
+    fits."""
+    total = save_s + (upload_s or 0.0) + (step_s or 0.0)
+    if total <= grace_s:
+        return None
+    return (
+        f"the first checkpoint took {save_s:.1f} s to save"
+        + (f" (+{upload_s:.1f} s upload and commit)" if upload_s is not None else "")
+        + (f"; with a step of {step_s:.1f} s" if step_s is not None else "; with no step timed yet")
+        + f" that is {total:.1f} s > preemption_grace_s={grace_s:g}: a preemption would exit 5 and lose up to "
+        f"save_interval={save_interval} steps; raise preemption_grace_s to at least {math.ceil(total)} s, and the "
+        f'scheduler\'s grace with it (docs/training.md, "Preemption grace")'
+    )
+
+
+class GraceCheck(Callback):
+    """Once per launch, on rank 0, after its first checkpoint is complete (and committed, with `save_folder:
+    s3://...`): `grace_warning` with the save's time (SaveClock's), the upload's and the median step time so far.
+    Runs after the checkpoint upload (the after-saver group); a save written in the background is checked at a later
+    BATCH_CHECKPOINT, once its time is known."""
+
+    def __init__(
+        self,
+        grace_s: float,
+        save_interval: int,
+        save_seconds: dict[int, float],
+        step_times: list[float],
+        upload_seconds: dict[int, float] | None = None,
+    ):
+        """`save_seconds` (SaveClock.seconds), `upload_seconds` (CheckpointUpload.seconds; None: no store): step ->
+        seconds, filled as saves complete; `step_times`: the step times measured so far (StepDeadline.times)."""
+        self.grace_s, self.save_interval = grace_s, save_interval
+        self.save_seconds, self.step_times, self.upload_seconds = save_seconds, step_times, upload_seconds
+        self.checked = False
+
+    def _check(self) -> None:
+        if self.checked or dist.get_global_rank() != 0 or not self.save_seconds:
+            return
+        first = min(self.save_seconds)
+        if self.upload_seconds is not None and first not in self.upload_seconds:
+            return  # not committed yet
+        self.checked = True
+        line = grace_warning(
+            self.grace_s,
+            self.save_interval,
+            self.save_seconds[first],
+            None if self.upload_seconds is None else self.upload_seconds[first],
+            statistics.median(self.step_times) if self.step_times else None,
+        )
+        if line is not None:
+            log.warning(line)
+
+    def batch_checkpoint(self, state: State, logger: Logger) -> None:
+        self._check()
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        self._check()

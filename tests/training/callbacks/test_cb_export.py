@@ -14,7 +14,7 @@ from gcc import storage
 from gcc.model.dit import build_gc_dit
 from gcc.model.export import check_gc_ckpt
 from gcc.training.builders import export_metadata
-from gcc.training.callbacks import Ema, Export
+from gcc.training.callbacks import Ema, Export, Preemption, StepSync
 from gcc.training.checkpoint_store import CheckpointStore, TakenOver
 from gcc.training.config import TrainConfig
 from gcc.training.launch import RunStart
@@ -93,7 +93,9 @@ def test_export_every_0_exports_only_at_the_end(tmp_path, dit):
 def test_no_end_export_after_a_preemption_or_before_max_steps(tmp_path, dit):
     preempted = tmp_path / "preempted"
     preempted.mkdir()
-    fit = run(Export(preempted, dit, every=3, max_steps=4, metadata=metadata, is_preempted=lambda: True), 4, 4)
+    stopped = Preemption(None, 25.0, StepSync(2))  # type: ignore[arg-type]  # no watchdog: no fit_start here
+    stopped.preempted_at = 4
+    fit = run(Export(preempted, dit, every=3, max_steps=4, metadata=metadata, preemption=stopped), 4, 4)
     fit.fit_end()  # stopped at max_steps by a preemption: its relaunch exports when the run really ends
     assert exports(preempted) == ["step-3.safetensors"]
     early = tmp_path / "early"
@@ -147,3 +149,27 @@ def test_with_an_ema_each_export_has_its_average_beside_it_same_keys_and_metadat
     k = next(iter(ema.averages))
     s = ema.smoothing
     torch.testing.assert_close(b[k].float(), (dit.state_dict()[k] + 0.5 * s * s).bfloat16().float())
+
+
+def test_a_preempted_step_skips_its_export_and_the_relaunch_writes_it_first(tmp_path, dit, watchdog):
+    """The export is registered with the launch's Preemption; at step 6 (an export step) the ranks stopped
+    on a signal: no export there, and the checkpoint says so; the relaunch from it exports step 6 at FIT_START."""
+    preemption = Preemption(watchdog, 25.0, StepSync(2))
+    export = Export(tmp_path, dit, every=3, max_steps=10, metadata=metadata, preemption=preemption)
+    preemption.skippable("export", export.due)  # as the callbacks' table registers it
+    fit = run(export, 5, 10)
+    preemption.sync.totals = {"preempt": 1.0}  # step 6's reduction carried a signal
+    fit.state.callbacks.insert(0, preemption)  # before the export, as in the callbacks' table (its signals unused)
+    fit.step()
+    assert preemption.preempted_at == 6 and preemption.skipped == ["export"]
+    assert exports(tmp_path) == ["step-3.safetensors"]
+    fit.fit_end()
+    assert exports(tmp_path) == ["step-3.safetensors"]  # nor at the end: the run did not end
+    checkpoint = preemption.state_dict()
+    resumed = Preemption(None, 25.0, StepSync(2))  # type: ignore[arg-type]
+    resumed.load_state_dict(checkpoint)
+    fit = Fit([Export(tmp_path, dit, every=3, max_steps=10, metadata=metadata, preemption=resumed)], max_steps=10)
+    fit.state.timestamp = fit.state.timestamp.copy(batch=6)
+    fit.fit_start()
+    assert exports(tmp_path) == ["step-3.safetensors", "step-6.safetensors"]
+    assert check_gc_ckpt(tmp_path / "step-6.safetensors")["metadata"]["step"] == "6"

@@ -2,7 +2,8 @@
 reduction (StepSync) and the step that carried it stops training at its BATCH_END (`preempted_at`, Composer's
 `stop_training`); a signal after the reduction stops the next step. The signal also arms the rank's grace deadline on
 its StallWatchdog; before step 1 `stop_before_first_step` raises PreemptedBeforeFirstStep. FIT_END puts the previous
-signal handlers back."""
+signal handlers back. The preempted step skips what is due there (one log line; the checkpoint records it for the
+relaunch's catch-up); a signal in the last step stops nothing. GraceCheck: the first save against the grace."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import time
 
 import pytest
 import torch
-from _cbfit import Fit
+from _cbfit import Fit, records
 from composer.callbacks import CheckpointSaver
 from composer.core import Callback
 
-from gcc.training.callbacks import PreemptedBeforeFirstStep, Preemption, StepSync
+from gcc.training.callbacks import GraceCheck, PreemptedBeforeFirstStep, Preemption, StepSync
+from gcc.training.callbacks.preemption import grace_warning
 from gcc.training.config import TrainConfig
 from gcc.workers import PREEMPTION_SIGNALS
 
@@ -37,6 +39,9 @@ def wired(watchdog, *extra):
     preemption = Preemption(watchdog, TrainConfig().preemption_grace_s, sync)
     fit = Fit([sync, *extra, preemption], max_steps=10)
     return fit, preemption
+
+
+LOGGER = "gcc.training.callbacks.preemption"
 
 
 @pytest.mark.parametrize("signum", PREEMPTION_SIGNALS)
@@ -111,3 +116,102 @@ def test_before_the_first_step_a_signal_stops_the_fit_before_any_step_and_any_sa
     assert int(fit.state.timestamp.batch) == 0
     assert all(torch.equal(a, b) for a, b in zip(weights, fit.model.parameters()))
     assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
+
+
+def test_the_preempted_step_skips_what_is_due_there_says_so_once_and_its_checkpoint_records_it(watchdog):
+    fit, preemption = wired(watchdog)
+    preemption.skippable("validation", lambda step: step % 3 == 0)
+    preemption.skippable("export", lambda step: step % 6 == 0)
+    fit.fit_start()
+    try:
+        fit.step()
+        fit.step()
+        assert not preemption.skips("validation", 3) and preemption.state_dict() == {"step": -1, "skipped": ""}
+        os.kill(os.getpid(), signal.SIGTERM)
+        with records(LOGGER) as got:
+            fit.step()  # step 3: validation due, export not
+        assert [r.getMessage() for r in got] == [
+            "preempted at step 3: saving now, skipped validation (the relaunch runs them first)"
+        ]
+        assert preemption.skips("validation", 3) and not preemption.skips("export", 3)
+        assert not preemption.skips("validation", 6)
+    finally:
+        fit.fit_end()
+    checkpoint = preemption.state_dict()  # what Composer writes at step 3's BATCH_CHECKPOINT
+    assert checkpoint == {"step": 3, "skipped": "validation"}
+    resumed = Preemption(watchdog, 25.0, StepSync(2))
+    resumed.load_state_dict(checkpoint)
+    assert resumed.catch_up("validation", 3) and not resumed.catch_up("export", 3)
+    assert not resumed.catch_up("validation", 6)  # only at the step it resumes from
+    later = Preemption(watchdog, 25.0, StepSync(2))
+    later.load_state_dict({"step": -1, "skipped": ""})  # a periodic checkpoint: nothing to catch up
+    assert later.pending is None
+
+
+def test_a_preemption_with_nothing_due_skips_nothing(watchdog):
+    fit, preemption = wired(watchdog)
+    preemption.skippable("validation", lambda step: step % 3 == 0)
+    fit.fit_start()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        with records(LOGGER) as got:
+            fit.step()
+        assert [r.getMessage() for r in got] == ["preempted at step 1: saving now"] and preemption.skipped == []
+    finally:
+        fit.fit_end()
+
+
+def test_a_signal_in_the_last_step_stops_nothing_and_skips_nothing(watchdog):
+    """The run ends at that step anyway: its last validation and export run (a relaunch would find nothing to do)."""
+    fit, preemption = wired(watchdog)
+    preemption.skippable("validation", lambda step: step % 5 == 0)
+    fit.fit_start()
+    try:
+        for _ in range(9):
+            fit.step()
+        os.kill(os.getpid(), signal.SIGTERM)
+        with records(LOGGER) as got:
+            fit.step()  # step 10 of 10
+        assert preemption.preempted_at is None and not preemption.skips("validation", 10)
+        assert [r.getMessage() for r in got] == [
+            "preemption signal in the last step (10): the run ends there as it would have"
+        ]
+    finally:
+        fit.fit_end()
+
+
+def test_the_grace_warning_adds_a_step_the_save_and_the_upload():
+    assert grace_warning(25.0, 1000, 41.2, 12.0, 3.1) == (
+        "the first checkpoint took 41.2 s to save (+12.0 s upload and commit); with a step of 3.1 s that is "
+        "56.3 s > preemption_grace_s=25: a preemption would exit 5 and lose up to save_interval=1000 steps; raise "
+        'preemption_grace_s to at least 57 s, and the scheduler\'s grace with it (docs/training.md, "Preemption grace")'
+    )
+    assert grace_warning(25.0, 1000, 20.0, None, 4.9) is None  # 24.9 s fits
+    assert grace_warning(25.0, 1000, 20.0, 0.2, 4.9) is not None  # 25.1 s does not
+    line = grace_warning(0.001, 3, 0.5)
+    assert line is not None
+    assert line.startswith("the first checkpoint took 0.5 s to save; with no step timed yet that is 0.5 s > ")
+    assert "preemption_grace_s=0.001:" in line and "save_interval=3 steps" in line
+
+
+def test_the_grace_check_warns_once_when_the_first_save_and_its_commit_are_known():
+    saves: dict[int, float] = {}
+    commits: dict[int, float] = {}
+    check = GraceCheck(10.0, 3, saves, [1.0, 3.0, 2.0], commits)
+    fit = Fit([check])
+    with records(LOGGER) as got:
+        check.batch_checkpoint(fit.state, fit.logger)  # no save yet
+        saves[3] = 8.5
+        check.batch_checkpoint(fit.state, fit.logger)  # saved, not committed yet (a background write, an upload)
+        assert got == [] and not check.checked
+        commits[3] = 0.25
+        saves[6] = 100.0  # a later save is not the first
+        check.batch_checkpoint(fit.state, fit.logger)
+        check.fit_end(fit.state, fit.logger)
+    [line] = [r.getMessage() for r in got]
+    assert line.startswith("the first checkpoint took 8.5 s to save (+0.2 s upload and commit); with a step of 2.0 s")
+    assert "that is 10.8 s > preemption_grace_s=10:" in line
+    quiet = GraceCheck(60.0, 3, {3: 8.5}, [2.0])  # no store; it fits
+    with records(LOGGER) as got:
+        quiet.fit_end(fit.state, fit.logger)
+    assert got == [] and quiet.checked

@@ -2,7 +2,8 @@
 `val_log` row per timestep from the objective's `val_mse` metric (mse, the two variants, their gaps to mse, the clip
 count) at the step validated, and `val/<k>_t<t>` and `val/<k>_mean` scalars. ValidateAtStart: the step-0 validation
 at the first EPOCH_START of a launch starting at step 0 (never later), then every rank stops before step 1 if a
-preemption signal came (`PreemptedBeforeFirstStep`)."""
+preemption signal came (`PreemptedBeforeFirstStep`); on a resume, at FIT_START, the validation that the preempted
+launch skipped at the checkpoint's step."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from _cbfit import Fit
 from composer.core import Event, Timestamp
 
 from gcc.model.objective import GcValMSE
+from gcc.training.builders import build_evaluators
 from gcc.training.callbacks import (
     VAL_COLUMNS,
     PreemptedBeforeFirstStep,
@@ -90,12 +92,15 @@ def preemption(tmp_path):
         signal.signal(s, h)
 
 
-def wired(preemption, inject_sigterm=False, during=None):
-    """preemption, validation log and ValidateAtStart in build_callbacks' order; `evaluate` stands for the Trainer's
-    eval(): the validation's EVAL_START/EVAL_END with the metric filled, `during` run while it validates."""
+def wired(preemption, inject_sigterm=False, during=None, at=0):
+    """preemption, validation log and ValidateAtStart in build_callbacks' order, for a launch that starts at step
+    `at` (a resume when > 0); `evaluate` stands for the Trainer's eval(): the validation's EVAL_START/EVAL_END with
+    the metric filled, `during` run while it validates."""
     val = ValidationLog("val")
-    at_start = ValidateAtStart(preemption, inject_sigterm)
+    at_start = ValidateAtStart(preemption, at == 0, inject_sigterm)
     fit = Fit([preemption.sync, preemption, val, at_start])
+    if at:
+        at_step(fit, at)
     calls = []
 
     def evaluate():
@@ -154,5 +159,51 @@ def test_injected_sigterm_at_the_step_0_validation(preemption):
         with pytest.raises(PreemptedBeforeFirstStep):
             fit.event(Event.EPOCH_START)
         assert calls == [0] and preemption.requested
+    finally:
+        fit.fit_end()
+
+
+@pytest.mark.parametrize("skipped", ["validation", "export", ""])
+def test_a_resume_validates_first_only_what_its_preempted_launch_skipped_at_that_step(preemption, skipped):
+    """The checkpoint of step 6 was written by a launch preempted there (Preemption.state_dict): its relaunch
+    validates step 6 at FIT_START when that launch skipped the validation, and never the step-0 one."""
+    preemption.load_state_dict({"step": 6, "skipped": skipped})  # what Composer loads from the checkpoint
+    fit, val, calls = wired(preemption, at=6)
+    try:
+        assert calls == ([6] if skipped == "validation" else [])
+        assert [r["step"] for r in val.last] == ([6, 6] if skipped == "validation" else [])
+        fit.event(Event.EPOCH_START)  # an epoch's start of a resume: no step-0 validation
+        assert len(calls) == (skipped == "validation") and preemption.preempted_at is None
+    finally:
+        fit.fit_end()
+
+
+def test_a_resume_at_another_step_than_the_skipped_one_validates_nothing_first(preemption):
+    preemption.load_state_dict({"step": 6, "skipped": "validation"})
+    fit, _, calls = wired(preemption, at=9)
+    try:
+        assert calls == []
+    finally:
+        fit.fit_end()
+
+
+def test_the_evaluator_skips_the_validation_of_the_preempted_step_only(preemption):
+    """builders.build_evaluators: Composer asks at each BATCH_END, after the preemption's handler, whether to
+    validate; the validation due at the step the ranks stopped after on a signal is skipped (and named)."""
+    cfg = TrainConfig()
+    cfg.eval_interval = 3
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(2, 1)))
+    [evaluator] = build_evaluators(cfg, loader, preemption)
+    fit = Fit([preemption.sync, preemption])
+    fit.fit_start()
+    try:
+        asked = []
+        for _ in range(6):
+            if fit.step_count == 5:
+                os.kill(os.getpid(), signal.SIGTERM)  # reaches step 6's reduction
+            fit.step()
+            asked.append(evaluator.eval_interval(fit.state, Event.BATCH_END))
+        assert asked == [False, False, True, False, False, False]  # step 6 was due, and preempted
+        assert preemption.preempted_at == 6 and preemption.skipped == ["validation"]
     finally:
         fit.fit_end()
