@@ -409,6 +409,16 @@ class FaultsConfig:
         doc="right after committing this step's checkpoint to save_folder, rank 0 sends SIGSTOP to the launch's "
         "process group (0 = off)",
     )
+    native_crash_step: int = setting(
+        0,
+        identity=False,
+        exported=False,
+        bounds=Range(0, STEPS),
+        doc="the loader segfaults making this step's batch (in the rank with data.num_workers=0; 0 = off)",
+    )
+    native_crash_rank: int = setting(
+        0, identity=False, exported=False, bounds=WORKERS, doc="the rank whose loader native_crash_step crashes"
+    )
 
 
 @dataclass
