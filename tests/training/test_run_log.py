@@ -173,7 +173,7 @@ def test_everything_a_rank_prints_lands_in_train_log_once_whole_masked_and_befor
     """Two ranks at once, each from two threads; a C-level write, a library's warning, a `gcc` record, a credential,
     a progress bar; then os._exit. The console gets every byte as it was; train.log every line, whole, once, masked,
     by the time the rank has exited."""
-    run_dir, n = tmp_path / "run", 2000
+    run_dir, n = tmp_path / "run", 500
     ranks = []
     for rank in (0, 1):
         with open(tmp_path / f"rank{rank}.out", "wb") as out, open(tmp_path / f"rank{rank}.err", "wb") as err:
