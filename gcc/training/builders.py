@@ -94,7 +94,8 @@ def build_train_loader(cfg: TrainConfig, per_rank_batch: int) -> DataLoader:
     if cfg.faults.stall_step and rank() == cfg.faults.stall_rank:
         collate = FaultAt(gc_collate, cfg.faults.stall_step)
     if cfg.faults.native_crash_step and rank() == cfg.faults.native_crash_rank:
-        collate = FaultAt(collate, cfg.faults.native_crash_step, faulthandler._sigsegv)
+        crash = faulthandler._sigsegv  # type: ignore[attr-defined]  # CPython's own hook for its tests
+        collate = FaultAt(collate, cfg.faults.native_crash_step, crash)
     # every optimizer step sees the whole global batch: an epoch's partial tail is dropped (which samples that
     # are varies with the epoch's shuffle; docs/training.md, "Epochs")
     return build_dataloader(

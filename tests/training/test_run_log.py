@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import select
 import socket
 import subprocess
 import sys
@@ -270,3 +271,42 @@ def test_a_native_crash_lands_in_train_log_with_every_ranks_and_the_launchers_li
     for rank in (0, 1):
         assert re.search(rf" rank {rank} stderr: .*\[c10d\]", text), text[-3000:]
     assert " launcher stderr: ERROR:composer.cli.launcher:Rank 1 crashed with exit code -11." in text
+
+
+TERMINAL = r"""
+import os, sys
+from gcc.training.console import configure_logging, open_run_log
+from gcc.training.ending import leave_now
+
+configure_logging("INFO", 0)
+open_run_log(sys.argv[1], 0, 1, capture_output=True)
+print("a terminal:", sys.stdout.isatty(), sys.stderr.isatty(), tuple(os.get_terminal_size(1)))
+sys.stdout.write("bar 1\rbar 2\n")
+leave_now(0)
+"""
+
+
+def test_a_terminal_stays_a_terminal_of_the_same_size(tmp_path):
+    """On a terminal the rank's fd 1 and 2 are a pseudo-terminal of its size: Composer's bar, colours and
+    `console_lines_wanted` see what they saw. The terminal gets the bytes; train.log the lines."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    console, rank_side = pty.openpty()
+    fcntl.ioctl(rank_side, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 133, 0, 0))
+    p = subprocess.Popen(
+        [sys.executable, "-c", TERMINAL, str(tmp_path / "run")], stdout=rank_side, stderr=rank_side, env=env()
+    )
+    os.close(rank_side)
+    got = b""
+    while p.poll() is None or select.select([console], [], [], 1)[0]:
+        try:
+            got += os.read(console, 4096)
+        except OSError:  # EIO: every writer of the terminal has closed it
+            break
+    assert p.wait(30) == 0
+    assert b"a terminal: True True (133, 40)\r\nbar 1\rbar 2\r\n" in got, got
+    lines = [ln.split(" ", 1)[1] for ln in (tmp_path / "run" / "train.log").read_text().splitlines()[1:]]
+    assert lines == ["rank 0 stdout: a terminal: True True (133, 40)", "rank 0 stdout: bar 2"]
