@@ -6,8 +6,8 @@ prints, tracebacks and library warnings, a library's C-level writes, NCCL's and 
 native crash, a loader worker's output) it passes on to the rank's console byte for byte as it comes (the terminal,
 or the file the launcher gave the other ranks; a pseudo-terminal stands in for a terminal, so that whatever asks
 `isatty` gets the same answer), and appends to train.log line by line: `<UTC time> rank <R> <stdout|stderr>: <line>`,
-masked for credentials (gcc/redact.py) and control characters, one write() per line to the O_APPEND file, so that
-lines of several ranks never cut into each other.
+masked for credentials (gcc/redact.py) and control characters, whole lines in each write() to the O_APPEND file,
+so that lines of several ranks never cut into each other.
 
 A process and not a thread, because it outlives the rank: the last words of a segfault (faulthandler's stacks) or of
 `std::terminate`, written just before the rank dies, still reach the console and train.log, and a rank that hangs,
@@ -34,6 +34,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,9 +52,7 @@ STREAMS = ((1, "stdout"), (2, "stderr"))
 
 def append(fd: int, text: str) -> None:
     """`text` (whole lines) appended to the O_APPEND file `fd` in one write() (more only if the kernel takes part)."""
-    data = text.encode("utf-8", "backslashreplace")
-    while data:
-        data = data[os.write(fd, data) :]
+    _write_all(fd, text.encode("utf-8", "backslashreplace"))
 
 
 def utc_now() -> str:
@@ -65,7 +64,7 @@ class LogLines:
     with carriage returns (a progress bar) is written as a terminal last shows it. A write that fails (a full or gone
     disk) stops the lines of this stream and says so once on `complain`; the console is not affected."""
 
-    def __init__(self, fd: int, source: str, complain=None):
+    def __init__(self, fd: int, source: str, complain: Callable[[str], object] | None = None):
         self.fd, self.source, self.complain = fd, source, complain
         self.pending = ""
         self.decoder = codecs.getincrementaldecoder("utf-8")("backslashreplace")
@@ -133,7 +132,11 @@ def _serve(rank: int, log_fd: int, control: int, ack: int, reads: dict[int, str]
                 open_.discard(r)
                 return False
             _to_console(console[r], data)
-            lines[r].feed(data)
+            try:
+                lines[r].feed(data)
+            except Exception as e:  # never: but the writer must outlive it, or the rank's next print fails
+                lines[r].fd = -1
+                _to_console(2, f"gcc.train: train.log gets no more of rank {rank}'s output: {e!r}\n".encode())
 
     while open_:
         for r, _ in poller.poll():
