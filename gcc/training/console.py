@@ -6,13 +6,13 @@ except for records logged with `extra=ALL_RANKS` (a per-rank figure such as the 
 model). The level is the yaml's `log_level` (DEBUG, INFO, WARNING, ERROR).
 
 `train.log` (docs/training.md, "The run folder") gets, appended launch after launch, a header line per launch and,
-from every rank, everything it prints. The `gcc` logger's records come by `RunLogHandler`, with their level, as the console gets
-them: rank 0's and every rank's own (`ALL_RANKS`), so that a verdict that every rank logs is there once (rank 0's);
-records logged with `extra=RUN_LOG_ONLY` go there alone (the progress lines while Composer's bar draws on a
-terminal). The rest of what a rank writes to its stdout and stderr (library warnings, tracebacks, a native crash's
-stacks, NCCL's lines) comes through the writer of gcc/training/output_capture.py, which a launch's process starts
-(`open_run_log(..., capture_output=True)`); the `gcc` logger's console lines bypass it, so they are not there twice.
-The launcher's own lines come from `gcc-launch` (gcc/launcher.py).
+from every rank, everything it prints. The `gcc` logger's records come by `RunLogHandler`, with their level, as
+the console gets them: rank 0's and every rank's own (`ALL_RANKS`), so that a verdict that every rank logs is
+there once (rank 0's); records logged with `extra=RUN_LOG_ONLY` go there alone (the progress lines while
+Composer's bar draws on a terminal). The rest of what a rank writes to its stdout and stderr (library warnings,
+tracebacks, a native crash's stacks, NCCL's lines) comes through the writer of gcc/training/output_capture.py,
+which a launch's process starts (`open_run_log(..., capture_output=True)`); the `gcc` logger's console lines
+bypass it, so they are not there twice. The launcher's own lines come from `gcc-launch` (gcc/launcher.py).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 from gcc.errors import Refusal
 from gcc.redact import RedactingFilter
@@ -73,7 +74,7 @@ class _ConsoleHandler(logging.StreamHandler):
         super().emit(record)
 
 
-def _console_stream(fd: int):
+def _console_stream(fd: int) -> TextIO:
     """The console of fd 1 or 2, where `configure_logging`'s handlers write: sys.stdout or sys.stderr, or, while the
     process's output is captured, the console as it was before."""
     console = output_capture.console(fd)
