@@ -25,8 +25,8 @@ STUBS = {
     # one task per node: the command once per node id, with that node's SLURM_NODEID (options before it skipped)
     "srun": 'while [[ "$1" == --* ]]; do shift; done\n'
     'for ((i = 0; i < SLURM_JOB_NUM_NODES; i++)); do SLURM_NODEID=$i "$@" || exit $?; done\n',
-    # records its argv, NUL-separated, per node
-    "composer": 'printf "%s\\0" "$@" > "$STUB_OUT/composer.node$SLURM_NODEID"\n',
+    # the launcher (gcc-launch: Composer's, its flags): records its argv, NUL-separated, per node
+    "gcc-launch": 'printf "%s\\0" "$@" > "$STUB_OUT/composer.node$SLURM_NODEID"\n',
 }
 
 

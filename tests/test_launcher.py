@@ -3,6 +3,7 @@ docs/training.md gives it, another launcher in its place, or one process without
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -31,3 +32,34 @@ def test_another_launcher_or_none():
     other = train_command("x.yaml", "a=1", n=4, launcher=["python", "launcher.py"])
     assert other == ["python", "launcher.py", "-n", "4", str(TRAIN_SCRIPT), "x.yaml", "a=1"]
     assert train_command("x.yaml", "a=1", n=None) == [sys.executable, str(TRAIN_SCRIPT), "x.yaml", "a=1"]
+
+
+def test_gcc_launch_tees_its_own_lines_into_the_runs_train_log_and_leaves_the_console_as_it_was(tmp_path):
+    """`gcc-launch`'s streams (gcc/launcher.py `main`): the console gets what the launcher writes, unchanged; the
+    run's train.log its lines, masked. No run to name (no yaml, --print_config, a config that does not load): no
+    train.log, the launcher runs as `composer` does."""
+    import io
+
+    from gcc.launcher import _open_run_log, _Tee
+    from gcc.training.output_capture import LogLines
+
+    yaml = str(ROOT / "yamls" / "tiny_cpu.yaml")
+    run_dir = tmp_path / "run"
+    for args in ([], ["gcc/train.py"], ["gcc/train.py", yaml, "--print_config"], ["gcc/train.py", yaml, "no_such=1"]):
+        assert _open_run_log(args) is None
+    assert not run_dir.exists()
+    fd = _open_run_log(["gcc/train.py", yaml, f"run_dir={run_dir}"])
+    assert fd is not None
+    console = io.StringIO()
+    tee = _Tee(console, LogLines(fd, "launcher stderr"))
+    print("ERROR:composer.cli.launcher:Rank 1 crashed with exit code -11.", file=tee)
+    tee.write("a command with https://bob:PASSWORD@host/x\npartial")
+    tee.lines.feed("", final=True)
+    os.close(fd)
+    assert console.getvalue().endswith("-11.\na command with https://bob:PASSWORD@host/x\npartial")
+    got = [ln.split(" ", 1)[1] for ln in (run_dir / "train.log").read_text().splitlines()]
+    assert got == [
+        "launcher stderr: ERROR:composer.cli.launcher:Rank 1 crashed with exit code -11.",
+        "launcher stderr: a command with https://***@host/x",
+        "launcher stderr: partial",
+    ]

@@ -41,6 +41,7 @@ TESTED_IN = {
     ],
     "training/console.py": ["training/test_run_log.py"],
     "training/csv_logger.py": ["training/test_config_runfolder.py"],
+    "training/output_capture.py": ["training/test_run_log.py"],
     "training/entry.py": ["training/test_launch_writes.py", "tools/test_bad_input.py", "training/test_config_names.py"],
     "training/launch.py": ["training/test_config_roles.py", "test_errors.py", "training/test_trust_run.py"],
     "training/peer_fault.py": ["training/test_ending.py", "training/test_faults.py"],

@@ -5,10 +5,13 @@ module also before torch and Composer are loaded (a bad config, gcc/training/ent
 - `let_rank0_exit_first`: the launcher reports the first non-zero exit *in rank order*
   (`_aggregate_process_returncode`), and once any rank has exited non-zero it SIGTERMs the ranks still running
   (`_monitor_processes`, then `_cleanup_processes`).
+- `training_script_args`: the launcher's own parser (`_get_parser`) reads its command line.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import signal
 import time
 from collections.abc import Iterable
@@ -38,3 +41,17 @@ def let_rank0_exit_first(code: int, signals: Iterable[signal.Signals], timeout_s
     for s in signals:
         signal.signal(s, leave)
     time.sleep(timeout_s)
+
+
+def training_script_args(argv: list[str]) -> list[str] | None:
+    """The training script and its arguments in a command line of Composer's launcher (`[flags] script args...`),
+    as the launcher's own parser reads them (`_get_parser`, verified with 0.32.1); None when it does not (the
+    launcher says why itself when it runs: its message is not printed here too)."""
+    from composer.cli.launcher import _get_parser
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            args = _get_parser().parse_args(argv)
+    except SystemExit:  # --help, --version or a usage error
+        return None
+    return [args.training_script, *args.training_script_args]

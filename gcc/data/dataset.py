@@ -296,17 +296,20 @@ def gc_collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-class StallAt:
-    """Fault injection for tests: the worker's `batch`-th collate never returns, as a loader that stops
-    delivering (a hung storage read, a deadlocked worker). With one worker per rank, batch N is step N of the
+class FaultAt:
+    """Fault injection for tests: the loader's `batch`-th collate never returns, as a loader that stops
+    delivering (a hung storage read, a deadlocked worker); or, with `fault`, calls it (`faulthandler._sigsegv`: a
+    native crash). With one worker per rank, or none (the collate then runs in the rank), batch N is step N of the
     launch."""
 
-    def __init__(self, collate: Callable, batch: int):
-        self.collate, self.batch, self.made = collate, batch, 0
+    def __init__(self, collate: Callable, batch: int, fault: Callable[[], object] | None = None):
+        self.collate, self.batch, self.fault, self.made = collate, batch, fault, 0
 
     def __call__(self, samples):
         self.made += 1
         if self.made == self.batch:
+            if self.fault is not None:
+                self.fault()
             while True:
                 time.sleep(3600)
         return self.collate(samples)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,8 +20,8 @@ from gcc.compat.streaming import release_stale_shm
 from gcc.compat.torch import gloo_gradients_as_means
 from gcc.data.dataset import (
     Dropouts,
+    FaultAt,
     GcStreamingDataset,
-    StallAt,
     build_dataloader,
     fetch_text_table,
     gc_collate,
@@ -91,7 +92,10 @@ def build_train_loader(cfg: TrainConfig, per_rank_batch: int) -> DataLoader:
     )
     collate = gc_collate
     if cfg.faults.stall_step and rank() == cfg.faults.stall_rank:
-        collate = StallAt(gc_collate, cfg.faults.stall_step)
+        collate = FaultAt(gc_collate, cfg.faults.stall_step)
+    if cfg.faults.native_crash_step and rank() == cfg.faults.native_crash_rank:
+        crash = faulthandler._sigsegv  # type: ignore[attr-defined]  # CPython's own hook for its tests
+        collate = FaultAt(collate, cfg.faults.native_crash_step, crash)
     # every optimizer step sees the whole global batch: an epoch's partial tail is dropped (which samples that
     # are varies with the epoch's shuffle; docs/training.md, "Epochs")
     return build_dataloader(

@@ -1,14 +1,18 @@
 """What a launch prints: Python `logging` for every `gcc.*` module, configured once per process, and the run
-folder's own copy of it, `<run_dir>/train.log`.
+folder's own copy of everything a rank prints, `<run_dir>/train.log`.
 
 Rank 0 speaks for the run (`gcc.train: <message>`, warnings and errors on stderr); other ranks stay quiet
 except for records logged with `extra=ALL_RANKS` (a per-rank figure such as the memory a rank used to load the
 model). The level is the yaml's `log_level` (DEBUG, INFO, WARNING, ERROR).
 
-`train.log` (docs/training.md, "The run folder") gets, appended launch after launch, a header line per launch,
-rank 0's console lines and every rank's own warnings and errors: the same records as the console, so a verdict
-that every rank logs is there once (rank 0's). Records logged with `extra=RUN_LOG_ONLY` go there alone: the
-progress lines while Composer's bar draws on a terminal, and a rank's traceback (the console has Python's own).
+`train.log` (docs/training.md, "The run folder") gets, appended launch after launch, a header line per launch and,
+from every rank, everything it prints. The `gcc` logger's records come by `RunLogHandler`, with their level, as
+the console gets them: rank 0's and every rank's own (`ALL_RANKS`), so that a verdict that every rank logs is
+there once (rank 0's); records logged with `extra=RUN_LOG_ONLY` go there alone (the progress lines while
+Composer's bar draws on a terminal). The rest of what a rank writes to its stdout and stderr (library warnings,
+tracebacks, a native crash's stacks, NCCL's lines) comes through the writer of gcc/training/output_capture.py,
+which a launch's process starts (`open_run_log(..., capture_output=True)`); the `gcc` logger's console lines
+bypass it, so they are not there twice. The launcher's own lines come from `gcc-launch` (gcc/launcher.py).
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 from gcc.errors import Refusal
 from gcc.redact import RedactingFilter
+from gcc.training import output_capture
 from gcc.training.config import ConfigError
 
 PREFIX = "gcc.train: "
@@ -58,6 +64,25 @@ def _gcc_logger() -> logging.Logger:
     return logging.getLogger("gcc")
 
 
+class _ConsoleHandler(logging.StreamHandler):
+    """A console stream of the `gcc` logger. While the process's output is captured (gcc/training/output_capture.py)
+    it writes to the console itself, after the writer has passed on what came before (the record keeps its place);
+    train.log gets the record from RunLogHandler."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        output_capture.drain()
+        super().emit(record)
+
+
+def _console_stream(fd: int) -> TextIO:
+    """The console of fd 1 or 2, where `configure_logging`'s handlers write: sys.stdout or sys.stderr, or, while the
+    process's output is captured, the console as it was before."""
+    console = output_capture.console(fd)
+    if console == fd:
+        return sys.stdout if fd == 1 else sys.stderr
+    return open(console, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+
+
 def configure_logging(level: str = "INFO", rank: int = 0) -> None:
     """Route the `gcc` logger to stdout (below WARNING) and stderr (WARNING and up), flushed per line. A run log
     opened before (`open_run_log`) stays."""
@@ -66,9 +91,9 @@ def configure_logging(level: str = "INFO", rank: int = 0) -> None:
         if not isinstance(h, RunLogHandler):
             root.removeHandler(h)
     fmt = logging.Formatter(PREFIX + "%(message)s")
-    out = logging.StreamHandler(sys.stdout)
+    out = _ConsoleHandler(_console_stream(1))
     out.addFilter(_Below(logging.WARNING))
-    err = logging.StreamHandler(sys.stderr)
+    err = _ConsoleHandler(_console_stream(2))
     err.setLevel(logging.WARNING)
     for h in (out, err):
         h.setFormatter(fmt)
@@ -93,13 +118,12 @@ class RunLogHandler(logging.Handler):
         self.setFormatter(fmt)
 
     def write(self, text: str) -> None:
-        data = text.encode("utf-8", "backslashreplace")
-        while data:
-            data = data[os.write(self.fd, data) :]
+        output_capture.append(self.fd, text)
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.fd < 0:
             return
+        output_capture.drain()  # what the rank printed before comes first (gcc/training/output_capture.py)
         try:
             self.write(self.format(record) + "\n")
         except OSError as e:  # a full or gone disk: the run deals with it; the log says so once and stops
@@ -146,16 +170,9 @@ def launch_header(world: int) -> str:
     )
 
 
-def open_run_log(run_dir: str | Path, rank: int, world: int) -> Path:
-    """Append this rank's share of the console to `<run_dir>/train.log` from now on (see the module's docstring);
-    rank 0 first writes the launch's header line. The file is created with the user's umask and never opened
-    through a link; anything but a regular file there is a Refusal naming it, a run_dir that cannot be created a
-    ConfigError."""
-    path = Path(run_dir) / RUN_LOG
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"run_dir: {run_dir}: cannot be created ({e.strerror})") from None
+def open_log_file(path: Path) -> int:
+    """`path` (a train.log) opened for appending, created with the user's umask, never through a link: a write-only
+    fd (O_APPEND, close-on-exec). Anything but a regular file there is a Refusal naming it."""
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO: no wait
     try:
         fd = os.open(path, flags, 0o666)
@@ -168,12 +185,25 @@ def open_run_log(run_dir: str | Path, rank: int, world: int) -> Path:
         os.close(fd)
         raise Refusal(f"{path}: not a regular file; remove it and relaunch")
     os.set_blocking(fd, True)
+    return fd
+
+
+def open_run_log(run_dir: str | Path, rank: int, world: int, capture_output: bool = False) -> Path:
+    """Append this rank's share of what it prints to `<run_dir>/train.log` from now on (see the module's
+    docstring): its `gcc` records, and with `capture_output` (a launch's own process: gcc/training/entry.py `run`)
+    everything else it writes to fd 1 and fd 2; rank 0 first writes the launch's header line. The file is created
+    with the user's umask and never opened through a link; anything but a regular file there is a Refusal naming
+    it, a run_dir that cannot be created a ConfigError."""
+    path = Path(run_dir) / RUN_LOG
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"run_dir: {run_dir}: cannot be created ({e.strerror})") from None
+    fd = open_log_file(path)
     handler = RunLogHandler(fd, path, rank)
     if rank == 0:
         handler.write(launch_header(world) + "\n")
-    else:
-        handler.setLevel(logging.WARNING)  # the other ranks' own warnings and errors
-    handler.addFilter(_RankFilter(rank))
+    handler.addFilter(_RankFilter(rank))  # what the console gets: rank 0's records, the other ranks' own
     handler.addFilter(RedactingFilter())
     root = _gcc_logger()
     for h in list(root.handlers):  # one run log per process (a second launch in one process: tests)
@@ -181,4 +211,7 @@ def open_run_log(run_dir: str | Path, rank: int, world: int) -> Path:
             root.removeHandler(h)
             h.close()
     root.addHandler(handler)
+    if capture_output:
+        output_capture.start(fd, rank)
+        configure_logging(logging.getLevelName(root.level), rank)  # the console handlers to the console itself
     return path

@@ -29,7 +29,8 @@ from gcc import exit_codes
 from gcc.compat.composer_launcher import let_rank0_exit_first
 from gcc.compat.python import run_exit_handlers
 from gcc.redact import redact_text
-from gcc.training.console import ALL_RANKS, RUN_LOG_ONLY
+from gcc.training import output_capture
+from gcc.training.console import ALL_RANKS
 from gcc.training.ranks import rank, world_size
 from gcc.training.watchdog import stop_watchdogs
 from gcc.workers import PREEMPTION_SIGNALS, stop_forkserver
@@ -55,11 +56,7 @@ def end(run: Callable[[], int]) -> int:
         if code in exit_codes.FAULTS:
             leave_on_fault(code)
         return end_launch(code)
-    except BaseException as e:
-        if isinstance(e, Exception):  # the console gets Python's own traceback; train.log gets it here
-            logger.error(
-                f"rank {rank()}: stopped on an unexpected error", exc_info=True, extra={**ALL_RANKS, **RUN_LOG_ONLY}
-            )
+    except BaseException:  # Python's own traceback follows, on the console and in train.log (its stderr)
         stop_threads()
         raise
 
@@ -181,13 +178,15 @@ def wait_for_rank0(code: int) -> None:
 
 
 def leave_now(code: int) -> NoReturn:
-    """Exit at once with `code` (the fault paths): the log and the streams flushed, nothing else run."""
+    """Exit at once with `code` (the fault paths): the log and the streams flushed, and passed on to the console
+    and train.log by the writer of gcc/training/output_capture.py, nothing else run."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):  # a closed or broken pipe: nothing more can reach it
             pass
+    output_capture.drain()
     os._exit(code)
 
 

@@ -38,10 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def prepare(argv: list[str] | None) -> TrainConfig | int:
+def prepare(argv: list[str] | None, capture_output: bool = False) -> TrainConfig | int:
     """The command line and the config checked, on every rank alike (nothing has started yet), then the console at
-    the config's level and this rank's share of `<run_dir>/train.log`. The config, or the exit code of the verdict
-    (already logged)."""
+    the config's level and this rank's share of `<run_dir>/train.log` (with `capture_output`, the process's: all it
+    prints from then on, gcc/training/output_capture.py). The config, or the exit code of the verdict (already
+    logged)."""
     redact.install()  # every line this rank logs or reports, tracebacks included, masked from here on
     configure_logging("INFO", rank())
     p = build_parser()
@@ -56,8 +57,9 @@ def prepare(argv: list[str] | None) -> TrainConfig | int:
         cfg.per_rank_batch(world_size())
         check_inputs(cfg)
         configure_logging(cfg.log_level, rank())
-        # every rank: rank 0's lines and each rank's own warnings, from here on (docs/training.md)
-        open_run_log(cfg.run_dir, rank(), world_size())
+        # every rank: rank 0's lines, each rank's own warnings and, in a launch's process, everything else each
+        # rank prints, from here on (docs/training.md, "The run folder")
+        open_run_log(cfg.run_dir, rank(), world_size(), capture_output)
     except (ConfigError, BadInput, StorageUnavailable, Refusal) as e:  # BadInput: a setting such as AWS_MAX_ATTEMPTS
         code, line = launch_verdict(e)
         logger.error(line)
@@ -71,8 +73,8 @@ def prepare(argv: list[str] | None) -> TrainConfig | int:
     return cfg
 
 
-def main(argv: list[str] | None = None) -> int:
-    cfg = prepare(argv)
+def main(argv: list[str] | None = None, capture_output: bool = False) -> int:
+    cfg = prepare(argv, capture_output)
     if isinstance(cfg, TrainConfig):
         # heavy (torch, Composer, DiffSynth: seconds): loaded only for a config that passed, so a bad one is
         # answered at once. Composer first through its adapter, which keeps the parts a run never uses out.
@@ -89,9 +91,10 @@ def main(argv: list[str] | None = None) -> int:
 def run(argv: list[str]) -> NoReturn:
     """`main`, then the process's exit with its code through `exit_process` (the exit handlers, then `os._exit`),
     whatever way `main` ended: a `SystemExit` (Composer's SIGTERM handler, the launcher's SIGTERM while waiting for
-    rank 0) with its code, an error with Python's own traceback and 1."""
+    rank 0) with its code, an error with Python's own traceback and 1. The process's own output is captured into
+    train.log (`capture_output`); a test that calls `main` in its own process keeps its output."""
     try:
-        code = main(argv)
+        code = main(argv, capture_output=True)
     except SystemExit as e:
         code = code_of(e)
     except BaseException:

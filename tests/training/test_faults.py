@@ -115,10 +115,12 @@ def test_a_rank_that_completes_no_step_leaves_every_stack_and_exits_5(e2e_shards
     out = r.stdout + r.stderr
     assert r.returncode == 5, out[-3000:]  # whichever rank's deadline passed first, the other follows with 5
     assert took < 300, f"took {took:.0f} s"  # far below stall_timeout_s: the deadline scaled to the steps
+    log = (run_dir / "train.log").read_text()  # each rank's watchdog line, though its main thread hangs
     for rank in (0, 1):
         text = (run_dir / "stacks" / f"rank{rank}.txt").read_text()
         assert f"rank {rank} pid" in text and "no step completed within 8 s" in text, text[:500]
         assert "--- thread MainThread" in text
+        assert f" rank {rank} ERROR gcc.train: rank {rank}: no step completed within 8 s" in log, log[-3000:]
     assert max(int(x["step"]) for x in rows(run_dir)) == 14  # step 15 never completed
 
 
