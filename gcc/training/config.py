@@ -425,18 +425,6 @@ class FaultsConfig:
     )
     native_crash_rank: int = setting(
         0, identity=False, exported=False, bounds=WORKERS, doc="the rank whose loader native_crash_step crashes"
-        0,
-        identity=False,
-        exported=False,
-        bounds=Range(0, STEPS),
-<<<<<<< HEAD
-        doc="the last rank sends SIGTERM to the launch's process group as this step starts (0 = off)",
-=======
-        doc="the loader segfaults making this step's batch (in the rank with data.num_workers=0; 0 = off)",
-    )
-    native_crash_rank: int = setting(
-        0, identity=False, exported=False, bounds=WORKERS, doc="the rank whose loader native_crash_step crashes"
->>>>>>> h39-3
     )
 
 
