@@ -30,6 +30,14 @@ class Provenance:
         """As config.json and run.json hold it."""
         return {"gcc_version": self.version, "git_revision": self.revision, "git_dirty": self.dirty}
 
+    @classmethod
+    def recorded(cls, version: Any, revision: Any, dirty: Any) -> Provenance | None:
+        """The provenance a file recorded (config.json, run.json, an export's metadata: read from outside, so any
+        value), or None when it recorded no revision (a file of an earlier gcc)."""
+        if not revision:
+            return None
+        return cls(str(version), str(revision), None if revision == NOT_A_CHECKOUT else dirty in (True, "True"))
+
     def __str__(self) -> str:
         if self.revision == NOT_A_CHECKOUT:
             return f"gcc {self.version}, {NOT_A_CHECKOUT}"
