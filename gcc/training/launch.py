@@ -202,10 +202,11 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
     store, launch, committed_files = store_for(cfg.save_folder), "", None
     remote_record = adopt_remote_record(store, run_dir) if store is not None else None
     old = stored_record(run_dir) or remote_record
+    known = (old or {}).get("signature")
     try:  # a moved init_ckpt keeps the digest recorded at the first launch (a resume loads the checkpoint)
-        signature = run_signature(cfg, manifest_bytes, known=(old or {}).get("signature"))
+        signature = run_signature(cfg, manifest_bytes, known=known)
     except FileNotFoundError as e:
-        raise ConfigError(f"model.init_ckpt: {e.filename}: not found (the warm start's weights)") from None
+        raise ConfigError(missing_init_ckpt(e.filename, run_dir, (known or {}).get("model.init_ckpt"))) from None
     lineage = {"init_ckpt": os.path.realpath(cfg.model.init_ckpt) if cfg.model.init_ckpt else ""}
     record, _ = identity(run_dir, signature, lineage, adopted=remote_record)
     repair = plan_repair(run_dir) if cfg.autoresume else None
@@ -247,6 +248,19 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
         store=store,
         provenance=provenance,
     )
+
+
+def missing_init_ckpt(path: str, run_dir: Path, recorded: Any) -> str:
+    """The message for a `model.init_ckpt` that is not there (exit 2) and whose digest the run does not know: a
+    first start, or a resume naming another file than the one the run was warm-started from (docs/training.md,
+    "Resuming": the one recorded is never read again, so it resumes even when gone)."""
+    message = f"model.init_ckpt: {path}: not found (the warm start's weights)"
+    if isinstance(recorded, dict) and recorded.get("path"):
+        message += (
+            f"; the run in {run_dir} was warm-started from {recorded['path']}: a resume with that model.init_ckpt "
+            f"does not read it (its digest is in run.json), so it resumes even when the file is gone"
+        )
+    return message
 
 
 def check_fresh_start(cfg: TrainConfig, run_dir: Path, committed: Head | None, doomed: tuple[Path, ...] = ()) -> None:
