@@ -92,11 +92,13 @@ def inspect_run(path: str) -> int:
     """A run folder's provenance (docs/training.md, "The run folder"): data.limit from run.json's signature, which
     code made each launch (its launch history), the latest launch's config.json, and each export's code."""
     run = Path(path)
+    if not (run / "run.json").exists():
+        return fail(PROG, f"{shown(path)}: a folder without run.json, expected a run folder or a .safetensors export")
     try:
         record = load_json_object(run / "run.json", "a run record")
         config = load_json_object(run / "config.json", "a config.json") if (run / "config.json").exists() else None
     except BadInput as e:  # the message names the file
-        return fail(PROG, f"{e} (expected a run folder: run.json, config.json)")
+        return fail(PROG, f"{e}; not a run folder gcc wrote")
     signature, lineage = record.get("signature"), record.get("lineage")
     launches = lineage.get("launches", []) if isinstance(lineage, dict) else None
     if not isinstance(signature, dict) or not isinstance(launches, list):
