@@ -172,3 +172,19 @@ def test_gcc_inspect_prints_a_run_folders_provenance(cfg, tmp_path, capsys):
     (run / "run.json").unlink()
     assert inspect_ckpt.main([str(run)]) == 2
     assert f"{run}: a folder without run.json, expected a run folder or" in capsys.readouterr().err
+
+
+def test_each_launch_is_appended_to_the_run_records_launch_history(tmp_path):
+    """run.json's lineage keeps one entry per launch (`with_launch`), a record of an earlier gcc starting with none;
+    a history that is not a list is not a record gcc wrote (exit 3 naming the file)."""
+    from gcc.training.run_folder import Refusal, stored_record, with_launch, write_record
+
+    earlier = {"signature": {"seed": 0}, "lineage": {"init_ckpt": ""}}
+    first, second = ({"time": t, "world": 1, **Provenance("0.1.0", "c0ffee", False).as_dict()} for t in ("a", "b"))
+    record = with_launch(with_launch(earlier, first), second)
+    assert record == {"signature": {"seed": 0}, "lineage": {"init_ckpt": "", "launches": [first, second]}}
+    assert earlier == {"signature": {"seed": 0}, "lineage": {"init_ckpt": ""}}  # a new record, the old one as it was
+    write_record(tmp_path, {**earlier, "lineage": {"init_ckpt": "", "launches": {"a": 1}}})
+    with pytest.raises(Refusal, match=r"run.json: not a run record gcc wrote \(.*'launches' a list\)") as refused:
+        stored_record(tmp_path)
+    assert refused.value.exit_code == 3
