@@ -107,8 +107,10 @@ def test_an_export_carries_the_code_and_data_limit_and_gcc_inspect_prints_them(c
 
 def test_an_export_of_an_earlier_gcc_reads_without_them(cfg, tmp_path, capsys):
     """No data_limit, git_revision, git_dirty: check_gc_ckpt (gcc-inspect, gcc-sample and a warm start read through
-    it) gives them as "", gcc-inspect says the code was not recorded; a value they cannot hold is refused."""
-    from gcc.model.export import GcCkptError
+    it) gives them as "", gcc-sample and a warm start read it, gcc-inspect says the code was not recorded; a value
+    they cannot hold is refused."""
+    from gcc.model.export import GcCkptError, load_gc_weights
+    from gcc.tools.sample.dit import ckpt_vocab
 
     path = _export(cfg, _run_start(Provenance("0.1.0", "c0ffee", False)), tmp_path / "step-6.safetensors")
     meta = check_gc_ckpt(path)["metadata"]
@@ -117,6 +119,8 @@ def test_an_export_of_an_earlier_gcc_reads_without_them(cfg, tmp_path, capsys):
     save_file(tensors, str(tmp_path / "older.safetensors"), metadata=older)
     got = check_gc_ckpt(tmp_path / "older.safetensors")["metadata"]
     assert (got["data_limit"], got["git_revision"], got["git_dirty"]) == ("", "", "")
+    assert ckpt_vocab(tmp_path / "older.safetensors", None, "tiny") == ("parts", "gc25d", "raw")  # gcc-sample's
+    assert load_gc_weights(tiny_dit(), tmp_path / "older.safetensors")["kind"] == "gc25d"  # a warm start's
     assert inspect_ckpt.main([str(tmp_path / "older.safetensors")]) == 0
     assert "code       not recorded (written by an earlier gcc)\n" in capsys.readouterr().out
     for key, bad in (("git_dirty", "yes"), ("data_limit", "-1"), ("data_limit", "all")):
