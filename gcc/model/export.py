@@ -57,6 +57,9 @@ META_KEYS = (
     "resumed_from",
     "resumed_step",
     "weights",
+    "data_limit",
+    "git_revision",
+    "git_dirty",
 )
 GC_META = {"arm": "gc25d", "format": "gc25d", "sem_cond": "gc_sem_cond", "mask_channel": "False"}
 # what a trainer of this gcc writes unless it says otherwise (a start from step 0 has no resume)
@@ -68,11 +71,16 @@ META_DEFAULTS = {
     "resumed_from": "",
     "resumed_step": "",
     "weights": "raw",
+    "data_limit": "",
+    "git_revision": "",
+    "git_dirty": "",
 }
 # `weights`: which weights the file holds, the trained ones or their EMA (algorithms.ema); an export written before
 # the key existed holds the raw ones and reads as such
 WEIGHTS = ("raw", "ema")
-LATER_KEYS = {"weights": "raw"}  # a key older exports lack -> the value they read as
+# a key older exports lack -> the value they read as: `data_limit` "" (the whole split, the only way an export could
+# say it then), the code's provenance (gcc/provenance.py) "" (unknown)
+LATER_KEYS = {"weights": "raw", "data_limit": "", "git_revision": "", "git_dirty": ""}
 EXPORT_DTYPE = torch.bfloat16
 _ST_DTYPE = "BF16"
 
@@ -116,6 +124,12 @@ def _check_metadata(meta: Mapping[str, Any], where: str) -> None:
         raise GcCkptError(f"{where}: metadata vocab={meta['vocab'][:80]!r} is not one of {VOCABS}")
     if meta.get("weights", "raw") not in WEIGHTS:
         raise GcCkptError(f"{where}: metadata weights={meta['weights'][:80]!r} is not one of {WEIGHTS}")
+    if meta.get("git_dirty", "") not in ("", "True", "False"):
+        raise GcCkptError(f'{where}: metadata git_dirty={meta["git_dirty"][:80]!r}, expected True, False or ""')
+    if not re.fullmatch(r"|[1-9][0-9]{0,18}", meta.get("data_limit", "")):
+        raise GcCkptError(
+            f'{where}: metadata data_limit={meta["data_limit"][:80]!r}, expected a number of clips or "" (none)'
+        )
 
 
 # a block's key: `blocks.<index>.<suffix>`; an index of more than 9 digits is no GcDiT's

@@ -6,7 +6,8 @@ against the same run uninterrupted. Compared, step by step, over the steps in [-
   epoch, timestep, drops and mask, loss, mse, lr, grad_norm, ...; the timing and memory columns are skipped);
 * `val_log.csv` on every column (`EXACT_VAL`), row by (step, timestep), when the folders hold one (both must);
 * the exports both folders hold (`step-N.safetensors`, and with algorithms.ema `step-N.ema.safetensors`), tensor
-  by tensor (names, dtypes, shapes, values); their metadata differs by design (`resumed_from`) and is not compared.
+  by tensor (names, dtypes, shapes, values); their metadata differs by design (`resumed_from`; the code that
+  wrote them, `git_revision` and `git_dirty`, when a relaunch ran other code) and is not compared.
 
 A step that one log holds and the other does not is a difference (a relaunch on a fresh machine starts its
 train_log.csv at the resumed step: compare with `--from` that step). Numbers compare as the logs hold them, to the

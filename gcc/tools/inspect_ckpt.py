@@ -1,12 +1,16 @@
-"""Inspect a gc25d export or a model preset.
+"""Inspect a gc25d export, a run folder's provenance, or a model preset.
 
-    gcc-inspect FILE.safetensors   # key count, dtypes, parameter count, metadata; runs check_gc_ckpt
+    gcc-inspect FILE.safetensors   # key count, dtypes, parameter count, metadata, the code that wrote it; runs
+                                   # check_gc_ckpt
     gcc-inspect FILE.safetensors --model tiny   # ... and checks every key and shape against that preset
+    gcc-inspect RUN_DIR            # which code made each launch (run.json), config.json and each export; data.limit
     gcc-inspect --model ti2v-5b    # builds the preset on the meta device: key count, parameter count
 
 (also `python -m gcc.tools.inspect_ckpt`). The file's header alone is read (never its tensors, never a model built
 from it): without --model its key names must be a GcDiT's and fix the block count, every block shaped alike.
-Exit status 2 when the file cannot be read or the check fails, as every gcc tool's for bad input.
+The code is gcc's version and the git revision of its checkout, "(modified)" when tracked files differed from it,
+or "not a checkout" (gcc/provenance.py); a file of an earlier gcc did not record it. Exit status 2 when a file
+cannot be read or the check fails, as every gcc tool's for bad input.
 """
 
 from __future__ import annotations
@@ -14,12 +18,17 @@ from __future__ import annotations
 import argparse
 import collections
 import math
+import re
 import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 from gcc import redact
 from gcc.cli import ToolParser, fail, input_file_problem
 from gcc.errors import BadInput
-from gcc.inputs import safetensors_header, shown
+from gcc.inputs import load_json_object, safetensors_header, shown
+from gcc.provenance import Provenance
 from gcc.vocab import VOCABS
 
 PROG = "gcc-inspect"
@@ -39,6 +48,7 @@ def inspect_file(path: str, vocab: str | None = None, preset: str | None = None)
     print(f"keys       {len(tensors)}")
     print(f"dtypes     {dict(dtypes)}")
     print(f"params     {n_params:,} ({n_params / 1e9:.3f} B)")
+    print(f"code       {export_code(meta)}")
     print("metadata")
     for k, v in meta.items():
         print(f"  {shown(k, 80)} = {shown(repr(v))}")
@@ -57,6 +67,65 @@ def inspect_file(path: str, vocab: str | None = None, preset: str | None = None)
     return 0
 
 
+def _code(provenance: Provenance | None) -> str:
+    return shown(str(provenance)) if provenance else "not recorded (written by an earlier gcc)"
+
+
+def export_code(meta: Mapping[str, str]) -> str:
+    """The code that wrote an export, from its metadata (`trainer`, `git_revision`, `git_dirty`)."""
+    version = meta.get("trainer", "").removeprefix("gcc ")
+    return _code(Provenance.recorded(version, meta.get("git_revision"), meta.get("git_dirty")))
+
+
+def recorded_code(entry: Any) -> str:
+    """The code a JSON entry of config.json or run.json recorded (`Provenance.as_dict`'s keys)."""
+    entry = entry if isinstance(entry, dict) else {}
+    return _code(Provenance.recorded(entry.get("gcc_version"), entry.get("git_revision"), entry.get("git_dirty")))
+
+
+def _export_order(p: Path) -> tuple[int, str]:
+    m = re.match(r"step-([0-9]{1,18})\.", p.name)
+    return (int(m[1]) if m else -1, p.name)
+
+
+def inspect_run(path: str) -> int:
+    """A run folder's provenance (docs/training.md, "The run folder"): data.limit from run.json's signature, which
+    code made each launch (its launch history), the latest launch's config.json, and each export's code."""
+    run = Path(path)
+    if not (run / "run.json").exists():
+        return fail(PROG, f"{shown(path)}: a folder without run.json, expected a run folder or a .safetensors export")
+    try:
+        record = load_json_object(run / "run.json", "a run record")
+        config = load_json_object(run / "config.json", "a config.json") if (run / "config.json").exists() else None
+    except BadInput as e:  # the message names the file
+        return fail(PROG, f"{e}; not a run folder gcc wrote")
+    signature, lineage = record.get("signature"), record.get("lineage")
+    launches = lineage.get("launches", []) if isinstance(lineage, dict) else None
+    if not isinstance(signature, dict) or not isinstance(launches, list):
+        return fail(PROG, f"{shown(run / 'run.json')}: not a run record gcc wrote (no signature and lineage)")
+    limit = signature.get("data.limit")
+    print(f"run        {shown(path)}")
+    print(f"data.limit {'null (the whole train split)' if limit is None else shown(limit)}")
+    print(f"launches   {len(launches)} (run.json)" + ("" if launches else ": not recorded (a run of an earlier gcc)"))
+    for i, launch in enumerate(launches, 1):
+        launch = launch if isinstance(launch, dict) else {}
+        print(
+            f"  {i:<3} {shown(launch.get('time'), 40)}  world {shown(launch.get('world'), 20)}  {recorded_code(launch)}"
+        )
+    if config is not None:
+        print(f"config     config.json (the latest launch, from step {shown(config.get('start_step'), 20)}): ", end="")
+        print(recorded_code(config.get("provenance")))
+    exports = sorted(run.glob("step-*.safetensors"), key=_export_order)
+    print(f"exports    {len(exports)}")
+    for p in exports:
+        try:
+            meta = safetensors_header(p)[1]  # the header alone, bounded
+        except BadInput as e:
+            return fail(PROG, f"cannot be read as safetensors: {e}")
+        print(f"  {shown(p.name, 80)}  {export_code(meta)}")
+    return 0
+
+
 def inspect_model(name: str, vocab: str) -> int:
     # heavy (torch, diffsynth ~5 s): keeps --help and argument errors fast
     from gcc.model.dit import build_gc_dit, cond_keys, count_params, wan_keys
@@ -72,7 +141,7 @@ def inspect_model(name: str, vocab: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = ToolParser(PROG, __doc__.rstrip())
-    ap.add_argument("file", nargs="?", help="a gc25d .safetensors export")
+    ap.add_argument("file", nargs="?", help="a gc25d .safetensors export, or a run folder (its provenance)")
     ap.add_argument(
         "--model", help="a model preset name, e.g. ti2v-5b or tiny (with FILE: the preset the file must match)"
     )
@@ -98,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--model {shown(args.model)!r}: unknown preset; known: {', '.join(sorted(PRESETS))}")
     if args.file is None:
         return inspect_model(args.model, args.vocab or "parts")
+    if Path(args.file).is_dir():
+        if args.model is not None or args.vocab is not None:
+            ap.error("--model and --vocab check an export, not a run folder")
+        return inspect_run(args.file)
     return inspect_file(args.file, args.vocab, args.model)
 
 

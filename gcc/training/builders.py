@@ -32,6 +32,7 @@ from gcc.model.dit import build_gc_dit, load_wan_base
 from gcc.model.export import gc_metadata, load_gc_weights, load_legacy_zero
 from gcc.model.objective import GcTrainModel
 from gcc.model.optim import build_optimizer, composer_scheduler, trainer_schedule_kwargs
+from gcc.provenance import Provenance
 from gcc.redact import redact
 from gcc.sampling.decoders import pick_decoder
 from gcc.sampling.media import FPS
@@ -216,10 +217,13 @@ def steps_per_epoch(n_train: int, world: int, per_rank_batch: int) -> int:
     return -(-n_train // world) // per_rank_batch
 
 
-def resolved_config(cfg: TrainConfig, manifest: dict, per_rank_batch: int) -> dict:
+def resolved_config(cfg: TrainConfig, manifest: dict, per_rank_batch: int, provenance: Provenance) -> dict:
+    """What config.json holds (docs/training.md, "The run folder"): the config, the launch's code (`provenance`)
+    and what follows from the config, the world and the data."""
     steps = steps_per_epoch(train_clips(manifest, cfg.data.limit), world_size(), per_rank_batch)
     return {
         "config": redact(asdict(cfg)),
+        "provenance": provenance.as_dict(),
         "world_size": world_size(),
         "per_rank_batch": per_rank_batch,
         "grad_accum": cfg.accumulation(world_size()),
@@ -233,7 +237,9 @@ def resolved_config(cfg: TrainConfig, manifest: dict, per_rank_batch: int) -> di
 # ---- the run's wiring -----------------------------------------------------------------------------------
 def export_metadata(cfg: TrainConfig, start: RunStart, step: int) -> dict[str, str]:
     """The metadata of the export at `step`: the fields the config declares exported (`exported_values`), the
-    data's name from its manifest, the step, and the launch's lineage and resume."""
+    data's name from its manifest, the step, the launch's lineage and resume, and its code (provenance, read once
+    by the launch: `RunStart.provenance`)."""
+    code = start.provenance
     return gc_metadata(
         **exported_values(cfg),
         data=data_name(cfg, start.manifest),
@@ -241,6 +247,9 @@ def export_metadata(cfg: TrainConfig, start: RunStart, step: int) -> dict[str, s
         init_ckpt=start.lineage["init_ckpt"],
         resumed_from=start.resumed_from,
         resumed_step="" if start.resumed_step is None else start.resumed_step,
+        trainer=f"gcc {code.version}",
+        git_revision=code.revision,
+        git_dirty=code.dirty,
     )
 
 
@@ -274,7 +283,7 @@ def callback_context(
         text,
         watchdog,
         export_metadata=lambda step: export_metadata(cfg, start, step),
-        resolved_config=resolved_config(cfg, start.manifest, per_rank_batch),
+        resolved_config=resolved_config(cfg, start.manifest, per_rank_batch, start.provenance),
         build_samples=lambda: build_samples(cfg, start, model, val_loader, text),
     )
 

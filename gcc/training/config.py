@@ -246,7 +246,7 @@ class DataConfig:
     limit: int | None = setting(
         None,
         identity=True,
-        exported=False,
+        exported="data_limit",
         bounds=Range(
             1, STEPS, said=f"a positive number of train clips, or null (the whole train split), at most {STEPS}"
         ),

@@ -21,13 +21,13 @@ import logging
 import os
 import socket
 import stat
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import TextIO
 
 from gcc.errors import Refusal
+from gcc.provenance import this_code
 from gcc.redact import RedactingFilter
 from gcc.training import output_capture
 from gcc.training.config import ConfigError
@@ -140,33 +140,12 @@ class RunLogHandler(logging.Handler):
         super().close()
 
 
-def git_revision() -> str:
-    """The commit of the code this launch runs, `+modified` when tracked files differ from it; "" when the code is
-    not a git checkout (an installed package) or git cannot say."""
-    root = Path(__file__).resolve().parents[2]  # gcc/training/console.py -> the repository
-    if not (root / ".git").exists():
-        return ""
-    try:
-        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        if rev.returncode != 0:
-            return ""
-        changed = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return rev.stdout.strip() + ("+modified" if changed.returncode == 0 and changed.stdout.strip() else "")
-
-
 def launch_header(world: int) -> str:
-    """The line that opens a launch in train.log: UTC time, host, world size, rank 0's pid, git revision."""
-    rev = git_revision()
+    """The line that opens a launch in train.log: UTC time, host, world size, rank 0's pid, the code
+    (gcc/provenance.py)."""
     return (
         f"==== launch {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}  host {socket.gethostname()}  "
-        f"world {world}  pid {os.getpid()}" + (f"  git {rev}" if rev else "") + " ===="
+        f"world {world}  pid {os.getpid()}  {this_code()} ===="
     )
 
 

@@ -7,8 +7,9 @@ work (docs/design.md §9.3, §9.5) and every rank then acts on (`RunStart`):
    the data's manifest (`read_manifest_bytes`, `check_data`), the checkpoint prefix's run record
    (`adopt_remote_record`), the run signature against run.json (`run_signature`, `run_folder.identity`), the
    checkpoint folder's repair planned, a start from step 0 checked not to destroy anything (`check_fresh_start`),
-   the node's shard cache locked (`hold_cache`); then the writes: the prefix claimed, run.json written, the
-   checkpoint folder repaired, the prefix's last commit fetched;
+   the node's shard cache locked (`hold_cache`); then the writes: the prefix claimed, run.json written with this
+   launch appended to its lineage (which code: gcc/provenance.py), the checkpoint folder repaired, the prefix's
+   last commit fetched;
 3. `fetch_on_this_node`: with a checkpoint prefix, every node gets the checkpoint that rank 0 resumes from.
 
 A Refusal ends the launch with exit 3 and a ConfigError with exit 2, on every rank (gcc/exit_codes.py).
@@ -20,7 +21,7 @@ import hashlib
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from composer.utils import dist
 from gcc import storage
 from gcc.data.shards import MANIFEST, parse_manifest
 from gcc.errors import BadInput, StorageUnavailable
+from gcc.provenance import Provenance, this_code
 from gcc.redact import redact
 from gcc.storage import join
 from gcc.training.checkpoint_store import CheckpointStore, Head, store_for
@@ -50,6 +52,7 @@ from gcc.training.run_folder import (
     set_aside,
     stored_record,
     what_a_restart_loses,
+    with_launch,
     write_record,
 )
 
@@ -67,6 +70,7 @@ class RunStart:
     resumed_from: str  # the checkpoint resumed from ("" for a start from step 0)
     resumed_step: int | None  # its step (None for a start from step 0)
     store: CheckpointStore | None = None  # save_folder's store, built once here (None without save_folder)
+    provenance: Provenance = field(default_factory=this_code)  # the code of this launch, read by rank 0
 
     @property
     def resumed(self) -> bool:
@@ -198,12 +202,13 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
     store, launch, committed_files = store_for(cfg.save_folder), "", None
     remote_record = adopt_remote_record(store, run_dir) if store is not None else None
     old = stored_record(run_dir) or remote_record
+    known = (old or {}).get("signature")
     try:  # a moved init_ckpt keeps the digest recorded at the first launch (a resume loads the checkpoint)
-        signature = run_signature(cfg, manifest_bytes, known=(old or {}).get("signature"))
+        signature = run_signature(cfg, manifest_bytes, known=known)
     except FileNotFoundError as e:
-        raise ConfigError(f"model.init_ckpt: {e.filename}: not found (the warm start's weights)") from None
+        raise ConfigError(missing_init_ckpt(e.filename, run_dir, (known or {}).get("model.init_ckpt"))) from None
     lineage = {"init_ckpt": os.path.realpath(cfg.model.init_ckpt) if cfg.model.init_ckpt else ""}
-    record, new = identity(run_dir, signature, lineage, adopted=remote_record)
+    record, _ = identity(run_dir, signature, lineage, adopted=remote_record)
     repair = plan_repair(run_dir) if cfg.autoresume else None
     latest = repair.latest if repair is not None else None
     committed = store.head() if store is not None else None  # read only: the claim comes after every check
@@ -213,12 +218,13 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
     hold_cache(cfg, lock)  # the last check (the default cache is in the run folder: its lock file is a first write)
     # only now, every check passed, the first writes: a refused launch leaves the prefix (and its live owner) and
     # the run folder alone
+    provenance = this_code()
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    record = with_launch(record, {"time": when, "world": world_size(), **provenance.as_dict()})
     if store is not None:
         launch = store.claim()
-        if remote_record is None:
-            store.write_record(record)
-    if new:
-        write_record(run_dir, record)
+        store.write_record(record)  # the prefix's copy too: a fresh machine adopts the whole launch history
+    write_record(run_dir, record)
     if repair is not None:
         repair.apply(run_dir)
     if store is not None:
@@ -240,7 +246,21 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
         resumed_from=str(latest.resolve()) if latest else "",
         resumed_step=checkpoint_step(latest) if latest else None,
         store=store,
+        provenance=provenance,
     )
+
+
+def missing_init_ckpt(path: str, run_dir: Path, recorded: Any) -> str:
+    """The message for a `model.init_ckpt` that is not there (exit 2) and whose digest the run does not know: a
+    first start, or a resume naming another file than the one the run was warm-started from (docs/training.md,
+    "Resuming": the one recorded is never read again, so it resumes even when gone)."""
+    message = f"model.init_ckpt: {path}: not found (the warm start's weights)"
+    if isinstance(recorded, dict) and recorded.get("path"):
+        message += (
+            f"; the run in {run_dir} was warm-started from {recorded['path']}: a resume with that model.init_ckpt "
+            f"does not read it (its digest is in run.json), so it resumes even when the file is gone"
+        )
+    return message
 
 
 def check_fresh_start(cfg: TrainConfig, run_dir: Path, committed: Head | None, doomed: tuple[Path, ...] = ()) -> None:

@@ -2,7 +2,8 @@
 
     <run_dir>/.lock                 flock held by global rank 0 while the run lives (freed by the OS on any death)
     <run_dir>/run.json              the run signature (docs/design.md §9.3) and lineage (init_ckpt), written at first
-                                    start; a changed global batch is appended to the lineage (batch_change.py)
+                                    start; each launch is appended to the lineage (`with_launch`: which code), and so
+                                    is a changed global batch (batch_change.py)
     <run_dir>/checkpoints/          Composer checkpoints + latest-rank0.pt symlink to the newest:
                                     DDP: one file ep{E}-ba{B}-rank0.pt; FSDP: a folder ep{E}-ba{B}/ of torch DCP
                                     shards (__<rank>_0.distcp, one per rank) and its .metadata
@@ -179,12 +180,24 @@ def stored_record(run_dir: Path) -> dict[str, Any] | None:
         isinstance(record, dict)
         and isinstance(record.get("signature"), dict)
         and isinstance(record.get("lineage"), dict)
+        and isinstance(record["lineage"].get(LAUNCHES, []), list)
     ):
         raise Refusal(
-            f"{path}: not a run record gcc wrote (expected an object with 'signature' and 'lineage'); "
-            f"restore it, or use another run_dir"
+            f"{path}: not a run record gcc wrote (expected an object with 'signature' and 'lineage', its "
+            f"'{LAUNCHES}' a list); restore it, or use another run_dir"
         )
     return record
+
+
+LAUNCHES = "launches"  # run.json lineage: [{time, world, gcc_version, git_revision, git_dirty}, ...]
+
+
+def with_launch(record: dict[str, Any], launch: dict[str, Any]) -> dict[str, Any]:
+    """The record with this launch appended to its lineage's launch history (a record of an earlier gcc has
+    none): which code made each launch of the run. Not part of the signature: a resume with newer code is the
+    same run."""
+    lineage = record["lineage"]
+    return {**record, "lineage": {**lineage, LAUNCHES: [*lineage.get(LAUNCHES, []), launch]}}
 
 
 def check_identity(run_dir: Path, signature: dict[str, Any], lineage: dict[str, Any]) -> dict[str, Any]:

@@ -88,6 +88,9 @@ def test_export_keys_dtypes_metadata(tmp_path):
         "resumed_from": "",
         "resumed_step": "",
         "weights": "raw",
+        "data_limit": "",
+        "git_revision": "",
+        "git_dirty": "",
     }
     info = check_gc_ckpt(path, vocab="parts")
     assert info["n_keys"] == len(keys) and info["num_layers"] == 2

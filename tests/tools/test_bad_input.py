@@ -608,10 +608,10 @@ CASES: dict[str, Case] = {
             ["--vocab", "klingon", "parts"],
         ),
     ),
-    "inspect-file-a-folder": (
+    "inspect-file-a-folder": (  # not a run folder
         "gcc-inspect",
         2,
-        lambda w: ([w.folder()], ["folder", "is a folder, expected a file"]),
+        lambda w: ([w.folder()], ["folder", "a folder without run.json, expected a run folder or a .safetensors"]),
     ),
     "inspect-file-missing": (
         "gcc-inspect",

@@ -13,6 +13,7 @@ import pytest
 from _gc_helpers import export_metadata, tiny_dit
 from hostile import time_limit
 
+from gcc.inputs import safetensors_header
 from gcc.model.export import save_gc
 from gcc.tools.compare import main
 from gcc.training.callbacks import TRAIN_COLUMNS, VAL_COLUMNS
@@ -74,6 +75,9 @@ def export_of(step: int, resumed_step: int | None):
         warmup_steps=4,
         resumed_from="" if resumed_step is None else "ckpt",
         resumed_step="" if resumed_step is None else resumed_step,
+        # the relaunch ran other code (gcc/provenance.py): the same training all the same
+        git_revision="c0ffee" if resumed_step is None else "beef",
+        git_dirty=resumed_step is not None,
     )
     return dit.state_dict(), meta
 
@@ -114,8 +118,11 @@ def test_the_exactness_columns_are_the_logs_columns_less_the_timings():
 
 
 def test_a_resumed_run_agrees(uninterrupted, tmp_path, capsys):
-    """Other timings and export metadata (resumed_from) by design: they agree."""
+    """Other timings and export metadata (resumed_from, the code's git_revision and git_dirty) by design: they
+    agree."""
     b = write_run(tmp_path / "b", launch=1, resumed_step=6)
+    metas = [safetensors_header(run / "step-6.safetensors")[1] for run in (uninterrupted, b)]
+    assert [(m["git_revision"], m["git_dirty"]) for m in metas] == [("c0ffee", "False"), ("beef", "True")]
     assert main([str(uninterrupted), str(b)]) == 0
     out = capsys.readouterr().out
     assert "train_log.csv: 12 row(s) agree" in out and "val_log.csv: 6 row(s) agree" in out

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from gcc import __version__
 from gcc.errors import Refusal
 from gcc.model.export import GC_META, META_DEFAULTS, META_KEYS, gc_metadata
+from gcc.provenance import Provenance
 from gcc.training.builders import export_metadata
 from gcc.training.config import (
     BOUNDS,
@@ -250,6 +250,7 @@ def test_the_export_metadata_is_the_one_written_before_the_roles(tmp_path):
         *("cond_key", "text_dropout", "cond_dropout", "mask_p", "lr", "cond_lr", "weight_decay", "warmup_steps"),
         *("first_frame_cond", "seed", "init_ckpt", "model_dir", "trainer", "resumed_from", "resumed_step"),
         "weights",  # added since (algorithms.ema); an export without it reads as raw
+        *("data_limit", "git_revision", "git_dirty"),  # added since (issue 39); an export without them reads ""
     )
     cfg, wan, _ = _pinned_config(tmp_path)
     start = RunStart(
@@ -259,6 +260,7 @@ def test_the_export_metadata_is_the_one_written_before_the_roles(tmp_path):
         committed_files=None,
         resumed_from="ck/ep0-ba4",
         resumed_step=4,
+        provenance=Provenance("0.1.0", "c0ffee", False),
     )
     meta = export_metadata(cfg, start, 12)
     assert list(meta.items()) == [
@@ -284,10 +286,13 @@ def test_the_export_metadata_is_the_one_written_before_the_roles(tmp_path):
         ("seed", "11"),
         ("init_ckpt", "w.safetensors"),
         ("model_dir", str(wan)),
-        ("trainer", f"gcc {__version__}"),
+        ("trainer", "gcc 0.1.0"),
         ("resumed_from", "ck/ep0-ba4"),
         ("resumed_step", "4"),
         ("weights", "raw"),
+        ("data_limit", "7"),
+        ("git_revision", "c0ffee"),
+        ("git_dirty", "False"),
     ]
 
 

@@ -174,7 +174,10 @@ def test_the_prefix_record_is_copied_into_a_fresh_run_folder_only_by_a_launch_th
     e2e_shards, tmp_path, s3_bucket
 ):
     """A run folder with no run.json takes the checkpoint prefix's (a fresh machine): not when the launch is then
-    refused (another run's signature), and once it passes, written as the prefix holds it."""
+    refused (another run's signature), and once it passes, as the prefix holds it with this launch appended to its
+    launch history, in both."""
+    from gcc.training.checkpoint_store import CheckpointStore
+
     prefix = f"{s3_bucket}/run"
     _, lock = _prepare(_cfg(tmp_path / "first", e2e_shards, f"save_folder={prefix}"))
     lock.release()
@@ -184,7 +187,10 @@ def test_the_prefix_record_is_copied_into_a_fresh_run_folder_only_by_a_launch_th
     assert not (fresh / "run.json").exists()
     _, lock = _prepare(_cfg(fresh, e2e_shards, f"save_folder={prefix}"))
     lock.release()
-    assert (fresh / "run.json").read_bytes() == (tmp_path / "first" / "run.json").read_bytes()
+    first, record = (json.loads((d / "run.json").read_text()) for d in (tmp_path / "first", fresh))
+    assert record == CheckpointStore(prefix).read_record()
+    assert record["signature"] == first["signature"]
+    assert record["lineage"]["launches"][:-1] == first["lineage"]["launches"] and len(first["lineage"]["launches"]) == 1
 
 
 @pytest.mark.slow

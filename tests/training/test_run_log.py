@@ -83,13 +83,13 @@ def test_rank0s_lines_and_each_ranks_own_appended_per_launch(tmp_path, capsys, f
 def test_a_git_checkout_puts_its_revision_in_the_header(tmp_path, fresh_logging):
     import subprocess
 
-    from gcc.training.console import git_revision
+    from gcc.provenance import this_code
 
     root = Path(__file__).resolve().parents[2]
     head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
     if head.returncode != 0:
         pytest.skip("the tests do not run from a git checkout")
-    assert git_revision().split("+")[0] == head.stdout.strip()
+    assert this_code().revision == head.stdout.strip()
     path = _as_rank(tmp_path, 0, world=1)
     assert f"git {head.stdout.strip()}" in path.read_text().splitlines()[0]
 

@@ -40,6 +40,7 @@ from _launch import (
 )
 
 from gcc.data import convert as C
+from gcc.provenance import this_code
 from gcc.tools.compare import main as compare_main
 from gcc.training.config import RENAMED
 from gcc.training.run_folder import checkpoint_step
@@ -74,6 +75,22 @@ def test_reference_run_outputs(reference, e2e_shards):
     assert cfg["steps_per_epoch"] > 0 and cfg["data_geometry"]["latents"][0] == 48
     log = (reference / "train.log").read_text().splitlines()  # rank 0's console lines, under the launch's header
     assert log[0].startswith("==== launch ") and " world 2 " in log[0] and sum("==== launch" in ln for ln in log) == 1
+    # the code that made the run (gcc/provenance.py: the checkout the tests run from), read once by rank 0: in the
+    # header, config.json, run.json's launch history (not its signature) and every export
+    code = this_code()
+    assert f"  {code} ====" in log[0] and cfg["provenance"] == code.as_dict()
+    record = json.loads((reference / "run.json").read_text())
+    (launch_entry,) = record["lineage"]["launches"]  # one launch
+    assert launch_entry == {"time": launch_entry["time"], "world": 2, **code.as_dict()}
+    assert not any(k.startswith(("git", "gcc")) for k in record["signature"])
+    for p in reference.glob("step-*.safetensors"):
+        got = export_tensors(p)[1]
+        assert (got["trainer"], got["git_revision"], got["git_dirty"], got["data_limit"]) == (
+            f"gcc {code.version}",
+            code.revision,
+            "" if code.dirty is None else str(code.dirty),
+            "",
+        )
     assert [ln.split("gcc.train: ")[1].split()[:3] for ln in log if "gcc.train: val step" in ln][:3] == [
         ["val", "step", "0"]
     ] * 3

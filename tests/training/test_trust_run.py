@@ -278,3 +278,65 @@ def test_a_credential_in_the_config_is_named_in_a_warning():
         "val_timesteps": [200],
     }
     assert secret_keys(tree) == ["loggers.wandb.init_kwargs.settings.api_key", "loggers.mlflow.tracking_uri"]
+
+
+def _prepare(run_dir: Path, shards: Path, *overrides: str):
+    """Rank 0's checks and first writes of a launch (`launch.prepare_run`), in this process: the launch that
+    `_train` would start stops there on a refusal, before the model is built."""
+    from gcc.training.config import load_config
+    from gcc.training.launch import prepare_run  # Composer: loaded only by the tests that need it
+
+    yaml, *args = _args(run_dir, shards, *overrides)
+    lock = RunLock(run_dir)
+    try:
+        return prepare_run(load_config(yaml, args), lock)
+    finally:
+        lock.release()
+
+
+def test_a_warm_started_runs_resume_is_refused_with_another_init_ckpt_and_stops_on_a_missing_one(e2e_shards, tmp_path):
+    """docs/training.md, "Resuming": the run signature holds init_ckpt's digest. A resume with other weights is
+    refused (exit 3, the field listed), at another path or in place of the first file; a copy of the same weights
+    elsewhere resumes (the digest, not the path, is the run's). A missing file the run never recorded is exit 2
+    naming the key, the file and the one recorded; the recorded one gone, the resume goes on with its digest (the
+    resume loads the checkpoint, not the file). Every refused launch leaves run.json as it was."""
+    import zipfile
+
+    from gcc.training.config import ConfigError
+
+    init, other = tmp_path / "init.safetensors", tmp_path / "other.safetensors"
+    init.write_bytes(b"the warm start's weights")  # read only for its digest by these checks
+    other.write_bytes(b"other weights")
+    run_dir = tmp_path / "run"
+    first = _prepare(run_dir, e2e_shards, f"model.init_ckpt={init}")
+    assert first.resumed_step is None and first.lineage["init_ckpt"] == str(init)
+    digest = json.loads((run_dir / "run.json").read_text())["signature"]["model.init_ckpt"]["sha256"]
+    ckpts = run_dir / "checkpoints"  # a checkpoint of step 2 (a complete torch.save zip), so that a launch resumes
+    ckpts.mkdir()
+    with zipfile.ZipFile(ckpts / "ep0-ba2-rank0.pt", "w") as z:
+        z.writestr("data.pkl", b"")
+    (ckpts / "latest-rank0.pt").symlink_to("ep0-ba2-rank0.pt")
+    record = (run_dir / "run.json").read_bytes()
+
+    with pytest.raises(Refusal, match="differ") as refused:
+        _prepare(run_dir, e2e_shards, f"model.init_ckpt={other}")
+    assert refused.value.exit_code == 3 and f"model.init_ckpt: '{digest}' -> '" in str(refused.value)
+    with pytest.raises(ConfigError) as missing:
+        _prepare(run_dir, e2e_shards, f"model.init_ckpt={tmp_path / 'gone.safetensors'}")
+    assert missing.value.exit_code == 2 and str(missing.value).startswith(
+        f"model.init_ckpt: {tmp_path / 'gone.safetensors'}: not found"
+    )
+    assert f"warm-started from {init}" in str(missing.value)
+    init.write_bytes(b"the warm start's weights, changed")  # new weights in place of the recorded file
+    with pytest.raises(Refusal, match=f"model.init_ckpt: '{digest}' -> '"):
+        _prepare(run_dir, e2e_shards, f"model.init_ckpt={init}")
+    assert (run_dir / "run.json").read_bytes() == record
+
+    copy = tmp_path / "copy.safetensors"
+    copy.write_bytes(b"the warm start's weights")  # the same weights elsewhere: the same run
+    start = _prepare(run_dir, e2e_shards, f"model.init_ckpt={copy}")
+    assert start.resumed_step == 2 and start.lineage["init_ckpt"] == str(init)  # the lineage keeps the first
+    init.unlink()
+    start = _prepare(run_dir, e2e_shards, f"model.init_ckpt={init}")
+    assert start.resumed_step == 2
+    assert json.loads((run_dir / "run.json").read_text())["signature"]["model.init_ckpt"]["sha256"] == digest

@@ -13,6 +13,7 @@ from _cbfit import Fit
 from composer.core import Timestamp
 from torch.utils.data import Dataset
 
+from gcc.provenance import Provenance
 from gcc.training.builders import resolved_config
 from gcc.training.callbacks import GradClip, RunFiles, StepSync, TrainStats
 from gcc.training.config import load_config
@@ -46,10 +47,13 @@ def cfg(tmp_path, monkeypatch):
     return cfg
 
 
+CODE = Provenance("0.1.0", "c0ffee", True)  # the launch's code (gcc/provenance.py), as rank 0 read it
+
+
 def launch(cfg, start_step: int, dataset=None):
     sync = StepSync(cfg.device_train_microbatch_size)
     stats = TrainStats(GradClip(cfg.algorithms.gradient_clipping.clipping_threshold), sync, CLIPS)
-    config = resolved_config(cfg, MANIFEST, cfg.device_train_microbatch_size)
+    config = resolved_config(cfg, MANIFEST, cfg.device_train_microbatch_size, CODE)
     files = RunFiles(cfg.run_dir, config, stats)
     fit = Fit([sync, stats, files], max_steps=cfg.max_steps, dataset=dataset)
     if start_step:  # autoresume put the timestamp at the checkpoint's step
@@ -70,6 +74,7 @@ def test_config_json_at_the_start_names_the_config_and_the_start_step(cfg):
     written = read(cfg, "config.json")
     assert written == {**json.loads(json.dumps(config, default=str)), "start_step": 4}
     assert written["config"]["run_dir"] == cfg.run_dir and written["config"]["max_duration"] == 300
+    assert written["provenance"] == {"gcc_version": "0.1.0", "git_revision": "c0ffee", "git_dirty": True}
     assert (
         written["steps_per_epoch"] == len(CLIPS) // cfg.device_train_microbatch_size
         and written["data_counts"]["train"] == 40
