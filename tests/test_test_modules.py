@@ -34,6 +34,7 @@ TESTED_IN = {
     "training/batch_change.py": ["training/test_config_runfolder.py", "training/test_train_e2e.py"],
     "training/builders.py": ["training/callbacks/test_every_callback.py", "training/test_train_e2e.py"],
     "training/callbacks/__init__.py": ["training/callbacks/test_every_callback.py"],
+    "training/composer_options.py": ["training/test_composer_callbacks.py", "training/test_loggers.py"],
     "training/config.py": [
         "training/test_config_roles.py",
         "training/test_config_bounds.py",
