@@ -22,6 +22,12 @@ class SaveClock(Callback):
 
     def __init__(self):
         self.t0 = 0.0
+        # the last committed save's whole time, set by the saver (gcc/training/async_checkpoint.py): a background
+        # write's counts from its staging to the end of its write
+        self.seconds: float | None = None
+
+    def took(self) -> float:
+        return self.seconds if self.seconds is not None else time.perf_counter() - self.t0
 
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
         self.t0 = time.perf_counter()  # Composer's end-of-training save too: the last step's BATCH_CHECKPOINT
@@ -40,7 +46,7 @@ class CheckpointRotation(Callback):
             return
         latest = latest_checkpoint(self.run_dir)
         if latest is not None and latest != self._last:
-            log.info(f"checkpoint {latest.name}: {time.perf_counter() - self.clock.t0:.1f} s, {disk_gb(latest):.3g} GB")
+            log.info(f"checkpoint {latest.name}: {self.clock.took():.1f} s, {disk_gb(latest):.3g} GB")
             self._last = latest
         rotate_checkpoints(self.run_dir, self.keep)
 
