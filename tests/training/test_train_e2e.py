@@ -140,13 +140,15 @@ def test_exact_resume_after_sigkill(reference, e2e_shards, tmp_path):
     the unfinished write and gives the uninterrupted run's rows, exports and samples exactly."""
     run_dir = tmp_path / "run"
     p = start_bg(run_dir, e2e_shards, WORKER, *SAMPLES, EMA, "faults.hold_async_write_step=9")
-    wait_for_step(run_dir, 10, p)  # step 9's write in flight, step 10 trained beside it
-    ckpts = run_dir / "checkpoints"
-    assert checkpoint_step(os.readlink(ckpts / "latest-rank0.pt")) == 6  # `latest` only names complete writes
-    unfinished = [c.name for c in ckpts.iterdir() if "-ba9-" in c.name]
-    assert len(unfinished) == 1 and ".pt.tmp" in unfinished[0], unfinished  # step 9's, under its temporary name
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
+    try:  # the held write never completes: the launch is killed whatever the checks find
+        wait_for_step(run_dir, 10, p)  # step 9's write in flight, step 10 trained beside it
+        ckpts = run_dir / "checkpoints"
+        assert checkpoint_step(os.readlink(ckpts / "latest-rank0.pt")) == 6  # `latest` only names complete writes
+        unfinished = [c.name for c in ckpts.iterdir() if "-ba9-" in c.name]
+        assert len(unfinished) == 1 and ".pt.tmp" in unfinished[0], unfinished  # step 9's, under its temporary name
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
     r = ok(launch(run_dir, e2e_shards, *SAMPLES, EMA))
     assert "resuming from" in r.stdout and "-ba6-rank0.pt" in r.stdout
     assert f"removing incomplete/stale {unfinished[0]}" in r.stdout + r.stderr
