@@ -230,3 +230,9 @@ class AsyncCheckpointSaver(CheckpointSaver):
             )
         else:
             self.writes.start(path.name, None, batch, None, t0)
+
+
+# A checkpoint keys each callback's state by its class's `__qualname__` (Composer's `State.state_dict`), and a
+# sharded load wants every key the loading Trainer's callbacks have: the subclass writes and reads its state under
+# Composer's name, so its checkpoints are Composer's, whichever `save_async` wrote them or reads them.
+AsyncCheckpointSaver.__qualname__ = CheckpointSaver.__qualname__
