@@ -2,7 +2,7 @@
 background writes (`save_async=true`, gcc/training/async_checkpoint.py), against a run without saves measured in
 the same bench.
 
-    .venv/bin/python bench/async_save.py [--steps 12] [--every 4] [--layers 1] [--shards DIR]
+    .venv/bin/python bench/async_save.py [--steps 8] [--every 3] [--layers 1] [--shards DIR]
 
 Three one-process launches (`python gcc/train.py`, DDP, fp32 on CPU) of the `wide` model preset (the real TI2V-5B
 layer shapes; `--layers` of its blocks, a checkpoint of ~2 GB per block with AdamW's moments) on synthetic `wide`
@@ -79,8 +79,8 @@ def run(shards: Path, run_dir: Path, steps: int, every: int, layers: int, save: 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=12, help="steps of each launch")
-    ap.add_argument("--every", type=int, default=4, help="a save every this many steps (and the warm-up left out)")
+    ap.add_argument("--steps", type=int, default=8, help="steps of each launch")
+    ap.add_argument("--every", type=int, default=3, help="a save every this many steps (and the warm-up left out)")
     ap.add_argument("--layers", type=int, default=1, help="blocks of the wide preset")
     ap.add_argument("--shards", type=Path, default=None, help="wide shards to reuse (default: made in a temp folder)")
     a = ap.parse_args(argv)
