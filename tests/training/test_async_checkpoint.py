@@ -6,12 +6,15 @@ tests/training/test_train_e2e.py `test_exact_resume_after_sigkill`."""
 
 from __future__ import annotations
 
+import errno
 import threading
 import zipfile
 
 import pytest
 import torch
 
+from gcc import exit_codes
+from gcc.errors import DiskFull
 from gcc.training.async_checkpoint import CheckpointWrites, host_copy
 from gcc.training.callbacks.step_sync import StepSync
 from gcc.training.run_folder import ckpt_dir, point_latest, repair_checkpoints
@@ -62,6 +65,24 @@ def test_a_failed_write_raises_on_the_main_thread_and_leaves_nothing(tmp_path):
     with pytest.raises(TypeError, match="lock"):
         writes.finish()
     assert list(ckpt_dir(tmp_path).iterdir()) == []
+    writes.close(None, None)  # type: ignore[arg-type]
+
+
+def test_a_full_disk_during_a_background_write_is_the_runs_disk_fault(tmp_path, monkeypatch):
+    """What trainer.py's `as_fault` turns into exit 8 with the message a synchronous write gives: DiskFull naming the
+    checkpoint and its filesystem, raised on the main thread."""
+    writes, _ = _writes(tmp_path)
+    path = ckpt_dir(tmp_path) / "ep0-ba3-rank0.pt"
+
+    def no_space(obj, f):
+        f.write(b"PK partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", no_space)
+    writes.start(path.name, str(path), 3, writes.write_file({"w": torch.ones(2)}, path, 3), 0.0)
+    with pytest.raises(DiskFull, match=f"no space left on device writing {path}") as e:
+        writes.finish()
+    assert e.value.exit_code == exit_codes.DISK and list(ckpt_dir(tmp_path).iterdir()) == []
     writes.close(None, None)  # type: ignore[arg-type]
 
 
