@@ -8,6 +8,11 @@
 - `forget_saved_rng`: a loaded checkpoint's RNG state dropped (`Trainer._rng_state`).
 - `run_after_checkpoint_saver`: callbacks that must see each save (relies on the CheckpointSaver being appended
   last to `state.callbacks` by `Trainer.__init__`, and on the engine running callbacks in list order).
+- `use_checkpoint_saver`: the Trainer's CheckpointSaver (`Trainer._checkpoint_saver`) switched to a subclass whose
+  periodic saves write in the background (gcc/training/async_checkpoint.py); relies on `_save_checkpoint(state,
+  logger)` being the saver's one save, on what Composer's `checkpoint._save_checkpoint` builds and writes (the
+  `state`/`rng` dict, rank 0's RNG under a sharded save, DCP's FileSystemWriter and the deduplicating planner), and
+  on the saver's records (`last_checkpoint_batch`, `all_saved_checkpoints_to_timestamp`, `saved_checkpoints`).
 - `CHECKPOINT_RE`, `LATEST_LINK`: the names Composer gives checkpoints with its default `save_filename` and
   `save_latest_filename` (rank 0's file; an FSDP sharded checkpoint is a folder of that name without the suffix).
 - `LocalTensorboardLogger`: Composer's TensorboardLogger with one event file per launch (overrides its `_flush`);
@@ -206,6 +211,16 @@ def run_after_checkpoint_saver(trainer, callbacks: list) -> None:
     if not any(isinstance(cb, CheckpointSaver) for cb in cbs):
         raise RuntimeError("Composer's Trainer built no CheckpointSaver: the callbacks that follow it have none")
     cbs.extend(callbacks)
+
+
+def use_checkpoint_saver(trainer, cls: type, **attrs) -> None:
+    """Switch the saver Trainer.__init__ built from its `save_*` arguments (the one autoresume reads, last in
+    `state.callbacks`) to its subclass `cls`, which adds no state beyond `attrs`."""
+    saver = trainer._checkpoint_saver
+    if not isinstance(saver, CheckpointSaver) or not issubclass(cls, type(saver)):
+        raise RuntimeError(f"Composer's Trainer built no CheckpointSaver that {cls.__name__} extends")
+    saver.__class__ = cls
+    vars(saver).update(attrs)
 
 
 # ---- TensorBoard -------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from composer.utils import dist
 from composer.utils.parallelism import FSDP2Config
 from torch.utils.data import DataLoader, Dataset
 
-from gcc.compat.composer import MicroBatch, meta_init_on, use_lean_engine
+from gcc.compat.composer import MicroBatch, meta_init_on, use_checkpoint_saver, use_lean_engine
 from gcc.compat.streaming import release_stale_shm
 from gcc.compat.torch import gloo_gradients_as_means
 from gcc.data.dataset import (
@@ -38,7 +38,9 @@ from gcc.sampling.decoders import pick_decoder
 from gcc.sampling.media import FPS
 from gcc.sampling.sampler import WAN_SHIFT
 from gcc.training import loggers as run_loggers  # (build_trainer has a `loggers` argument)
-from gcc.training.callbacks import TRAIN_COLUMNS, VAL_COLUMNS, CallbackContext, build_all
+from gcc.training.async_checkpoint import AsyncCheckpointSaver
+from gcc.training.callbacks import TRAIN_COLUMNS, VAL_COLUMNS, CallbackContext, CheckpointWrites, build_all
+from gcc.training.callbacks.checkpoint_rotation import SaveClock
 from gcc.training.callbacks.samples import SampleSettings, TrainingSamples
 from gcc.training.config import TrainConfig, exported_values, samples_during_training
 from gcc.training.launch import RunStart, cache_dir, data_name, train_clips, validates
@@ -406,7 +408,8 @@ def build_trainer(
     fsdp: dict | None,
 ):
     """Composer's Trainer with autoresume and batch-based checkpoints (an epoch-end save would lose Streaming's
-    position). Under FSDP Composer shards the meta-device model and each rank initialises its shard."""
+    position), its saver writing periodic checkpoints in the background (`save_async`: gcc/training/
+    async_checkpoint.py). Under FSDP Composer shards the meta-device model and each rank initialises its shard."""
 
     opt, schedule = build_optimization(cfg, model)
     with meta_init_on("cuda" if torch.cuda.is_available() else "cpu"):
@@ -435,6 +438,9 @@ def build_trainer(
             seed=cfg.seed,
             dist_timeout=cfg.dist_timeout,
         )
+    writes = next(cb for cb in callbacks if isinstance(cb, CheckpointWrites))
+    clock = next(cb for cb in callbacks if isinstance(cb, SaveClock))
+    use_checkpoint_saver(trainer, AsyncCheckpointSaver, writes=writes, clock=clock, committed=[])
     if cfg.lean_engine:
         use_lean_engine(trainer)
     if fsdp is not None:

@@ -426,6 +426,15 @@ class FaultsConfig:
     native_crash_rank: int = setting(
         0, identity=False, exported=False, bounds=WORKERS, doc="the rank whose loader native_crash_step crashes"
     )
+    # the test kills the launch while that write is in flight
+    hold_async_write_step: int = setting(
+        0,
+        identity=False,
+        exported=False,
+        bounds=Range(0, STEPS),
+        doc="the background write of this step's checkpoint never completes: it waits, before its rename (after "
+        "DCP's .metadata), until the launch is killed (0 = off)",
+    )
 
 
 @dataclass
@@ -490,6 +499,13 @@ class TrainConfig:
         exported=False,
         bounds=Range(1, 1000),
         doc="checkpoints kept, locally and in save_folder, across restarts",
+    )
+    save_async: bool = setting(
+        True,
+        identity=False,
+        exported=False,
+        doc="periodic checkpoints written in the background from a copy in host memory (one copy of the rank's "
+        'checkpoint); false: training waits for each write (docs/training.md, "Checkpoints in the background")',
     )
     save_folder: str = setting(
         "",

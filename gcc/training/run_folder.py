@@ -10,7 +10,10 @@
     <run_dir>/step-N.safetensors    exports (docs/design.md §9.9)
 
 Composer writes a checkpoint in place and then replaces the `latest` symlink (remove + create). A SIGKILL can
-therefore leave a truncated file or a partial folder newer than `latest`, or no `latest` at all.
+therefore leave a truncated file or a partial folder newer than `latest`, or no `latest` at all. A periodic
+checkpoint written in the background (gcc/training/async_checkpoint.py) goes to a temporary name first
+(`<name>.tmp<pid>`, renamed once complete; a DCP folder gets its `.metadata` last), and `latest` names it only
+once the write is complete: a SIGKILL during it leaves the temporary or the folder newer than `latest`.
 `repair_checkpoints` runs before the Trainer starts: it points `latest` at the newest complete checkpoint and
 deletes anything newer, so a partial checkpoint is never loaded and Composer's "newer checkpoint in folder"
 check never trips on one. Complete means: a torch.save file is a zip with its end-of-central-directory record;
@@ -23,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import zipfile
@@ -41,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 # Composer's names for a checkpoint (a DDP file or an FSDP folder) and its "latest" link; what completes a DCP folder
 CKPT_RE, LATEST = CHECKPOINT_RE, LATEST_LINK
+CKPT_TMP_RE = re.compile(r"^(.+)\.tmp\d+$")  # gcc.storage's temporary of a checkpoint file: <name>.tmp<pid>
 
 
 # ---- lock ---------------------------------------------------------------------------------------------
@@ -326,11 +331,21 @@ def plan_repair(run_dir: Path) -> Repair:
         relink = latest is not None or link.is_symlink() or link.exists()
     latest_batch = checkpoint_step(latest) if latest is not None else -1
     doomed = tuple(p for batch, p in ckpts if batch > latest_batch or (p != latest and not is_complete(p)))
-    return Repair(latest, relink, doomed)
+    return Repair(latest, relink, doomed + unfinished_writes(run_dir))
+
+
+def unfinished_writes(run_dir: Path) -> tuple[Path, ...]:
+    """The temporaries of checkpoint files whose write never completed (a background write renames its temporary,
+    `<name>.tmp<pid>`, once complete: gcc/training/async_checkpoint.py)."""
+    d = ckpt_dir(run_dir)
+    if not d.is_dir():
+        return ()
+    return tuple(sorted(p for p in d.iterdir() if (m := CKPT_TMP_RE.match(p.name)) and CKPT_RE.match(m.group(1))))
 
 
 def repair_checkpoints(run_dir: Path) -> Path | None:
-    """Point `latest` at the newest complete checkpoint; delete partial/newer leftovers. Returns it."""
+    """Point `latest` at the newest complete checkpoint; delete partial/newer leftovers (and the temporaries of
+    unfinished writes). Returns it."""
     return plan_repair(run_dir).apply(run_dir)
 
 

@@ -152,13 +152,23 @@ def test_every_step_has_the_full_global_batch_and_a_resume_at_an_epochs_end_is_e
 
 
 def test_exact_resume_after_sigkill(reference, e2e_shards, tmp_path):
+    """SIGKILL while step 9's checkpoint is written in the background (`faults.hold_async_write_step` keeps that write
+    from completing; training goes on): `latest` still names step 6's, and the relaunch resumes from it, removes
+    the unfinished write and gives the uninterrupted run's rows, exports and samples exactly."""
     run_dir = tmp_path / "run"
-    p = start_bg(run_dir, e2e_shards, WORKER, *SAMPLES, EMA)
-    wait_for_step(run_dir, 8, p)  # past the step-6 checkpoint, before step 9's
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
+    p = start_bg(run_dir, e2e_shards, WORKER, *SAMPLES, EMA, "faults.hold_async_write_step=9")
+    try:  # the held write never completes: the launch is killed whatever the checks find
+        wait_for_step(run_dir, 10, p)  # step 9's write in flight, step 10 trained beside it
+        ckpts = run_dir / "checkpoints"
+        assert checkpoint_step(os.readlink(ckpts / "latest-rank0.pt")) == 6  # `latest` only names complete writes
+        unfinished = [c.name for c in ckpts.iterdir() if "-ba9-" in c.name]
+        assert len(unfinished) == 1 and ".pt.tmp" in unfinished[0], unfinished  # step 9's, under its temporary name
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
     r = ok(launch(run_dir, e2e_shards, *SAMPLES, EMA))
-    assert "resuming from" in r.stdout
+    assert "resuming from" in r.stdout and "-ba6-rank0.pt" in r.stdout
+    assert f"removing incomplete/stale {unfinished[0]}" in r.stdout + r.stderr
     assert exact(rows(run_dir)) == exact(rows(reference))  # clips, drops, mask, timestep, loss: exactly
     assert compare_main([str(reference), str(run_dir)]) == 0  # what a user runs to check it: logs and exports
     # the EMA came back from the checkpoint exactly: its export is the uninterrupted run's, bit for bit
@@ -168,7 +178,7 @@ def test_exact_resume_after_sigkill(reference, e2e_shards, tmp_path):
     a, meta_a = export_tensors(reference / "step-12.safetensors")
     b, meta_b = export_tensors(run_dir / "step-12.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert meta_b["resumed_step"] in ("6", "9") and meta_b["resumed_from"].endswith("-rank0.pt")
+    assert meta_b["resumed_step"] == "6" and meta_b["resumed_from"].endswith("-ba6-rank0.pt")
     assert meta_a["resumed_from"] == ""
     same_samples(reference, run_dir)  # step 12's by the resumed launch: the same pictures as uninterrupted
 

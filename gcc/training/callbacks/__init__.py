@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from composer.core import Callback
 
+from gcc.training.async_checkpoint import CheckpointWrites
 from gcc.training.batch_change import GlobalBatchRecord
 from gcc.training.callbacks.checkpoint_rotation import CheckpointRotation, SaveClock
 from gcc.training.callbacks.checkpoint_upload import CheckpointUpload
@@ -84,6 +85,11 @@ CALLBACKS: tuple[Entry, ...] = (
     Entry("checkpoint_clock", lambda c: SaveClock()),
     # the step's one reduce; first at AFTER_TRAIN_BATCH: the guard, the stats and the preemption read its totals
     Entry("step_sync", lambda c: StepSync(c.per_rank_batch)),
+    # the background checkpoint writer: its flag rides the step's reduce; the step deadline reads when it commits
+    Entry(
+        "checkpoint_writes",
+        lambda c: CheckpointWrites(c["step_sync"], c.cfg.run_dir, c.cfg.save_async, c.cfg.faults.hold_async_write_step),
+    ),
     Entry(
         "nonfinite_guard",
         lambda c: NonFiniteGuard(c["step_sync"], c.cfg.faults.nonfinite_step, c.cfg.faults.nonfinite_rank),
@@ -106,7 +112,7 @@ CALLBACKS: tuple[Entry, ...] = (
             c.watchdog,
             c.cfg.stall_timeout_s,
             c.cfg.stall_floor_s,
-            writes_at(c.cfg.max_steps, c.cfg.save_interval, c.cfg.export_every),
+            writes_at(c.cfg.max_steps, c.cfg.save_interval, c.cfg.export_every, c["checkpoint_writes"].commit_due),
         ),
     ),
     Entry("validation_log", lambda c: ValidationLog("val")),
@@ -226,6 +232,7 @@ __all__ = [
     "CallbackContext",
     "CheckpointRotation",
     "CheckpointUpload",
+    "CheckpointWrites",
     "ConsoleLog",
     "Ema",
     "Entry",

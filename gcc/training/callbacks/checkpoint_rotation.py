@@ -18,8 +18,8 @@ log = logging.getLogger(__name__)  # not `logger`: Composer passes its Logger un
 
 
 class SaveClock(Callback):
-    """A duration per save: `seconds[step]`, the time to write the checkpoint of `step` whole, from its
-    BATCH_CHECKPOINT to `saved(step)` (the checkpoint complete). Runs before Composer's CheckpointSaver at each
+    """A duration per save: `seconds[step]`, the time to write the checkpoint of `step` whole (`saved`: given by the
+    saver, or from its BATCH_CHECKPOINT to the checkpoint complete). Runs before Composer's CheckpointSaver at each
     BATCH_CHECKPOINT (early in gcc/training/callbacks/__init__.py's table)."""
 
     def __init__(self):
@@ -29,9 +29,12 @@ class SaveClock(Callback):
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
         self.t0 = time.perf_counter()  # Composer's end-of-training save too: the last step's BATCH_CHECKPOINT
 
-    def saved(self, step: int) -> float:
-        """The checkpoint of `step` is complete: its save's time, recorded."""
-        self.seconds[step] = time.perf_counter() - self.t0
+    def saved(self, step: int, seconds: float | None = None) -> float:
+        """The checkpoint of `step` is complete: its save's time, recorded once: `seconds` from the saver (a
+        background write's counts from its staging to the end of its write: gcc/training/async_checkpoint.py), or
+        else the time since this step's BATCH_CHECKPOINT."""
+        if step not in self.seconds:
+            self.seconds[step] = seconds if seconds is not None else time.perf_counter() - self.t0
         return self.seconds[step]
 
 

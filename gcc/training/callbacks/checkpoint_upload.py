@@ -6,7 +6,8 @@ and rotates the remote checkpoints. Every rank learns that verdict too, so a lau
 stops on all ranks at the same step (`TakenOver`, exit code 3).
 
 The upload is synchronous: the next step starts once the checkpoint is safe remotely, and a preemption's
-checkpoint is uploaded within `preemption_grace_s`.
+checkpoint is uploaded within `preemption_grace_s`. A checkpoint written in the background (`save_async`) is uploaded
+once its write is complete and committed, at a later step (gcc/training/async_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -54,25 +55,33 @@ class CheckpointUpload(Callback):
     def _files(self, batch: int) -> list[str]:
         """This rank's files of the checkpoint of `batch`, relative to the checkpoints folder."""
         assert self.saver is not None  # set at fit_start
-        saved = self.saver.saved_checkpoints
-        if not saved:  # DDP: only rank 0 writes
-            return []
-        rel = Path(os.path.relpath(os.path.abspath(saved[-1]), self.local))
-        if checkpoint_step(rel.parts[0]) != batch:
-            return []
-        if len(rel.parts) > 1 and dist.get_global_rank() == 0:  # a DCP folder: rank 0 also wrote its .metadata
-            return [str(rel), str(rel.parent / DCP_METADATA)]
-        return [str(rel)]
+        for saved in reversed(self.saver.saved_checkpoints):  # DDP: only rank 0 writes
+            rel = Path(os.path.relpath(os.path.abspath(saved), self.local))
+            if checkpoint_step(rel.parts[0]) != batch:
+                continue
+            if len(rel.parts) > 1 and dist.get_global_rank() == 0:  # a DCP folder: rank 0 also wrote its .metadata
+                return [str(rel), str(rel.parent / DCP_METADATA)]
+            return [str(rel)]
+        return []
+
+    def _committed(self) -> list[int]:
+        """The batches of the checkpoints written completely so far, the same on every rank: the run's saver's
+        record (a background write completes steps after its save: gcc/training/async_checkpoint.py), else
+        Composer's last save."""
+        assert self.saver is not None  # set at fit_start
+        committed = getattr(self.saver, "committed", None)
+        if committed is not None:
+            return committed
+        last = self.saver.last_checkpoint_batch
+        return [] if last is None else [int(last)]
 
     def _after_save(self, state: State) -> None:
-        batch = int(state.timestamp.batch)
-        if (
-            self.saver is None
-            or self.saver.last_checkpoint_batch is None
-            or batch == self.done_batch
-            or int(self.saver.last_checkpoint_batch) != batch
-        ):
+        if self.saver is None:
             return
+        for batch in [b for b in self._committed() if b > self.done_batch]:
+            self._upload(batch)
+
+    def _upload(self, batch: int) -> None:
         self.done_batch = batch
         t0 = time.perf_counter()
         self._agree(self._owned)  # a launch that lost the prefix uploads nothing more

@@ -26,9 +26,10 @@ from gcc.training.watchdog import StallWatchdog
 WARMUP, FACTOR, WINDOW = 10, 20.0, 50
 
 
-def writes_at(max_steps: int, *every: int) -> Callable[[int], bool]:
-    """The steps after which the run writes: every `every[i]` steps (0: never) and the last step."""
-    return lambda step: step == max_steps or any(e > 0 and step % e == 0 for e in every)
+def writes_at(max_steps: int, *every: int | Callable[[int], bool]) -> Callable[[int], bool]:
+    """The steps after which the run writes: every `every[i]` steps (0: never) or where `every[i](step)` holds (a
+    background checkpoint write committed, then uploaded), and the last step."""
+    return lambda step: step == max_steps or any(e(step) if callable(e) else (e > 0 and step % e == 0) for e in every)
 
 
 class StepDeadline(Callback):

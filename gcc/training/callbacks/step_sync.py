@@ -5,6 +5,7 @@ update) one SUM all-reduce (none in a one-process run) of a small float64 tensor
 * the step's summed statistics (`TrainStats`: loss parts, drop counts, clip count),
 * the number of non-finite micro-batch losses (`NonFiniteGuard` raises on it before the update),
 * whether any rank received a preemption signal (`Preemption` stops after this step),
+* how many ranks finished their part of the checkpoint write in flight (`CheckpointWrites` commits it when all did),
 * every rank's sample ids, each rank writing its own slots (an all-gather by sum): rank 0 names the clips
   from them with the manifest (sample id i of a split is its clip_ids[i]).
 
@@ -26,8 +27,9 @@ from composer.utils import dist
 
 from gcc.training.columns import STEP_STATS
 
-# the step's own counts: its clips (TrainStats), non-finite losses (NonFiniteGuard), ranks preempted (Preemption)
-RUN_TOTALS = ["n", "nonfinite", "preempt"]
+# the step's own counts: its clips (TrainStats), non-finite losses (NonFiniteGuard), ranks preempted (Preemption),
+# ranks whose checkpoint write in flight is done (CheckpointWrites)
+RUN_TOTALS = ["n", "nonfinite", "preempt", "written"]
 SUMMED = [s.name for s in STEP_STATS] + RUN_TOTALS
 
 

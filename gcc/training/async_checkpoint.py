@@ -1,0 +1,238 @@
+"""Periodic checkpoints written in the background (`save_async`, docs/training.md "Checkpoints in the
+background"), under the names and in the format Composer's autoresume loads, with the run folder's commit rule
+(gcc/training/run_folder.py).
+
+At a periodic save (Composer's CheckpointSaver at the step's BATCH_CHECKPOINT) every rank builds Composer's
+checkpoint state as Composer does (`{"state": state.state_dict(), "rng": ...}`: its collectives run on the main
+thread), and each rank that writes copies it to host memory before the next step can change it: the step-N state,
+bit for bit. One background thread per rank then writes the copy:
+* DDP: rank 0's `ep{E}-ba{B}-rank0.pt` (torch.save), through the run folder's writer (a temporary name, fsynced,
+  renamed: complete or absent);
+* FSDP2: the DCP folder `ep{E}-ba{B}/` (each rank its shard; rank 0 writes `.metadata` last), with DCP's own
+  staging and a gloo process group of its own, so its collectives run beside training's.
+
+A write is done when every rank's part is; the ranks agree on that in the step's one reduce (StepSync's "written")
+and commit it together at that step's BATCH_CHECKPOINT: `latest` repointed (rank 0), Composer's record of the
+saved checkpoint, SaveClock's figure (staging + write), then the after-saver callbacks (rotation, upload, the step
+deadline) see it as they see a synchronous save. At most one write is in flight: a save due while one is waits
+for it and commits it first; so do the end-of-training and preemption saves, which are Composer's own,
+synchronous. A write that failed raises on the main thread where it is committed, the next step at the latest:
+the run stops as on a synchronous save's failure (gcc/training/trainer.py `as_fault`).
+
+The cost: host memory for one copy of the rank's checkpoint while it is written; the gain: a save stops training
+only for the copy, not for the write (bench/async_save.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as torch_dist
+import torch.distributed.checkpoint as dcp
+from composer.callbacks import CheckpointSaver
+from composer.core import Callback, State
+from composer.loggers import Logger
+from composer.utils import checkpoint, dist, reproducibility
+
+from gcc.storage import atomic_path
+from gcc.training.run_folder import point_latest
+
+if TYPE_CHECKING:  # the callbacks' table builds CheckpointWrites: no import of the package from here
+    from gcc.training.callbacks.checkpoint_rotation import SaveClock
+    from gcc.training.callbacks.step_sync import StepSync
+
+log = logging.getLogger(__name__)  # not `logger`: Composer passes its Logger under that name
+
+
+def host_copy(state: Any, tensors: bool = True) -> Any:
+    """A copy of a checkpoint state that training cannot change: its values deep-copied (the same structure and
+    types, for torch.save) and every tensor in its dicts, lists and tuples cloned to host memory; `tensors=False`
+    leaves those tensors as they are (DCP stages them itself, shards as shards)."""
+    memo: dict[int, Any] = {}
+
+    def visit(o: Any) -> None:
+        if isinstance(o, torch.Tensor):
+            memo[id(o)] = o.detach().to("cpu", copy=True) if tensors else o
+        elif isinstance(o, dict):
+            for v in o.values():
+                visit(v)
+        elif isinstance(o, (list, tuple)):
+            for v in o:
+                visit(v)
+
+    visit(state)
+    return copy.deepcopy(state, memo)
+
+
+@dataclass
+class Write:
+    """A checkpoint write in flight: its name in the checkpoints folder, this rank's file (None: it writes none),
+    the batch, its background job (None: nothing to write on this rank) and when its staging began."""
+
+    name: str
+    path: str | None
+    batch: int
+    job: Future | None
+    t0: float
+    seconds: float = 0.0  # staging + write, set when the job ends
+
+    def done(self) -> bool:
+        return self.job is None or self.job.done()
+
+
+class CheckpointWrites(Callback):
+    """The rank's background checkpoint writer and the ranks' agreement on when a write is complete (module
+    docstring). Built before the step deadline (it reads `commit_due`), from the callbacks' table."""
+
+    def __init__(self, sync: StepSync, run_dir: str | Path, enabled: bool, hold_step: int = 0):
+        """`hold_step`: fault injection for tests (`faults.hold_async_write_step`): the write of that step's
+        checkpoint waits until the launch is killed before it completes (before the rename; after DCP's
+        `.metadata`)."""
+        self.run_dir, self.enabled, self.hold_step, self.sync = Path(run_dir), enabled, hold_step, sync
+        self.pending: Write | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._group: Any = None  # DCP's gloo process group, made at the first sharded write
+        sync.flag("written", lambda: self.pending is None or self.pending.done())
+
+    def commit_due(self, step: int) -> bool:
+        """Every rank's part of the write in flight is done (step `step`'s reduce, after the save, said so): it is
+        committed at this step's BATCH_CHECKPOINT."""
+        return (
+            self.pending is not None
+            and step > self.pending.batch
+            and self.sync.totals.get("written", 0.0) >= dist.get_world_size()
+        )
+
+    def start(self, name: str, path: str | None, batch: int, job: Callable[[], None] | None, t0: float) -> None:
+        assert self.pending is None, "a write is in flight"  # the saver waits for it first
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer")
+        write = Write(name, path, batch, None, t0)
+        if job is not None:
+            write.job = self._pool.submit(self._run, write, job)
+        self.pending = write
+
+    def _run(self, write: Write, job: Callable[[], None]) -> None:
+        job()
+        write.seconds = time.perf_counter() - write.t0
+
+    def finish(self) -> Write:
+        """The write in flight, waited for; its failure raised here, on the main thread."""
+        write, self.pending = self.pending, None
+        assert write is not None
+        if write.job is not None:
+            write.job.result()
+        else:
+            write.seconds = time.perf_counter() - write.t0
+        return write
+
+    def _held(self, batch: int) -> None:
+        if batch == self.hold_step:
+            log.warning(f"faults.hold_async_write_step={batch}: the write of this checkpoint waits to be killed")
+            threading.Event().wait()
+
+    def write_file(self, staged: dict, path: Path, batch: int) -> Callable[[], None]:
+        """The job that writes a DDP checkpoint: torch.save to a temporary name, renamed once complete."""
+
+        def job() -> None:
+            with atomic_path(path, root=self.run_dir) as tmp, open(tmp, "wb") as f:
+                torch.save(staged, f)
+                f.flush()
+                self._held(batch)
+
+        return job
+
+    def write_dcp(self, state_dict: dict, folder: Path, planner: Any, batch: int) -> Callable[[], None]:
+        """The job that writes a DCP folder: the state staged to host memory now (DCP's FileSystemWriter stages it,
+        shards as shards), written in the background over the writer's own gloo group (every rank makes it at the
+        same save: a collective)."""
+        if self._group is None:
+            self._group = torch_dist.new_group(backend="gloo")
+        writer = dcp.FileSystemWriter(str(folder))
+        staged = writer.stage(host_copy(state_dict, tensors=False))
+        group = self._group
+
+        def job() -> None:
+            dcp.save(staged, storage_writer=writer, planner=planner, process_group=group)
+            self._held(batch)
+
+        return job
+
+    def close(self, state: State, logger: Logger) -> None:
+        """A launch that ends with a write in flight (a fault, a non-finite loss) lets it end, uncommitted: the next
+        start's repair removes what `latest` does not name."""
+        if self.pending is not None and self.pending.job is not None:
+            self.pending.job.exception()  # waits; a failure here changes nothing
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+
+class AsyncCheckpointSaver(CheckpointSaver):
+    """Composer's CheckpointSaver whose periodic saves go through `CheckpointWrites` (the builder switches the
+    Trainer's saver to this class: gcc/compat/composer.py `use_checkpoint_saver`). Composer's own save serves the
+    end of training, a preemption (the run ends: nothing would overlap the write) and `save_async: false`."""
+
+    writes: CheckpointWrites
+    clock: SaveClock
+    committed: list[int]  # the batches of the checkpoints committed by this launch, in order (CheckpointUpload)
+
+    def batch_checkpoint(self, state: State, logger: Logger) -> None:
+        if self.writes.commit_due(int(state.timestamp.batch)):
+            self._commit(self.writes.finish())
+        super().batch_checkpoint(state, logger)
+
+    def _commit(self, write: Write) -> None:
+        if write.path is not None:
+            self.saved_checkpoints.append(write.path)
+        if dist.get_global_rank() == 0:
+            point_latest(self.writes.run_dir, write.name)
+        self.clock.saved(write.batch, write.seconds)
+        self.committed.append(write.batch)
+
+    def _save_checkpoint(self, state: State, logger: Logger) -> None:
+        if self.writes.pending is not None:  # at most one write in flight
+            self._commit(self.writes.finish())
+        t0 = time.perf_counter()
+        elapsed = state.get_elapsed_duration()
+        if not self.writes.enabled or self.weights_only or self.ignore_keys or (elapsed is not None and elapsed >= 1):
+            super()._save_checkpoint(state, logger)
+            self.clock.saved(int(state.timestamp.batch), time.perf_counter() - t0)
+            self.committed.append(int(state.timestamp.batch))
+            return
+        # Composer's `_save_checkpoint` and `checkpoint._save_checkpoint` up to the write, the same names and state
+        self.last_checkpoint_batch = state.timestamp.batch
+        save_filename = checkpoint.get_save_filename(state, self.filename.format(state, keep_placeholders=True))
+        self.all_saved_checkpoints_to_timestamp[save_filename] = state.timestamp
+        state_dict = {"state": state.state_dict(), "rng": reproducibility.get_rng_state()}
+        path = Path(save_filename)
+        batch = int(state.timestamp.batch)
+        if state.fsdp_sharded_state_dict_enabled:
+            if dist.get_global_rank() > 0:
+                state_dict.pop("rng")  # rank 0 saves the RNG of every rank
+            assert state.fsdp_config is not None
+            planner = state.fsdp_config.save_planner or dcp.DefaultSavePlanner(dedup_save_to_lowest_rank=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            job = self.writes.write_dcp(state_dict, path.parent, planner, batch)
+            self.writes.start(path.parent.name, save_filename, batch, job, t0)
+        elif dist.get_global_rank() == 0:
+            self.writes.start(
+                path.name, save_filename, batch, self.writes.write_file(host_copy(state_dict), path, batch), t0
+            )
+        else:
+            self.writes.start(path.name, None, batch, None, t0)
+
+
+# A checkpoint keys each callback's state by its class's `__qualname__` (Composer's `State.state_dict`), and a
+# sharded load wants every key the loading Trainer's callbacks have: the subclass writes and reads its state under
+# Composer's name, so its checkpoints are Composer's, whichever `save_async` wrote them or reads them.
+AsyncCheckpointSaver.__qualname__ = CheckpointSaver.__qualname__
