@@ -21,7 +21,7 @@ CHECKED = $(RUFF) && $(BYTECODE) && { $(BIN)/mypy & mypy=$$!; $(PYTEST) $(1); st
 # gcc's and the tests' modules compiled once, before the tests: every launch's processes import gcc, and where the
 # environment sets PYTHONDONTWRITEBYTECODE each of them would compile it anew (~0.3 s of CPU a process, a few hundred
 # processes in `make test`); a compiled module whose source then changes is recompiled as usual
-BYTECODE = $(BIN)/python -m compileall -q -j 0 gcc tests >/dev/null
+BYTECODE = $(BIN)/python -m compileall -q -j 0 gcc tests
 
 .PHONY: setup demo test test-fast durations lint bench clean
 
