@@ -1,6 +1,6 @@
 """The production path on CPU: `parallelism: fsdp` (Composer's FSDP2, sharded DCP checkpoints) under the real
 `composer -n 2` launcher (gloo), with everything docs/training.md promises of a run: the same training as DDP,
-exact resume past a partial checkpoint folder, SIGTERM preemption, world-size changes,
+exact resume past a partial checkpoint folder, SIGTERM preemption, world-size changes and a global-batch change,
 rotation across restarts, the signature refusal, the NaN stop; and the `wide` preset (the real TI2V-5B layer
 shapes) loading published-layout base weights shard by shard.
 """
