@@ -5,7 +5,8 @@ Datasets and launches that several tests read are built once for the session, wh
 (`shared`).
 
 The order: the tests that `durations.json` knows to take LONG_S or more run first, longest first, so that no worker
-is left with a long test at the end while the other idles; the rest keep pytest's order. `make durations` (tests'
+is left with a long test at the end while the other idles; the rest keep pytest's order. Before them all, the first
+test to need each shared launch (SHARED_LAUNCHES), so that no worker waits for another to build one. `make durations` (tests'
 call times of a run, GCC_DURATIONS_OUT) writes the table anew after tests were added or changed."""
 
 from __future__ import annotations
@@ -141,10 +142,19 @@ DURATIONS = Path(__file__).with_name("durations.json")
 LONG_S = 8.0  # a test known to take this long is handed out first
 
 
+# the session's launches that several tests read (`shared`; the FSDP one is tests/training/test_fsdp_e2e.py's)
+SHARED_LAUNCHES = ("reference", "fsdp_reference")
+
+
 def pytest_collection_modifyitems(session, config, items):
     known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
     long = sorted((it for it in items if known.get(it.nodeid, 0) >= LONG_S), key=lambda it: -known[it.nodeid])
-    items[:] = long + [it for it in items if known.get(it.nodeid, 0) < LONG_S]
+    order = long + [it for it in items if known.get(it.nodeid, 0) < LONG_S]
+    # the first test that needs each shared launch goes first, so its worker builds it at the start: the other
+    # tests that need it (neighbours in this order) then find it built instead of waiting on its lock, a core idle
+    first = [next((it for it in order if name in it.fixturenames), None) for name in SHARED_LAUNCHES]
+    first = list(dict.fromkeys(it for it in first if it is not None))
+    items[:] = first + [it for it in order if it not in first]
 
 
 _calls: dict[str, float] = {}

@@ -43,17 +43,18 @@ require("mosaicml", "gcc/compat/composer.py")
 
 # What a run's processes load of Composer (`stand_ins`, gcc/compat/__init__.py; the run's entry loads Composer here
 # first: gcc/training/entry.py). Composer's package loads parts that a run never uses: torchmetrics' text and audio
-# metrics (the text ones import transformers' AutoModel), PEFT (for its HuggingFace model class) and the MosaicML
-# platform's client, mcli (for its logger, which Composer adds only on that platform). And a Trainer loads
-# `composer.algorithms` (to order the algorithms: core/passes.py), which loads every algorithm, two of which (gated
-# linear units, ALiBi) load transformers' BERT, RoBERTa and GPT-2 models. About 4 s of every rank's start, for
-# nothing gcc uses: stand-ins (PEFT absent: Composer then knows it as not installed) while Composer and its
-# algorithms load. On the MosaicML platform mcli is loaded as usual.
+# metrics (the text ones import transformers' AutoModel), torchmetrics' plotting of metrics (it loads matplotlib:
+# about 1 s of CPU), PEFT (for its HuggingFace model class) and the MosaicML platform's client, mcli (for its logger,
+# which Composer adds only on that platform). And a Trainer loads `composer.algorithms` (to order the algorithms:
+# core/passes.py), which loads every algorithm, two of which (gated linear units, ALiBi) load transformers' BERT,
+# RoBERTa and GPT-2 models. About 5 s of every rank's start, for nothing gcc uses: stand-ins (PEFT absent: Composer
+# then knows it as not installed) while Composer and its algorithms load. On the MosaicML platform mcli is loaded as
+# usual.
 _UNUSED = [
     f"torchmetrics.{kind}{part}"
     for kind in ("text", "audio", "functional.text", "functional.audio")
     for part in ("", "._deprecated")
-]
+] + ["torchmetrics.utilities.plot"]
 if os.environ.get("MOSAICML_PLATFORM", "false").lower() != "true":  # Composer's MOSAICML_PLATFORM_ENV_VAR
     _UNUSED.append("mcli")
 

@@ -28,16 +28,19 @@ import gcc.tools.inspect_ckpt, gcc.tools.sample.cli, gcc.tools.sample.dit, gcc.m
 kept_out = [m for m in sys.argv[1:] if m in sys.modules]
 from streaming.text import StreamingC4
 from torchmetrics.text import BLEUScore
+from torchmetrics.utilities.plot import plot_single_or_multi_val
 from diffsynth.core.data import UnifiedDataset
 from torch.nn.attention.flex_attention import flex_attention
 import peft, mcli, pandas
 zero_to_fp32()  # DeepSpeed's import sets PYTORCH_NVML_BASED_CUDA_CHECK=1 for the process
-loaded = [c.__module__ for c in (StreamingC4, BLEUScore, UnifiedDataset)] + ["deepspeed" in sys.modules]
+loaded = [c.__module__ for c in (StreamingC4, BLEUScore, plot_single_or_multi_val, UnifiedDataset)]
+loaded += ["matplotlib" in sys.modules, "deepspeed" in sys.modules]
 print(json.dumps([kept_out, loaded, os.environ.get(NVML_CHECK)]))
 """
 KEPT_OUT = [
     "deepspeed",
     "diffsynth.core.data",
+    "matplotlib",
     "mcli",
     "pandas",
     "peft",
@@ -65,7 +68,14 @@ def test_a_rank_keeps_the_unused_parts_of_its_libraries_out_and_each_loads_on_de
     assert r.returncode == 0, r.stderr[-3000:]
     kept_out, loaded, nvml = json.loads(r.stdout.splitlines()[-1])
     assert kept_out == []
-    assert loaded == ["streaming.text.c4", "torchmetrics.text.bleu", "diffsynth.core.data.unified_dataset", True]
+    assert loaded == [
+        "streaming.text.c4",
+        "torchmetrics.text.bleu",
+        "torchmetrics.utilities.plot",
+        "diffsynth.core.data.unified_dataset",
+        True,
+        True,
+    ]
     assert nvml is None  # DeepSpeed's setting undone: torch's default check
 
 

@@ -186,7 +186,8 @@ def test_object_storage_going_away_stops_the_run_naming_the_object_and_the_relau
     """Shards on a real S3 server (this test's own moto, one clip per shard, so a 2-rank epoch streams for 30 steps
     from a cold cache) stopped once the first checkpoint is written: reads retry (bounded), then the run exits 7
     naming the object; the checkpoint is intact, and with the server back the relaunch resumes from it, keeps the
-    rows before it and trains to the end. That a resume after a fault gives the uninterrupted run's rows exactly:
+    rows before it and trains on past where the first launch stopped (reading objects that launch never got).
+    That a resume after a fault gives the uninterrupted run's rows exactly:
     test_a_run_stopped_by_damaged_data_resumes_exactly_once_the_data_is_repaired."""
     from s3server import S3Server
 
@@ -211,16 +212,19 @@ def test_object_storage_going_away_stops_the_run_naming_the_object_and_the_relau
         assert time.time() - t0 < 150, "the retries are bounded"
         latest = os.readlink(run_dir / "checkpoints" / "latest-rank0.pt")
         before = rows(run_dir)
-        assert max(int(x["step"]) for x in before) < 30, "the run ended before the server went away: nothing tested"
+        stopped = max(int(x["step"]) for x in before)
+        assert stopped < 30, "the run ended before the server went away: nothing tested"
 
         server.start()  # back, with the same objects
         server.new_bucket(bucket)
         server.upload_tree(local, bucket, "shards")
-        r = ok(launch(run_dir, remote, *steps))
+        # a few steps past the last one done: its reads ahead then go past every object the first launch got
+        end = min(30, stopped + 4)
+        r = ok(launch(run_dir, remote, *steps, f"max_duration={end}"))
         assert f"resuming from {run_dir / 'checkpoints' / latest}" in r.stdout
         after = rows(run_dir)
         kept = checkpoint_step(latest)
         assert after[:kept] == before[:kept]
-        assert [int(x["step"]) for x in after] == list(range(1, 31))
+        assert [int(x["step"]) for x in after] == list(range(1, end + 1))
     finally:
         server.stop()

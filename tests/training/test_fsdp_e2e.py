@@ -1,6 +1,6 @@
 """The production path on CPU: `parallelism: fsdp` (Composer's FSDP2, sharded DCP checkpoints) under the real
 `composer -n 2` launcher (gloo), with everything docs/training.md promises of a run: the same training as DDP,
-exact resume past a partial checkpoint folder, SIGTERM preemption, world-size changes,
+exact resume past a partial checkpoint folder, SIGTERM preemption, world-size changes and a global-batch change,
 rotation across restarts, the signature refusal, the NaN stop; and the `wide` preset (the real TI2V-5B layer
 shapes) loading published-layout base weights shard by shard.
 """
@@ -153,23 +153,46 @@ def test_fsdp_preemption_writes_a_complete_sharded_checkpoint(e2e_shards, tmp_pa
 
 
 def test_fsdp_world_size_changes_continue_the_run(fsdp_reference, e2e_shards, tmp_path):
-    """Same global batch on another number of ranks, 2 -> 1 -> 2: the FSDP reference at step 9's checkpoint
-    (tests/_launch.py stopped_copy) continued on 1 rank to step 11, then on 2 ranks to step 12. Each sharded
-    checkpoint is read back resharded (weights, AdamW moments), the data continues where it stopped; numbers equal
-    up to summation order. The EMA goes off and on again on the way (it is not part of the run's identity): the
-    1-rank launch ignores the reference's averages, and the last one, resuming a checkpoint without any, starts
-    them from the resumed weights."""
+    """Another number of ranks, 2 -> 1 -> 2: the FSDP reference at step 9's checkpoint (tests/_launch.py
+    stopped_copy) continued on 1 rank to step 11 with the same global batch: the sharded checkpoint is read back
+    resharded (weights, AdamW moments), the data continues where it stopped, numbers equal the reference's up to
+    summation order. Then on 2 ranks with global batch 2 instead of 4 (docs/training.md, "A changed global batch"):
+    the 1-rank checkpoint is read back resharded, model, optimizer and step come from it, the data continues at the
+    start of epoch 3 (the rest of epoch 2 skipped, said once by rank 0), and every step after it has the full new
+    global batch. The EMA goes off and on again on the way (it is not part of the run's identity): the 1-rank
+    launch ignores the reference's averages, and the last one, resuming a checkpoint without any, starts them from
+    the resumed weights."""
     run_dir = stopped_copy(fsdp_reference, tmp_path / "run", at=9)
     r = ok(launch(run_dir, e2e_shards, FSDP, AC, "max_duration=11", direct=True))  # one rank
     assert "resuming from" in r.stdout and "ep1-ba9" in r.stdout
     assert sorted(f.name for f in ckpt_folders(run_dir)[-1].iterdir()) == [".metadata", "__0_0.distcp"]  # 1 rank's
+    first = rows(run_dir)
+    same_draws(first, rows(fsdp_reference)[:11], rel=1e-4)
     (run_dir / "step-12.ema.safetensors").unlink()  # the reference's: the last launch writes its own
-    r = ok(launch(run_dir, e2e_shards, FSDP, AC, EMA))
+    r = ok(launch(run_dir, e2e_shards, FSDP, AC, EMA, "global_train_batch_size=2", "max_duration=13"))
     assert "resuming from" in r.stdout and "ep2-ba11" in r.stdout
     assert "EMA: the checkpoint holds no average" in r.stderr and "weights of step 11" in r.stderr, r.stderr
-    same_draws(rows(run_dir), rows(fsdp_reference), rel=1e-4)
+    change = (
+        "global batch changed from 4 (the checkpoint's) to 2: step 11 continues at the start of epoch 3; the rest "
+        "of epoch 2, 18 of its 22 samples, is skipped"
+    )
+    assert r.stdout.count(change) == 1, r.stdout[-3000:]  # rank 0's line (rank 1 prints to its own log)
+    got = rows(run_dir)
+    assert [int(x["step"]) for x in got] == list(range(1, 14))
+    assert got[:11] == first
+    after = got[11:]  # 2 steps of 2 clips from the start of epoch 3
+    assert [int(x["epoch"]) for x in after] == [3, 3]
+    clips = ";".join(x["clips"] for x in after).split(";")
+    train = json.loads((e2e_shards / "manifest.json").read_text())["splits"]["train"]["clip_ids"]
+    assert len(clips) == len(set(clips)) == 4 and set(clips) <= set(train)
+    assert {float(x["lr"]) for x in after} == {1e-3}  # the schedule by step (a fresh start would be warming up)
+    assert json.loads((run_dir / "run.json").read_text())["lineage"]["global_batch_changes"] == [
+        {"step": 11, "old": 4, "new": 2}
+    ]
+    assert json.loads((run_dir / "config.json").read_text())["steps_per_epoch"] == 11
     ema, meta = export_tensors(run_dir / "step-12.ema.safetensors")
-    raw, _ = export_tensors(run_dir / "step-12.safetensors")
+    raw, meta_raw = export_tensors(run_dir / "step-12.safetensors")
+    assert meta_raw["resumed_step"] == "11" and meta_raw["step"] == "12"  # written by the last launch
     assert meta["weights"] == "ema" and set(ema) == set(raw) and not all(torch.equal(ema[k], raw[k]) for k in raw)
 
 

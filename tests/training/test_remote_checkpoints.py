@@ -92,19 +92,20 @@ def test_sigkill_then_a_fresh_machine_resumes_exactly_from_remote_checkpoints(
 def test_fsdp_sharded_checkpoints_resume_from_the_prefix_on_a_fresh_machine(reference, e2e_shards, tmp_path, s3_bucket):
     remote = f"{s3_bucket}/runs/fsdp"
     run_dir = tmp_path / "run"
-    ok(launch(run_dir, e2e_shards, "parallelism=fsdp", f"save_folder={remote}", "max_duration=6"))
+    ok(launch(run_dir, e2e_shards, "parallelism=fsdp", f"save_folder={remote}", "max_duration=3"))
     shutil.rmtree(run_dir)
-    r = ok(launch(run_dir, e2e_shards, "parallelism=fsdp", f"save_folder={remote}"))
-    assert f"fetched ep1-ba6 from {remote}/checkpoints" in r.stdout, r.stdout[-3000:]
+    r = ok(launch(run_dir, e2e_shards, "parallelism=fsdp", f"save_folder={remote}", "max_duration=9"))
+    assert f"fetched ep0-ba3 from {remote}/checkpoints" in r.stdout, r.stdout[-3000:]
     store = CheckpointStore(remote)
-    assert list(store.checkpoints()) == ["ep1-ba9", "ep2-ba12"]
-    assert sorted(store.checkpoints()["ep2-ba12"]) == [
-        "ep2-ba12/.metadata",
-        "ep2-ba12/__0_0.distcp",
-        "ep2-ba12/__1_0.distcp",
+    assert list(store.checkpoints()) == ["ep1-ba6", "ep1-ba9"]  # the first launch's step 3 rotated out of the prefix
+    assert sorted(store.checkpoints()["ep1-ba9"]) == [
+        "ep1-ba9/.metadata",
+        "ep1-ba9/__0_0.distcp",
+        "ep1-ba9/__1_0.distcp",
     ]
-    # FSDP follows the DDP reference step for step (the same draws; numbers up to summation order)
-    for g, w in zip(rows(run_dir), rows(reference)[6:]):
+    # FSDP follows the DDP reference step for step (the same draws; numbers up to summation order), past an epoch's end
+    assert [int(x["step"]) for x in rows(run_dir)] == list(range(4, 10))
+    for g, w in zip(rows(run_dir), rows(reference)[3:]):
         assert (g["step"], g["clips"], g["timestep"], g["text_drop"], g["cond_drop"]) == (
             w["step"],
             w["clips"],
@@ -210,12 +211,12 @@ def test_two_nodes_with_node_local_run_folders_resume_from_the_prefix(reference,
     remote = f"{s3_bucket}/runs/nodes"
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    two_nodes(run_dir, e2e_shards, "parallelism=fsdp", f"save_folder={remote}", "max_duration=6")
-    assert sorted(p.name for p in (run_dir / "checkpoints" / "ep1-ba6").iterdir()) == [".metadata", "__0_0.distcp"]
-    out0, out1 = two_nodes(run_dir, e2e_shards, "parallelism=fsdp", f"save_folder={remote}")
-    assert f"fetched ep1-ba6 from {remote}/checkpoints" in out0, out0[-3000:]  # node 0 lacked rank 1's shard
+    two_nodes(run_dir, e2e_shards, "parallelism=fsdp", f"save_folder={remote}", "max_duration=3")
+    assert sorted(p.name for p in (run_dir / "checkpoints" / "ep0-ba3").iterdir()) == [".metadata", "__0_0.distcp"]
+    out0, out1 = two_nodes(run_dir, e2e_shards, "parallelism=fsdp", f"save_folder={remote}", "max_duration=9")
+    assert f"fetched ep0-ba3 from {remote}/checkpoints" in out0, out0[-3000:]  # node 0 lacked rank 1's shard
     node1_files = out1.split("NODE1_CHECKPOINTS")[1].split()
-    assert node1_files == ["./ep1-ba9/__1_0.distcp", "./ep2-ba12/__1_0.distcp"], out1[-3000:]  # rotated, its own
-    for g, w in zip(rows(run_dir), rows(reference), strict=True):  # node 0's log of both launches: the DDP run's
+    assert node1_files == ["./ep1-ba6/__1_0.distcp", "./ep1-ba9/__1_0.distcp"], out1[-3000:]  # rotated, its own
+    for g, w in zip(rows(run_dir), rows(reference)[:9], strict=True):  # node 0's log of both launches: the DDP run's
         assert (g["step"], g["clips"], g["timestep"]) == (w["step"], w["clips"], w["timestep"])
         assert float(g["loss"]) == pytest.approx(float(w["loss"]), rel=1e-4)
