@@ -96,7 +96,7 @@ class BoundedS3Downloader(streaming_download.S3Downloader):
             if self._s3_client is None:
                 self._create_s3_client(timeout=timeout)
             bucket, _, key = remote.removeprefix("s3://").partition("/")
-            size = int(self._s3_client.head_object(Bucket=bucket, Key=key)["ContentLength"])  # type: ignore[union-attr]
+            size = int(self._s3_client.head_object(Bucket=bucket, Key=key)["ContentLength"])
             wanted, exactly = expected
             if size > wanted or (exactly and size != wanted):
                 raise DamagedData(
