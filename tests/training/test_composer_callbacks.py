@@ -90,3 +90,26 @@ def test_the_memory_monitor_is_off_with_one_line_on_a_run_without_a_gpu(monkeypa
 def test_a_bad_entry_is_a_config_error_naming_its_key(override, match):
     with pytest.raises(ConfigError, match=match):
         load_config(TINY, [override])
+
+
+def test_one_checker_reads_each_option_as_its_type_hint_says():
+    """gcc/training/composer_options.py serves `callbacks:` and `loggers:` alike: unions, None, numbers from yaml
+    strings, finite floats only, bool never an int, lists and dicts item by item."""
+    from typing import Any
+
+    from gcc.training.composer_options import fits, named
+
+    assert fits("1e15", float | None) == 1e15 and fits(None, float | None) is None and fits(3, float) == 3
+    assert fits(["a"], list[str] | None) == ["a"] and fits({"k": 1}, dict[str, Any]) == {"k": 1}
+    refused = [
+        (True, int, "expected int, got True"),
+        (float("inf"), float, "expected a finite number, got inf"),
+        ("nan", float, "expected a finite number, got nan"),
+        ([1], list[str], "expected str, got 1"),  # the item that does not fit
+        ({1: "v"}, dict[str, str], "expected str, got 1"),
+        ("x", list[str] | None, r"expected list\[str\] or None, got 'x'"),
+    ]
+    for value, hint, message in refused:
+        with pytest.raises(TypeError, match=f"^{message}$"):
+            fits(value, hint)
+    assert named(float | int | None) == "a finite number or None"
