@@ -168,10 +168,18 @@ class CheckpointWrites(Callback):
         return job
 
     def close(self, state: State, logger: Logger) -> None:
-        """A launch that ends with a write in flight (a fault, a non-finite loss) lets it end, uncommitted: the next
+        """A launch that stops with a write in flight (a non-finite loss, a prefix taken over: every rank closes at
+        the same step) lets it end and commits it when rank 0's part succeeded: rank 0's part ends last (DDP: it
+        writes alone; DCP: it writes `.metadata` once every rank's shard is written), so the checkpoint is then
+        complete, and the relaunch resumes from it rather than remove it. A failed write stays uncommitted: the next
         start's repair removes what `latest` does not name."""
-        if self.pending is not None and self.pending.job is not None:
-            self.pending.job.exception()  # waits; a failure here changes nothing
+        write = self.pending
+        if write is not None and write.job is not None:
+            failed = write.job.exception()  # waits
+            if failed is None and dist.get_global_rank() == 0:
+                point_latest(self.run_dir, write.name)
+                log.info(f"checkpoint {write.name}: written in the background, committed as the launch stops")
+        self.pending = None
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None

@@ -390,7 +390,7 @@ def test_release_stale_shm_after_a_killed_process_group(shards, tmp_path):
     import signal
     import time
 
-    from gcc.compat.streaming import release_stale_shm
+    from gcc.compat.streaming import release_stale_shm, shm_prefixes
 
     cache, ready = tmp_path / "cache", tmp_path / "ready"
     p = subprocess.Popen(
@@ -407,9 +407,12 @@ def test_release_stale_shm_after_a_killed_process_group(shards, tmp_path):
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
     other = new_ds(shards)  # a live dataset on another cache must survive the release
-    with pytest.raises(ValueError, match="Reused local directory"):
-        GcStreamingDataset(str(shards), "train", cache, batch_size=2)
+    # the dead holder's segments are still registered for this cache. Streaming refuses a dataset on it ("Reused
+    # local directory") only when its scan of the prefixes reaches them: the scan stops at the first free number,
+    # which another job's finished dataset may open below them, so the refusal itself is not asserted here
+    assert len(shm_prefixes([cache / "train"])) == 1
     assert release_stale_shm([cache / "train"]) == 1
+    assert shm_prefixes([cache / "train"]) == []
     assert len(GcStreamingDataset(str(shards), "train", cache, batch_size=2)) == len(other)
     assert run_epochs(other, workers=1)  # its shared memory is intact
 

@@ -58,6 +58,23 @@ def test_a_write_is_committed_when_the_ranks_agree_it_is_complete(tmp_path):
     writes.close(None, None)  # type: ignore[arg-type]
 
 
+def test_a_launch_that_stops_during_a_write_commits_it_once_complete(tmp_path):
+    """A non-finite loss stops every rank, closing the Trainer, with the last save still being written: the write
+    ends and is committed, so the relaunch resumes from it (the repair would remove a checkpoint newer than `latest`)."""
+    writes, _ = _writes(tmp_path)
+    old = ckpt_dir(tmp_path) / "ep0-ba3-rank0.pt"
+    torch.save({"w": torch.zeros(3)}, old)
+    point_latest(tmp_path, old.name)
+    path = ckpt_dir(tmp_path) / "ep1-ba6-rank0.pt"
+    writes.start(path.name, str(path), 6, writes.write_file({"w": torch.ones(3)}, path, 6), 0.0)
+    writes.close(None, None)  # type: ignore[arg-type]
+    assert repair_checkpoints(tmp_path) == path and old.exists()
+    failed = ckpt_dir(tmp_path) / "ep1-ba9-rank0.pt"  # a failed write is not committed
+    writes.start(failed.name, str(failed), 9, writes.write_file({"x": threading.Lock()}, failed, 9), 0.0)
+    writes.close(None, None)  # type: ignore[arg-type]
+    assert repair_checkpoints(tmp_path) == path and not failed.exists()
+
+
 def test_a_failed_write_raises_on_the_main_thread_and_leaves_nothing(tmp_path):
     writes, _ = _writes(tmp_path)
     path = ckpt_dir(tmp_path) / "ep0-ba3-rank0.pt"

@@ -326,6 +326,7 @@ def test_sigterm_while_a_rank_waits_for_data_stops_the_run_with_stacks(e2e_shard
         "faults.stall_rank=1",
         f"preemption_grace_s={grace}",
         "save_interval=4",
+        "save_async=false",  # `latest` names step 4 as its save ends (a background write commits a step later)
         launcher=["--stderr", str(tmp_path / "rank{rank}.stderr")],
     )
     # step 4's checkpoint is saved after both ranks agreed at step 4's end that no signal had come: from then
