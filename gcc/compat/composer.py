@@ -13,6 +13,9 @@
   logger)` being the saver's one save, on what Composer's `checkpoint._save_checkpoint` builds and writes (the
   `state`/`rng` dict, rank 0's RNG under a sharded save, DCP's FileSystemWriter and the deduplicating planner), and
   on the saver's records (`last_checkpoint_batch`, `all_saved_checkpoints_to_timestamp`, `saved_checkpoints`).
+- `load_callback_state_it_has`: a sharded checkpoint written before a callback kept state still loads (wraps
+  `checkpoint.dist_cp_load`, which `load_sharded_checkpoint` calls with the template `{"state": state.state_dict(),
+  "rng": ...}`; DCP's default planner refuses a template key the checkpoint lacks).
 - `CHECKPOINT_RE`, `LATEST_LINK`: the names Composer gives checkpoints with its default `save_filename` and
   `save_latest_filename` (rank 0's file; an FSDP sharded checkpoint is a folder of that name without the suffix).
 - `LocalTensorboardLogger`: Composer's TensorboardLogger with one event file per launch (overrides its `_flush`);
@@ -64,7 +67,7 @@ with stand_ins(_UNUSED + ["composer.algorithms.gated_linear_units", "composer.al
     from composer.core import Callback, Engine, Event, State
     from composer.distributed import prepare_distributed
     from composer.loggers import Logger, LoggerDestination, TensorboardLogger
-    from composer.utils import collect_env, dist
+    from composer.utils import checkpoint, collect_env, dist
 
 
 # Composer names the CPU in its environment record (`get_composer_env_dict`: a Trainer's hyperparameters, every
@@ -84,6 +87,29 @@ def cpu_model() -> str:
 collect_env.get_cpu_model = cpu_model
 
 from gcc.compat.torch import add_summary
+
+
+# ---- a sharded checkpoint of an earlier gcc --------------------------------------------------------------
+# Composer loads a sharded (DCP) checkpoint into a template of the live state, and DCP's default planner refuses
+# every template key the checkpoint lacks: a callback that keeps state since an upgrade of gcc (Preemption's record
+# of the work a preempted step skipped) would make every FSDP run checkpointed before the upgrade unresumable. A
+# callback the checkpoint holds nothing of is taken out of the template instead, as Composer does for a DDP
+# checkpoint (the callback starts afresh; Composer warns that it "is not in the state_dict"). Anything else missing
+# (the model's, the optimizer's) is still refused by DCP.
+def load_callback_state_it_has(load):
+    def dist_cp_load(state_dict, storage_reader, load_planner=None):
+        saved = set(storage_reader.read_metadata().state_dict_metadata)  # flattened: state.callbacks.Name.field
+        callbacks = state_dict.get("state", {}).get("callbacks", {})
+        for name in list(callbacks):
+            key = f"state.callbacks.{name}"
+            if not any(k == key or k.startswith(key + ".") for k in saved):
+                del callbacks[name]
+        return load(state_dict, storage_reader, load_planner)
+
+    return dist_cp_load
+
+
+checkpoint.dist_cp_load = load_callback_state_it_has(checkpoint.dist_cp_load)
 
 CHECKPOINT_RE = re.compile(r"^ep(\d+)-ba(\d+)(-rank0\.pt)?$")  # a DDP checkpoint file or an FSDP (DCP) folder
 LATEST_LINK = "latest-rank0.pt"

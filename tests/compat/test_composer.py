@@ -93,3 +93,20 @@ def test_meta_init_is_swapped_only_while_the_trainer_is_built():
         prepare_distributed.meta_init(lin)
         assert not lin.weight.is_meta and lin.weight.device.type == "cpu"
     assert prepare_distributed.meta_init is original
+
+
+def test_a_sharded_checkpoint_without_a_callbacks_state_still_loads(tmp_path):
+    """A DCP checkpoint of an earlier gcc has no state of a callback that keeps one since (Preemption's record): it
+    loads, that callback starting afresh; a missing model key is still refused."""
+    import torch.distributed.checkpoint as dcp
+    from composer.utils import checkpoint
+
+    dcp.save({"state": {"model": {"w": torch.ones(2)}, "callbacks": {"Old": {"n": 3}}}}, checkpoint_id=str(tmp_path))
+    template = {"state": {"model": {"w": torch.zeros(2)}, "callbacks": {"Old": {"n": 0}, "Preemption": {"step": 0}}}}
+    checkpoint.dist_cp_load(template, dcp.FileSystemReader(str(tmp_path)))
+    assert torch.equal(template["state"]["model"]["w"], torch.ones(2)) and template["state"]["callbacks"] == {
+        "Old": {"n": 3}
+    }
+    with pytest.raises(dcp.api.CheckpointException) as refused:
+        checkpoint.dist_cp_load({"state": {"model": {"v": torch.zeros(2)}}}, dcp.FileSystemReader(str(tmp_path)))
+    assert "Missing key in checkpoint state_dict: state.model.v" in "".join(map(str, refused.value.failures.values()))
