@@ -91,9 +91,7 @@ def _open_run_log(script_args: list[str] | None) -> int | None:
         return None
     logging.getLogger("gcc").addHandler(logging.NullHandler())  # a config's warning: each rank prints it
     try:
-        cfg = load_config(positional[0], positional[1:])
-        Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
-        return open_log_file(Path(cfg.run_dir) / RUN_LOG)
+        return open_log_file(Path(load_config(positional[0], positional[1:]).run_dir) / RUN_LOG)
     except Exception:  # whatever the trouble (config, folder, a link), each rank reports it, naming it
         return None
 

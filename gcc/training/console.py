@@ -150,8 +150,13 @@ def launch_header(world: int) -> str:
 
 
 def open_log_file(path: Path) -> int:
-    """`path` (a train.log) opened for appending, created with the user's umask, never through a link: a write-only
-    fd (O_APPEND, close-on-exec). Anything but a regular file there is a Refusal naming it."""
+    """`path` (a train.log) opened for appending, created with the user's umask (its folder, the run folder, too),
+    never through a link: a write-only fd (O_APPEND, close-on-exec). Anything but a regular file there is a Refusal
+    naming it, a run folder that cannot be created a ConfigError."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"run_dir: {path.parent}: cannot be created ({e.strerror})") from None
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO: no wait
     try:
         fd = os.open(path, flags, 0o666)
@@ -174,10 +179,6 @@ def open_run_log(run_dir: str | Path, rank: int, world: int, capture_output: boo
     with the user's umask and never opened through a link; anything but a regular file there is a Refusal naming
     it, a run_dir that cannot be created a ConfigError."""
     path = Path(run_dir) / RUN_LOG
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"run_dir: {run_dir}: cannot be created ({e.strerror})") from None
     fd = open_log_file(path)
     handler = RunLogHandler(fd, path, rank)
     if rank == 0:
