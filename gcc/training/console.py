@@ -69,8 +69,14 @@ class _ConsoleHandler(logging.StreamHandler):
     it writes to the console itself, after the writer has passed on what came before (the record keeps its place);
     train.log gets the record from RunLogHandler."""
 
+    def __init__(self, fd: int):
+        super().__init__(_console_stream(fd))
+        self.fd = fd
+
     def emit(self, record: logging.LogRecord) -> None:
         output_capture.drain()
+        if output_capture.console(self.fd) == self.fd:  # not captured: sys.stdout/sys.stderr as they are now, not as
+            self.stream = sys.stdout if self.fd == 1 else sys.stderr  # they were when logging was configured
         super().emit(record)
 
 
@@ -91,9 +97,9 @@ def configure_logging(level: str = "INFO", rank: int = 0) -> None:
         if not isinstance(h, RunLogHandler):
             root.removeHandler(h)
     fmt = logging.Formatter(PREFIX + "%(message)s")
-    out = _ConsoleHandler(_console_stream(1))
+    out = _ConsoleHandler(1)
     out.addFilter(_Below(logging.WARNING))
-    err = _ConsoleHandler(_console_stream(2))
+    err = _ConsoleHandler(2)
     err.setLevel(logging.WARNING)
     for h in (out, err):
         h.setFormatter(fmt)
