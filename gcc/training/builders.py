@@ -43,6 +43,7 @@ from gcc.training.callbacks import TRAIN_COLUMNS, VAL_COLUMNS, CallbackContext, 
 from gcc.training.callbacks.checkpoint_rotation import SaveClock
 from gcc.training.callbacks.samples import SampleSettings, TrainingSamples
 from gcc.training.config import TrainConfig, exported_values, samples_during_training
+from gcc.training.console import progress_bar_draws, progress_bar_stream
 from gcc.training.launch import RunStart, cache_dir, data_name, train_clips, validates
 from gcc.training.peer_fault import PEER_GRACE_S, announce, watch_peers
 from gcc.training.ranks import rank, world_size
@@ -412,6 +413,7 @@ def build_trainer(
     async_checkpoint.py). Under FSDP Composer shards the meta-device model and each rank initialises its shard."""
 
     opt, schedule = build_optimization(cfg, model)
+    bar = progress_bar_draws(cfg.progress_bar)
     with meta_init_on("cuda" if torch.cuda.is_available() else "cpu"):
         trainer = Trainer(
             model=model,
@@ -433,7 +435,9 @@ def build_trainer(
             autoresume=cfg.autoresume,
             loggers=loggers,
             callbacks=callbacks,
-            progress_bar=cfg.progress_bar,
+            # the yaml's progress_bar allows it; it draws only on a terminal, never into train.log
+            progress_bar=bar,
+            console_stream=progress_bar_stream() if bar else "stderr",
             log_to_console=False,
             seed=cfg.seed,
             dist_timeout=cfg.dist_timeout,

@@ -586,7 +586,12 @@ class TrainConfig:
         doc="a launch with nothing to resume in a run folder that holds exports, log rows or checkpoints is refused "
         "(exit 3); true starts over there, moving what the run wrote to <run_dir>/replaced/<time>/",
     )
-    progress_bar: bool = setting(True, identity=False, exported=False, doc="Composer's progress bar on a terminal")
+    progress_bar: bool = setting(
+        True,
+        identity=False,
+        exported=False,
+        doc="allows Composer's progress bar: it draws only when stdout is a terminal, never into train.log",
+    )
     console_log_interval: int = setting(
         10,
         identity=False,
@@ -636,7 +641,7 @@ class TrainConfig:
         identity=False,
         exported=False,
         bounds=Range(0, DAY_S, " seconds", True),
-        doc="after SIGTERM/SIGUSR1 a rank must checkpoint and exit within this, else it writes every thread's "
+        doc="after SIGTERM/SIGUSR1/Ctrl-C a rank must checkpoint and exit within this, else it writes every thread's "
         "stack to <run_dir>/stacks/ and exits 5",
     )
     stall_timeout_s: float = setting(

@@ -97,6 +97,8 @@ def run(argv: list[str]) -> NoReturn:
         code = main(argv, capture_output=True)
     except SystemExit as e:
         code = code_of(e)
+    except KeyboardInterrupt:  # Ctrl-C before the run took it over (a preemption then): nothing started to save
+        code = exit_codes.INTERRUPTED
     except BaseException:
         sys.excepthook(*sys.exc_info())
         code = 1

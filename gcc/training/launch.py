@@ -37,6 +37,7 @@ from gcc.training.checkpoint_store import CheckpointStore, Head, store_for
 from gcc.training.config import ConfigError, TrainConfig, signed_values
 from gcc.training.ranks import node_rank, world_size
 from gcc.training.run_folder import (
+    FIRST_CHECKPOINT,
     REPLACED,
     Refusal,
     RunLock,
@@ -52,6 +53,7 @@ from gcc.training.run_folder import (
     set_aside,
     stored_record,
     what_a_restart_loses,
+    why_not_remade,
     with_launch,
     write_record,
 )
@@ -201,20 +203,25 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
     )
     store, launch, committed_files = store_for(cfg.save_folder), "", None
     remote_record = adopt_remote_record(store, run_dir) if store is not None else None
-    old = stored_record(run_dir) or remote_record
+    local = stored_record(run_dir)
+    old = local or remote_record
     known = (old or {}).get("signature")
     try:  # a moved init_ckpt keeps the digest recorded at the first launch (a resume loads the checkpoint)
         signature = run_signature(cfg, manifest_bytes, known=known)
     except FileNotFoundError as e:
         raise ConfigError(missing_init_ckpt(e.filename, run_dir, (known or {}).get("model.init_ckpt"))) from None
-    lineage = {"init_ckpt": os.path.realpath(cfg.model.init_ckpt) if cfg.model.init_ckpt else ""}
+    lineage = {
+        "init_ckpt": os.path.realpath(cfg.model.init_ckpt) if cfg.model.init_ckpt else "",
+        FIRST_CHECKPOINT: None,  # none committed yet (CheckpointRotation records the first)
+    }
     record, _ = identity(run_dir, signature, lineage, adopted=remote_record)
     repair = plan_repair(run_dir) if cfg.autoresume else None
     latest = repair.latest if repair is not None else None
     committed = store.head() if store is not None else None  # read only: the claim comes after every check
+    restart = ""  # what a start over after a launch killed before its first checkpoint moves aside
     if latest is None and not (cfg.autoresume and committed is not None and committed.checkpoint):
         # nothing to resume: a start from step 0
-        check_fresh_start(cfg, run_dir, committed, repair.doomed if repair is not None else ())
+        restart = check_fresh_start(cfg, run_dir, committed, repair.doomed if repair is not None else (), local)
     hold_cache(cfg, lock)  # the last check (the default cache is in the run folder: its lock file is a first write)
     # only now, every check passed, the first writes: a refused launch leaves the prefix (and its live owner) and
     # the run folder alone
@@ -235,9 +242,15 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
             committed_files = head.files  # what every node verifies its copy against (fetch_on_this_node)
             if not store.whole_here(remote, run_dir, head.files):
                 latest = store.fetch(remote, run_dir, head.files)
-    if latest is None and cfg.allow_existing and what_a_restart_loses(run_dir):
+    if latest is None and (cfg.allow_existing or restart) and what_a_restart_loses(run_dir):
         moved = set_aside(run_dir, time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
-        logger.info(f"allow_existing: starting over in {run_dir}; what the run had written is now in {moved}")
+        if restart:
+            logger.info(
+                f"{run_dir}: its launch stopped before the run's first checkpoint, so there is nothing to resume: "
+                f"starting the run over from step 0; what that launch wrote ({restart}) is now in {moved}"
+            )
+        else:
+            logger.info(f"allow_existing: starting over in {run_dir}; what the run had written is now in {moved}")
     return RunStart(
         manifest=manifest,
         lineage=record["lineage"],
@@ -263,12 +276,20 @@ def missing_init_ckpt(path: str, run_dir: Path, recorded: Any) -> str:
     return message
 
 
-def check_fresh_start(cfg: TrainConfig, run_dir: Path, committed: Head | None, doomed: tuple[Path, ...] = ()) -> None:
+def check_fresh_start(
+    cfg: TrainConfig,
+    run_dir: Path,
+    committed: Head | None,
+    doomed: tuple[Path, ...] = (),
+    record: dict[str, Any] | None = None,
+) -> str:
     """A launch with nothing to resume starts from step 0. It must not destroy what the run wrote: a run folder
     holding exports, log rows or checkpoints is refused unless `allow_existing` (they are then moved aside, not
-    deleted), and a prefix holding a committed checkpoint always (its rotation would delete them); `doomed`: the
+    deleted), or unless its run never committed a checkpoint (a launch killed before its first one: `record`, the
+    folder's run.json, and `run_folder.why_not_remade` say so), whose relaunch starts over, moving them aside
+    too; a prefix holding a committed checkpoint is refused always (its rotation would delete them). `doomed`: the
     partial checkpoints the repair deletes, which lose nothing. The weights such a start loads must exist
-    (ConfigError: exit 2)."""
+    (ConfigError: exit 2). Returns what such a relaunch moves aside ("" for nothing, or `allow_existing`)."""
     m = cfg.model
     for key, path, kind in (
         ("model.init_ckpt", m.init_ckpt, "file"),
@@ -287,13 +308,19 @@ def check_fresh_start(cfg: TrainConfig, run_dir: Path, committed: Head | None, d
             f"Set autoresume=true to continue the run, or use another save_folder"
         )
     lost = what_a_restart_loses(run_dir, doomed)
-    if lost and not cfg.allow_existing:
-        why = "autoresume is off" if not cfg.autoresume else "it holds no checkpoint to resume from"
-        raise Refusal(
-            f"{run_dir}: holds {', '.join(lost)}, and {why}: a start from step 0 would overwrite them. "
-            f"Use another run_dir, or start over here on purpose with allow_existing=true (what the run "
-            f"wrote is then moved to {run_dir}/{REPLACED}/<time>/)"
-        )
+    if not lost or cfg.allow_existing:
+        return ""
+    if not cfg.autoresume:
+        why = "autoresume is off"
+    elif (not_remade := why_not_remade(record, run_dir, cfg.save_interval)) is None:
+        return ", ".join(lost)  # a launch killed before the run's first checkpoint: the relaunch starts over
+    else:
+        why = f"it holds no checkpoint to resume from ({not_remade})"
+    raise Refusal(
+        f"{run_dir}: holds {', '.join(lost)}, and {why}: a start from step 0 would overwrite them. "
+        f"Use another run_dir, or start over here on purpose with allow_existing=true (what the run "
+        f"wrote is then moved to {run_dir}/{REPLACED}/<time>/)"
+    )
 
 
 def adopt_remote_record(store: CheckpointStore, run_dir: Path) -> dict | None:

@@ -195,6 +195,10 @@ def stored_record(run_dir: Path) -> dict[str, Any] | None:
 
 
 LAUNCHES = "launches"  # run.json lineage: [{time, world, gcc_version, git_revision, git_dirty}, ...]
+# run.json lineage: the step of the run's first committed checkpoint, null until there is one (a run started by an
+# earlier gcc: the first one committed since). A record of an earlier gcc without the key: whether its run committed
+# a checkpoint is read from what it wrote (`why_not_remade`)
+FIRST_CHECKPOINT = "first_checkpoint"
 
 
 def with_launch(record: dict[str, Any], launch: dict[str, Any]) -> dict[str, Any]:
@@ -203,6 +207,17 @@ def with_launch(record: dict[str, Any], launch: dict[str, Any]) -> dict[str, Any
     same run."""
     lineage = record["lineage"]
     return {**record, "lineage": {**lineage, LAUNCHES: [*lineage.get(LAUNCHES, []), launch]}}
+
+
+def record_first_checkpoint(run_dir: Path, step: int) -> bool:
+    """Note in run.json's lineage that the run committed a checkpoint (`FIRST_CHECKPOINT`), once: from then on a
+    folder of this run without checkpoints is one whose checkpoints were deleted, never restarted by a relaunch
+    (`why_not_remade`). True when run.json was written."""
+    record = stored_record(run_dir)
+    if record is None or record["lineage"].get(FIRST_CHECKPOINT) is not None:
+        return False
+    write_record(run_dir, {**record, "lineage": {**record["lineage"], FIRST_CHECKPOINT: step}})
+    return True
 
 
 def check_identity(run_dir: Path, signature: dict[str, Any], lineage: dict[str, Any]) -> dict[str, Any]:
@@ -427,13 +442,56 @@ def what_a_restart_loses(run_dir: Path, doomed: tuple[Path, ...] = ()) -> list[s
     return found
 
 
+def _last_step(run_dir: Path) -> int:
+    """The newest step the run folder holds a log row or an export of (0 for none)."""
+    steps = [0]
+    for name in LOGS:
+        if (run_dir / name).exists():
+            _checked_log(run_dir / name)
+            try:
+                with inputs.open_text(run_dir / name, "csv") as f:
+                    cells = [line.split(",", 1)[0].strip() for line in list(f)[1:]]
+            except (OSError, BadInput):
+                continue
+            steps += [int(c) for c in cells if c.isdigit()]
+    steps += [int(m.group(1)) for p in run_dir.glob("step-*.safetensors") if (m := EXPORT_STEP_RE.match(p.name))]
+    return max(steps)
+
+
+EXPORT_STEP_RE = re.compile(r"^step-(\d+)(?:\.ema)?\.safetensors$")
+
+
+def why_not_remade(record: dict[str, Any] | None, run_dir: Path, first_save: int) -> str | None:
+    """None when a start from step 0 remakes everything the run in `run_dir` wrote, because it never committed a
+    checkpoint (killed before its first one): run.json's lineage says so (`FIRST_CHECKPOINT` null), or, for a
+    record of an earlier gcc, which has no such key, no log row or export is later than the first save point
+    (`first_save`: save_interval), so that no checkpoint can have been committed and deleted since. Else why not:
+    the reason a relaunch refuses to start over (`record` None: no run.json, the run is unknown)."""
+    if record is None:
+        return "no run.json says which run wrote them"
+    lineage = record["lineage"]
+    if FIRST_CHECKPOINT in lineage:
+        step = lineage[FIRST_CHECKPOINT]
+        return None if step is None else f"its run committed a checkpoint at step {step} (run.json), gone since"
+    last = _last_step(Path(run_dir))
+    if last <= first_save:
+        return None
+    return f"it holds step {last}'s rows or export, past the first checkpoint (save_interval={first_save}), gone since"
+
+
 def set_aside(run_dir: Path, stamp: str) -> Path:
     """Start over on purpose (`allow_existing: true`): move everything a run wrote into
     `<run_dir>/replaced/<stamp>/`, so that nothing is lost; run.json (the same signature) and the cache stay."""
     run_dir = Path(run_dir)
     os.close(open_folder(run_dir, REPLACED))  # a link there is refused: what the run wrote stays in the run folder
-    dest = run_dir / REPLACED / stamp
-    dest.mkdir(exist_ok=False)
+    dest, n = run_dir / REPLACED / stamp, 1
+    while True:  # two starts over within a second (a launch killed at once, relaunched at once): the next free name
+        try:
+            dest.mkdir()
+            break
+        except FileExistsError:
+            n += 1
+            dest = run_dir / REPLACED / f"{stamp}-{n}"
     for pattern in OUTPUTS:
         for p in sorted(run_dir.glob(pattern)):
             os.replace(p, dest / p.name)

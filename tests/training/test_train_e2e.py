@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import statistics
@@ -28,6 +29,7 @@ from _launch import (
     exact,
     export_tensors,
     finish,
+    kill_before_the_first_commit,
     launch,
     launch_logs,
     ok,
@@ -181,6 +183,61 @@ def test_exact_resume_after_sigkill(reference, e2e_shards, tmp_path):
     assert meta_b["resumed_step"] == "6" and meta_b["resumed_from"].endswith("-ba6-rank0.pt")
     assert meta_a["resumed_from"] == ""
     same_samples(reference, run_dir)  # step 12's by the resumed launch: the same pictures as uninterrupted
+
+
+@pytest.mark.parametrize("seed", [0])
+def test_a_kill_before_the_first_checkpoint_then_ctrl_c_then_the_same_command_finishes_the_uninterrupted_run(
+    seed, reference, e2e_shards, tmp_path
+):
+    """An operator's day (docs/training.md, "Resuming"). A SIGKILL at a random instant (seeded) before the run's
+    first checkpoint is committed (its background write held: `faults.hold_async_write_step`, so the launch may be
+    past the first save point): the same command starts the run over, moving what the killed launch wrote to
+    replaced/<time>/ with one line. Then Ctrl-C (SIGINT to the process group, as a terminal sends it): every rank
+    finishes its step, checkpoints and exits 0 with the "relaunch the same command" line. The same command again
+    finishes the run: exactly the uninterrupted one (gcc-compare)."""
+    run_dir = tmp_path / "run"
+    instant = kill_before_the_first_commit(
+        start_bg(run_dir, e2e_shards, "faults.hold_async_write_step=3"), random.Random(seed)
+    )
+    wrote = (run_dir / "train_log.csv").is_file() and len(rows(run_dir)) > 0
+    # the bar allowed, as sft_v10.yaml does, and a progress line a step; the output is a pipe
+    p = start_bg(run_dir, e2e_shards, "progress_bar=true", "console_log_interval=1")
+    wait_for_step(run_dir, 7, p)
+    os.killpg(p.pid, signal.SIGINT)
+    out = finish(p, 600)
+    assert p.returncode == 0, (instant, out[-4000:])
+    assert ("its launch stopped before the run's first checkpoint" in out) == wrote, (instant, out[-4000:])
+    assert len(list((run_dir / "replaced").glob("*"))) == (1 if wrote else 0), instant
+    assert "preempted: stopped after step" in out and "relaunch the same command to continue" in out, out[-3000:]
+    at = int(out.split("preempted: stopped after step ")[1].split()[0])
+    assert checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt")) == at < 12
+    # no terminal: no progress bar (on any rank), the progress lines in its place; train.log plain text
+    log = (run_dir / "train.log").read_text()
+    assert "gcc.train: step 5/12  loss " in out and "%|" not in out + p.rank_output() + log
+    assert "\x1b" not in log and "\\x1b" not in log
+    r = ok(launch(run_dir, e2e_shards))
+    assert "resuming from" in r.stdout and f"-ba{at}-rank0.pt" in r.stdout
+    assert exact(rows(run_dir)) == exact(rows(reference)), instant
+    assert compare_main([str(reference), str(run_dir)]) == 0  # the val rows and the raw exports too
+
+
+def test_a_second_ctrl_c_stops_at_once(e2e_shards, tmp_path):
+    """Ctrl-C while the rank cannot finish its step (its loader never delivers step 3's batch:
+    `faults.stall_step`) arms the preemption's grace; a second Ctrl-C stops it at once, exit 130, with one line
+    saying so and no checkpoint of the stalled step."""
+    run_dir = tmp_path / "run"
+    p = start_bg(run_dir, e2e_shards, "faults.stall_step=3", "preemption_grace_s=120", direct=True)
+    wait_for_step(run_dir, 2, p)
+    time.sleep(1)  # into the wait for step 3's batch
+    os.killpg(p.pid, signal.SIGINT)
+    time.sleep(1)
+    t0 = time.monotonic()
+    os.killpg(p.pid, signal.SIGINT)
+    out = finish(p, 60)
+    assert p.returncode == 130 and time.monotonic() - t0 < 15, out[-3000:]
+    assert "a second Ctrl-C (SIGINT): stopped at once, without a checkpoint" in out
+    assert "Traceback" not in out
+    assert not any("-ba3-" in c.name for c in (run_dir / "checkpoints").glob("ep*"))
 
 
 def _ranks_of(run_dir: Path) -> list[int]:

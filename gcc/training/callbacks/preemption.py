@@ -1,4 +1,5 @@
-"""SIGTERM / SIGUSR1 -> every rank finishes the current step, a checkpoint is written, the run exits 0 (docs/design.md §9.6).
+"""SIGTERM / SIGUSR1 / SIGINT (Ctrl-C) -> every rank finishes the current step, a checkpoint is written, the run exits
+0 (docs/design.md §9.6). A second Ctrl-C stops every rank at once (exit 130), without a checkpoint.
 
 A signal only sets a flag. The flag travels in each step's one reduction (`StepSync`, before the update), so
 the ranks agree on the same step even when the signal reached them at different moments; at that step's
@@ -97,6 +98,14 @@ class Preemption(Callback):
                 f"{signal.Signals(s).name} received, and the rank did not "
                 f"checkpoint and exit within preemption_grace_s={self.grace_s:g} s",
             )
+        # kept by the watchdog's thread, which sees a signal at once even while the main thread waits in a
+        # collective or for data
+        self.watchdog.exit_on_repeat(
+            signal.SIGINT,
+            exit_codes.INTERRUPTED,
+            "a second Ctrl-C (SIGINT): stopped at once, without a checkpoint; a relaunch resumes from the last "
+            "complete one",
+        )
         step = int(state.timestamp.batch)
         if self.pending is not None and self.pending[0] == step:  # the callbacks that own the work run it next
             log.info(
