@@ -88,11 +88,12 @@ def cmd(
     prefix: Sequence[str] = (),
     direct: bool = False,
     base: Sequence[str] = BASE,
+    by: Sequence[str] = LAUNCHER,
 ) -> list[str]:
     """`composer -n <n> gcc/train.py tiny_cpu.yaml ...`, or with `direct` one rank without the launcher (`python
     gcc/train.py ...`, as on one GPU: where the launcher is not what a test is about, its start is saved). `prefix`
-    runs the command under another (e.g. `unshare`); `launcher` are the launcher's flags; `base` the overrides
-    before `overrides` (BASE, or OLD_BASE)."""
+    runs the command under another (e.g. `unshare`); `launcher` are the launcher's flags, `by` the launcher (e.g.
+    gcc-launch: gcc.launcher.gcc_launch()); `base` the overrides before `overrides` (BASE, or OLD_BASE)."""
     return [
         *prefix,
         *train_command(
@@ -102,7 +103,7 @@ def cmd(
             *base,
             *overrides,
             n=None if direct else n,
-            launcher=LAUNCHER,
+            launcher=by,
             flags=launcher,
         ),
     ]
@@ -166,16 +167,16 @@ class Launch(subprocess.Popen):
 
 
 def start_bg(
-    run_dir, shards, *overrides, n=2, launcher=(), prefix=(), pipe_stderr=False, direct=False, base=BASE
+    run_dir, shards, *overrides, n=2, launcher=(), prefix=(), pipe_stderr=False, direct=False, base=BASE, by=LAUNCHER
 ) -> Launch:
     """A launch in its own process group, so a signal reaches the launcher and every rank, as on a cluster. Rank 0
     and the launcher print on the pipe (stdout; stderr apart with `pipe_stderr`), the other ranks into files.
-    `direct`: one rank without the launcher (`cmd`)."""
+    `direct`: one rank without the launcher; `by`: the launcher (`cmd`)."""
     n = 1 if direct else n
     flags = _rank_logs(Path(run_dir), launcher)
     shm_before = set(shm_prefixes(_node_cache(Path(run_dir), overrides)))
     p = Launch(
-        cmd(run_dir, shards, *overrides, n=n, launcher=flags, prefix=prefix, direct=direct, base=base),
+        cmd(run_dir, shards, *overrides, n=n, launcher=flags, prefix=prefix, direct=direct, base=base, by=by),
         env=env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE if pipe_stderr else subprocess.STDOUT,
@@ -187,11 +188,12 @@ def start_bg(
 
 
 def launch(
-    run_dir, shards, *overrides, n=2, timeout=600, launcher=(), clean=True, direct=False, base=BASE
+    run_dir, shards, *overrides, n=2, timeout=600, launcher=(), clean=True, direct=False, base=BASE, by=LAUNCHER
 ) -> subprocess.CompletedProcess:
     """One launch to its end (a hang fails with every process's stacks: `finish`); what it printed, every rank's
-    ended cleanly (`clean`: `assert_clean_end`). `direct`: one rank without the launcher (`cmd`)."""
-    p = start_bg(run_dir, shards, *overrides, n=n, launcher=launcher, pipe_stderr=True, direct=direct, base=base)
+    ended cleanly (`clean`: `assert_clean_end`). `direct`: one rank without the launcher; `by`: the launcher
+    (`cmd`)."""
+    p = start_bg(run_dir, shards, *overrides, n=n, launcher=launcher, pipe_stderr=True, direct=direct, base=base, by=by)
     with p:
         out, err = finish(p, timeout, both=True, clean=clean)
     logs = Path(_flag(p.launcher, "--stderr")).parent

@@ -416,6 +416,13 @@ class FaultsConfig:
         bounds=Range(0, STEPS),
         doc="the last rank sends SIGTERM to the launch's process group as this step starts (0 = off)",
     )
+    sigint_at_step: int = setting(
+        0,
+        identity=False,
+        exported=False,
+        bounds=Range(0, STEPS),
+        doc="the last rank sends SIGINT (a Ctrl-C) to the launch's process group as this step starts (0 = off)",
+    )
     native_crash_step: int = setting(
         0,
         identity=False,

@@ -38,6 +38,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def checked_config(yaml: str, overrides: list[str], world: int | None) -> TrainConfig:
+    """The config of a launch of `world` ranks (None: not known yet) and what it names, checked before any work
+    (raises ConfigError, BadInput, StorageUnavailable or Refusal): every rank's check, and gcc-launch's before any
+    rank starts."""
+    cfg = load_config(yaml, overrides)
+    if world is not None:
+        cfg.per_rank_batch(world)
+    check_inputs(cfg)
+    return cfg
+
+
+VERDICTS = (ConfigError, BadInput, StorageUnavailable, Refusal)  # the config's verdicts (BadInput: a setting such
+# as AWS_MAX_ATTEMPTS): each is one line and its exit code (gcc.errors.launch_verdict)
+
+
 def prepare(argv: list[str] | None, capture_output: bool = False) -> TrainConfig | int:
     """The command line and the config checked, on every rank alike (nothing has started yet), then the console at
     the config's level and this rank's share of `<run_dir>/train.log` (with `capture_output`, the process's: all it
@@ -50,17 +65,16 @@ def prepare(argv: list[str] | None, capture_output: bool = False) -> TrainConfig
     if args.yaml is None and not args.print_config:
         p.error("the yaml is required (or --print_config)")
     try:  # every rank checks the config and what it names before any work: the same verdict everywhere
-        cfg = load_config(args.yaml, args.overrides)
         if args.print_config:  # what the config says, nothing it names checked: no run starts
+            cfg = load_config(args.yaml, args.overrides)
             print("\n".join(describe(cfg if args.yaml is not None else None)))
             return exit_codes.OK
-        cfg.per_rank_batch(world_size())
-        check_inputs(cfg)
+        cfg = checked_config(args.yaml, args.overrides, world_size())
         configure_logging(cfg.log_level, rank())
         # every rank: rank 0's lines, each rank's own warnings and, in a launch's process, everything else each
         # rank prints, from here on (docs/training.md, "The run folder")
         open_run_log(cfg.run_dir, rank(), world_size(), capture_output)
-    except (ConfigError, BadInput, StorageUnavailable, Refusal) as e:  # BadInput: a setting such as AWS_MAX_ATTEMPTS
+    except VERDICTS as e:
         code, line = launch_verdict(e)
         logger.error(line)
         return code

@@ -268,7 +268,8 @@ def test_the_progress_bar_draws_only_on_a_terminal_and_never_into_train_log(monk
 def test_a_native_crash_lands_in_train_log_with_every_ranks_and_the_launchers_lines(e2e_shards, tmp_path):
     """Rank 1 segfaults at step 1 (faults.native_crash_step), under `gcc-launch -n 2`: train.log holds its Python
     stacks (faulthandler) line by line under its name, rank 0's lines, the C++ lines of both ranks' c10d
-    (TORCH_CPP_LOG_LEVEL=INFO), and the launcher's line about the crashed rank. Before, it held rank 0's `gcc` lines
+    (TORCH_CPP_LOG_LEVEL=INFO), and the launcher's line about the crashed rank, which is all the console gets of
+    the crash. Before, it held rank 0's `gcc` lines
     alone: all of this was on the consoles only, rank 1's in files the launcher deletes."""
     run_dir = tmp_path / "run"
     argv = train_command(
@@ -295,7 +296,11 @@ def test_a_native_crash_lands_in_train_log_with_every_ranks_and_the_launchers_li
     )
     with p:
         out = finish(p, 300)
-    assert p.returncode != 0 and "Rank 1 crashed with exit code -11" in out, out[-3000:]
+    # gcc-launch's one line for it, the launch's code the crash's (128 + SIGSEGV), nothing of rank 0's collective
+    # that failed with it (its own line is in train.log) nor the launcher's blocks of every rank's output
+    line = "gcc-launch: rank 1 was ended by SIGSEGV (exit 139): Fatal Python error: Segmentation fault; its whole"
+    assert p.returncode == 139 and out.rstrip().splitlines()[-1].startswith(line), out[-3000:]
+    assert not any(w in out for w in ("Traceback", "Begin global rank", "Waiting up to")), out[-3000:]
     text = (run_dir / "train.log").read_text()
     crash = text.index(" rank 1 stderr: Fatal Python error: Segmentation fault\n")
     stack = text[crash:].split("\n\n", 1)[0]
@@ -306,7 +311,8 @@ def test_a_native_crash_lands_in_train_log_with_every_ranks_and_the_launchers_li
     assert " rank 0 INFO gcc.train: starting: world 2" in text
     for rank in (0, 1):
         assert re.search(rf" rank {rank} stderr: .*\[c10d\]", text), text[-3000:]
-    assert " launcher stderr: ERROR:composer.cli.launcher:Rank 1 crashed with exit code -11." in text
+    assert f" launcher stderr: {line}" in text
+    assert " rank 0 ERROR gcc.train: rank 0: stopped: another rank's process is gone" in text
 
 
 TERMINAL = r"""

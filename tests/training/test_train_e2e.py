@@ -42,6 +42,7 @@ from _launch import (
 )
 
 from gcc.data import convert as C
+from gcc.launcher import gcc_launch
 from gcc.provenance import this_code
 from gcc.tools.compare import main as compare_main
 from gcc.training.config import RENAMED
@@ -200,21 +201,29 @@ def test_a_kill_before_the_first_checkpoint_then_ctrl_c_then_the_same_command_fi
         start_bg(run_dir, e2e_shards, "faults.hold_async_write_step=3"), random.Random(seed)
     )
     wrote = (run_dir / "train_log.csv").is_file() and len(rows(run_dir)) > 0
-    # the bar allowed, as sft_v10.yaml does, and a progress line a step; the output is a pipe
-    p = start_bg(run_dir, e2e_shards, "progress_bar=true", "console_log_interval=1")
-    wait_for_step(run_dir, 7, p)
-    os.killpg(p.pid, signal.SIGINT)
+    # through gcc-launch; the bar allowed, as sft_v10.yaml does, and a progress line a step; the output is a pipe
+    # (the Ctrl-C: the last rank sends SIGINT to the launch's process group as step 7 starts, as a terminal sends
+    # it to its foreground group)
+    p = start_bg(
+        run_dir, e2e_shards, "progress_bar=true", "console_log_interval=1", "faults.sigint_at_step=7", by=gcc_launch()
+    )
     out = finish(p, 600)
     assert p.returncode == 0, (instant, out[-4000:])
+    # a quiet end: the ranks' own lines, nothing of the launcher's (a traceback, its wait, rank blocks)
+    assert out.rstrip().splitlines()[-1].endswith("relaunch the same command to continue"), out[-3000:]
+    assert not any(w in out for w in ("Traceback", "Waiting up to", "----------Begin", "Killing")), out[-3000:]
     assert ("its launch stopped before the run's first checkpoint" in out) == wrote, (instant, out[-4000:])
     assert len(list((run_dir / "replaced").glob("*"))) == (1 if wrote else 0), instant
     assert "preempted: stopped after step" in out and "relaunch the same command to continue" in out, out[-3000:]
     at = int(out.split("preempted: stopped after step ")[1].split()[0])
-    assert checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt")) == at < 12
+    assert checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt")) == at == 7
     # no terminal: no progress bar (on any rank), the progress lines in its place; train.log plain text
     log = (run_dir / "train.log").read_text()
     assert "gcc.train: step 5/12  loss " in out and "%|" not in out + p.rank_output() + log
     assert "\x1b" not in log and "\\x1b" not in log
+    r = launch(run_dir, e2e_shards, "optimizer.lr=5e-4", by=gcc_launch())
+    assert r.returncode == 3 and r.stderr.startswith("gcc.train: refused: ") and "Traceback" not in r.stderr
+    assert r.stderr.count("gcc.train: ") == 1 and not any(w in r.stdout + r.stderr for w in ("Waiting up", "Begin"))
     r = ok(launch(run_dir, e2e_shards))
     assert "resuming from" in r.stdout and f"-ba{at}-rank0.pt" in r.stdout
     assert exact(rows(run_dir)) == exact(rows(reference)), instant

@@ -41,6 +41,7 @@ from composer.utils import dist
 
 from gcc import exit_codes
 from gcc.training.callbacks.step_sync import StepSync
+from gcc.training.console import ALL_RANKS
 from gcc.training.watchdog import StallWatchdog
 from gcc.workers import PREEMPTION_SIGNALS
 
@@ -54,11 +55,16 @@ class PreemptedBeforeFirstStep(Exception):
 
 
 class Preemption(Callback):
-    def __init__(self, watchdog: StallWatchdog, grace_s: float, sync: StepSync, sigterm_at_step: int = 0):
-        """`sigterm_at_step`: fault injection for tests (`faults.sigterm_at_step`)."""
-        self.watchdog, self.grace_s, self.sync, self.sigterm_at_step = watchdog, grace_s, sync, sigterm_at_step
+    def __init__(
+        self, watchdog: StallWatchdog, grace_s: float, sync: StepSync, signal_at: dict[int, int] | None = None
+    ):
+        """`signal_at`: fault injection for tests, {step: the signal the last rank sends the launch's process group
+        as it starts} (`faults.sigterm_at_step`, `faults.sigint_at_step`; step 0 is none)."""
+        self.watchdog, self.grace_s, self.sync = watchdog, grace_s, sync
+        self.signal_at = {step: s for step, s in (signal_at or {}).items() if step}
         sync.flag("preempt", lambda: self.requested)
         self.requested = False  # this rank received a signal
+        self.interrupted = False  # ... a Ctrl-C among them
         self.preempted_at: int | None = None  # the step all ranks stopped after
         self._old: dict[int, Any] = {}  # signal -> the handler it had before
         self._due: list[tuple[str, Callable[[int], bool]]] = []  # what a preempted step skips, and when it is due
@@ -88,6 +94,7 @@ class Preemption(Callback):
 
     def _handler(self, signum, frame):
         self.requested = True
+        self.interrupted = self.interrupted or signum == signal.SIGINT
 
     def fit_start(self, state: State, logger: Logger) -> None:
         for s in PREEMPTION_SIGNALS:
@@ -128,10 +135,11 @@ class Preemption(Callback):
 
     def batch_start(self, state: State, logger: Logger) -> None:
         step = int(state.timestamp.batch) + 1
-        if step == self.sigterm_at_step and dist.get_global_rank() == dist.get_world_size() - 1:
-            # fault injection (tests): the launch's process group, as a cluster's preemption; this rank's own
-            # handler has set the flag before the step's reduction, so every rank stops after this step
-            os.killpg(os.getpgid(0), signal.SIGTERM)
+        if step in self.signal_at and dist.get_global_rank() == dist.get_world_size() - 1:
+            # fault injection (tests): the launch's process group, as a cluster's preemption or a terminal's
+            # Ctrl-C; this rank's own handler has set the flag before the step's reduction, so every rank stops
+            # after this step
+            os.killpg(os.getpgid(0), self.signal_at[step])
 
     def batch_end(self, state: State, logger: Logger) -> None:
         if self.sync.totals.get("preempt", 0.0) > 0 and self.preempted_at is None:
@@ -147,10 +155,22 @@ class Preemption(Callback):
                 + (f", skipped {', '.join(self.skipped)} (the relaunch runs them first)" if self.skipped else "")
             )
 
+    def _late(self, signum, frame):
+        """A signal once the fit is over (the launch ends anyway: nothing is left to save): noted, so that a
+        launcher's SIGTERM passed on late cannot turn the launch's code into 143 (the previous handlers, Composer's,
+        would exit with it, even during the last save); a second Ctrl-C still stops the rank at once."""
+        if signum == signal.SIGINT and self.interrupted:
+            from gcc.training.ending import leave_now  # the end of a launch: loaded by now
+
+            log.error("a second Ctrl-C (SIGINT): stopped at once", extra=ALL_RANKS)
+            leave_now(exit_codes.INTERRUPTED)
+        self.interrupted = self.interrupted or signum == signal.SIGINT
+        self.requested = True
+
     def fit_end(self, state: State, logger: Logger) -> None:
         self.watchdog.close()  # deadlines already armed by a signal still hold until the process exits
-        for s, h in self._old.items():
-            signal.signal(s, h)
+        for s in self._old:
+            signal.signal(s, self._late)
 
 
 def grace_warning(
