@@ -15,6 +15,7 @@ time, `optimizer:`, `scheduler:`, `algorithms:`); the names gcc used before are 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import logging
 import math
@@ -749,6 +750,18 @@ BOUNDS = {key: role.bounds for key, role in ROLES.items() if role.bounds is not 
 PATH_KEYS = tuple(key for key, role in ROLES.items() if role.path)
 
 
+def signature_key_name(signed: str) -> str:
+    """A run signature's key as the config names it now: its field's dotted key (`optim.lr` -> `optimizer.lr`,
+    signed under the name it had when runs were first recorded), with what is signed when that is not the value
+    (`data.manifest_sha256` -> `data.path (its manifest's sha256)`); a key no field declares, as it is."""
+    for key, role in ROLES.items():
+        if role.identity == signed and key != signed:
+            computed = signed.rsplit(".", 1)[-1]
+            said = computed.replace("_", " ")
+            return key if computed == key.rsplit(".", 1)[-1] or signed in RENAMED else f"{key} ({said})"
+    return signed
+
+
 def signed_values(cfg: TrainConfig) -> dict[str, Any]:
     """The run signature's entries that are a field's value by signature key (its dotted key, or the key its
     declaration names), a mapping as sorted JSON, a field that is not signed at its default (`sign_default`) only
@@ -829,7 +842,7 @@ def _build(cls, data: dict, prefix: str = ""):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ConfigError(f"unknown key(s): {', '.join(prefix + k for k in unknown)}")
+        raise ConfigError(f"unknown key(s): {', '.join(prefix + k + did_you_mean(prefix + k) for k in unknown)}")
     kwargs = {}
     for k, v in data.items():
         typ, section = hints[k], _section(hints[k])
@@ -1034,6 +1047,32 @@ RENAMED = {
     "optim.grad_clip": "algorithms.gradient_clipping.clipping_threshold",
 }
 _OLD_SECTIONS = {old.split(".")[0] for old in RENAMED if "." in old}  # optim: gone, its keys moved
+
+
+def did_you_mean(key: str) -> str:
+    """` (did you mean X?)` for an unknown dotted key: the known keys closest to it (at most 3, closest first), by
+    the spelling of its last part (`max_duraton`), also in another section (`lr` -> `optimizer.lr`), by its words'
+    initials (`optimizer.learning_rate` -> `optimizer.lr`) or as part of a longer name (`batch_size`), the old names
+    (RENAMED) among them, each given as the key to use; "" when none is close."""
+    section, _, leaf = key.rpartition(".")
+    best: dict[str, tuple[float, str]] = {}  # the key to use -> (score, what to say)
+    for name, new in [(k, k) for k, _, _ in _fields(TrainConfig)] + list(RENAMED.items()):
+        there, _, last = name.rpartition(".")
+        score = max(
+            difflib.SequenceMatcher(None, leaf, last).ratio(),
+            0.85 if len(leaf) > 2 and last in (_initials(leaf), leaf.replace("_", "")) else 0.0,
+            0.85 if len(last) > 2 and leaf in (_initials(last), last.replace("_", "")) else 0.0,
+            0.8 if min(len(leaf), len(last)) > 3 and (leaf in last or last in leaf) else 0.0,
+        ) + (0.05 if there == section else -0.05)
+        said = new if name == new else f"{new} ({name} is its old name)"
+        if score >= 0.75 and score > best.get(new, (0.0, ""))[0]:
+            best[new] = (score, said)
+    picked = [said for _, said in sorted(best.values(), key=lambda x: -x[0])][:3]
+    return f" (did you mean {' or '.join(picked)}?)" if picked else ""
+
+
+def _initials(name: str) -> str:
+    return "".join(w[0] for w in name.split("_") if w)
 
 
 def _pop_dotted(tree: dict, dotted: str) -> tuple[bool, Any]:
@@ -1343,14 +1382,19 @@ def _type_name(typ: Any, role: Role) -> str:
     return getattr(typ, "__name__", str(typ))
 
 
-def describe(cfg: TrainConfig | None = None) -> list[str]:
+TEST_ONLY = "faults."  # the keys of gcc's own tests (fault injection): never a real run's
+
+
+def describe(cfg: TrainConfig | None = None, test_only: bool = False) -> list[str]:
     """`train.py --print_config`: every key (dotted) with its default and type, then its meaning, from the
     declarations; with `cfg` (a yaml and overrides, resolved), the key's value first, credentials masked. Then the
-    old key names (RENAMED)."""
+    old key names (RENAMED). The test-only `faults.*` keys only with `test_only` (`--print_config --all`)."""
     values = redact(dataclasses.asdict(cfg)) if cfg is not None else None
     lines = []
     for key, f, typ in _fields(TrainConfig):
         role = f.metadata[ROLE]
+        if key.startswith(TEST_ONLY) and not test_only:
+            continue
         default = json.dumps(_default(f))
         head = f"{key}: {default}"
         if values is not None:
@@ -1360,6 +1404,8 @@ def describe(cfg: TrainConfig | None = None) -> list[str]:
             head = f"{key}: {json.dumps(value)}  (default {default})"
         lines += [f"{head}  [{_type_name(typ, role)}]", f"    {role.doc}"]
     lines.append("")
+    if not test_only:
+        lines.append(f"({TEST_ONLY}*: fault injection for gcc's own tests, not shown; --print_config --all shows them)")
     lines.append("old key names, still read as the new ones (with a warning):")
     lines += [f"  {old} -> {new}" for old, new in RENAMED.items()]
     return lines

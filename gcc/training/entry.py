@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print every config key (type, default, meaning) and exit; with a yaml, its resolved values too",
     )
+    p.add_argument("--all", action="store_true", help="with --print_config: the test-only faults.* keys too")
     return p
 
 
@@ -67,7 +68,7 @@ def prepare(argv: list[str] | None, capture_output: bool = False) -> TrainConfig
     try:  # every rank checks the config and what it names before any work: the same verdict everywhere
         if args.print_config:  # what the config says, nothing it names checked: no run starts
             cfg = load_config(args.yaml, args.overrides)
-            print("\n".join(describe(cfg if args.yaml is not None else None)))
+            print("\n".join(describe(cfg if args.yaml is not None else None, test_only=args.all)))
             return exit_codes.OK
         cfg = checked_config(args.yaml, args.overrides, world_size())
         configure_logging(cfg.log_level, rank())

@@ -159,9 +159,13 @@ def comparable(signature: dict[str, Any]) -> dict[str, Any]:
 
 
 def diff_signatures(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Each field that differs, by the name the config gives it now (a signature keeps the names of its first
+    launch: `config.signature_key_name`), as `key: stored -> now`."""
+    from gcc.training.config import signature_key_name
+
     old, new = comparable(old), comparable(new)
     return [
-        f"{k}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}"
+        f"{signature_key_name(k)}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}"
         for k in sorted(set(old) | set(new))
         if old.get(k) != new.get(k)
     ]

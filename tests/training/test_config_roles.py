@@ -209,8 +209,8 @@ def test_the_old_keys_give_the_signature_of_the_new_ones(tmp_path):
         ("scheduler.name=cosine_with_warmup", "scheduler.name: '<absent>' -> 'cosine_with_warmup'"),
         ("scheduler.alpha_f=0.1", "scheduler.alpha_f: '<absent>' -> 0.1"),
         ("optimizer.eps=1e-6", "optimizer.eps: '<absent>' -> 1e-06"),
-        ("optimizer.betas=[0.9, 0.95]", "optim.betas: [0.9, 0.999] -> [0.9, 0.95]"),
-        ("scheduler.t_warmup=10ba", "optim.warmup_steps: 9 -> 10"),
+        ("optimizer.betas=[0.9, 0.95]", "optimizer.betas: [0.9, 0.999] -> [0.9, 0.95]"),
+        ("scheduler.t_warmup=10ba", "scheduler.t_warmup: 9 -> 10"),
     ],
 )
 def test_a_new_schedule_or_optimizer_setting_on_resume_is_another_run(tmp_path, override, entry):

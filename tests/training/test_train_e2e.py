@@ -223,6 +223,7 @@ def test_a_kill_before_the_first_checkpoint_then_ctrl_c_then_the_same_command_fi
     assert "\x1b" not in log and "\\x1b" not in log
     r = launch(run_dir, e2e_shards, "optimizer.lr=5e-4", by=gcc_launch())
     assert r.returncode == 3 and r.stderr.startswith("gcc.train: refused: ") and "Traceback" not in r.stderr
+    assert "  optimizer.lr: 0.001 -> 0.0005\n" in r.stderr  # the key's name now, as the command line gave it
     assert r.stderr.count("gcc.train: ") == 1 and not any(w in r.stdout + r.stderr for w in ("Waiting up", "Begin"))
     r = ok(launch(run_dir, e2e_shards))
     assert "resuming from" in r.stdout and f"-ba{at}-rank0.pt" in r.stdout
@@ -538,7 +539,7 @@ def test_preempted_in_the_step0_validation_then_a_changed_signature_refused_then
     assert [int(x["step"]) for x in step0] == [0, 0, 0]
     r = launch(run_dir, e2e_shards, "max_duration=2", "optimizer.lr=5e-4", "model.vocab=ids", "data.limit=8")
     assert r.returncode == 3
-    assert "optim.lr: 0.001 -> 0.0005" in r.stderr and "model.vocab: 'parts' -> 'ids'" in r.stderr
+    assert "optimizer.lr: 0.001 -> 0.0005" in r.stderr and "model.vocab: 'parts' -> 'ids'" in r.stderr
     assert "data.limit: None -> 8" in r.stderr
     assert "Traceback" not in r.stderr
     assert (run_dir / "train.log").read_text().count("refused: ") == 1  # rank 0's verdict, not one per rank
