@@ -44,7 +44,7 @@ from gcc.training.callbacks.checkpoint_rotation import SaveClock
 from gcc.training.callbacks.samples import SampleSettings, TrainingSamples
 from gcc.training.config import TrainConfig, exported_values, samples_during_training
 from gcc.training.console import progress_bar_draws, progress_bar_stream
-from gcc.training.launch import RunStart, cache_dir, data_name, train_clips, validates
+from gcc.training.launch import RunStart, cache_dir, data_name, steps_per_epoch, train_clips, validates
 from gcc.training.peer_fault import PEER_GRACE_S, announce, watch_peers
 from gcc.training.ranks import rank, world_size
 from gcc.training.run_folder import ckpt_dir
@@ -212,12 +212,6 @@ def parallelism_config(cfg: TrainConfig) -> dict | None:
             state_dict_type="sharded",
         )
     }
-
-
-def steps_per_epoch(n_train: int, world: int, per_rank_batch: int) -> int:
-    """Streaming gives every rank ceil(n / world) samples an epoch (it pads with repeats); the partial last batch
-    is dropped (build_train_loader)."""
-    return -(-n_train // world) // per_rank_batch
 
 
 def resolved_config(cfg: TrainConfig, manifest: dict, per_rank_batch: int, provenance: Provenance) -> dict:

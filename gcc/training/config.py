@@ -290,6 +290,11 @@ class OptimizerConfig:
     )
 
 
+# the schedulers whose rate depends on max_duration (they decay to lr * alpha_f at its end): their horizon is part
+# of the run's identity (launch.run_signature `SCHEDULE_HORIZON`); constant_with_warmup's run may be extended freely
+DECAYING = ("cosine_with_warmup", "linear_decay_with_warmup")
+
+
 @dataclass
 class SchedulerConfig:
     """Composer's `scheduler:` section: one of Composer's schedulers by name, over max_duration (gcc/model/optim.py;
@@ -705,9 +710,13 @@ class TrainConfig:
 
 def resolve_duration(cfg: TrainConfig, steps_per_epoch: int) -> None:
     """An epoch `max_duration` ("3ep") becomes batches at launch: epochs × the batches of an epoch of the train
-    split at this launch's global batch (builders.steps_per_epoch); a batch count stays as it is."""
-    if isinstance(cfg.max_duration, str):
-        cfg.max_duration = _count(cfg.max_duration) * steps_per_epoch
+    split at this launch's global batch (launch.steps_per_epoch); a batch count stays as it is."""
+    cfg.max_duration = duration_in_batches(cfg.max_duration, steps_per_epoch)
+
+
+def duration_in_batches(max_duration: int | str, steps_per_epoch: int) -> int:
+    """`max_duration` in batches: a batch count as it is, epochs ("3ep") × `steps_per_epoch`."""
+    return max_duration if isinstance(max_duration, int) else _count(max_duration) * steps_per_epoch
 
 
 def _section(typ: Any) -> type | None:
@@ -750,10 +759,16 @@ BOUNDS = {key: role.bounds for key, role in ROLES.items() if role.bounds is not 
 PATH_KEYS = tuple(key for key, role in ROLES.items() if role.path)
 
 
+# signature keys that no field declares (launch.run_signature computes them), by what the config calls them
+SIGNED_ELSEWHERE = {"scheduler.horizon": "max_duration (in batches: the decaying schedule's horizon)"}
+
+
 def signature_key_name(signed: str) -> str:
     """A run signature's key as the config names it now: its field's dotted key (`optim.lr` -> `optimizer.lr`,
     signed under the name it had when runs were first recorded), with what is signed when that is not the value
     (`data.manifest_sha256` -> `data.path (its manifest's sha256)`); a key no field declares, as it is."""
+    if signed in SIGNED_ELSEWHERE:
+        return SIGNED_ELSEWHERE[signed]
     for key, role in ROLES.items():
         if role.identity == signed and key != signed:
             computed = signed.rsplit(".", 1)[-1]

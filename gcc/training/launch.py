@@ -34,7 +34,7 @@ from gcc.provenance import Provenance, this_code
 from gcc.redact import redact
 from gcc.storage import join
 from gcc.training.checkpoint_store import CheckpointStore, Head, store_for
-from gcc.training.config import ConfigError, TrainConfig, signed_values
+from gcc.training.config import DECAYING, ConfigError, TrainConfig, duration_in_batches, signed_values
 from gcc.training.ranks import node_rank, world_size
 from gcc.training.run_folder import (
     FIRST_CHECKPOINT,
@@ -85,18 +85,57 @@ def train_clips(manifest: dict, limit: int | None) -> int:
     return min(n, limit) if limit else n
 
 
+def steps_per_epoch(n_train: int, world: int, per_rank_batch: int) -> int:
+    """Streaming gives every rank ceil(n / world) samples an epoch (it pads with repeats); the partial last batch
+    is dropped (builders.build_train_loader)."""
+    return -(-n_train // world) // per_rank_batch
+
+
+def schedule_horizon(cfg: TrainConfig, manifest: dict[str, Any]) -> int:
+    """The batches the lr schedule runs over: max_duration at this launch (epochs at its global batch)."""
+    n = train_clips(manifest, cfg.data.limit)
+    return duration_in_batches(cfg.max_duration, steps_per_epoch(n, world_size(), cfg.per_rank_batch(world_size())))
+
+
+SCHEDULE_HORIZON = "scheduler.horizon"  # run signature: a decaying schedule's max_duration, in batches
+
+
+def schedule_jump(cfg: TrainConfig, stored: dict[str, Any], horizon: int, step: int | None) -> str:
+    """For a decaying schedule (config.DECAYING) whose horizon the stored signature holds and this launch changes:
+    what the change would do to the rate at the resumed step (the lr factor before and after); "" otherwise."""
+    old = stored.get(SCHEDULE_HORIZON)
+    if cfg.scheduler.name not in DECAYING or not isinstance(old, int) or old == horizon:
+        return ""
+    from gcc.model.optim import composer_scheduler, lr_factor  # Composer's schedulers
+
+    s = cfg.scheduler
+    scheduler = composer_scheduler(s.name, s.t_warmup, s.alpha_f)
+    at = (step or 0) + 1
+    before, after = lr_factor(scheduler, at, old), lr_factor(scheduler, at, horizon)
+    return (
+        f"\nmax_duration {old} -> {horizon} batches changes the schedule: {s.name} decays over max_duration, so at "
+        f"step {at} the lr factor would jump from {before:.3f} to {after:.3f}. A decaying schedule's length is part "
+        f"of the run: relaunch with max_duration={old}, or start a longer run in another run_dir "
+        f"(constant_with_warmup may be extended on resume)"
+    )
+
+
 def data_name(cfg: TrainConfig, manifest: dict[str, Any]) -> str:
     """The data's name for export metadata (`data`): the manifest's `name` (convert_data --name, checked when the
     manifest was read); a manifest of an earlier convert_data has none, and then the conversion folder's name."""
     return manifest.get("name") or cfg.data.path.rstrip("/").rsplit("/", 1)[-1]
 
 
-def run_signature(cfg: TrainConfig, manifest_bytes: bytes, known: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_signature(
+    cfg: TrainConfig, manifest_bytes: bytes, known: dict[str, Any] | None = None, horizon: int | None = None
+) -> dict[str, Any]:
     """Everything that makes two launches the same run (docs/design.md §9.3): the value of every field declared
     `identity=True` (gcc/training/config.py), and for a field that names a file or the data, what identifies it
     (the key its declaration names), computed here. Every other field may change on resume: max_duration, global
     batch (a change continues at the next epoch: gcc/training/batch_change.py), micro-batch/accumulation split,
-    workers, logging, export/checkpoint/validation cadence; so may the GPU/node count."""
+    workers, logging, export/checkpoint/validation cadence; so may the GPU/node count. A decaying schedule
+    (cosine, linear decay) runs over max_duration: its `horizon` (max_duration in batches at this launch; by
+    default max_duration given in batches) is signed too, so that a relaunch cannot make its rate jump."""
     m = cfg.model
     known = known or {}
     base = ""
@@ -109,6 +148,8 @@ def run_signature(cfg: TrainConfig, manifest_bytes: bytes, known: dict[str, Any]
         "model.legacy_zero_ckpt": os.path.realpath(m.legacy_zero_ckpt) if m.legacy_zero_ckpt else "",
         "data.manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest(),  # data.path: the data by its content
     }
+    if cfg.scheduler.name in DECAYING:
+        computed[SCHEDULE_HORIZON] = horizon if horizon is not None else cfg.max_duration
     return redact({**signed_values(cfg), **computed})  # a credential in a path or URL never reaches run.json
 
 
@@ -206,15 +247,21 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
     local = stored_record(run_dir)
     old = local or remote_record
     known = (old or {}).get("signature")
+    horizon = schedule_horizon(cfg, manifest)
     try:  # a moved init_ckpt keeps the digest recorded at the first launch (a resume loads the checkpoint)
-        signature = run_signature(cfg, manifest_bytes, known=known)
+        signature = run_signature(cfg, manifest_bytes, known=known, horizon=horizon)
     except FileNotFoundError as e:
         raise ConfigError(missing_init_ckpt(e.filename, run_dir, (known or {}).get("model.init_ckpt"))) from None
     lineage = {
         "init_ckpt": os.path.realpath(cfg.model.init_ckpt) if cfg.model.init_ckpt else "",
         FIRST_CHECKPOINT: None,  # none committed yet (CheckpointRotation records the first)
     }
-    record, _ = identity(run_dir, signature, lineage, adopted=remote_record)
+    try:
+        record, _ = identity(run_dir, signature, lineage, adopted=remote_record)
+    except Refusal as e:  # a decaying schedule's horizon changed: say what it does to the rate
+        resumed = plan_repair(run_dir).latest
+        at = checkpoint_step(resumed) if resumed is not None else None
+        raise Refusal(f"{e}{schedule_jump(cfg, known or {}, horizon, at)}") from None
     repair = plan_repair(run_dir) if cfg.autoresume else None
     latest = repair.latest if repair is not None else None
     committed = store.head() if store is not None else None  # read only: the claim comes after every check

@@ -148,6 +148,9 @@ ADDED_FIELDS = {
 }  # the whole train split
 # fields that earlier runs recorded and that may now change on resume (gcc/training/batch_change.py)
 DROPPED_FIELDS = ("global_batch",)
+# fields compared only when both signatures hold them: a run recorded before the field was signed keeps resuming
+# as before (a decaying schedule's horizon: launch.SCHEDULE_HORIZON)
+COMPARED_IF_RECORDED = ("scheduler.horizon",)
 
 
 def comparable(signature: dict[str, Any]) -> dict[str, Any]:
@@ -164,6 +167,10 @@ def diff_signatures(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     from gcc.training.config import signature_key_name
 
     old, new = comparable(old), comparable(new)
+    for k in COMPARED_IF_RECORDED:
+        if k not in old or k not in new:
+            old.pop(k, None)
+            new.pop(k, None)
     return [
         f"{signature_key_name(k)}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}"
         for k in sorted(set(old) | set(new))
@@ -258,8 +265,8 @@ def identity(
             f"{run_dir}: holds a run with a different signature; these fields differ "
             f"(stored -> now):\n  "
             + "\n  ".join(diffs)
-            + "\nOnly max_duration, the GPU/node count, the global batch (the run then continues at the next "
-            "epoch), workers and logging may change on resume. Use another run_dir to start a different "
+            + "\nOnly max_duration (unless a decaying schedule runs over it), the GPU/node count, the global batch "
+            "(the run then continues at the next epoch), workers and logging may change on resume. Use another run_dir to start a different "
             "run."
         )
     return record, new

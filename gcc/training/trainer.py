@@ -42,7 +42,7 @@ from gcc.training.checkpoint_store import TakenOver
 from gcc.training.config import ConfigError, resolve_duration
 from gcc.training.console import ALL_RANKS
 from gcc.training.ending import PeerGone, end
-from gcc.training.launch import agree_on_start, fetch_on_this_node, train_clips
+from gcc.training.launch import agree_on_start, fetch_on_this_node, steps_per_epoch, train_clips
 from gcc.training.peer_fault import announce, peer_fault
 from gcc.training.ranks import rank, world_size
 from gcc.training.run_folder import RunLock, repair_checkpoints
@@ -104,7 +104,7 @@ def _run(cfg) -> int:
         return code
     if isinstance(cfg.max_duration, str):  # epochs: batches from this launch's train split and global batch
         given = cfg.max_duration
-        resolve_duration(cfg, B.steps_per_epoch(train_clips(start.manifest, cfg.data.limit), world, per_rank))
+        resolve_duration(cfg, steps_per_epoch(train_clips(start.manifest, cfg.data.limit), world, per_rank))
         logger.info(f"max_duration {given}: {cfg.max_steps} batches at this launch's global batch")
     resumed = start.resumed
     if resumed and start.resumed_step >= cfg.max_steps:

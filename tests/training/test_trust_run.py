@@ -391,3 +391,47 @@ def test_a_relaunch_after_a_kill_before_the_first_checkpoint_starts_over_and_one
     (run_dir / "train_log.csv").write_text("step,loss\n1,0.5\n2,0.5\n")
     assert _prepare(run_dir, e2e_shards).resumed_step is None
     assert len(list((run_dir / "replaced").iterdir())) == 2
+
+
+def _checkpoint_at(run_dir: Path, step: int) -> None:
+    """A checkpoint of `step` (a complete torch.save zip, its contents never read by these checks) as `latest`."""
+    import zipfile
+
+    ckpts = run_dir / "checkpoints"
+    ckpts.mkdir(exist_ok=True)
+    with zipfile.ZipFile(ckpts / f"ep0-ba{step}-rank0.pt", "w") as z:
+        z.writestr("data.pkl", b"")
+    (ckpts / "latest-rank0.pt").unlink(missing_ok=True)
+    (ckpts / "latest-rank0.pt").symlink_to(f"ep0-ba{step}-rank0.pt")
+
+
+def test_a_decaying_schedules_length_is_part_of_the_run_and_a_constant_ones_is_not(e2e_shards, tmp_path):
+    """docs/training.md, "Resuming": cosine_with_warmup decays over max_duration, so raising it on resume would make
+    the rate jump (at step 60 of a 10-step warmup: the factor 0.413 of a 100-step run becomes 0.839 of a 200-step
+    one). Such a relaunch is refused naming both lengths and the jump; with the constant default, max_duration is
+    raised freely; a run recorded before the horizon was signed resumes as before."""
+    import math
+
+    def cosine(step: int, total: int, warmup: int = 10) -> float:  # Composer's cosine with warmup, alpha_f 0
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
+
+    cos = ["scheduler.name=cosine_with_warmup", "scheduler.t_warmup=10"]
+    run_dir = tmp_path / "cosine"
+    _prepare(run_dir, e2e_shards, *cos, "max_duration=100")
+    _checkpoint_at(run_dir, 59)
+    assert _prepare(run_dir, e2e_shards, *cos, "max_duration=100").resumed_step == 59
+    with pytest.raises(Refusal) as refused:
+        _prepare(run_dir, e2e_shards, *cos, "max_duration=200")
+    said = str(refused.value)
+    assert "max_duration (in batches: the decaying schedule's horizon): 100 -> 200" in said
+    assert f"at step 60 the lr factor would jump from {cosine(60, 100):.3f} to {cosine(60, 200):.3f}" in said
+    assert f"{cosine(60, 100):.3f}" == "0.413" and "relaunch with max_duration=100" in said
+    record = json.loads((run_dir / "run.json").read_text())
+    del record["signature"]["scheduler.horizon"]  # a run recorded before the horizon was signed
+    (run_dir / "run.json").write_text(json.dumps(record))
+    assert _prepare(run_dir, e2e_shards, *cos, "max_duration=200").resumed_step == 59
+
+    run_dir = tmp_path / "constant"
+    _prepare(run_dir, e2e_shards, "max_duration=100")
+    _checkpoint_at(run_dir, 59)
+    assert _prepare(run_dir, e2e_shards, "max_duration=200").resumed_step == 59
