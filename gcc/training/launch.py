@@ -142,7 +142,7 @@ def run_signature(
     if m.model_dir:
         index = Path(m.model_dir) / "diffusion_pytorch_model.safetensors.index.json"
         base = storage.sha256_file(index) if index.exists() else os.path.realpath(m.model_dir)
-    computed = {  # under the key each field declares as its identity
+    computed: dict[str, Any] = {  # under the key each field declares as its identity
         "model.base_weights": base,  # model.model_dir
         "model.init_ckpt": file_digest(m.init_ckpt, known.get("model.init_ckpt")) if m.init_ckpt else "",
         "model.legacy_zero_ckpt": os.path.realpath(m.legacy_zero_ckpt) if m.legacy_zero_ckpt else "",
