@@ -247,6 +247,7 @@ def export_metadata(cfg: TrainConfig, start: RunStart, step: int) -> dict[str, s
         trainer=f"gcc {code.version}",
         git_revision=code.revision,
         git_dirty=code.dirty,
+        preset="" if cfg.model.overrides else cfg.model.preset,  # with overrides, no preset is the layout
     )
 
 
