@@ -36,7 +36,7 @@ from gcc import exit_codes, inputs
 from gcc.cli import ToolParser
 from gcc.launcher import train_command
 from gcc.synth import world as synth
-from gcc.tools.plot import plot_run
+from gcc.tools.plot import plot_runs
 from gcc.tools.sample.errors import SampleError
 
 
@@ -290,7 +290,8 @@ def main(argv=None) -> int:
         return r.returncode
     with inputs.open_text(run_dir / "val_log.csv", "csv") as f:
         print("\n" + "\n".join(validation_table(list(csv.DictReader(f)))))
-    curves = plot_run(run_dir, run_dir / "curves.png")
+    curves = run_dir / "curves.png"
+    plot_runs([run_dir], curves)
     sheets: list[Path] | None = []
     if args.sample_n > 0:
         print(f"\n[5/{n}] sampling {args.sample_n} val clips with gcc-sample (no --model_dir: the synthetic decoder)")

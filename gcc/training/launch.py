@@ -44,7 +44,6 @@ from gcc.training.run_folder import (
     check_run_folder,
     checkpoint_step,
     ckpt_dir,
-    diff_signatures,
     file_digest,
     identity,
     is_complete,
@@ -57,6 +56,7 @@ from gcc.training.run_folder import (
     with_launch,
     write_record,
 )
+from gcc.training.signature import diff_signatures
 
 logger = logging.getLogger(__name__)
 
@@ -274,7 +274,9 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
     # the run folder alone
     provenance = this_code()
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    record = with_launch(record, {"time": when, "world": world_size(), **provenance.as_dict()})
+    resumes = [checkpoint_step(c) for c in (latest, committed.checkpoint if committed else None) if c]
+    from_step = max(resumes) if resumes and cfg.autoresume else 0  # the step this launch resumes from
+    record = with_launch(record, {"time": when, "world": world_size(), "from_step": from_step, **provenance.as_dict()})
     if store is not None:
         launch = store.claim()
         store.write_record(record)  # the prefix's copy too: a fresh machine adopts the whole launch history

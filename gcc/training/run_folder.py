@@ -40,6 +40,7 @@ from gcc.compat.torch import DCP_METADATA
 from gcc.errors import BadInput, Refusal
 from gcc.locks import LockHeld, take_flock
 from gcc.storage import atomic_write, open_folder, sha256_file
+from gcc.training.signature import diff_signatures
 
 logger = logging.getLogger(__name__)
 
@@ -141,43 +142,6 @@ def file_digest(path: str, known: dict[str, Any] | None = None) -> dict[str, Any
     return {**stamp, "sha256": sha256_file(path)}
 
 
-# signature fields added after some runs were recorded, with the value those runs had
-ADDED_FIELDS = {
-    "parallelism": "ddp",  # before FSDP2 every CPU run (the only ones recorded) was DDP
-    "data.limit": None,
-}  # the whole train split
-# fields that earlier runs recorded and that may now change on resume (gcc/training/batch_change.py)
-DROPPED_FIELDS = ("global_batch",)
-# fields compared only when both signatures hold them: a run recorded before the field was signed keeps resuming
-# as before (a decaying schedule's horizon: launch.SCHEDULE_HORIZON)
-COMPARED_IF_RECORDED = ("scheduler.horizon",)
-
-
-def comparable(signature: dict[str, Any]) -> dict[str, Any]:
-    """A signature as compared: a file digest (path, size, mtime, sha256) compares by its sha256 only."""
-    signature = {**ADDED_FIELDS, **signature}
-    return {
-        k: (v.get("sha256", "") if isinstance(v, dict) else v) for k, v in signature.items() if k not in DROPPED_FIELDS
-    }
-
-
-def diff_signatures(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Each field that differs, by the name the config gives it now (a signature keeps the names of its first
-    launch: `config.signature_key_name`), as `key: stored -> now`."""
-    from gcc.training.config import signature_key_name
-
-    old, new = comparable(old), comparable(new)
-    for k in COMPARED_IF_RECORDED:
-        if k not in old or k not in new:
-            old.pop(k, None)
-            new.pop(k, None)
-    return [
-        f"{signature_key_name(k)}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}"
-        for k in sorted(set(old) | set(new))
-        if old.get(k) != new.get(k)
-    ]
-
-
 def stored_record(run_dir: Path) -> dict[str, Any] | None:
     """The run folder's run.json (None when there is none), read through `gcc.inputs` (a regular file, bounded);
     its CSV logs, which a resume reads and rewrites, must be regular files too. A Refusal naming the file
@@ -205,7 +169,9 @@ def stored_record(run_dir: Path) -> dict[str, Any] | None:
     return record
 
 
-LAUNCHES = "launches"  # run.json lineage: [{time, world, gcc_version, git_revision, git_dirty}, ...]
+# run.json lineage: [{time, world, from_step (0: a start; a launch of an earlier gcc has none), gcc_version,
+# git_revision, git_dirty}, ...]
+LAUNCHES = "launches"
 # run.json lineage: the step of the run's first committed checkpoint, null until there is one (a run started by an
 # earlier gcc: the first one committed since). A record of an earlier gcc without the key: whether its run committed
 # a checkpoint is read from what it wrote (`why_not_remade`)

@@ -84,7 +84,7 @@ def test_reference_run_outputs(reference, e2e_shards):
     assert f"  {code} ====" in log[0] and cfg["provenance"] == code.as_dict()
     record = json.loads((reference / "run.json").read_text())
     (launch_entry,) = record["lineage"]["launches"]  # one launch
-    assert launch_entry == {"time": launch_entry["time"], "world": 2, **code.as_dict()}
+    assert launch_entry == {"time": launch_entry["time"], "world": 2, "from_step": 0, **code.as_dict()}
     assert not any(k.startswith(("git", "gcc")) for k in record["signature"])
     for p in reference.glob("step-*.safetensors"):
         got = export_tensors(p)[1]
