@@ -32,7 +32,7 @@ from gcc.compat.torch import new_shared_storage, shutdown_loader_workers
 from gcc.data.mask import apply_unknown_mask
 from gcc.data.sample_rng import draw_sample
 from gcc.data.shards import SHARD_HASH, TEXT_TABLE, ClipRecord, SplitFormat, check_index, read_manifest
-from gcc.data.text_table import TextTable
+from gcc.data.text_table import TextTable, stack_prompts
 from gcc.errors import BadInput, DamagedData, StorageUnavailable, disk_full, is_unreachable
 from gcc.geometry import Cameras
 from gcc.names import inside
@@ -257,9 +257,11 @@ class GcStreamingDataset(StreamingBase):
                 )
         if self.vocab == "ids":
             sem_t = torch.from_numpy(collapse_parts(sem))
+        context, index = self.text.prompts(ids, empty=_empty)
         return {
             "input_latents": rec.input_latents,
-            "context": self.text.gather(ids, empty=_empty),
+            "context": context,
+            "context_index": index,
             "context_ids": torch.from_numpy(np.asarray(ids, np.int64)),
             "sem_ids": sem_t,
             "clip_id": rec.clip_id,
@@ -279,21 +281,38 @@ def _stack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def gc_collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Stack samples into the batch the model consumes; `dropped` becomes three flat tensors. A batch of one
-    sample holds views of the sample's tensors (values identical; a single-prompt context stays a stride-0
-    expanded view, see `TextTable.gather`)."""
+    """Stack samples into the batch the model consumes (docs/design.md §5, "The batch"): tensors for the device;
+    the samples' identities (`clip_id`, `sample_id`, `epoch`) and prompt counts (`prompts`) as lists, which stay
+    on the host, so reading them never waits for the device; `dropped` becomes three flat tensors. A batch of one
+    sample holds views of the sample's tensors."""
+    context, index = stack_prompts([(s["context"], s["context_index"]) for s in samples], empty=_empty)
     return {
         "input_latents": _stack([s["input_latents"] for s in samples]),
-        "context": _stack([s["context"] for s in samples]),
+        "context": context,
+        "context_index": index,
         "context_ids": torch.stack([s["context_ids"] for s in samples]),
         "sem_ids": _stack([s["sem_ids"] for s in samples]),
         "clip_id": [s["clip_id"] for s in samples],
-        "sample_id": torch.tensor([s["sample_id"] for s in samples], dtype=torch.int64),
-        "epoch": torch.tensor([s["epoch"] for s in samples], dtype=torch.int64),
+        "sample_id": [int(s["sample_id"]) for s in samples],
+        "epoch": [int(s["epoch"]) for s in samples],
+        "prompts": [int(s["context"].shape[0]) for s in samples],
         "drop_text": torch.tensor([s["dropped"]["text"] for s in samples], dtype=torch.bool),
         "drop_cond": torch.tensor([s["dropped"]["cond"] for s in samples], dtype=torch.bool),
         "mask_frac": torch.tensor([s["dropped"]["mask"] for s in samples], dtype=torch.float32),
     }
+
+
+def split_batch(batch: dict[str, Any], size: int) -> list[dict[str, Any]]:
+    """A gc_collate batch as Composer's micro-batches of `size` samples (its DataSpec `split_batch`): every tensor
+    and list cut along the samples, each micro-batch's context cut to its own most prompts (the rest is padding for
+    another sample), so what goes to the device is what the micro-batch uses. Views: no copy, still pinned."""
+    n = len(batch["clip_id"])
+    micro = []
+    for lo in range(0, n, size):
+        part = {k: v[lo : lo + size] for k, v in batch.items()}
+        part["context"] = part["context"][:, : max(part["prompts"])]
+        micro.append(part)
+    return micro
 
 
 class FaultAt:
@@ -315,6 +334,12 @@ class FaultAt:
         return self.collate(samples)
 
 
+def pin_batches() -> bool:
+    """Batches go to a GPU from pinned (page-locked) memory, so the copy is asynchronous and at full speed; on a
+    CPU run nothing is copied, and pinning would only cost a host copy (docs/performance.md, "The batch")."""
+    return torch.cuda.is_available()
+
+
 # after a preemption signal a loader worker lives this much longer than its rank's grace (see LoaderWorkerInit)
 WORKER_EXTRA_GRACE_S = 30.0
 
@@ -333,14 +358,17 @@ def build_dataloader(
     position through `.dataset`) whose workers start once, from the forkserver, and live for the whole run
     (see gcc/workers.py). Streaming re-reads its resume state at each epoch's `__iter__`, persistent workers
     included. `drop_last`: an epoch's last, partial batch is not yielded (every rank has the same number of
-    samples per epoch, so every rank drops it at the same step)."""
+    samples per epoch, so every rank drops it at the same step). Batches are pinned for a GPU (`pin_batches`)."""
     if num_workers == 0:
-        return DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, drop_last=drop_last)
+        return DataLoader(
+            dataset, batch_size=batch_size, collate_fn=collate_fn, drop_last=drop_last, pin_memory=pin_batches()
+        )
     dl = DataLoader(
         dataset,
         batch_size=batch_size,
         num_workers=num_workers,
         collate_fn=collate_fn,
+        pin_memory=pin_batches(),
         persistent_workers=True,
         prefetch_factor=prefetch_factor,
         drop_last=drop_last,

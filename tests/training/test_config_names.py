@@ -180,3 +180,17 @@ def test_print_config_of_a_bad_config_is_a_config_error(capsys):
 
 def test_the_config_dataclasses_default_to_sft_v10():
     assert TrainConfig().max_steps == 20000 and TrainConfig().scheduler.t_warmup == 500
+
+
+@pytest.mark.parametrize("given, expected", [("true", "block"), ("false", "none")])
+def test_grad_ckpt_is_read_as_activation_checkpointing_with_its_values(given, expected, tmp_path, caplog):
+    """model.grad_ckpt (a bool) became model.activation_checkpointing (block | selective | none): true is block,
+    false none, from the yaml and from the command line."""
+    old_yaml = tmp_path / "old.yaml"
+    old_yaml.write_text(f"model:\n  grad_ckpt: {given}\n")
+    with caplog.at_level(logging.WARNING, logger="gcc"):
+        assert load_config(old_yaml, ["loggers={}"]).model.activation_checkpointing == expected
+        assert load_config(None, [f"model.grad_ckpt={given}", "loggers={}"]).model.activation_checkpointing == expected
+    assert _warned(caplog)[0].startswith("model.grad_ckpt: an old key name, read as model.activation_checkpointing")
+    with pytest.raises(ConfigError, match="model.activation_checkpointing: expected str, got int 3"):
+        load_config(None, ["model.grad_ckpt=3", "loggers={}"])

@@ -237,7 +237,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     sync(device)
     t_load = time.perf_counter() - t_start  # option checks, data index, DiT + VAE
     null_id = src.table.null_id
-    null_row = src.table.gather([null_id])[0]
+    null_row = src.table.row(null_id)
 
     per_clip, tot = {}, {k: 0.0 for k in judge.timing_keys}
     progress = SetProgress(len(clip_ids), a.steps)
@@ -255,13 +255,13 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         ref = judge.reference(clip, geo, sem_ids)
 
         t0 = time.perf_counter()
+        prompts, index = src.table.prompts(clip.context_ids)
         gen_lat = sample_latents(
             dit,
             lat[:, 0:1].float(),
-            src.table.gather(clip.context_ids),
-            torch.from_numpy(clip.context_ids),
-            null_row.expand(geo.T, *null_row.shape),
-            torch.full((geo.T,), null_id, dtype=torch.int64),
+            prompts,
+            index,
+            null_row,
             torch.from_numpy(np.ascontiguousarray(sem)),
             clip_noise(a.seed, cid, geo.latent_shape),
             steps=a.steps,
