@@ -47,7 +47,7 @@ class _MemCollate:
     """gc_collate plus the calling worker's RSS / peak RSS (read in the worker)."""
 
     def __init__(self):
-        from gcc.data.dataset import gc_collate
+        from gcc.data.batch import gc_collate
 
         self.collate = gc_collate
         self.start_rss = None

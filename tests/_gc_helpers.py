@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from gcc.data.dataset import gc_collate
+from gcc.data.batch import gc_collate
 from gcc.data.text_table import distinct_in_order
 from gcc.geometry import Geometry
 from gcc.model.dit import build_gc_dit

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import math
 import multiprocessing
 import random
 import time
@@ -24,15 +23,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import DataLoader
 
 from gcc import storage
 from gcc.compat.streaming import StreamingBase, node_registration_lock
-from gcc.compat.torch import new_shared_storage, shutdown_loader_workers
+from gcc.compat.torch import shutdown_loader_workers
+from gcc.data.batch import gc_collate, new_tensor, pin_batches
 from gcc.data.mask import apply_unknown_mask
 from gcc.data.sample_rng import draw_sample
 from gcc.data.shards import SHARD_HASH, TEXT_TABLE, ClipRecord, SplitFormat, check_index, read_manifest
-from gcc.data.text_table import TextTable, stack_prompts
+from gcc.data.text_table import TextTable
 from gcc.errors import BadInput, DamagedData, StorageUnavailable, disk_full, is_unreachable
 from gcc.geometry import Cameras
 from gcc.names import inside
@@ -56,17 +56,6 @@ class Dropouts:
 NO_DROPOUTS = Dropouts(text=0.0, cond=0.0, mask=0.0)
 # how a damaged or missing index.json fails inside StreamingDataset's constructor
 INDEX_DAMAGE = (json.JSONDecodeError, OSError, KeyError, TypeError)
-
-
-def _empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    """A new uninitialised tensor. Inside a DataLoader worker its storage is shared memory from the start (as
-    torch's default_collate does for its batches), so handing the sample or batch to the main process does
-    not copy it once more: at v10 a sample's sem ids are 32 MB and a context 88 MB."""
-    shape = tuple(int(s) for s in shape)
-    if get_worker_info() is None:
-        return torch.empty(shape, dtype=dtype)
-    storage = new_shared_storage(math.prod(shape) * dtype.itemsize)
-    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)  # type: ignore[call-overload]  # stride is optional
 
 
 def round_robin_by_run(items: Sequence[tuple[str, Any]], n: int) -> list:
@@ -224,7 +213,7 @@ class GcStreamingDataset(StreamingBase):
             )
 
     def get_item(self, sample_id: int, retry: int = 7) -> dict[str, Any]:
-        rec = self.record(sample_id, _empty, retry)
+        rec = self.record(sample_id, new_tensor, retry)
         with self._decoding(sample_id):
             meta = rec.meta()
         return self.make_sample(rec, int(sample_id), self.epoch, meta, decoding=lambda: self._decoding(sample_id))
@@ -237,7 +226,7 @@ class GcStreamingDataset(StreamingBase):
         ids = np.full(len(rec.context_ids), self.text.null_id, np.int64) if draw.drop_text else rec.context_ids
         mask_frac = 0.0
         # sem ids are written once, into their final (in a worker: shared) storage
-        sem_t = _empty(rec.sem_shape, torch.uint8)
+        sem_t = new_tensor(rec.sem_shape, torch.uint8)
         sem = sem_t.numpy()
         if draw.drop_cond:
             sem.fill(UNKNOWN)  # the stored ids are never decompressed
@@ -257,7 +246,7 @@ class GcStreamingDataset(StreamingBase):
                 )
         if self.vocab == "ids":
             sem_t = torch.from_numpy(collapse_parts(sem))
-        context, index = self.text.prompts(ids, empty=_empty)
+        context, index = self.text.prompts(ids, empty=new_tensor)
         return {
             "input_latents": rec.input_latents,
             "context": context,
@@ -269,50 +258,6 @@ class GcStreamingDataset(StreamingBase):
             "epoch": epoch,
             "dropped": {"text": bool(draw.drop_text), "cond": bool(draw.drop_cond), "mask": float(mask_frac)},
         }
-
-
-def _stack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """torch.stack; one tensor becomes a [1, ...] view (no copy); in a worker the stack is written straight
-    into shared memory (as default_collate does)."""
-    if len(tensors) == 1:
-        return tensors[0].unsqueeze(0)
-    out = _empty((len(tensors), *tensors[0].shape), tensors[0].dtype)
-    return torch.stack(list(tensors), out=out)
-
-
-def gc_collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Stack samples into the batch the model consumes (docs/design.md §5, "The batch"): tensors for the device;
-    the samples' identities (`clip_id`, `sample_id`, `epoch`) and prompt counts (`prompts`) as lists, which stay
-    on the host, so reading them never waits for the device; `dropped` becomes three flat tensors. A batch of one
-    sample holds views of the sample's tensors."""
-    context, index = stack_prompts([(s["context"], s["context_index"]) for s in samples], empty=_empty)
-    return {
-        "input_latents": _stack([s["input_latents"] for s in samples]),
-        "context": context,
-        "context_index": index,
-        "context_ids": torch.stack([s["context_ids"] for s in samples]),
-        "sem_ids": _stack([s["sem_ids"] for s in samples]),
-        "clip_id": [s["clip_id"] for s in samples],
-        "sample_id": [int(s["sample_id"]) for s in samples],
-        "epoch": [int(s["epoch"]) for s in samples],
-        "prompts": [int(s["context"].shape[0]) for s in samples],
-        "drop_text": torch.tensor([s["dropped"]["text"] for s in samples], dtype=torch.bool),
-        "drop_cond": torch.tensor([s["dropped"]["cond"] for s in samples], dtype=torch.bool),
-        "mask_frac": torch.tensor([s["dropped"]["mask"] for s in samples], dtype=torch.float32),
-    }
-
-
-def split_batch(batch: dict[str, Any], size: int) -> list[dict[str, Any]]:
-    """A gc_collate batch as Composer's micro-batches of `size` samples (its DataSpec `split_batch`): every tensor
-    and list cut along the samples, each micro-batch's context cut to its own most prompts (the rest is padding for
-    another sample), so what goes to the device is what the micro-batch uses. Views: no copy, still pinned."""
-    n = len(batch["clip_id"])
-    micro = []
-    for lo in range(0, n, size):
-        part = {k: v[lo : lo + size] for k, v in batch.items()}
-        part["context"] = part["context"][:, : max(part["prompts"])]
-        micro.append(part)
-    return micro
 
 
 class FaultAt:
@@ -332,12 +277,6 @@ class FaultAt:
             while True:
                 time.sleep(3600)
         return self.collate(samples)
-
-
-def pin_batches() -> bool:
-    """Batches go to a GPU from pinned (page-locked) memory, so the copy is asynchronous and at full speed; on a
-    CPU run nothing is copied, and pinning would only cost a host copy (docs/performance.md, "The batch")."""
-    return torch.cuda.is_available()
 
 
 # after a preemption signal a loader worker lives this much longer than its rank's grace (see LoaderWorkerInit)

@@ -107,6 +107,38 @@ class FlowMatching:
         return self.tables(tid.device).weights[tid]
 
 
+def model_text(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's prompts, cut to its micro-batch's most (the rest is padding for other clips: no need to embed
+    it), and each latent frame's index among them (gcc.data.dataset.gc_collate). `prompts` is a host list."""
+    return batch["context"][:, : max(batch["prompts"])], batch["context_index"]
+
+
+def training_outputs(flow: FlowMatching, dit, batch: dict, seed: int, first_frame_cond: bool) -> dict:
+    """One training forward of `dit` (a GcDiT) on `batch`: the per-sample draws on the batch's device, the noisy
+    latents, the prediction and what the loss needs (`training_loss`). Nothing read back to the host."""
+    x0 = batch["input_latents"].to(next(dit.parameters()).dtype)
+    tid, eps = flow.draw(seed, batch["sample_id"], batch["epoch"], x0.shape[1:], x0.device)
+    eps = eps.to(x0.dtype)
+    timesteps = flow.timesteps(tid)
+    x_t = flow.noisy(x0, eps, tid, first_frame_cond)
+    pred, aux = dit.gc_forward(x_t, timesteps, *model_text(batch), batch["sem_ids"], first_frame_cond, aux=True)
+    return {
+        "pred": pred,
+        "target": flow.target(x0, eps),
+        "weight": flow.weights(tid),
+        "tid": tid,
+        "timestep": timesteps,
+        **aux,
+    }
+
+
+def training_loss(outputs: dict, first_frame_cond: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, per-sample MSE): the weighted flow-matching MSE, a mean over the micro-batch (Composer scales each
+    micro-batch's loss by its share of the batch)."""
+    mse = per_sample_mse(outputs["pred"], outputs["target"], first_frame_cond)
+    return (mse * outputs["weight"].float()).mean(), mse
+
+
 def per_sample_mse(pred: torch.Tensor, target: torch.Tensor, first_frame_cond: bool) -> torch.Tensor:
     """[B] MSE in fp32; latent frame 0 is excluded when it is the given clean first frame."""
     if first_frame_cond:

@@ -18,7 +18,15 @@ from torchmetrics import Metric
 from gcc.compat.diffsynth import FlowMatchScheduler
 from gcc.model.dit import GcDiT
 from gcc.model.flops import train_flops
-from gcc.model.flow import WAN_SHIFT, FlowMatching, per_sample_mse, val_noise
+from gcc.model.flow import (
+    WAN_SHIFT,
+    FlowMatching,
+    model_text,
+    per_sample_mse,
+    training_loss,
+    training_outputs,
+    val_noise,
+)
 from gcc.vocab import UNKNOWN
 
 VAL_VARIANTS = ("cond", "uncond", "nulltext")
@@ -117,40 +125,17 @@ class GcTrainModel(ComposerModel):
     def _dtype(self) -> torch.dtype:
         return next(self.dit.parameters()).dtype
 
-    def _run(self, x_t, timesteps, batch, context=None, context_index=None, sem_ids=None, aux=False):
-        if context is None:  # the batch's prompts, trimmed to this micro-batch's most (the rest is padding)
-            context, context_index = batch["context"][:, : max(batch["prompts"])], batch["context_index"]
-        return self.dit.gc_forward(
-            x_t,
-            timesteps,
-            context,
-            context_index,
-            batch["sem_ids"] if sem_ids is None else sem_ids,
-            self.first_frame_cond,
-            aux,
-        )
+    def _run(self, x_t, timesteps, batch, text=None, sem_ids=None):
+        context, index = model_text(batch) if text is None else text
+        sem = batch["sem_ids"] if sem_ids is None else sem_ids
+        return self.dit.gc_forward(x_t, timesteps, context, index, sem, self.first_frame_cond)
 
-    # -- training
+    # -- training (gcc/model/flow.py: what bench/gpu_step.py runs without Composer)
     def forward(self, batch: dict) -> dict:
-        x0 = batch["input_latents"].to(self._dtype())
-        tid, eps = self.flow.draw(self.seed, batch["sample_id"], batch["epoch"], x0.shape[1:], x0.device)
-        eps = eps.to(x0.dtype)
-        timesteps = self.flow.timesteps(tid)
-        x_t = self.flow.noisy(x0, eps, tid, self.first_frame_cond)
-        pred, aux = self._run(x_t, timesteps, batch, aux=True)
-        return {
-            "pred": pred,
-            "target": self.flow.target(x0, eps),
-            "weight": self.flow.weights(tid),
-            "tid": tid,
-            "timestep": timesteps,
-            **aux,
-        }
+        return training_outputs(self.flow, self.dit, batch, self.seed, self.first_frame_cond)
 
     def loss(self, outputs: dict, batch: dict) -> torch.Tensor:
-        mse = per_sample_mse(outputs["pred"], outputs["target"], self.first_frame_cond)
-        # a mean over the micro-batch: Composer scales each micro-batch loss by its share of the batch
-        loss = (mse * outputs["weight"].float()).mean()
+        loss, mse = training_loss(outputs, self.first_frame_cond)
         # the statistics declared in gcc/model/objective_stats.py TRAIN_STATS, by name
         outputs["stats"] = {
             "mse": mse.detach().mean(),
@@ -195,7 +180,7 @@ class GcTrainModel(ComposerModel):
             preds = {
                 "cond": self._run(x_t, timesteps, batch),
                 "uncond": self._run(x_t, timesteps, batch, sem_ids=uncond_ids),
-                "nulltext": self._run(x_t, timesteps, batch, context=null_ctx, context_index=null_index),
+                "nulltext": self._run(x_t, timesteps, batch, text=(null_ctx, null_index)),
             }
             for v in VAL_VARIANTS:
                 res[v].append(per_sample_mse(preds[v], target, self.first_frame_cond))

@@ -18,23 +18,21 @@ from torch.utils.data import DataLoader, Dataset
 from gcc.compat.composer import MicroBatch, meta_init_on, use_checkpoint_saver, use_lean_engine
 from gcc.compat.streaming import release_stale_shm
 from gcc.compat.torch import gloo_gradients_as_means
+from gcc.data.batch import gc_collate, pin_batches, split_batch
 from gcc.data.dataset import (
     Dropouts,
     FaultAt,
     GcStreamingDataset,
     build_dataloader,
     fetch_text_table,
-    gc_collate,
-    pin_batches,
     round_robin_by_run,
-    split_batch,
 )
 from gcc.data.text_table import TextTable
 from gcc.model.attention import backends_at, current_kernel, select_attention
 from gcc.model.dit import build_gc_dit, load_wan_base, model_config
 from gcc.model.export import gc_metadata, load_gc_weights, load_legacy_zero
 from gcc.model.objective import GcTrainModel
-from gcc.model.optim import build_optimizer, composer_scheduler, trainer_schedule_kwargs
+from gcc.model.optim import build_optimizer
 from gcc.provenance import Provenance
 from gcc.redact import redact
 from gcc.sampling.decoders import pick_decoder
@@ -50,6 +48,7 @@ from gcc.training.launch import RunStart, cache_dir, data_name, train_clips, val
 from gcc.training.peer_fault import PEER_GRACE_S, announce, watch_peers
 from gcc.training.ranks import rank, world_size
 from gcc.training.run_folder import ckpt_dir
+from gcc.training.schedule import composer_scheduler, trainer_schedule_kwargs
 from gcc.training.watchdog import StallWatchdog
 
 logger = logging.getLogger(__name__)
@@ -422,7 +421,7 @@ def build_evaluators(cfg: TrainConfig, val_loader: DataLoader | None, preemption
 
 def build_optimization(cfg: TrainConfig, model) -> tuple[torch.optim.AdamW, dict]:
     """The yaml's `optimizer:` (AdamW, two parameter groups) and the Trainer kwargs of its `scheduler:` over
-    max_duration (gcc/model/optim.py)."""
+    max_duration (gcc/model/optim.py, gcc/training/schedule.py)."""
     o, s = cfg.optimizer, cfg.scheduler
     opt = build_optimizer(model, o.lr, o.cond_lr, o.weight_decay, (float(o.betas[0]), float(o.betas[1])), o.eps)
     return opt, trainer_schedule_kwargs(opt, composer_scheduler(s.name, s.t_warmup, s.alpha_f), cfg.max_steps)

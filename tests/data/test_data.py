@@ -18,7 +18,8 @@ import torch
 from safetensors import safe_open
 
 from gcc.data import convert as C
-from gcc.data.dataset import Dropouts, GcStreamingDataset, build_dataloader, gc_collate
+from gcc.data.batch import gc_collate
+from gcc.data.dataset import Dropouts, GcStreamingDataset, build_dataloader
 from gcc.data.shards import MANIFEST
 from gcc.errors import BadInput
 from gcc.vocab import NULL_PROMPT, UNKNOWN, collapse_parts, invalid_values, key_to_id

@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 
 from gcc.data import shards as S
-from gcc.data.dataset import gc_collate
+from gcc.data.batch import gc_collate
 from gcc.data.text_table import TextTable
 from gcc.errors import BadInput
 
@@ -100,7 +100,7 @@ def test_micro_batches_carry_only_their_own_prompts_as_views():
     micro-batch's context cut to its own most prompts (the padding of another clip is not sent to the device)."""
     from _gc_helpers import make_samples
 
-    from gcc.data.dataset import split_batch
+    from gcc.data.batch import split_batch
 
     samples = make_samples(B=3, T=4, seed=6)
     batch = gc_collate(samples)

@@ -9,7 +9,7 @@ from _gc_helpers import D_TXT, L_TXT, make_batch, null_embedding, tiny_dit
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from gcc.data.dataset import split_batch
+from gcc.data.batch import split_batch
 from gcc.data.text_table import distinct_in_order, stack_prompts
 from gcc.model.objective import GcTrainModel
 

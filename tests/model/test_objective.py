@@ -8,11 +8,12 @@ from _gc_helpers import make_batch, make_samples, null_embedding, randomize_cond
 from torch.utils.data import DataLoader, Dataset
 
 from gcc.compat.diffsynth import FlowMatchScheduler
-from gcc.data.dataset import gc_collate
+from gcc.data.batch import gc_collate
 from gcc.model.flow import make_scheduler, train_draw, val_noise
 from gcc.model.objective import GcTrainModel, GcValMSE, resolve_timesteps
 from gcc.model.objective_stats import TRAIN_STATS, VAL_ROW_FIELDS
-from gcc.model.optim import BETAS, build_optimizer, composer_scheduler, param_groups, trainer_schedule_kwargs
+from gcc.model.optim import BETAS, build_optimizer, param_groups
+from gcc.training.schedule import composer_scheduler, trainer_schedule_kwargs
 
 
 def _model(seed=0, dit_seed=0, **kw):
