@@ -36,16 +36,12 @@ import warnings
 from contextlib import nullcontext
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-# a bare image's torch is newer than gcc's pinned one: this bench runs on it (its lines name the version)
-os.environ.setdefault("GCC_UNVERIFIED_LIBS", "torch")
-# gcc keeps inductor to one compile thread in a run (gcc/compat/diffsynth.py); here compiling is half the work
-os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(min(os.cpu_count() or 1, 16)))
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0}  # dense bf16, SXM
 LEGACY_S_PER_MICRO = 1.2  # the trainer gcc replaces: 4×H200, ZeRO-2, v10 geometry (docs/performance.md)
@@ -129,10 +125,6 @@ def synthetic_batch(geo, vocab: str, pin: bool, seed: int = 0) -> dict:
     return batch
 
 
-def device_bytes(batch: dict) -> int:
-    return sum(v.nbytes for v in batch.values() if isinstance(v, torch.Tensor))
-
-
 def build(cfg, device, checkpointing: str, compiled: bool, bf16: bool):
     """The DiT as the trainer builds it under `parallelism: fsdp`: on the meta device, its blocks wrapped, each block
     and then the root made an FSDP2 unit (resharded after forward; bf16 parameters, fp32 reduction), then each
@@ -156,6 +148,7 @@ def build(cfg, device, checkpointing: str, compiled: bool, bf16: bool):
 
 
 def measure_step(cfg, geo, device, args, compiled: bool) -> dict:
+    from gcc.data.batch import device_bytes
     from gcc.model.flops import train_flops
     from gcc.model.flow import FlowMatching, training_loss, training_outputs
     from gcc.model.fsdp import clip_grad_norm
@@ -292,6 +285,11 @@ def copy_table(gb: float, reps: int = 2) -> list[dict]:
 
 
 def main() -> int:
+    # before gcc is imported: a bare image's torch is newer than gcc's pinned one, and this bench runs on it (its
+    # lines name the version); gcc keeps inductor to one compile thread in a run (gcc/compat/diffsynth.py), and here
+    # compiling is much of the work
+    os.environ.setdefault("GCC_UNVERIFIED_LIBS", "torch")
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(min(os.cpu_count() or 1, 16)))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cpu", action="store_true", help="the tiny preset and geometry on the CPU, fp32")
     ap.add_argument("--preset", default=None, help="model preset (default: wide on a GPU, tiny with --cpu)")

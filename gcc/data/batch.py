@@ -85,3 +85,8 @@ def pin_batches() -> bool:
     """Batches go to a GPU from pinned (page-locked) memory, so the copy is asynchronous and at full speed; on a
     CPU run nothing is copied, and pinning would only cost a host copy (docs/performance.md, "The batch")."""
     return torch.cuda.is_available()
+
+
+def device_bytes(batch: dict[str, Any]) -> int:
+    """The bytes of a (micro-)batch's tensors: what goes to the device (the lists stay on the host)."""
+    return sum(v.nbytes for v in batch.values() if isinstance(v, torch.Tensor))

@@ -83,8 +83,9 @@ class FramewiseCrossAttention(CrossAttention):
 
     The keys and values are projected once per distinct prompt, then indexed per frame: projecting them per
     frame would cost T× the work in every block (at v10, 21 latent frames × 512 text rows). The tokens are
-    reshaped to [B*T, n, dim], which is exact and cheaper than a block-diagonal attention mask. A plain context
-    tensor takes Wan's own path.
+    reshaped to [B*T, n, dim], which is exact and cheaper than a block-diagonal attention mask. When every clip
+    has one prompt (the context's shape says so: no value is read), each clip's tokens attend to it directly, as
+    in Wan, with no per-frame copy of the keys and values. A plain context tensor takes Wan's own path.
     """
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | FrameContext):
@@ -97,6 +98,9 @@ class FramewiseCrossAttention(CrossAttention):
                 f"context of {y.index.numel()} frames does not split tokens {tuple(x.shape)} into "
                 f"frames (or the model has image input)"
             )
+        if y.emb.shape[0] == B:  # one prompt per clip: every index points at it
+            q, k, v = self.norm_q(self.q(x)), self.norm_k(self.k(y.emb)), self.v(y.emb)
+            return self.o(attend(q, k, v, self.num_heads))
         q = self.norm_q(self.q(x.reshape(B * T, S // T, D)))
         k = self.norm_k(self.k(y.emb))[y.index]
         v = self.v(y.emb)[y.index]

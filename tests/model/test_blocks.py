@@ -103,3 +103,21 @@ def test_every_diffsynth_module_of_the_model_runs_in_gccs_form_and_keeps_its_key
     for block in dit.blocks:
         assert type(block) is GcDiTBlock and set(block.state_dict()) == plain_keys
     assert not [m for m in dit.modules() if type(m) in BLOCK_CLASSES]  # no DiffSynth form left
+
+
+def test_one_prompt_per_clip_attends_directly_as_the_framewise_path_does():
+    """A context of one prompt per clip (its shape says so) skips the per-frame copy of the keys and values: the
+    same result as the framewise path, which a second, unused prompt per clip forces."""
+    torch.manual_seed(0)
+    cross = gc_copy(DiTBlock(False, DIM, HEADS, FFN)).cross_attn
+    B, f, L = 2, GRID[0], 5
+    x = torch.randn(B, S, DIM)
+    emb = torch.randn(B, L, DIM)
+    rows = []
+    hook = cross.k.register_forward_hook(lambda m, a, o: rows.append(a[0].shape[0]))
+    direct = cross(x, FrameContext(emb, torch.arange(B).repeat_interleave(f)))
+    two = torch.stack([emb, torch.randn(B, L, DIM)], dim=1).reshape(2 * B, L, DIM)  # prompt 2b is clip b's
+    framewise = cross(x, FrameContext(two, (2 * torch.arange(B)).repeat_interleave(f)))
+    hook.remove()
+    assert rows == [B, 2 * B]
+    torch.testing.assert_close(direct, framewise, rtol=1e-5, atol=1e-6)
