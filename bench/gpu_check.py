@@ -6,11 +6,12 @@
 
 It synthesizes full-geometry clips (81×480×832, v10 text), converts them to shards, then launches
 `composer -n <GPUs> gcc/train.py yamls/sft_v10.yaml` as a user does: the 5B preset (random weights unless
---model-dir), FSDP2 ZeRO-2-like, amp_bf16, activation checkpointing per block, micro-batch 1 × accumulation 2,
+--model-dir), FSDP2 resharding after forward, amp_bf16, activation checkpointing per block, micro-batch 1 ×
+accumulation 2,
 a sharded checkpoint at the end of the first launch, then a relaunch that resumes from it. It prints:
 * s per micro-batch (median step_time / accumulation over the steps after the first two),
 * peak GPU memory (train_log mem_gb: torch.cuda.max_memory_allocated),
-* MFU: model FLOPs (bench/gpu_step.py's `model_flops`) per micro-batch / time / 989 TFLOP/s (H100/H200 bf16),
+* MFU: model FLOPs (gcc/model/flops.py, one prompt per clip) per micro-batch / time / the GPU's bf16 peak,
 * the sharded save's seconds and size, and the relaunch's seconds to a trainer with the checkpoint loaded,
 next to the legacy trainer's 1.2 s per micro-batch and 35.2 GB per GPU (4×H200, DeepSpeed ZeRO-2).
 """
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpu_step import LEGACY_S_PER_MICRO, PEAK_TFLOPS, model_flops  # noqa: E402
+from gpu_step import LEGACY_S_PER_MICRO, peak_tflops  # noqa: E402
 
 from gcc.launcher import train_command  # noqa: E402
 
@@ -57,11 +58,14 @@ def main() -> None:
     ap.add_argument("--work", default=None, help="folder for data and runs (default: a temporary one)")
     ap.add_argument("--cpu", action="store_true", help="dry run on 2 CPU ranks: tiny preset and geometry, fp32")
     ap.add_argument("--preset", default=None, help="model preset (default: ti2v-5b on GPU, tiny with --cpu)")
-    ap.add_argument("--reshard-after-forward", action="store_true", help="ZeRO-3-like instead of ZeRO-2-like")
+    ap.add_argument("--keep-gathered", action="store_true", help="fsdp.reshard_after_forward=false (ZeRO-2-like)")
+    ap.add_argument("--checkpointing", default="block", help="model.activation_checkpointing: block | selective")
+    ap.add_argument("--compile", action="store_true", help="model.compile=true")
     args = ap.parse_args()
 
     from gcc.data.convert import convert
     from gcc.model.dit import build_gc_dit, count_params
+    from gcc.model.flops import train_flops
     from gcc.synth.world import write_prepared
 
     n = 2 if args.cpu else torch.cuda.device_count()
@@ -73,8 +77,9 @@ def main() -> None:
         f"model.preset={preset}",
         f"model.model_dir={args.model_dir or chr(34) * 2}",
         "parallelism=fsdp",
-        f"fsdp.reshard_after_forward={str(args.reshard_after_forward).lower()}",
-        "model.grad_ckpt=true",
+        f"fsdp.reshard_after_forward={str(not args.keep_gathered).lower()}",
+        f"model.activation_checkpointing={args.checkpointing}",
+        f"model.compile={str(args.compile).lower()}",
         f"global_train_batch_size={n * accum}",
         "device_train_microbatch_size=1",
         f"save_interval={args.steps}",
@@ -110,12 +115,15 @@ def main() -> None:
     geo = {"tiny": dict(T=3, h=4, w=6, L=16), "wide": dict(T=3, h=4, w=6, L=16), "full": dict(T=21, h=30, w=52, L=512)}[
         geometry
     ]
-    flops = model_flops(dit.config, batch=1, **geo)
-    peak = None if args.cpu else PEAK_TFLOPS["cuda"]
-    zero = "ZeRO-3-like" if args.reshard_after_forward else "ZeRO-2-like"
+    flops = train_flops(
+        dit.config, samples=1, frames=geo["T"], height=geo["h"], width=geo["w"], text_len=geo["L"], prompts=1
+    )
+    peak = None if args.cpu else peak_tflops(torch.cuda.get_device_name(0), None)
+    zero = "ZeRO-2-like" if args.keep_gathered else "ZeRO-3-like"
     print(
         f"{n} {'CPU rank' if args.cpu else torch.cuda.get_device_name(0)}(s), {preset}, FSDP2 {zero}, "
-        f"{'fp32' if args.cpu else 'amp_bf16'}, activation checkpointing, micro-batch 1 × accumulation {accum}"
+        f"{'fp32' if args.cpu else 'amp_bf16'}, activation checkpointing {args.checkpointing}"
+        f"{', compiled' if args.compile else ''}, micro-batch 1 × accumulation {accum}"
     )
     print(
         f"s per micro-batch: {s_micro:.3f} (median over steps 3..{args.steps}); legacy {LEGACY_S_PER_MICRO} -> "

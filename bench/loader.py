@@ -14,6 +14,9 @@ then prints, all measured in this run:
 2. the fast mask's CPU ms per masked sample on these clips vs the per-pixel reference (tests/mask_reference.py,
    timed on a few frames and extrapolated; code shared with bench/mask.py), and the ratio.
 3. peak RSS of the loader worker (VmHWM, read inside the worker) and its RSS when it started.
+4. the bytes each micro-batch sends to the device (`gcc.data.batch.device_bytes`: its tensors, one clip), against
+   the same batches with the context expanded to one [L, D] row block per latent frame (the layout before each
+   clip carried its distinct prompts once), and the ratio. Target: <= 45 MB at the v10 geometry.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ class _MemCollate:
     """gc_collate plus the calling worker's RSS / peak RSS (read in the worker)."""
 
     def __init__(self):
-        from gcc.data.dataset import gc_collate
+        from gcc.data.batch import gc_collate
 
         self.collate = gc_collate
         self.start_rss = None
@@ -62,6 +65,7 @@ class _MemCollate:
 
 
 def loader_rate(shards: Path, cache: Path, epochs: int, workers: int = 1, seed: int = 0):
+    from gcc.data.batch import device_bytes
     from gcc.data.dataset import Dropouts, GcStreamingDataset, build_dataloader
 
     ds = GcStreamingDataset(
@@ -71,7 +75,7 @@ def loader_rate(shards: Path, cache: Path, epochs: int, workers: int = 1, seed: 
     # with a collate that also reports the worker's memory
     dl = build_dataloader(ds, batch_size=1, num_workers=workers, collate_fn=_MemCollate())
     main_rss = _vm("VmRSS")
-    t_first, n, masked, cond, text, mem = None, 0, 0, 0, 0, []
+    t_first, n, masked, cond, text, mem, sent, expanded = None, 0, 0, 0, 0, [], [], []
     t_start = time.perf_counter()
     for _ in range(epochs):
         for b in dl:
@@ -80,6 +84,11 @@ def loader_rate(shards: Path, cache: Path, epochs: int, workers: int = 1, seed: 
                 t_first, startup = now, now - t_start
             else:
                 n += 1
+            mem_fields = b.pop("_mem")
+            sent.append(device_bytes(b))
+            T, L, D = b["context_index"].shape[1], *b["context"].shape[2:]
+            expanded.append(sent[-1] - b["context"].nbytes - b["context_index"].nbytes + T * L * D * 2)
+            b["_mem"] = mem_fields
             masked += int(b["mask_frac"][0] > 0)
             cond += int(b["drop_cond"][0])
             text += int(b["drop_text"][0])
@@ -103,6 +112,8 @@ def loader_rate(shards: Path, cache: Path, epochs: int, workers: int = 1, seed: 
         "worker_peak_rss": max(m[2] for m in mem),
         "worker_last_rss": mem[-1][1],
         "main_rss": main_rss,
+        "bytes": sent,
+        "expanded_bytes": expanded,
     }
 
 
@@ -235,6 +246,13 @@ def main():
             f"worker memory: peak RSS (VmHWM) {lo['worker_peak_rss']:.0f} MiB, RSS after its first sample "
             f"{lo['worker_start_rss']:.0f} MiB, at the end {lo['worker_last_rss']:.0f} MiB (main process RSS "
             f"{lo['main_rss']:.0f} MiB; the worker is forked by the forkserver, not from it; RSS counts the page-cache-shared text table rows it touched)"
+        )
+
+        mb, old = np.array(lo["bytes"]) / 1e6, np.array(lo["expanded_bytes"]) / 1e6
+        print(
+            f"to the device per micro-batch (1 clip): mean {mb.mean():.1f} MB, max {mb.max():.1f} MB; with the context "
+            f"expanded per latent frame: mean {old.mean():.1f} MB, max {old.max():.1f} MB; ratio {mb.mean() / old.mean():.3f} "
+            f"(target <= 45 MB)"
         )
 
         if not args.skip_mask:

@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peer_step import make_batch, pick_geometry  # bench/: the same batch as the peer bench
 
+from gcc.data.batch import split_batch
 from gcc.model.dit import build_gc_dit, model_config
 from gcc.model.objective import GcTrainModel
 from gcc.sampling.sampler import clip_noise, sample_latents
@@ -63,8 +64,9 @@ def dit_times(blocks: int, geo: dict, reps: int) -> tuple[float, float]:
         for p in dit.gc_sem_cond.proj_out.parameters():  # an active condition path, as after training starts
             p.normal_(0, 0.5)
     batch, _ = make_batch(geo, "parts", 2)
-    one = {k: v[:1] for k, v in batch.items()}  # micro_batch 1
-    model = GcTrainModel(dit, seed=0, null_context=batch["context"][0, 0], null_id=0, grad_ckpt=True).train()
+    one = split_batch(batch, 1)[0]  # micro_batch 1
+    dit.wrap_blocks("block")
+    model = GcTrainModel(dit, seed=0, null_context=batch["context"][0, 0], null_id=0).train()
 
     def train():
         model.loss(model(one), one).backward()
@@ -73,16 +75,14 @@ def dit_times(blocks: int, geo: dict, reps: int) -> tuple[float, float]:
     t_train = timed(train, reps)
     model.eval()
     lat = one["input_latents"][0]
-    T = lat.shape[1]
 
     def sample():
         sample_latents(
             dit,
             lat[:, 0:1].float(),
-            one["context"][0],
-            one["context_ids"][0],
-            one["context"][0, :1].expand(T, *one["context"].shape[2:]),
-            torch.zeros(T, dtype=torch.int64),
+            one["context"][0, : one["prompts"][0]],
+            one["context_index"][0],
+            one["context"][0, 0],
             one["sem_ids"][0],
             clip_noise(0, "bench", tuple(lat.shape)),
             steps=1,

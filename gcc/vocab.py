@@ -82,6 +82,28 @@ def invalid_values(ids: np.ndarray, vocab: str = "parts") -> list[int]:
     return [int(v) for v in present if CHANNEL_LUT[check_vocab(vocab)][v] < 0]
 
 
+def _invalid_ranges(vocab: str) -> list[tuple[int, int]]:
+    """The runs [lo, hi] of uint8 values that `vocab` does not define."""
+    bad = np.flatnonzero(CHANNEL_LUT[vocab] < 0)
+    starts = [int(v) for i, v in enumerate(bad) if i == 0 or bad[i - 1] != v - 1]
+    ends = [int(v) for i, v in enumerate(bad) if i == len(bad) - 1 or bad[i + 1] != v + 1]
+    return list(zip(starts, ends))
+
+
+_INVALID_RANGES = {v: _invalid_ranges(v) for v in VOCABS}
+
+
+def has_invalid(ids: np.ndarray, vocab: str = "parts") -> bool:
+    """Whether uint8 `ids` [F, H, W] hold a value `vocab` does not define: a test per run of such values, frame
+    by frame (a frame stays in the cache; ~5 ms for a v10 clip where `invalid_values` takes ~140 ms)."""
+    ranges = _INVALID_RANGES[check_vocab(vocab)]
+    for frame in ids.reshape(-1, *ids.shape[-2:]) if ids.ndim >= 2 else (ids,):
+        for lo, hi in ranges:  # lo <= v <= hi  <=>  (v - lo) mod 256 <= hi - lo
+            if ((frame - np.uint8(lo)) <= np.uint8(hi - lo)).any():
+                return True
+    return False
+
+
 def is_static(ids: np.ndarray) -> np.ndarray:
     return ids <= STATIC_MAX
 

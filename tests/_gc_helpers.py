@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from gcc.data.batch import gc_collate
+from gcc.data.text_table import distinct_in_order
 from gcc.geometry import Geometry
 from gcc.model.dit import build_gc_dit
 from gcc.vocab import VOCAB_VALUES
@@ -47,7 +49,7 @@ def randomize_cond(dit, seed: int = 1, scale: float = 0.5):
             p.copy_(torch.randn(p.shape, generator=g) * scale)
 
 
-def make_batch(
+def make_samples(
     B: int = 2,
     T: int = 3,
     h: int = 4,
@@ -57,24 +59,38 @@ def make_batch(
     sample_ids=None,
     epochs=None,
     clip_ids=None,
-) -> dict:
+) -> list[dict]:
+    """B samples as the loader makes them (GcStreamingDataset.make_sample), from a random text table of 5 prompts:
+    each clip's T cells drawn from them, its distinct prompts and each cell's index among them."""
     g = torch.Generator().manual_seed(seed)
     F, H, W = Geometry(T=T, h=h, w=w, text_L=L_TXT, text_D=D_TXT).sem_shape
     values = torch.tensor(VOCAB_VALUES[vocab], dtype=torch.uint8)
     ids = torch.randint(0, 5, (B, T), generator=g)
-    table = torch.randn(5, L_TXT, D_TXT, generator=g)
-    return {
-        "input_latents": torch.randn(B, 48, T, h, w, generator=g).to(torch.bfloat16),
-        "context": table[ids].to(torch.bfloat16),
-        "context_ids": ids,
-        "sem_ids": values[torch.randint(0, len(values), (B, F, H, W), generator=g)],
-        "clip_id": list(clip_ids) if clip_ids is not None else [f"clip_{seed}_{i}" for i in range(B)],
-        "sample_id": torch.tensor(sample_ids if sample_ids is not None else [seed * 100 + i for i in range(B)]),
-        "epoch": torch.tensor(epochs if epochs is not None else [0] * B),
-        "drop_text": torch.zeros(B, dtype=torch.bool),
-        "drop_cond": torch.zeros(B, dtype=torch.bool),
-        "mask_frac": torch.zeros(B, dtype=torch.float32),
-    }
+    table = torch.randn(5, L_TXT, D_TXT, generator=g).to(torch.bfloat16)
+    latents = torch.randn(B, 48, T, h, w, generator=g).to(torch.bfloat16)
+    sem = values[torch.randint(0, len(values), (B, F, H, W), generator=g)]
+    samples = []
+    for i, row in enumerate(ids.tolist()):
+        distinct, index = distinct_in_order(row)
+        samples.append(
+            {
+                "input_latents": latents[i],
+                "context": table[distinct],
+                "context_index": torch.tensor(index),
+                "context_ids": ids[i],
+                "sem_ids": sem[i],
+                "clip_id": clip_ids[i] if clip_ids is not None else f"clip_{seed}_{i}",
+                "sample_id": sample_ids[i] if sample_ids is not None else seed * 100 + i,
+                "epoch": epochs[i] if epochs is not None else 0,
+                "dropped": {"text": False, "cond": False, "mask": 0.0},
+            }
+        )
+    return samples
+
+
+def make_batch(*args, **kwargs) -> dict:
+    """`make_samples` collated as the loader collates them (gcc.data.dataset.gc_collate)."""
+    return gc_collate(make_samples(*args, **kwargs))
 
 
 def null_embedding(seed: int = 7) -> torch.Tensor:

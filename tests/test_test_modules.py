@@ -16,6 +16,7 @@ TESTED_IN = {
     "compat/__init__.py": ["compat/test_imports.py"],  # the stand-ins, on both sides of a library's load
     "compat/deepspeed.py": ["compat/test_imports.py"],
     "compat/loggers.py": ["compat/test_wandb_mlflow_contract.py"],
+    "data/batch.py": ["data/test_data.py", "data/test_loader_paths.py", "model/test_flops.py"],
     "data/dataset.py": ["data/test_data.py", "data/test_loader_paths.py"],
     "data/sample_rng.py": ["data/test_mask.py"],
     "data/shards.py": ["data/test_data.py", "data/test_trust_data.py", "data/test_layout.py"],

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from gcc import exit_codes
-from gcc.data.dataset import GcStreamingDataset, build_dataloader, gc_collate
+from gcc.data.batch import gc_collate
+from gcc.data.dataset import GcStreamingDataset, build_dataloader
 
 ROOT = Path(__file__).resolve().parents[1]
 

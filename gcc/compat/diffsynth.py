@@ -1,7 +1,8 @@
 """DiffSynth 2.1.12, the one place gcc imports it: the parts it uses (Wan DiT modules, the flow-matching scheduler,
 the Wan2.2 VAE and its loader), re-exported for the rest of the package, and what gcc relies on beyond its API
-(gcc/compat/__init__.py): `use_framewise_cross_attention` (a block's CrossAttention swapped for a subclass in
-place: DiTBlock calls `self.cross_attn(norm3(x), context)`, and the subclass keeps its parameters and keys).
+(gcc/compat/__init__.py): `use_class` (a module's class swapped in place for a subclass that adds no parameters or
+state: WanModel and DiTBlock call their children by attribute, `self.cross_attn(norm3(x), context)`, and the
+subclass keeps the parameters and their keys).
 
 DiffSynth's package loads, every time, parts that gcc never uses (`stand_ins`, gcc/compat/__init__.py). Together
 about 4 s in every process that builds the model:
@@ -21,6 +22,7 @@ Each loads normally afterwards when asked for.
 
 import os
 
+import torch
 import torch._inductor.config as inductor_config
 
 from gcc.compat import require, stand_ins
@@ -46,6 +48,7 @@ with stand_ins(_UNUSED, absent=["deepspeed", "torch.nn.attention.flex_attention"
         DiTBlock,
         Head,
         RMSNorm,
+        SelfAttention,
         WanModel,
         precompute_freqs_cis_3d,
         sinusoidal_embedding_1d,
@@ -54,10 +57,12 @@ with stand_ins(_UNUSED, absent=["deepspeed", "torch.nn.attention.flex_attention"
     from diffsynth.utils.state_dict_converters.wan_video_vae import WanVideoVAEStateDictConverter
 
 
-def use_framewise_cross_attention(block: DiTBlock, cls: type[CrossAttention]) -> None:
-    """Make `block`'s cross-attention an instance of `cls`, a CrossAttention subclass that adds no parameters or
-    state: the block keeps its parameters, their keys, and its call."""
-    block.cross_attn.__class__ = cls
+def use_class(module: torch.nn.Module, cls: type) -> None:
+    """Make `module` an instance of `cls`, a subclass of its class that adds no parameters or state: the module
+    keeps its parameters, their keys, and how its parent calls it."""
+    if not issubclass(cls, type(module)):
+        raise TypeError(f"{cls.__name__} is not a subclass of {type(module).__name__}")
+    module.__class__ = cls
 
 
 __all__ = [
@@ -66,6 +71,7 @@ __all__ = [
     "FlowMatchScheduler",
     "Head",
     "RMSNorm",
+    "SelfAttention",
     "VideoVAE38_",
     "WanModel",
     "WanVideoVAE38",
@@ -74,5 +80,5 @@ __all__ = [
     "precompute_freqs_cis_3d",
     "sinusoidal_embedding_1d",
     "skip_model_initialization",
-    "use_framewise_cross_attention",
+    "use_class",
 ]

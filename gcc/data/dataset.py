@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import math
 import multiprocessing
 import random
 import time
@@ -24,11 +23,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import DataLoader
 
 from gcc import storage
 from gcc.compat.streaming import StreamingBase, node_registration_lock
-from gcc.compat.torch import new_shared_storage, shutdown_loader_workers
+from gcc.compat.torch import shutdown_loader_workers
+from gcc.data.batch import gc_collate, new_tensor, pin_batches
 from gcc.data.mask import apply_unknown_mask
 from gcc.data.sample_rng import draw_sample
 from gcc.data.shards import SHARD_HASH, TEXT_TABLE, ClipRecord, SplitFormat, check_index, read_manifest
@@ -56,17 +56,6 @@ class Dropouts:
 NO_DROPOUTS = Dropouts(text=0.0, cond=0.0, mask=0.0)
 # how a damaged or missing index.json fails inside StreamingDataset's constructor
 INDEX_DAMAGE = (json.JSONDecodeError, OSError, KeyError, TypeError)
-
-
-def _empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    """A new uninitialised tensor. Inside a DataLoader worker its storage is shared memory from the start (as
-    torch's default_collate does for its batches), so handing the sample or batch to the main process does
-    not copy it once more: at v10 a sample's sem ids are 32 MB and a context 88 MB."""
-    shape = tuple(int(s) for s in shape)
-    if get_worker_info() is None:
-        return torch.empty(shape, dtype=dtype)
-    storage = new_shared_storage(math.prod(shape) * dtype.itemsize)
-    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)  # type: ignore[call-overload]  # stride is optional
 
 
 def round_robin_by_run(items: Sequence[tuple[str, Any]], n: int) -> list:
@@ -224,7 +213,7 @@ class GcStreamingDataset(StreamingBase):
             )
 
     def get_item(self, sample_id: int, retry: int = 7) -> dict[str, Any]:
-        rec = self.record(sample_id, _empty, retry)
+        rec = self.record(sample_id, new_tensor, retry)
         with self._decoding(sample_id):
             meta = rec.meta()
         return self.make_sample(rec, int(sample_id), self.epoch, meta, decoding=lambda: self._decoding(sample_id))
@@ -237,7 +226,7 @@ class GcStreamingDataset(StreamingBase):
         ids = np.full(len(rec.context_ids), self.text.null_id, np.int64) if draw.drop_text else rec.context_ids
         mask_frac = 0.0
         # sem ids are written once, into their final (in a worker: shared) storage
-        sem_t = _empty(rec.sem_shape, torch.uint8)
+        sem_t = new_tensor(rec.sem_shape, torch.uint8)
         sem = sem_t.numpy()
         if draw.drop_cond:
             sem.fill(UNKNOWN)  # the stored ids are never decompressed
@@ -257,9 +246,11 @@ class GcStreamingDataset(StreamingBase):
                 )
         if self.vocab == "ids":
             sem_t = torch.from_numpy(collapse_parts(sem))
+        context, index = self.text.prompts(ids, empty=new_tensor)
         return {
             "input_latents": rec.input_latents,
-            "context": self.text.gather(ids, empty=_empty),
+            "context": context,
+            "context_index": index,
             "context_ids": torch.from_numpy(np.asarray(ids, np.int64)),
             "sem_ids": sem_t,
             "clip_id": rec.clip_id,
@@ -267,33 +258,6 @@ class GcStreamingDataset(StreamingBase):
             "epoch": epoch,
             "dropped": {"text": bool(draw.drop_text), "cond": bool(draw.drop_cond), "mask": float(mask_frac)},
         }
-
-
-def _stack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """torch.stack; one tensor becomes a [1, ...] view (no copy); in a worker the stack is written straight
-    into shared memory (as default_collate does)."""
-    if len(tensors) == 1:
-        return tensors[0].unsqueeze(0)
-    out = _empty((len(tensors), *tensors[0].shape), tensors[0].dtype)
-    return torch.stack(list(tensors), out=out)
-
-
-def gc_collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Stack samples into the batch the model consumes; `dropped` becomes three flat tensors. A batch of one
-    sample holds views of the sample's tensors (values identical; a single-prompt context stays a stride-0
-    expanded view, see `TextTable.gather`)."""
-    return {
-        "input_latents": _stack([s["input_latents"] for s in samples]),
-        "context": _stack([s["context"] for s in samples]),
-        "context_ids": torch.stack([s["context_ids"] for s in samples]),
-        "sem_ids": _stack([s["sem_ids"] for s in samples]),
-        "clip_id": [s["clip_id"] for s in samples],
-        "sample_id": torch.tensor([s["sample_id"] for s in samples], dtype=torch.int64),
-        "epoch": torch.tensor([s["epoch"] for s in samples], dtype=torch.int64),
-        "drop_text": torch.tensor([s["dropped"]["text"] for s in samples], dtype=torch.bool),
-        "drop_cond": torch.tensor([s["dropped"]["cond"] for s in samples], dtype=torch.bool),
-        "mask_frac": torch.tensor([s["dropped"]["mask"] for s in samples], dtype=torch.float32),
-    }
 
 
 class FaultAt:
@@ -333,14 +297,17 @@ def build_dataloader(
     position through `.dataset`) whose workers start once, from the forkserver, and live for the whole run
     (see gcc/workers.py). Streaming re-reads its resume state at each epoch's `__iter__`, persistent workers
     included. `drop_last`: an epoch's last, partial batch is not yielded (every rank has the same number of
-    samples per epoch, so every rank drops it at the same step)."""
+    samples per epoch, so every rank drops it at the same step). Batches are pinned for a GPU (`pin_batches`)."""
     if num_workers == 0:
-        return DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, drop_last=drop_last)
+        return DataLoader(
+            dataset, batch_size=batch_size, collate_fn=collate_fn, drop_last=drop_last, pin_memory=pin_batches()
+        )
     dl = DataLoader(
         dataset,
         batch_size=batch_size,
         num_workers=num_workers,
         collate_fn=collate_fn,
+        pin_memory=pin_batches(),
         persistent_workers=True,
         prefetch_factor=prefetch_factor,
         drop_last=drop_last,

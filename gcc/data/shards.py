@@ -40,6 +40,7 @@ from gcc import inputs, storage
 from gcc.errors import BadInput, DamagedData
 from gcc.geometry import ORTHOGRAPHIC, PROJECTIONS
 from gcc.names import UnsafeName, check_component, check_shard_basename
+from gcc.vocab import has_invalid, invalid_values
 
 FORMAT_VERSION = 2  # 2: manifest lists each clip's run
 SPLITS = ("train", "val")
@@ -104,7 +105,19 @@ def _libzstd():
 def decode_sem(blob: bytes, shape, out: np.ndarray | None = None, where: str = "sem_zst") -> np.ndarray:
     """Decompress the sem column into a writable uint8 [F, H, W] array: `out` (C-contiguous, that shape) when
     given, else a new one. The frame never inflates past F·H·W bytes (`gcc.inputs.decompress_zstd`): a sample
-    that declares more is refused (BadInput naming `where`) before it costs more memory than its geometry."""
+    that declares more is refused (BadInput naming `where`) before it costs more memory than its geometry. Ids
+    outside the raw vocabulary (docs/design.md §2) are refused here, the one place every reader of them passes:
+    the model counts such a value as no class, and does not read its input back to look."""
+    return _checked(_decompress_sem(blob, shape, out, where), where)
+
+
+def _checked(ids: np.ndarray, where: str) -> np.ndarray:
+    if has_invalid(ids):
+        raise BadInput(f"{where}: sem ids hold values outside the vocabulary: {invalid_values(ids)[:10]}")
+    return ids
+
+
+def _decompress_sem(blob: bytes, shape, out: np.ndarray | None, where: str) -> np.ndarray:
     shape = tuple(int(s) for s in shape)
     if out is not None:
         if out.shape != shape or out.dtype != np.uint8 or not out.flags.c_contiguous or not out.flags.writeable:
@@ -413,7 +426,7 @@ def check_index(data: bytes, manifest: dict[str, Any], split: str, where: str) -
         if (
             not isinstance(raw, dict)
             or (zipped is not None and not isinstance(zipped, dict))
-            or (zipped is None) != (sh["compression"] is None)
+            or (zipped is None) != (sh.get("compression") is None)
         ):
             raise bad(f"shard {n}: raw_data/zip_data do not match its compression")
         samples = sh.get("samples")

@@ -1,7 +1,8 @@
 """The text table (docs/design.md §2): prompt key -> T5 embedding [L, D] bf16, memory-mapped and gathered by id.
 
 Clips store only the ids of their context cells; a v10 embedding is 4 MB, so copying 21 of them into every
-sample would be 88 MB a clip. The table file is mapped once per process and rows are copied out on demand;
+sample would be 88 MB a clip. A sample carries each distinct prompt once (a clip has 1-2) and each cell's index
+among them (`TextTable.prompts`). The table file is mapped once per process and rows are copied out on demand;
 the OS page cache shares them between loader workers.
 """
 
@@ -93,29 +94,40 @@ class TextTable:
         np.copyto(out.view(torch.uint16).numpy(), self._map()[start : start + n].reshape(self.shape))
         return out
 
-    def gather(self, ids, empty=None) -> torch.Tensor:
-        """ids [T] -> bf16 [T, L, D]; each distinct id is read once, straight into the result.
+    def prompts(self, ids, empty=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A clip's text cells (table ids [T]) -> (its distinct prompts bf16 [P, L, D], in order of first
+        appearance, each read once straight into the result; each cell's index among them, int64 [T]): what the
+        model takes (`GcDiT.gc_forward`), expanded per latent frame on the device. `empty(shape, dtype)` allocates
+        the storage (default torch.empty; the loader passes a shared-memory allocator inside DataLoader workers)."""
+        distinct, index = distinct_in_order(ids)
+        out = (empty or _empty)((len(distinct), *self.shape), torch.bfloat16)
+        for p, i in enumerate(distinct):
+            self.read_into(i, out[p])
+        return out, torch.tensor(index, dtype=torch.int64)
 
-        When every id is the same (always for a text-dropped sample) the result is that one row expanded over
-        T: a stride-0 view with the same values and no [T, L, D] copy (T = 21 rows of 4 MB at v10); like any
-        expanded tensor it refuses in-place writes. `empty(shape, dtype)` allocates the storage (default
-        torch.empty; the loader passes a shared-memory allocator inside DataLoader workers)."""
-        ids = [int(i) for i in ids]
-        if empty is None:
 
-            def empty(shape, dtype):
-                return torch.empty(shape, dtype=dtype)
+def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype)
 
-        distinct = set(ids)
-        if len(distinct) == 1:
-            row = self.read_into(ids[0], empty(tuple(self.shape), torch.bfloat16))
-            return row.unsqueeze(0).expand(len(ids), *self.shape)
-        out = empty((len(ids), *self.shape), torch.bfloat16)
-        first: dict[int, int] = {}
-        for t, i in enumerate(ids):
-            if i in first:
-                out[t].copy_(out[first[i]])
-            else:
-                self.read_into(i, out[t])
-                first[i] = t
-        return out
+
+def distinct_in_order(ids) -> tuple[list[int], list[int]]:
+    """Text cells (ids) -> (the distinct ids in order of first appearance, each cell's index among them)."""
+    first: dict[int, int] = {}
+    index = [first.setdefault(int(i), len(first)) for i in ids]
+    return list(first), index
+
+
+def stack_prompts(items, empty=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples' (prompts [P_i, L, D], index [T]) -> (context [B, max P_i, L, D], index [B, T]): the batch the model
+    takes. A sample with fewer prompts is padded with zero rows that no index points at (`prompts_in` trims a
+    micro-batch to its own). One sample: views, no copy."""
+    if len(items) == 1:
+        ctx, index = items[0]
+        return ctx.unsqueeze(0), index.unsqueeze(0)
+    P = max(c.shape[0] for c, _ in items)
+    L, D = items[0][0].shape[1:]
+    out = (empty or _empty)((len(items), P, L, D), items[0][0].dtype)
+    for b, (c, _) in enumerate(items):
+        out[b, : c.shape[0]].copy_(c)
+        out[b, c.shape[0] :].zero_()
+    return out, torch.stack([index for _, index in items])

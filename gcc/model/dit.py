@@ -5,6 +5,7 @@ published for Wan load without renaming, and an export is the state dict as is (
 Nothing of Wan is re-implemented; `gc_forward` only orchestrates Wan's own modules (patch embedding, time
 embedding/projection, text embedding, blocks, head) the way DiffSynth's TI2V `model_fn_wan_video` does, with three
 changes: per-token timesteps (latent frame 0 at t = 0), one text cell per latent frame, and the cond addition.
+Its attention, blocks and head run in gcc's forms of DiffSynth's modules (gcc/model/blocks.py), same parameters.
 """
 
 from __future__ import annotations
@@ -23,19 +24,12 @@ from safetensors import safe_open
 from safetensors.torch import save as safetensors_bytes
 
 from gcc import inputs, storage
-from gcc.compat.diffsynth import (
-    CrossAttention,
-    DiTBlock,
-    Head,
-    RMSNorm,
-    WanModel,
-    precompute_freqs_cis_3d,
-    sinusoidal_embedding_1d,
-    use_framewise_cross_attention,
-)
+from gcc.compat.diffsynth import DiTBlock, Head, RMSNorm, WanModel, sinusoidal_embedding_1d, use_class
 from gcc.compat.torch import bare_copy
 from gcc.errors import BadInput
 from gcc.geometry import VAE_STRIDE_S, VAE_STRIDE_T, latent_frame_spans, pixel_frames
+from gcc.model.block_wrap import wrap_blocks
+from gcc.model.blocks import BLOCK_CLASSES, FrameContext, rope_tables
 from gcc.model.fsdp import fill_local
 from gcc.model.seeds import stable_seed
 from gcc.names import UnsafeName, check_component
@@ -116,11 +110,27 @@ def model_config(name: str, **overrides) -> DiTConfig:
 # ---- the semantic condition ------------------------------------------------------------------------------
 
 
+_LUTS: dict[tuple[str, torch.device], torch.Tensor] = {}
+
+
+def _channel_lut(vocab: str, device: torch.device) -> torch.Tensor:
+    """raw value -> channel (int64 [256]) on `device`, invalid values to channel V; copied to a device once per
+    process, not at every forward (a copy from host memory waits for the device)."""
+    key = (vocab, device)
+    if key not in _LUTS:
+        lut = torch.as_tensor(CHANNEL_LUT[vocab])
+        _LUTS[key] = torch.where(lut < 0, num_classes(vocab), lut).to(device)
+    return _LUTS[key]
+
+
 def class_fractions(sem_ids: torch.Tensor, vocab: str, patch_size=(1, 2, 2)) -> torch.Tensor:
     """sem ids uint8 [B, F, H, W] -> float32 [B, T*gh*gw, V]: each token's class fractions over its footprint.
 
-    Tokens are ordered (f h w) like Wan's patch tokens. Counting uses bincount per latent frame so the peak
-    memory is a few int64 frames, not a one-hot of the whole clip (81x480x832xV).
+    Tokens are ordered (f h w) like Wan's patch tokens. Counts are added per latent frame into one preallocated
+    tensor (`scatter_add_`), so the peak memory is a few frames of indices, not a one-hot of the whole clip
+    (81x480x832xV), and nothing is read back to the host (`bincount` reads its input's range on CUDA). A value
+    outside the vocabulary counts for no class; the loader refuses such ids when it decodes them
+    (gcc.vocab.check_values), and a token's fractions then sum to less than 1.
     """
     if sem_ids.dtype != torch.uint8 or sem_ids.dim() != 4:
         raise ValueError(f"sem_ids must be uint8 [B, F, H, W], got {sem_ids.dtype} {tuple(sem_ids.shape)}")
@@ -132,21 +142,20 @@ def class_fractions(sem_ids: torch.Tensor, vocab: str, patch_size=(1, 2, 2)) -> 
     gh, gw = H // ph, W // pw
     n, V = gh * gw, num_classes(vocab)
     dev = sem_ids.device
-    # invalid values go to an extra channel V, checked once at the end (one host sync instead of T)
-    lut = torch.as_tensor(CHANNEL_LUT[vocab], device=dev).clone()
-    lut[lut < 0] = V
+    lut = _channel_lut(vocab, dev)
     tok = (torch.arange(H, device=dev) // ph)[:, None] * gw + (torch.arange(W, device=dev) // pw)[None, :]
-    base = (torch.arange(B, device=dev) * n)[:, None, None, None]
-    out = []
-    for lo, hi in latent_frame_spans(T):
+    base = (torch.arange(B, device=dev) * (T * n))[:, None, None, None]
+    counts = torch.zeros(B * T * n * (V + 1), dtype=torch.float32, device=dev)
+    spans = latent_frame_spans(T)
+    per_pixel = torch.ones((), dtype=torch.float32, device=dev)
+    for k, (lo, hi) in enumerate(spans):
         ch = lut[sem_ids[:, lo:hi].long()]  # [B, nf, H, W]
-        idx = (base + tok) * (V + 1) + ch
-        counts = torch.bincount(idx.reshape(-1), minlength=B * n * (V + 1)).view(B, n, V + 1)
-        out.append(counts.float() / ((hi - lo) * ph * pw))
-    frac = torch.stack(out, dim=1)  # [B, T, n, V+1]
-    if bool(frac[..., V].any()):
-        bad = torch.unique(sem_ids[(lut[sem_ids.long()] == V)]).tolist()
-        raise ValueError(f"sem_ids hold values outside vocab {vocab!r}: {bad}")
+        idx = (base + k * n + tok) * (V + 1) + ch
+        counts.scatter_add_(0, idx.reshape(-1), per_pixel.expand(idx.numel()))
+    # each latent frame's pixels per token (exact integers): frame 0 alone, then 4 pixel frames each
+    area = torch.full((T,), float(VAE_STRIDE_T * ph * pw), device=dev)
+    area[0] = float(ph * pw)
+    frac = counts.view(B, T, n, V + 1) / area.view(1, T, 1, 1)
     return frac[..., :V].reshape(B, T * n, V)
 
 
@@ -173,43 +182,6 @@ class GcSemCond(nn.Module):
         return self.proj_out(F.silu(self.proj_mid(F.silu(self.proj_in(frac)))))
 
 
-@dataclass
-class FrameContext:
-    """A batch's text context, one prompt per latent frame, held once per distinct prompt: `emb` [U, L, dim]
-    (the embedded prompts), `index` [B*T] (each frame's prompt, frames of a sample consecutive). A clip repeats
-    few prompts over its frames, and a prompt's keys and values do not depend on the frame."""
-
-    emb: torch.Tensor
-    index: torch.Tensor
-
-
-class FramewiseCrossAttention(CrossAttention):
-    """Wan's CrossAttention (same parameters, same keys); given a FrameContext, each frame's n tokens attend only
-    to their frame's prompt.
-
-    The keys and values are projected once per distinct prompt, then indexed per frame: projecting them per
-    frame would cost T× the work in every block (at v10, 21 latent frames × 512 text rows). The tokens are
-    reshaped to [B*T, n, dim], which is exact and cheaper than a block-diagonal attention mask, and lets
-    DiffSynth's DiTBlock stay untouched (it calls `self.cross_attn(norm3(x), context)`). A plain context tensor
-    takes Wan's own path.
-    """
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor | FrameContext):
-        if not isinstance(y, FrameContext):
-            return super().forward(x, y)
-        B, S, D = x.shape
-        T = y.index.numel() // B
-        if T * B != y.index.numel() or S % T or self.has_image_input:
-            raise ValueError(
-                f"context of {y.index.numel()} frames does not split tokens {tuple(x.shape)} into "
-                f"frames (or the model has image input)"
-            )
-        q = self.norm_q(self.q(x.reshape(B * T, S // T, D)))
-        k = self.norm_k(self.k(y.emb))[y.index]
-        v = self.v(y.emb)[y.index]
-        return self.o(self.attn(q, k, v)).reshape(B, S, D)
-
-
 class GcDiT(WanModel):
     """Wan2.2 TI2V DiT + gc_sem_cond.
 
@@ -217,6 +189,12 @@ class GcDiT(WanModel):
     the exact float32 timesteps and then calls the module itself, so that FSDP's hooks run; `forward` takes those
     features. The split is on purpose: FSDP casts every floating-point input of a unit's forward to the compute
     dtype, and in bf16 a timestep would be rounded (201.3 -> 201; the 1000 training timesteps to ~294 values).
+
+    The text context comes as each sample's distinct prompts [B, P, L, D] and, per latent frame, the index of its
+    prompt among them [B, T] (`gcc.data.text_table.stack_prompts`): a clip carries 1-2 prompts, not 21 copies.
+
+    DiffSynth's attention, block and head modules are swapped in place for gcc's forms of them (gcc/model/blocks.py:
+    the same parameters and keys). `wrap_blocks` adds activation checkpointing and compilation per block.
 
     Initial values are a pure function of (`init_seed`, the module's name) (`param_init_fn`), so an unsharded
     model and FSDP shards on any number of ranks start from the same weights.
@@ -227,22 +205,24 @@ class GcDiT(WanModel):
         self.config = cfg
         self.vocab = check_vocab(cfg.vocab)
         self.init_seed = int(init_seed)
-        for blk in self.blocks:
-            use_framewise_cross_attention(blk, FramewiseCrossAttention)
-        # RoPE tables are a plain attribute (not a buffer); keep them on CPU even when built on meta
-        with torch.device("cpu"):
-            self.freqs = precompute_freqs_cis_3d(cfg.dim // cfg.num_heads)
+        for m in self.modules():
+            if type(m) in BLOCK_CLASSES:
+                use_class(m, BLOCK_CLASSES[type(m)])
+        del self.freqs  # WanModel's complex RoPE tables: gcc makes real ones on the device (blocks.rope_tables)
         self.gc_sem_cond = GcSemCond(num_classes(cfg.vocab), cfg.cond_hidden, cfg.dim)
         # module names as built (wrappers added later, activation checkpointing's, do not rename them)
         self._init_names = {id(m): n for n, m in self.named_modules()}
 
-    # -- Composer FSDP hooks: each DiT block is one FSDP unit and one activation-checkpointing unit; the rest
+    # -- Composer FSDP hook: each DiT block (with its wrappers, `wrap_blocks`) is one FSDP unit; the rest
     #    (embeddings, head, cond: small) stays in the root unit.
     def fsdp_wrap_fn(self, module: nn.Module) -> bool:
-        return isinstance(module, DiTBlock)
+        return any(module is b for b in self.blocks)
 
-    def activation_checkpointing_fn(self, module: nn.Module) -> bool:
-        return isinstance(module, DiTBlock)
+    def wrap_blocks(self, checkpointing: str = "none", compile: bool = False) -> None:
+        """Activation checkpointing (`none`, `block`: the whole block recomputed in backward, `selective`: its
+        attention outputs kept) and then torch.compile on each block, torchtitan's order; FSDP2 then makes each
+        wrapped block a unit (`fsdp_wrap_fn`). Call it once, before sharding."""
+        wrap_blocks(self.blocks, checkpointing, compile)
 
     @torch.no_grad()
     def param_init_fn(self, module: nn.Module) -> None:
@@ -277,17 +257,13 @@ class GcDiT(WanModel):
         for m in self.gc_sem_cond.modules():
             self.param_init_fn(m)
 
-    def embed_context(self, context: torch.Tensor, context_ids: torch.Tensor) -> FrameContext:
-        """context [B, T, L, D], ids [B, T] -> FrameContext: text_embedding runs once per unique id (a clip
-        repeats few prompts across its 21 cells; rows with the same id are the same embedding), and so do the
-        cross-attention projections (FramewiseCrossAttention)."""
-        B, T, L, D = context.shape
-        flat_ids = context_ids.reshape(-1)
-        uniq, inv = torch.unique(flat_ids, return_inverse=True)
-        pos = torch.arange(flat_ids.numel(), device=flat_ids.device)
-        first = torch.full((uniq.numel(),), flat_ids.numel(), device=flat_ids.device, dtype=pos.dtype)
-        first = first.scatter_reduce(0, inv, pos, reduce="amin")
-        return FrameContext(self.text_embedding(context.reshape(B * T, L, D)[first]), inv)
+    def embed_context(self, context: torch.Tensor, context_index: torch.Tensor) -> FrameContext:
+        """context [B, P, L, D] (each sample's distinct prompts), context_index [B, T] (each latent frame's prompt
+        among them) -> FrameContext: text_embedding runs once per prompt, and so do the cross-attention's key and
+        value projections (FramewiseCrossAttention). Nothing depends on the values of the index: no host read."""
+        B, P, L, D = context.shape
+        index = context_index + torch.arange(B, device=context_index.device)[:, None] * P
+        return FrameContext(self.text_embedding(context.reshape(B * P, L, D)), index.reshape(-1))
 
     def time_features(
         self, timestep: torch.Tensor, batch: int, frames: int, first_frame_cond: bool = True
@@ -305,30 +281,27 @@ class GcDiT(WanModel):
         x_t: torch.Tensor,
         timestep: torch.Tensor,
         context: torch.Tensor,
-        context_ids: torch.Tensor,
+        context_index: torch.Tensor,
         sem_ids: torch.Tensor,
         first_frame_cond: bool = True,
-        grad_ckpt: bool = False,
         aux: bool = False,
     ):
-        """x_t [B, C, T, h, w]; timestep [B] or a scalar (scheduler units, float32); context [B, T, L, D];
-        context_ids [B, T]; sem_ids uint8 [B, 4(T-1)+1, 16h, 16w]. Returns the prediction [B, C, T, h, w] (and
-        aux stats).
+        """x_t [B, C, T, h, w]; timestep [B] or a scalar (scheduler units, float32, on x_t's device); context
+        [B, P, L, D] (each sample's distinct prompts); context_index [B, T] (each latent frame's prompt among
+        them); sem_ids uint8 [B, 4(T-1)+1, 16h, 16w]. Returns the prediction [B, C, T, h, w] (and aux stats).
 
         first_frame_cond: latent frame 0 is the clean first frame (TI2V) and gets timestep 0.
-        grad_ckpt: torch checkpoint per block; leave it off when Composer/FSDP already wraps the blocks.
         """
-        t_freq = self.time_features(timestep.to(x_t.device), x_t.shape[0], x_t.shape[2], first_frame_cond)
-        return self(x_t, t_freq, context, context_ids, sem_ids, grad_ckpt=grad_ckpt, aux=aux)
+        t_freq = self.time_features(timestep, x_t.shape[0], x_t.shape[2], first_frame_cond)
+        return self(x_t, t_freq, context, context_index, sem_ids, aux=aux)
 
     def forward(
         self,
         x_t: torch.Tensor,
         t_freq: torch.Tensor,
         context: torch.Tensor,
-        context_ids: torch.Tensor,
+        context_index: torch.Tensor,
         sem_ids: torch.Tensor,
-        grad_ckpt: bool = False,
         aux: bool = False,
     ):
         """`gc_forward` after the timestep features (t_freq [B, T, freq_dim]); see the class docstring."""
@@ -338,15 +311,14 @@ class GcDiT(WanModel):
                 f"timestep features {tuple(t_freq.shape)}, expected {(B, T, self.freq_dim)}: call "
                 f"gc_forward(x_t, timestep, ...), which makes them from the timesteps"
             )
-        if context.shape[:2] != (B, T) or context_ids.shape != (B, T):
+        if context.dim() != 4 or context.shape[0] != B or tuple(context_index.shape) != (B, T):
             raise ValueError(
-                f"context {tuple(context.shape)} / ids {tuple(context_ids.shape)} need one cell per "
-                f"latent frame ({B}, {T})"
+                f"context {tuple(context.shape)} / index {tuple(context_index.shape)}: need each sample's prompts "
+                f"[{B}, P, L, D] and one prompt index per latent frame ({B}, {T})"
             )
         dtype = x_t.dtype
         x = self.patch_embedding(x_t)
         f, gh, gw = x.shape[2:]
-        n = gh * gw
         x = rearrange(x, "b c f h w -> b (f h w) c")
         want = (B, pixel_frames(T), gh * VAE_STRIDE_S * self.patch_size[1], gw * VAE_STRIDE_S * self.patch_size[2])
         if tuple(sem_ids.shape) != want:
@@ -358,29 +330,15 @@ class GcDiT(WanModel):
         }
         x = x + cond
 
-        # separated timestep: embedded per latent frame (only 2 distinct values per sample), broadcast to tokens
+        # separated timestep: embedded per latent frame (2 distinct values per sample) and kept per frame; the
+        # blocks and the head broadcast it over each frame's tokens (gcc/model/blocks.py)
         t = self.time_embedding(t_freq.reshape(B * f, self.freq_dim).to(dtype))
-        t_mod = self.time_projection(t).unflatten(1, (6, self.dim))
-        t = t.view(B, f, 1, self.dim).expand(B, f, n, self.dim).reshape(B, f * n, self.dim)
-        t_mod = t_mod.view(B, f, 1, 6, self.dim).expand(B, f, n, 6, self.dim).reshape(B, f * n, 6, self.dim)
-
-        ctx = self.embed_context(context.to(dtype), context_ids)
-        # move the small per-axis RoPE tables, then expand on the device (not the [f*n] table)
-        fr = [tab[:size].to(x.device) for tab, size in zip(self.freqs, (f, gh, gw))]
-        freqs = torch.cat(
-            [
-                fr[0].view(f, 1, 1, -1).expand(f, gh, gw, -1),
-                fr[1].view(1, gh, 1, -1).expand(f, gh, gw, -1),
-                fr[2].view(1, 1, gw, -1).expand(f, gh, gw, -1),
-            ],
-            dim=-1,
-        ).reshape(f * n, 1, -1)
+        t_mod = self.time_projection(t).view(B, f, 6, self.dim)
+        ctx = self.embed_context(context.to(dtype), context_index)
+        freqs = rope_tables(self.dim // self.config.num_heads, (f, gh, gw), x.device)
         for block in self.blocks:
-            if grad_ckpt and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(block, x, ctx, t_mod, freqs, use_reentrant=False)
-            else:
-                x = block(x, ctx, t_mod, freqs)
-        x = self.head(x, t)
+            x = block(x, ctx, t_mod, freqs)
+        x = self.head(x, t.view(B, f, self.dim))
         out = self.unpatchify(x, (f, gh, gw))
         return (out, stats) if aux else out
 

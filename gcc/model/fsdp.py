@@ -64,13 +64,14 @@ def full_state_dict(
 
 # ---- gradients -------------------------------------------------------------------------------------------
 @torch.no_grad()
-def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float) -> float:
+def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
     """The global L2 norm of the gradients (over every rank's shard for DTensor gradients), then clipping to
-    `max_norm` (inf: no clipping). Returns the norm before clipping."""
+    `max_norm` (inf: no clipping). Returns the norm before clipping, a 0-dim tensor on the gradients' device
+    (read it once per step: GradClip's rides StepSync's reduce)."""
     params = [p for p in parameters if p.grad is not None]
     norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
     if isinstance(norm, DTensor):  # partial sums over the shards: reduce them
         norm = norm.full_tensor()
     if math.isfinite(max_norm):
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
-    return float(norm)
+    return norm

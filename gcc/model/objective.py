@@ -18,31 +18,18 @@ from torchmetrics import Metric
 from gcc.compat.diffsynth import FlowMatchScheduler
 from gcc.model.dit import GcDiT
 from gcc.model.flops import train_flops
-from gcc.model.seeds import stable_seed
+from gcc.model.flow import (
+    WAN_SHIFT,
+    FlowMatching,
+    model_text,
+    per_sample_mse,
+    training_loss,
+    training_outputs,
+    val_noise,
+)
 from gcc.vocab import UNKNOWN
 
 VAL_VARIANTS = ("cond", "uncond", "nulltext")
-
-
-def train_draw(
-    seed: int, sample_id: int, epoch: int, shape: Sequence[int], num_timesteps: int = 1000
-) -> tuple[int, torch.Tensor]:
-    """(tid ~ U{0..num_timesteps-1}, eps ~ N(0, 1) float32 CPU) for one training sample, in that order."""
-    g = torch.Generator().manual_seed(stable_seed("gcc.train", int(seed), int(sample_id), int(epoch)))
-    tid = int(torch.randint(0, num_timesteps, (1,), generator=g))
-    return tid, torch.randn(tuple(shape), generator=g)
-
-
-def val_noise(seed: int, clip_id: str, tid: int, shape: Sequence[int]) -> torch.Tensor:
-    """Validation noise for (clip, scheduler timestep index): shared by the cond/uncond/nulltext variants."""
-    g = torch.Generator().manual_seed(stable_seed("gcc.val", int(seed), str(clip_id), int(tid)))
-    return torch.randn(tuple(shape), generator=g)
-
-
-def make_scheduler(num_train_timesteps: int = 1000, shift: float = 5.0) -> FlowMatchScheduler:
-    sched = FlowMatchScheduler("Wan")
-    sched.set_timesteps(num_train_timesteps, training=True, shift=shift)
-    return sched
 
 
 def resolve_timesteps(sched: FlowMatchScheduler, requested: Sequence[float]) -> list[tuple[int, float]]:
@@ -52,13 +39,6 @@ def resolve_timesteps(sched: FlowMatchScheduler, requested: Sequence[float]) -> 
         tid = int(torch.argmin((sched.timesteps - float(t)).abs()))
         out.append((tid, float(sched.timesteps[tid])))
     return out
-
-
-def _per_sample_mse(pred: torch.Tensor, target: torch.Tensor, first_frame_cond: bool) -> torch.Tensor:
-    """[B] MSE in fp32; latent frame 0 is excluded when it is the given clean first frame."""
-    if first_frame_cond:
-        pred, target = pred[:, :, 1:], target[:, :, 1:]
-    return (pred.float() - target.float()).pow(2).flatten(1).mean(1)
 
 
 class GcValMSE(Metric):
@@ -112,6 +92,10 @@ class GcTrainModel(ComposerModel):
 
     null_context [L, D] and null_id are the NULL_PROMPT embedding and text-table id (the nulltext variant);
     they are constructor inputs so the model never reads files.
+
+    Nothing in `forward` or `loss` reads a value back from the device (docs/performance.md, "Host reads"): the
+    batch's identities and prompt counts are host lists (gcc.data.dataset.gc_collate), the draws are made on the
+    device (gcc/model/flow.py), and the statistics stay tensors until StepSync reads the step's once.
     """
 
     def __init__(
@@ -122,18 +106,17 @@ class GcTrainModel(ComposerModel):
         null_context: torch.Tensor,
         null_id: int,
         val_timesteps: Sequence[float] = (200, 500, 800),
-        grad_ckpt: bool = False,
         first_frame_cond: bool = True,
         num_train_timesteps: int = 1000,
-        shift: float = 5.0,
+        shift: float = WAN_SHIFT,
     ):
         super().__init__()
         self.dit = dit
         self.seed = int(seed)
         self.null_id = int(null_id)
-        self.grad_ckpt = bool(grad_ckpt)
         self.first_frame_cond = bool(first_frame_cond)
-        self.scheduler = make_scheduler(num_train_timesteps, shift)
+        self.flow = FlowMatching(num_train_timesteps, shift)
+        self.scheduler = self.flow.scheduler
         self.val_steps = resolve_timesteps(self.scheduler, val_timesteps)
         # data, not weights: kept out of checkpoints, moved with the model
         self.register_buffer("null_context", null_context.detach().clone(), persistent=False)
@@ -142,54 +125,17 @@ class GcTrainModel(ComposerModel):
     def _dtype(self) -> torch.dtype:
         return next(self.dit.parameters()).dtype
 
-    def _noisy(self, x0: torch.Tensor, eps: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
-        # DiffSynth's add_noise takes one timestep; apply it per sample (each sample has its own t)
-        x_t = torch.stack([self.scheduler.add_noise(x0[i], eps[i], timesteps[i]) for i in range(x0.shape[0])])
-        if self.first_frame_cond:
-            x_t[:, :, 0] = x0[:, :, 0]
-        return x_t
+    def _run(self, x_t, timesteps, batch, text=None, sem_ids=None):
+        context, index = model_text(batch) if text is None else text
+        sem = batch["sem_ids"] if sem_ids is None else sem_ids
+        return self.dit.gc_forward(x_t, timesteps, context, index, sem, self.first_frame_cond)
 
-    def _run(self, x_t, timesteps, batch, context=None, context_ids=None, sem_ids=None, aux=False):
-        dt = self._dtype()
-        return self.dit.gc_forward(
-            x_t,
-            timesteps,
-            (batch["context"] if context is None else context).to(dt),
-            batch["context_ids"] if context_ids is None else context_ids,
-            batch["sem_ids"] if sem_ids is None else sem_ids,
-            self.first_frame_cond,
-            self.grad_ckpt and self.training,
-            aux,
-        )
-
-    # -- training
+    # -- training (gcc/model/flow.py: what bench/gpu_step.py runs without Composer)
     def forward(self, batch: dict) -> dict:
-        x0 = batch["input_latents"].to(self._dtype())
-        B = x0.shape[0]
-        draws = [
-            train_draw(self.seed, s, e, x0.shape[1:], len(self.scheduler.timesteps))
-            for s, e in zip(batch["sample_id"].tolist(), batch["epoch"].tolist())
-        ]
-        tid = torch.tensor([d[0] for d in draws])
-        eps = torch.stack([d[1] for d in draws]).to(x0.device, x0.dtype)
-        timesteps = self.scheduler.timesteps[tid]  # CPU float32
-        x_t = self._noisy(x0, eps, timesteps)
-        target = self.scheduler.training_target(x0, eps, timesteps)
-        weight = torch.stack([self.scheduler.training_weight(timesteps[i]) for i in range(B)])
-        pred, aux = self._run(x_t, timesteps, batch, aux=True)
-        return {
-            "pred": pred,
-            "target": target,
-            "weight": weight.to(x0.device),
-            "tid": tid,
-            "timestep": timesteps,
-            **aux,
-        }
+        return training_outputs(self.flow, self.dit, batch, self.seed, self.first_frame_cond)
 
     def loss(self, outputs: dict, batch: dict) -> torch.Tensor:
-        mse = _per_sample_mse(outputs["pred"], outputs["target"], self.first_frame_cond)
-        # a mean over the micro-batch: Composer scales each micro-batch loss by its share of the batch
-        loss = (mse * outputs["weight"].float()).mean()
+        loss, mse = training_loss(outputs, self.first_frame_cond)
         # the statistics declared in gcc/model/objective_stats.py TRAIN_STATS, by name
         outputs["stats"] = {
             "mse": mse.detach().mean(),
@@ -201,11 +147,9 @@ class GcTrainModel(ComposerModel):
 
     def flops_per_batch(self, batch: dict) -> int:
         """The model FLOPs of training on `batch` (forward and backward: gcc/model/flops.py), which Composer's
-        SpeedMonitor reads for `throughput/flops_per_sec` and MFU. A clip's distinct prompts are counted per clip
-        (exact at one clip per micro-batch; two clips of a micro-batch that share a prompt embed it once)."""
+        SpeedMonitor reads for `throughput/flops_per_sec` and MFU. Each clip's distinct prompts are counted
+        (`prompts`, a host list: no read from the device)."""
         samples, _, frames, height, width = batch["input_latents"].shape
-        ids = batch["context_ids"].sort(dim=1).values  # [B, T]: a clip's prompts, one per latent frame
-        prompts = samples + int((ids[:, 1:] != ids[:, :-1]).sum())
         return train_flops(
             self.dit.config,
             samples=samples,
@@ -213,7 +157,7 @@ class GcTrainModel(ComposerModel):
             height=height,
             width=width,
             text_len=batch["context"].shape[2],
-            prompts=prompts,
+            prompts=sum(batch["prompts"]),
         )
 
     # -- validation
@@ -222,24 +166,24 @@ class GcTrainModel(ComposerModel):
         if outputs is not None:  # Composer's train-metrics path; we define no train metrics
             return outputs
         x0 = batch["input_latents"].to(self._dtype())
-        B, T = x0.shape[0], x0.shape[2]
+        B, dev = x0.shape[0], x0.device
         uncond_ids = torch.full_like(batch["sem_ids"], UNKNOWN)
-        null_ctx = self.null_context.to(x0.device, x0.dtype).expand(B, T, *self.null_context.shape)
-        null_ids = torch.full_like(batch["context_ids"], self.null_id)
+        null_ctx = self.null_context.to(dev, x0.dtype).expand(B, 1, *self.null_context.shape)
+        null_index = torch.zeros_like(batch["context_index"])
         res: dict[str, list[torch.Tensor]] = {v: [] for v in VAL_VARIANTS}
-        for tid, t in self.val_steps:
-            eps = torch.stack([val_noise(self.seed, c, tid, x0.shape[1:]) for c in batch["clip_id"]])
-            eps = eps.to(x0.device, x0.dtype)
-            timesteps = torch.full((B,), t, dtype=torch.float32)
-            x_t = self._noisy(x0, eps, timesteps)
-            target = self.scheduler.training_target(x0, eps, timesteps)
+        for tid, _ in self.val_steps:
+            eps = torch.stack([val_noise(self.seed, c, tid, x0.shape[1:], dev) for c in batch["clip_id"]])
+            tids = torch.full((B,), tid, dtype=torch.int64, device=dev)
+            x_t = self.flow.noisy(x0, eps.to(x0.dtype), tids, self.first_frame_cond)
+            target = self.flow.target(x0, eps.to(x0.dtype))
+            timesteps = self.flow.timesteps(tids)
             preds = {
                 "cond": self._run(x_t, timesteps, batch),
                 "uncond": self._run(x_t, timesteps, batch, sem_ids=uncond_ids),
-                "nulltext": self._run(x_t, timesteps, batch, context=null_ctx, context_ids=null_ids),
+                "nulltext": self._run(x_t, timesteps, batch, text=(null_ctx, null_index)),
             }
             for v in VAL_VARIANTS:
-                res[v].append(_per_sample_mse(preds[v], target, self.first_frame_cond))
+                res[v].append(per_sample_mse(preds[v], target, self.first_frame_cond))
         stacked = {v: torch.stack(res[v]) for v in VAL_VARIANTS}  # [n_t, B]
         return {
             "timestep": torch.tensor([t for _, t in self.val_steps]),

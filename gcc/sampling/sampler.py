@@ -14,10 +14,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from gcc.data.text_table import stack_prompts
 from gcc.model.seeds import stable_seed
 from gcc.vocab import UNKNOWN
 
-WAN_SHIFT = 5.0  # the sigma shift of Wan2.2 TI2V's schedule, training's too (gcc/model/objective.py)
+WAN_SHIFT = 5.0  # the sigma shift of Wan2.2 TI2V's schedule, training's too (gcc/model/flow.py)
 
 
 def sync(device) -> None:
@@ -44,9 +45,8 @@ def sample_latents(
     dit,
     first: torch.Tensor,
     context: torch.Tensor,
-    context_ids: torch.Tensor,
+    context_index: torch.Tensor,
     null_context: torch.Tensor,
-    null_ids: torch.Tensor,
     sem: torch.Tensor,
     noise: torch.Tensor,
     steps: int = 50,
@@ -55,8 +55,10 @@ def sample_latents(
     sem_cfg: float = 1.0,
     on_step: Callable[[], None] | None = None,
 ) -> torch.Tensor:
-    """TI2V flow-matching sampling of one clip. first [C, 1, h, w] clean frame-0 latent; context [T, L, D],
-    ids [T]; sem uint8 [F, H, W] (what the model sees); noise [C, T, h, w]. Returns the latents [C, T, h, w] (fp32).
+    """TI2V flow-matching sampling of one clip. first [C, 1, h, w] clean frame-0 latent; context [P, L, D] (the
+    clip's distinct prompts) and context_index [T] (each latent frame's among them: gcc.data.text_table
+    `TextTable.prompts`); null_context [L, D] (NULL_PROMPT); sem uint8 [F, H, W] (what the model sees); noise
+    [C, T, h, w]. Returns the latents [C, T, h, w] (fp32).
 
     Guidance (see the module docstring): variants cond, nulltext (cfg != 1), unknown (sem_cfg != 1, and only when
     the ids are not already all UNKNOWN), run as one batch per step. `on_step()` is called after each step
@@ -68,26 +70,24 @@ def sample_latents(
     x = noise.to(dev, torch.float32).clone()  # the state stays fp32; the model sees it in its dtype
     x[:, 0:1] = first
     sem = sem.to(dev)
-    ctx, cid = [context], [context_ids]
+    prompts = [(context, context_index)]
     sems = [sem]
     use_text = cfg != 1.0
     use_sem = sem_cfg != 1.0 and not bool((sem == UNKNOWN).all())
     if use_text:
-        ctx.append(null_context)
-        cid.append(null_ids)
+        prompts.append((null_context.unsqueeze(0), torch.zeros_like(context_index)))
         sems.append(sem)
     if use_sem:
-        ctx.append(context)
-        cid.append(context_ids)
+        prompts.append((context, context_index))
         sems.append(torch.full_like(sem, UNKNOWN))
-    B = len(ctx)
-    ctx_b = torch.stack(ctx).to(dev, dt)
-    cid_b = torch.stack(cid).to(dev)
+    B = len(prompts)
+    ctx_b, index_b = stack_prompts(prompts)
+    ctx_b, index_b = ctx_b.to(dev, dt), index_b.to(dev)
     sem_b = torch.stack(sems)
     for t in sched.timesteps:
         ts = t.reshape(1).expand(B).to(dev, torch.float32)
         pred = dit.gc_forward(
-            x.to(dt).unsqueeze(0).expand(B, *x.shape), ts, ctx_b, cid_b, sem_b, first_frame_cond=True
+            x.to(dt).unsqueeze(0).expand(B, *x.shape), ts, ctx_b, index_b, sem_b, first_frame_cond=True
         ).float()
         e = pred[0]
         k = 1

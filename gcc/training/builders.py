@@ -18,20 +18,21 @@ from torch.utils.data import DataLoader, Dataset
 from gcc.compat.composer import MicroBatch, meta_init_on, use_checkpoint_saver, use_lean_engine
 from gcc.compat.streaming import release_stale_shm
 from gcc.compat.torch import gloo_gradients_as_means
+from gcc.data.batch import gc_collate, pin_batches, split_batch
 from gcc.data.dataset import (
     Dropouts,
     FaultAt,
     GcStreamingDataset,
     build_dataloader,
     fetch_text_table,
-    gc_collate,
     round_robin_by_run,
 )
 from gcc.data.text_table import TextTable
-from gcc.model.dit import build_gc_dit, load_wan_base
+from gcc.model.attention import backends_at, current_kernel, select_attention
+from gcc.model.dit import build_gc_dit, load_wan_base, model_config
 from gcc.model.export import gc_metadata, load_gc_weights, load_legacy_zero
 from gcc.model.objective import GcTrainModel
-from gcc.model.optim import build_optimizer, composer_scheduler, trainer_schedule_kwargs
+from gcc.model.optim import build_optimizer
 from gcc.provenance import Provenance
 from gcc.redact import redact
 from gcc.sampling.decoders import pick_decoder
@@ -48,6 +49,7 @@ from gcc.training.launch import RunStart, cache_dir, data_name, steps_per_epoch,
 from gcc.training.peer_fault import PEER_GRACE_S, announce, watch_peers
 from gcc.training.ranks import rank, world_size
 from gcc.training.run_folder import ckpt_dir
+from gcc.training.schedule import composer_scheduler, trainer_schedule_kwargs
 from gcc.training.watchdog import StallWatchdog
 
 logger = logging.getLogger(__name__)
@@ -153,6 +155,7 @@ def build_val_loader(cfg: TrainConfig) -> DataLoader | None:
         sampler=dist.get_sampler(clips, shuffle=False),
         collate_fn=gc_collate,
         num_workers=0,
+        pin_memory=pin_batches(),
     )
 
 
@@ -160,8 +163,11 @@ def build_val_loader(cfg: TrainConfig) -> DataLoader | None:
 def build_model(cfg: TrainConfig, text: TextTable, fsdp: bool):
     """GcTrainModel around a GcDiT whose initial values are a pure function of the seed. Under FSDP the DiT stays
     on the meta device: Composer shards it and each rank initialises only its shard. Base / warm-start weights
-    come after the Trainer is built (`load_initial_weights`), into the sharded model."""
+    come after the Trainer is built (`load_initial_weights`), into the sharded model. The blocks get their
+    activation checkpointing and compilation here, before Composer shards them (gcc/model/block_wrap.py), and
+    the process its attention kernel (gcc/model/attention.py)."""
 
+    select_attention(cfg.model.attention, "cuda" if torch.cuda.is_available() else "cpu")
     dit = build_gc_dit(
         cfg.model.preset,
         device="meta" if fsdp else "cpu",
@@ -169,15 +175,39 @@ def build_model(cfg: TrainConfig, text: TextTable, fsdp: bool):
         init_seed=cfg.seed,
         **cfg.model.overrides,
     )
-    # with FSDP, Composer applies activation checkpointing to the blocks itself
+    dit.wrap_blocks(cfg.model.activation_checkpointing, cfg.model.compile)
     return GcTrainModel(
         dit,
         seed=cfg.seed,
         null_context=text.row(text.null_id),
         null_id=text.null_id,
         val_timesteps=tuple(cfg.val_timesteps),
-        grad_ckpt=cfg.model.grad_ckpt and not fsdp,
         first_frame_cond=cfg.model.first_frame_cond,
+    )
+
+
+def describe_model(cfg: TrainConfig, manifest: dict) -> str:
+    """The launch's line about how the blocks run: checkpointing, compilation, resharding, and the attention
+    kernel with the SDPA backend that runs at this data's shapes (self- and cross-attention)."""
+    mc = model_config(cfg.model.preset, vocab=cfg.model.vocab, **cfg.model.overrides)
+    _, T, h, w = manifest["geometry"]["latents"]
+    L = manifest["geometry"]["text"][0]
+    heads, hd = mc.num_heads, mc.dim // mc.num_heads
+    n = (h // mc.patch_size[1]) * (w // mc.patch_size[2])
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.float32 if cfg.precision == "fp32" else torch.bfloat16
+    kernel = current_kernel()
+    at_shapes = (
+        f"self-attention {backends_at((1, heads, T * n, hd), (1, heads, T * n, hd), dtype, dev)}, "
+        f"cross-attention {backends_at((T, heads, n, hd), (T, heads, L, hd), dtype, dev)}"
+    )
+    reshard = cfg.fsdp.reshard_after_forward if cfg.parallelism == "fsdp" else None
+    return (
+        f"blocks: activation checkpointing {cfg.model.activation_checkpointing}, "
+        f"{'compiled' if cfg.model.compile else 'eager'}"
+        + ("" if reshard is None else f", weights {'resharded' if reshard else 'kept gathered'} after forward")
+        + f"; attention {kernel.describe()} (model.attention: {cfg.model.attention}); at this data's shapes "
+        + at_shapes
     )
 
 
@@ -198,7 +228,7 @@ def load_initial_weights(dit, cfg: TrainConfig) -> None:
 
 def parallelism_config(cfg: TrainConfig) -> dict | None:
     """`parallelism: fsdp` is Composer's FSDP2 on GPU and CPU alike, at any world size (a sharded checkpoint
-    needs it to be read, also on one rank): each DiT block a unit with activation checkpointing, bf16 compute
+    needs it to be read, also on one rank): each DiT block (with its wrappers: `build_model`) a unit, bf16 compute
     with fp32 master weights and fp32 reduction under amp_bf16, sharded (DCP) checkpoints. `ddp`: None (Composer
     uses DDP when there is more than one rank)."""
     if cfg.parallelism != "fsdp":
@@ -207,7 +237,7 @@ def parallelism_config(cfg: TrainConfig) -> dict | None:
     return {
         "fsdp": FSDP2Config(
             reshard_after_forward=cfg.fsdp.reshard_after_forward,
-            activation_checkpointing=cfg.model.grad_ckpt,
+            activation_checkpointing=False,  # gcc wraps the blocks itself (build_model)
             mixed_precision="DEFAULT",
             state_dict_type="sharded",
         )
@@ -387,7 +417,7 @@ def build_evaluators(cfg: TrainConfig, val_loader: DataLoader | None, preemption
 
 def build_optimization(cfg: TrainConfig, model) -> tuple[torch.optim.AdamW, dict]:
     """The yaml's `optimizer:` (AdamW, two parameter groups) and the Trainer kwargs of its `scheduler:` over
-    max_duration (gcc/model/optim.py)."""
+    max_duration (gcc/model/optim.py, gcc/training/schedule.py)."""
     o, s = cfg.optimizer, cfg.scheduler
     opt = build_optimizer(model, o.lr, o.cond_lr, o.weight_decay, (float(o.betas[0]), float(o.betas[1])), o.eps)
     return opt, trainer_schedule_kwargs(opt, composer_scheduler(s.name, s.t_warmup, s.alpha_f), cfg.max_steps)
@@ -415,7 +445,10 @@ def build_trainer(
             run_name=Path(cfg.run_dir).name,
             device=device,
             train_dataloader=DataSpec(
-                train_loader, get_num_samples_in_batch=samples_in, microbatch_transforms=MicroBatch
+                train_loader,
+                get_num_samples_in_batch=samples_in,
+                split_batch=split_batch,
+                microbatch_transforms=MicroBatch,
             ),
             eval_dataloader=evaluators or None,
             max_duration=f"{cfg.max_steps}ba",

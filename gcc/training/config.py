@@ -193,7 +193,27 @@ class ModelConfig:
     first_frame_cond: bool = setting(
         True, identity=True, exported=True, doc="condition on the clean first frame (image-to-video)"
     )
-    grad_ckpt: bool = setting(True, identity=False, exported=False, doc="activation checkpointing of the DiT blocks")
+    activation_checkpointing: Literal["block", "selective", "none"] = setting(
+        "block",
+        identity=False,
+        exported=False,
+        doc="per DiT block: block (recompute it whole in backward) | selective (keep its attention outputs, "
+        "recompute the rest) | none (docs/performance.md, Memory)",
+    )
+    compile: bool = setting(
+        False,
+        identity=False,
+        exported=False,
+        doc="torch.compile each DiT block (after activation checkpointing, before FSDP2; docs/performance.md, "
+        "Compiled blocks)",
+    )
+    attention: Literal["auto", "flash3", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math"] = setting(
+        "auto",
+        identity=False,
+        exported=False,
+        doc="the attention kernel: auto (FlashAttention 3 if installed on a Hopper GPU, else PyTorch SDPA's backends "
+        "in order flash, cudnn, efficient, math) | flash3 | sdpa_<backend> first (docs/performance.md, Attention)",
+    )
 
 
 @dataclass
@@ -371,11 +391,11 @@ class AlgorithmsConfig:
 class FsdpConfig:
     # docs/performance.md has both
     reshard_after_forward: bool = setting(
-        False,
+        True,
         identity=False,
         exported=False,
-        doc="false: ZeRO-2-like (a block's gathered parameters stay from its forward to its backward); true: "
-        "ZeRO-3-like (gathered again in the backward: less memory, one more all-gather per block)",
+        doc="true: ZeRO-3-like (a block's parameters are gathered again for its backward: ~8 GB less per GPU at 5B, "
+        "one more all-gather per block); false: ZeRO-2-like (they stay gathered from forward to backward)",
     )
 
 
@@ -1060,8 +1080,14 @@ RENAMED = {
     "optim.weight_decay": "optimizer.weight_decay",
     "optim.warmup_steps": "scheduler.t_warmup",  # a number of batches, as before; the scheduler's default name
     "optim.grad_clip": "algorithms.gradient_clipping.clipping_threshold",
+    "model.grad_ckpt": "model.activation_checkpointing",  # true -> block, false -> none (RENAMED_VALUES)
 }
-_OLD_SECTIONS = {old.split(".")[0] for old in RENAMED if "." in old}  # optim: gone, its keys moved
+# an old key whose values were other values: old value -> new value (any other is kept, and checked as the new key's)
+RENAMED_VALUES = {"model.grad_ckpt": {True: "block", False: "none"}}
+# the sections gone (optim:): every key of theirs moved to another section
+_OLD_SECTIONS = {
+    old.split(".")[0] for old, new in RENAMED.items() if "." in old and old.split(".")[0] != new.split(".")[0]
+}
 
 
 def did_you_mean(key: str) -> str:
@@ -1127,9 +1153,14 @@ def _renamed(tree: dict, where: str) -> list[str]:
             continue
         if _has_dotted(tree, new):
             raise ConfigError(f"{where}: {old} and {new} are both given; {old} is the old name of {new}: keep {new}")
-        _set_dotted(tree, new, value)
+        _set_dotted(tree, new, _renamed_value(old, value))
         found.append(old)
     return found
+
+
+def _renamed_value(old: str, value: Any) -> Any:
+    table = RENAMED_VALUES.get(old, {})
+    return table[value] if isinstance(value, bool) and value in table else value
 
 
 def _override_leaves(key: str, value: Any) -> list[tuple[str, Any]]:
@@ -1156,7 +1187,7 @@ def load_config(yaml_path: str | Path | None, overrides: Sequence[str] = ()) -> 
             given[new] = key
             if new != key:
                 old_keys.append(key)
-            _set_dotted(tree, new, value)
+            _set_dotted(tree, new, _renamed_value(key, value))
     for section in _OLD_SECTIONS & set(tree):  # what is left of an old section: keys it never had
         left = tree[section]
         unknown = ", ".join(f"{section}.{k}" for k in left) if isinstance(left, dict) else section

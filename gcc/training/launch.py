@@ -106,7 +106,7 @@ def schedule_jump(cfg: TrainConfig, stored: dict[str, Any], horizon: int, step: 
     old = stored.get(SCHEDULE_HORIZON)
     if cfg.scheduler.name not in DECAYING or not isinstance(old, int) or old == horizon:
         return ""
-    from gcc.model.optim import composer_scheduler, lr_factor  # Composer's schedulers
+    from gcc.training.schedule import composer_scheduler, lr_factor  # Composer's schedulers
 
     s = cfg.scheduler
     scheduler = composer_scheduler(s.name, s.t_warmup, s.alpha_f)

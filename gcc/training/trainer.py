@@ -121,6 +121,7 @@ def _run(cfg) -> int:
     )
     fsdp = B.parallelism_config(cfg)
     model = B.build_model(cfg, text, fsdp=fsdp is not None)
+    logger.info(B.describe_model(cfg, start.manifest))
     val_loader = B.build_val_loader(cfg)
     parts = B.build_callbacks(cfg, start, model, per_rank, val_loader, text)
     t_build = time.time()

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from gcc.compat.diffsynth import CrossAttention, DiTBlock, use_framewise_cross_attention
+from gcc.compat.diffsynth import CrossAttention, DiTBlock, use_class
 
 
 def test_a_blocks_cross_attention_can_take_a_subclass_keeping_its_parameters():
@@ -15,7 +16,9 @@ def test_a_blocks_cross_attention_can_take_a_subclass_keeping_its_parameters():
     class Framewise(CrossAttention):
         pass
 
-    use_framewise_cross_attention(block, Framewise)
+    use_class(block.cross_attn, Framewise)
     assert type(block.cross_attn) is Framewise
     after = block.state_dict()
     assert list(after) == list(before) and all(torch.equal(after[k], before[k]) for k in before)
+    with pytest.raises(TypeError, match="not a subclass"):
+        use_class(block.self_attn, Framewise)

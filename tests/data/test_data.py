@@ -18,7 +18,8 @@ import torch
 from safetensors import safe_open
 
 from gcc.data import convert as C
-from gcc.data.dataset import Dropouts, GcStreamingDataset, build_dataloader, gc_collate
+from gcc.data.batch import gc_collate
+from gcc.data.dataset import Dropouts, GcStreamingDataset, build_dataloader
 from gcc.data.shards import MANIFEST
 from gcc.errors import BadInput
 from gcc.vocab import NULL_PROMPT, UNKNOWN, collapse_parts, invalid_values, key_to_id
@@ -49,7 +50,10 @@ def batch_digests(batch) -> list[tuple]:
                 ),
                 hashlib.sha1(batch["sem_ids"][i].numpy().tobytes()).hexdigest(),
                 tuple(batch["context_ids"][i].tolist()),
-                hashlib.sha1(batch["context"][i].view(torch.int16).numpy().tobytes()).hexdigest(),
+                tuple(batch["context_index"][i].tolist()),
+                hashlib.sha1(
+                    batch["context"][i, : batch["prompts"][i]].view(torch.int16).numpy().tobytes()
+                ).hexdigest(),
             )
         )
     return out
@@ -68,8 +72,9 @@ def test_sample_contract(shards):
     c, t, h, w = geo["latents"]
     L, D = geo["text"]
     assert s["input_latents"].dtype == torch.bfloat16 and list(s["input_latents"].shape) == [c, t, h, w]
-    assert s["context"].dtype == torch.bfloat16 and list(s["context"].shape) == [t, L, D]
+    assert s["context"].dtype == torch.bfloat16 and list(s["context"].shape)[1:] == [L, D]
     assert s["context_ids"].dtype == torch.int64 and list(s["context_ids"].shape) == [t]
+    assert s["context_index"].dtype == torch.int64 and list(s["context_index"].shape) == [t]
     assert s["sem_ids"].dtype == torch.uint8 and list(s["sem_ids"].shape) == geo["sem"]
     assert isinstance(s["clip_id"], str)
     assert set(s["dropped"]) == {"text", "cond", "mask"}
@@ -82,7 +87,9 @@ def test_sample_contract(shards):
     with safe_open(str(src / "text" / "table.safetensors"), "pt") as f:
         want = torch.stack([f.get_tensor(k) for k in row["context_keys"]])
         ids = key_to_id(f.keys())
-    assert torch.equal(s["context"], want)
+        distinct = list(dict.fromkeys(row["context_keys"]))  # each prompt once, in the order of first use
+        assert torch.equal(s["context"], torch.stack([f.get_tensor(k) for k in distinct]))
+    assert torch.equal(s["context"][s["context_index"]], want)  # every cell's prompt
     assert s["context_ids"].tolist() == [ids[k] for k in row["context_keys"]]
 
 
@@ -369,8 +376,14 @@ def test_collate(shards):
     assert b["clip_id"] == [s["clip_id"] for s in samples]
     assert b["drop_text"].tolist() == [s["dropped"]["text"] for s in samples]
     assert b["mask_frac"].tolist() == pytest.approx([s["dropped"]["mask"] for s in samples])
-    for k in ("input_latents", "context", "context_ids", "sem_ids"):
+    for k in ("input_latents", "context_ids", "context_index", "sem_ids"):
         assert all(torch.equal(b[k][i], samples[i][k]) for i in range(3))
+    # each clip's prompts, padded with zero rows to the batch's most; the count of each on the host
+    assert b["prompts"] == [s["context"].shape[0] for s in samples] and b["context"].shape[1] == max(b["prompts"])
+    for i, s in enumerate(samples):
+        p = s["context"].shape[0]
+        assert torch.equal(b["context"][i, :p], s["context"]) and not b["context"][i, p:].any()
+    assert b["sample_id"] == [s["sample_id"] for s in samples] and b["epoch"] == [s["epoch"] for s in samples]
 
 
 HOLD_SCRIPT = """

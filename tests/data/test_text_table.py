@@ -33,17 +33,19 @@ def test_rows_by_id_are_the_embeddings_written(tmp_path):
         assert t.ids[k] == i and torch.equal(t.row(i), rows[k])
 
 
-def test_gather_reads_each_id_into_its_cell_and_a_repeated_id_is_one_row_expanded(tmp_path):
+def test_prompts_reads_each_distinct_prompt_once_and_indexes_every_cell(tmp_path):
     path, rows = table(tmp_path)
     t = TextTable(path)
     ids = [t.ids["walk"], t.ids["boss"], t.ids["walk"], t.null_id]
-    got = t.gather(ids)
-    assert torch.equal(got, torch.stack([rows["walk"], rows["boss"], rows["walk"], rows[NULL_PROMPT]]))
-    same = t.gather([t.null_id] * 5)
-    assert same.shape == (5, 3, 5) and same.stride(0) == 0 and torch.equal(same[4], rows[NULL_PROMPT])
+    got, index = t.prompts(ids)
+    assert torch.equal(got, torch.stack([rows["walk"], rows["boss"], rows[NULL_PROMPT]]))  # in order of first use
+    assert index.tolist() == [0, 1, 0, 2] and index.dtype == torch.int64
+    assert torch.equal(got[index], torch.stack([rows["walk"], rows["boss"], rows["walk"], rows[NULL_PROMPT]]))
+    same, index = t.prompts([t.null_id] * 5)
+    assert same.shape == (1, 3, 5) and torch.equal(same[0], rows[NULL_PROMPT]) and index.tolist() == [0] * 5
     made = []
-    t.gather(ids, empty=lambda shape, dtype: made.append(shape) or torch.empty(shape, dtype=dtype))
-    assert made == [(4, 3, 5)]  # the loader's allocator holds the result
+    t.prompts(ids, empty=lambda shape, dtype: made.append(shape) or torch.empty(shape, dtype=dtype))
+    assert made == [(3, 3, 5)]  # the loader's allocator holds the result
 
 
 def test_the_table_pickles_without_its_mapping_and_reads_the_same(tmp_path):

@@ -451,3 +451,23 @@ def test_a_run_on_shards_whose_meta_lacks_its_fields_stops_with_exit_6_naming_sh
     assert r.returncode == 6, out[-3000:]
     assert "damaged data" in out and "train/shard.00000.mds (sample " in out, out[-3000:]
     assert "field 'src_hw' must be" in out and "Traceback" not in out, out[-3000:]
+
+
+@pytest.mark.parametrize("value", [7, 9, 22, 254])
+def test_sem_ids_outside_the_vocabulary_are_refused_where_they_are_decoded(shards, tmp_path, value):
+    """The model counts an id outside the vocabulary as no class (it does not read its input back to look): the
+    loader refuses it when it decodes the sample, naming the shard, the sample and the values."""
+    from gcc.data.shards import decode_sem, encode_sem
+
+    data = copy_of(shards, tmp_path)
+
+    def spoil(i, s):
+        ids = decode_sem(s["sem_zst"], s["sem_shape"])
+        ids = ids.copy()
+        ids[-1, -1, -1] = value  # one pixel of the last frame
+        return {**s, "sem_zst": encode_sem(ids)}
+
+    rewrite_split(data, "val", spoil)
+    ds = loader(data, tmp_path)
+    with pytest.raises(DamagedData, match=rf"shard.00000.mds \(sample 0\).*outside the vocabulary: \[{value}\]"):
+        ds[0]

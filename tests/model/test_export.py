@@ -198,7 +198,7 @@ def test_round_trip(tmp_path):
     for k, v in fresh.state_dict().items():
         torch.testing.assert_close(v, want[k], rtol=0, atol=0, msg=k)
     b = make_batch(B=1)
-    args = (b["input_latents"].float(), torch.tensor([300.0]), b["context"].float(), b["context_ids"], b["sem_ids"])
+    args = (b["input_latents"].float(), torch.tensor([300.0]), b["context"].float(), b["context_index"], b["sem_ids"])
     dit.load_state_dict(want)
     with torch.no_grad():
         torch.testing.assert_close(fresh.gc_forward(*args), dit.gc_forward(*args))
@@ -232,7 +232,7 @@ def test_plain_wan_export_starts_cond_at_zero(tmp_path):
         b["input_latents"].float(),
         torch.tensor([300.0]),
         b["context"].float(),
-        b["context_ids"],
+        b["context_index"],
         b["sem_ids"],
         aux=True,
     )

@@ -9,14 +9,18 @@ from _gc_helpers import D_TXT, L_TXT, make_batch, null_embedding, tiny_dit
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from gcc.data.batch import split_batch
+from gcc.data.text_table import distinct_in_order, stack_prompts
 from gcc.model.objective import GcTrainModel
 
 
 def measured_flops(model: GcTrainModel, batch: dict) -> int:
-    """torch's count of one training forward and backward. Attention runs as plain matrix products (torch's CPU
-    attention kernel is not in its counter's table), without a recomputation in the backward: model FLOPs."""
+    """torch's count of one training forward and backward of each clip of `batch`, as the trainer runs it (micro-
+    batches of one: gcc.data.dataset.split_batch). Attention runs as plain matrix products (torch's CPU attention
+    kernel is not in its counter's table), without a recomputation in the backward: model FLOPs."""
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-        model.loss(model(batch), batch).backward()
+        for micro in split_batch(batch, 1):
+            model.loss(model(micro), micro).backward()
     return counter.get_total_flops()
 
 
@@ -37,7 +41,9 @@ def test_the_count_is_torchs_count_of_a_training_step(overrides, shape, context_
     model = GcTrainModel(dit, seed=0, null_context=null_embedding(), null_id=3)
     ids = torch.tensor(context_ids)
     batch = make_batch(B=ids.shape[0], vocab=dit.config.vocab, **shape)
-    batch["context_ids"] = ids
-    batch["context"] = torch.randn(5, L_TXT, D_TXT, generator=torch.Generator().manual_seed(1))[ids]
+    table = torch.randn(5, L_TXT, D_TXT, generator=torch.Generator().manual_seed(1))
+    prompts = [distinct_in_order(row) for row in context_ids]
+    batch["context"], batch["context_index"] = stack_prompts([(table[d], torch.tensor(i)) for d, i in prompts])
+    batch["context_ids"], batch["prompts"] = ids, [len(d) for d, _ in prompts]
     # exact: every matrix product of the step is in the count, once
     assert model.flops_per_batch(batch) == measured_flops(model, batch)

@@ -7,6 +7,8 @@
 * clipping (`clip_grad_norm`, what the GradClip callback calls) under FSDP2 and under Composer's DDP wrapper: a
   global norm over `max_norm` leaves the gradient at `max_norm`, in the same direction, and the value returned
   (logged as `grad_norm`) is the norm before clipping; a norm under `max_norm` leaves every gradient untouched;
+* the blocks resharded after forward, with block or selective activation checkpointing, and compiled (inductor):
+  the same gradient as the plain model on one process;
 * the time embedding receives the sinusoid of the exact float32 timestep under a bf16 param dtype.
 """
 
@@ -105,19 +107,20 @@ def grads_of(m):
 
 got = grads_of(model)
 res["grad_mean"] = all(torch.allclose(got[n], ref[n], rtol=1e-4, atol=1e-7) for n in ref)
-res["norm"] = [clip_grad_norm(model.parameters(), float("inf")), ref_norm]
+res["norm"] = [float(clip_grad_norm(model.parameters(), float("inf"))), ref_norm]
 
 
 def clipping(m, full):
     """Clip `m`'s gradients (`full`: a gradient as the full tensor) twice: to twice their global norm (nothing
     may change), then to half of it."""
     grads = lambda: {n: full(p.grad).clone() for n, p in m.named_parameters() if p.grad is not None}
-    before, norm = grads(), clip_grad_norm(m.parameters(), float("inf"))
-    out = {"norm": norm, "returned_over": clip_grad_norm(m.parameters(), 2 * norm)}
+    clip = lambda max_norm: float(clip_grad_norm(m.parameters(), max_norm))
+    before, norm = grads(), clip(float("inf"))
+    out = {"norm": norm, "returned_over": clip(2 * norm)}
     out["untouched"] = all(torch.equal(g, before[n]) for n, g in grads().items())
-    out["returned"] = clip_grad_norm(m.parameters(), norm / 2)  # the norm before clipping
+    out["returned"] = clip(norm / 2)  # the norm before clipping
     after = grads()
-    out["after"] = clip_grad_norm(m.parameters(), float("inf"))
+    out["after"] = clip(float("inf"))
     scale = out["after"] / norm  # one factor for every tensor
     out["same_direction"] = all(torch.allclose(after[n], before[n] * scale, rtol=1e-5, atol=1e-12) for n in before)
     return out
@@ -137,6 +140,27 @@ load_wan_base(unhooked.dit, wan_dir)
 raw = grads_of(unhooked)
 res["gloo_sums"] = all(torch.allclose(raw[n], world * ref[n], rtol=1e-4, atol=1e-7) for n in ref)
 
+# the blocks as the yaml may ask for them, each through the Trainer's path (wrapped, then sharded by Composer):
+# resharded after forward, block or selective activation checkpointing, compiled; each gradient is the one-process
+# mean of the plain model above (the wrappers rename no parameter of the state dict)
+def wrapped(reshard, checkpointing, compiled):
+    m = composer_model("meta")
+    m.dit.wrap_blocks(checkpointing, compiled)
+    o = build_optimizer(m, lr=1e-4, cond_lr=1e-3)
+    with meta_init_on("cpu"):
+        parallelize_composer_model(m, o, FSDP2Config(reshard_after_forward=reshard), Precision.FP32)
+    gloo_gradients_as_means(m)
+    load_wan_base(m.dit, wan_dir)
+    m.loss(m(half), half).backward()
+    got = {n.replace("_checkpoint_wrapped_module.", ""): p.grad.full_tensor() for n, p in m.dit.named_parameters()}
+    return set(got) == set(ref) and all(torch.allclose(got[n], ref[n], rtol=1e-4, atol=1e-7) for n in ref)
+
+
+res["grad_wrapped"] = {
+    f"{reshard}-{ckpt}-{compiled}": wrapped(reshard, ckpt, compiled)
+    for reshard, ckpt, compiled in [(True, "block", False), (True, "selective", False), (True, "selective", True)]
+}
+
 # the time embedding's input under a bf16 param dtype (Composer's mixed precision, amp_bf16)
 bf = composer_model("meta")
 prepare_fully_shard(bf, FSDP2Config(), Precision.AMP_BF16, generate_composer_model_policy(bf))
@@ -146,7 +170,7 @@ bf.dit.time_embedding.register_forward_pre_hook(lambda m, a: seen.update(x=a[0].
 b = make_batch(B=2, T=3)
 ts = torch.tensor([201.3423, 799.7119])
 with torch.no_grad():
-    bf.dit.gc_forward(b["input_latents"], ts, b["context"], b["context_ids"], b["sem_ids"])
+    bf.dit.gc_forward(b["input_latents"], ts, b["context"], b["context_index"], b["sem_ids"])
 freq = bf.dit.freq_dim
 t_frame = ts.reshape(2, 1).expand(2, 3).clone()
 t_frame[:, 0] = 0
@@ -204,6 +228,7 @@ def test_fsdp2_two_ranks_match_one_process(tmp_path):
             assert c["returned"] == c["norm"], kind
             assert c["after"] == pytest.approx(c["norm"] / 2, rel=1e-5) and c["same_direction"], kind
         assert res["gloo_sums"], "gloo's reduce-scatter no longer sums: drop gcc.compat.torch.gloo_gradients_as_means"
+        assert res["grad_wrapped"] == dict.fromkeys(res["grad_wrapped"], True) and len(res["grad_wrapped"]) == 3
         assert res["t_dtype"] == "torch.bfloat16" and res["t_exact"] and res["t_rounded_differs"]
     with (
         safe_open(str(tmp_path / "sharded.safetensors"), "pt") as a,

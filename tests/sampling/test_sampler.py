@@ -40,14 +40,11 @@ def clip():
     dit = tiny_dit(seed=3)
     randomize_cond(dit)
     b = make_batch(B=1, seed=4)
-    null = torch.zeros_like(b["context"][0])
-    T = b["context_ids"].shape[1]
     kw = dict(
         first=b["input_latents"][0, :, :1].float(),
         context=b["context"][0],
-        context_ids=b["context_ids"][0],
-        null_context=null,
-        null_ids=torch.zeros(T, dtype=torch.long),
+        context_index=b["context_index"][0],
+        null_context=torch.zeros_like(b["context"][0, 0]),
         sem=b["sem_ids"][0],
         steps=3,
     )

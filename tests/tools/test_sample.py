@@ -206,13 +206,13 @@ def test_guidance_skips_unit_scales_and_is_deterministic(assets, prepared_tiny):
     C, T, h, w = clip.input_latents.shape
     calls = []
     hook = dit.register_forward_hook(lambda mod, inp, out: calls.append(inp[0].shape[0]))
-    null = src.table.gather([src.table.null_id] * T)
+    null = src.table.row(src.table.null_id)
+    context, index = src.table.prompts(clip.context_ids)
     kw = dict(
         first=clip.input_latents[:, :1].float(),
-        context=src.table.gather(clip.context_ids),
-        context_ids=torch.from_numpy(clip.context_ids),
+        context=context,
+        context_index=index,
         null_context=null,
-        null_ids=torch.full((T,), src.table.null_id),
         sem=torch.from_numpy(clip.sem_ids()),
         noise=SA.clip_noise(0, "clip00010", (C, T, h, w)),
         steps=3,
@@ -238,9 +238,9 @@ def test_guidance_skips_unit_scales_and_is_deterministic(assets, prepared_tiny):
     def e(ctx, ids, sem_ids):
         return dit.gc_forward(x0[None], t, ctx[None], ids[None], sem_ids, first_frame_cond=True)[0]
 
-    e_c = e(kw["context"], kw["context_ids"], sem)
-    e_n = e(null, kw["null_ids"], sem)
-    e_u = e(kw["context"], kw["context_ids"], torch.full_like(sem, UNKNOWN))
+    e_c = e(kw["context"], kw["context_index"], sem)
+    e_n = e(null[None], torch.zeros_like(index), sem)
+    e_u = e(kw["context"], kw["context_index"], torch.full_like(sem, UNKNOWN))
     want = x0 - (e_c + 2.0 * (e_c - e_n) + 1.0 * (e_c - e_u))
     torch.testing.assert_close(x1[:, 1:], want[:, 1:], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(x1[:, :1], kw["first"])

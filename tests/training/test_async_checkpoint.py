@@ -7,6 +7,7 @@ tests/training/test_train_e2e.py `test_exact_resume_after_sigkill`."""
 from __future__ import annotations
 
 import errno
+import logging
 import threading
 import zipfile
 
@@ -15,22 +16,47 @@ import torch
 
 from gcc import exit_codes
 from gcc.errors import DiskFull
-from gcc.training.async_checkpoint import CheckpointWrites, host_copy
+from gcc.training.async_checkpoint import CheckpointWrites, HostStaging
 from gcc.training.callbacks.step_sync import StepSync
 from gcc.training.run_folder import ckpt_dir, point_latest, repair_checkpoints
 
 
+def _state(w: torch.Tensor, batch: int) -> dict:
+    """A checkpoint state as Composer builds one: tensors, numbers, objects of its own, in dicts, lists, tuples."""
+    return {
+        "state": {"model": {"w": w}, "optimizers": [{"exp_avg": w * 2, "step": torch.tensor(3.0)}]},
+        "timestamp": {"batch": batch},
+        "rng": [("MT19937", (1, 2), None)],
+    }
+
+
 def test_the_staged_copy_is_the_steps_state_whatever_training_does_next():
     w = torch.arange(6.0).reshape(2, 3)
-    state = {"state": {"model": {"w": w}, "optimizers": [{"exp_avg": w * 2}], "timestamp": {"batch": 9}}, "rng": [1]}
-    copy = host_copy(state)
+    state = _state(w, 9)
+    staging = HostStaging(pin=False)
+    copy = staging.stage(state)
     w.add_(100.0)  # the next step's update, in place
-    state["state"]["timestamp"]["batch"] = 10
+    state["timestamp"]["batch"] = 10
     assert torch.equal(copy["state"]["model"]["w"], torch.arange(6.0).reshape(2, 3))
-    assert copy["state"]["timestamp"] == {"batch": 9} and copy["rng"] == [1]
+    assert copy["timestamp"] == {"batch": 9} and copy["rng"] == [("MT19937", (1, 2), None)]
     assert torch.equal(copy["state"]["optimizers"][0]["exp_avg"], torch.arange(6.0).reshape(2, 3) * 2)
-    left = host_copy(state, tensors=False)  # DCP stages the tensors itself: they are the live ones
-    assert left["state"]["model"]["w"] is w and left["state"]["timestamp"] is not state["state"]["timestamp"]
+    assert copy["state"]["optimizers"][0]["step"].item() == 3.0
+    assert copy["state"]["model"]["w"] is not w and copy["timestamp"] is not state["timestamp"]
+
+
+def test_the_host_memory_is_allocated_at_the_first_save_and_refilled_at_the_next(tmp_path, caplog):
+    staging = HostStaging(pin=False)
+    with caplog.at_level(logging.INFO, logger="gcc"):
+        first = staging.stage(_state(torch.ones(4, 5), 3))
+    buffer = first["state"]["model"]["w"]
+    assert staging.nbytes == 2 * 4 * 5 * 4 + 4 and staging.allocations == 1  # w, exp_avg (fp32), step
+    assert "checkpoint staging: 1.64e-07 GB of host memory on this rank, allocated once" in caplog.text
+    second = staging.stage(_state(torch.full((4, 5), 7.0), 6))
+    assert second["state"]["model"]["w"] is buffer and torch.equal(buffer, torch.full((4, 5), 7.0))  # refilled
+    assert second["timestamp"] == {"batch": 6} and staging.allocations == 1
+    assert torch.equal(second["state"]["optimizers"][0]["exp_avg"], torch.full((4, 5), 14.0))
+    third = staging.stage(_state(torch.ones(2, 5), 9))  # another layout (a model changed shape): new memory
+    assert third["state"]["model"]["w"] is not buffer and staging.allocations == 2 and staging.nbytes == 84
 
 
 def _writes(tmp_path, hold_step: int = 0) -> tuple[CheckpointWrites, StepSync]:

@@ -208,3 +208,17 @@ def test_an_unknown_key_is_answered_with_the_closest_known_ones(override, said):
     with pytest.raises(ConfigError) as e:
         load_config(ROOT / "yamls" / "tiny_cpu.yaml", [override])
     assert str(e.value).startswith(f"unknown key(s): {said}") and (said != "nonsense" or "did you" not in str(e.value))
+
+
+@pytest.mark.parametrize("given, expected", [("true", "block"), ("false", "none")])
+def test_grad_ckpt_is_read_as_activation_checkpointing_with_its_values(given, expected, tmp_path, caplog):
+    """model.grad_ckpt (a bool) became model.activation_checkpointing (block | selective | none): true is block,
+    false none, from the yaml and from the command line."""
+    old_yaml = tmp_path / "old.yaml"
+    old_yaml.write_text(f"model:\n  grad_ckpt: {given}\n")
+    with caplog.at_level(logging.WARNING, logger="gcc"):
+        assert load_config(old_yaml, ["loggers={}"]).model.activation_checkpointing == expected
+        assert load_config(None, [f"model.grad_ckpt={given}", "loggers={}"]).model.activation_checkpointing == expected
+    assert _warned(caplog)[0].startswith("model.grad_ckpt: an old key name, read as model.activation_checkpointing")
+    with pytest.raises(ConfigError, match="model.activation_checkpointing: expected str, got int 3"):
+        load_config(None, ["model.grad_ckpt=3", "loggers={}"])

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gcc.errors import Refusal
+from gcc.model import attention, block_wrap
 from gcc.model.export import GC_META, META_DEFAULTS, META_KEYS, gc_metadata
 from gcc.provenance import Provenance
 from gcc.training.builders import export_metadata
@@ -317,6 +318,9 @@ def test_choices_bounds_and_paths_come_from_the_declarations():
         "log_level": ("DEBUG", "INFO", "WARNING", "ERROR"),
         "model.preset": ("ti2v-5b", "wide", "tiny", "tiny-p1"),
         "model.vocab": ("parts", "ids"),
+        # the values the modules that act on them take, in their order
+        "model.activation_checkpointing": block_wrap.CHECKPOINTING,
+        "model.attention": attention.CHOICES,
         "data.mask_calibration": ("frame0", "cap"),
         "optimizer.name": ("adamw",),
         "scheduler.name": ("constant_with_warmup", "cosine_with_warmup", "linear_decay_with_warmup"),

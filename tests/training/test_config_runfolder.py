@@ -71,7 +71,12 @@ def test_sft_v10_is_the_spec_defaults():
     assert c.save_interval == 1000  # the old trainer's cadence (why: docs/design.md §8)
     assert c.eval_first and load_config(None).eval_first  # the baseline row, by default too
     assert (c.data.text_dropout, c.data.cond_dropout, c.data.mask_p, c.data.num_workers) == (0.1, 0.05, 0.5, 4)
-    assert (c.model.grad_ckpt, c.model.vocab, c.parallelism, c.precision) == (True, "parts", "fsdp", "amp_bf16")
+    assert (c.model.activation_checkpointing, c.model.vocab, c.parallelism, c.precision) == (
+        "block",
+        "parts",
+        "fsdp",
+        "amp_bf16",
+    )
     # samples during training: every 2nd validation, 2 clips, 20 steps (docs/sample.md: ~0.8 % of training time)
     assert (c.sample_every, c.sample_n, c.sample_steps, c.sample_cfg, c.keep_samples) == (2, 2, 20, 1.0, 0)
     # the typed config's defaults are these values (docs/design.md §8), all but where the base weights and VAE lie
@@ -104,7 +109,8 @@ def test_sft_v10_is_the_spec_defaults():
         (["optimizer.betas=[0.9]"], r"optimizer.betas: expected two numbers in \[0, 1\)"),
         (["optimizer.betas=[0.9, 1.5]"], r"optimizer.betas: expected two numbers in \[0, 1\)"),
         (["scheduler.alpha_f=2"], r"scheduler.alpha_f: must be in \[0, 1\]"),
-        (["model.grad_ckpt=3"], "model.grad_ckpt: expected bool"),
+        (["model.compile=3"], "model.compile: expected bool"),
+        (["model.activation_checkpointing=all"], "model.activation_checkpointing"),
         (["model.vocab=words"], "model.vocab: must be one of"),
         (
             ["global_train_batch_size=10", "device_train_microbatch_size=4"],

@@ -41,7 +41,7 @@ from gcc.training.run_folder import checkpoint_step
 
 pytestmark = pytest.mark.slow
 FSDP = "parallelism=fsdp"
-AC = "model.grad_ckpt=true"  # activation checkpointing per block, applied by Composer as in production
+AC = "model.activation_checkpointing=block"  # per block, as in production
 NUMERIC = ["loss", "mse", "grad_norm", "sem_rms", "x_rms"]  # the same computation, summed in another order
 
 

@@ -639,3 +639,21 @@ def test_learning_uses_the_condition(e2e_shards, tmp_path):
     # at step 0 the zero-initialised condition adds nothing (the gap is exactly 0); learned, it is a few 1e-2
     assert gaps[0] == [0.0] * 3, v
     assert all(g > 0.005 for g in gaps[120]) and sum(gaps[120]) / len(gaps[120]) > 0.01, v
+
+
+@pytest.mark.slow  # two one-rank launches, each compiling the blocks (inductor, CPU)
+def test_a_compiled_run_resumes_exactly(e2e_shards, tmp_path):
+    """`model.compile=true` with selective checkpointing: the blocks compiled in place keep their parameters' names,
+    so the checkpoint is an eager run's; a relaunch from step 3's checkpoint (compiling again) gives the
+    uninterrupted compiled run's rows from there on, to the last digit, and the same last export."""
+    compiled = ["model.compile=true", "model.activation_checkpointing=selective", "max_duration=6", "export_every=6"]
+    whole = tmp_path / "whole"
+    r = ok(launch(whole, e2e_shards, *compiled, direct=True, timeout=1200))
+    assert "blocks: activation checkpointing selective, compiled" in r.stdout + r.stderr
+    resumed = stopped_copy(whole, tmp_path / "resumed", at=3)
+    r = ok(launch(resumed, e2e_shards, *compiled, direct=True, timeout=1200))
+    assert "resuming from" in r.stdout and "-ba3-rank0.pt" in r.stdout
+    assert exact(rows(resumed)) == exact(rows(whole)) and len(rows(whole)) == 6
+    a, _ = export_tensors(whole / "step-6.safetensors")
+    b, meta = export_tensors(resumed / "step-6.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a) and meta["resumed_step"] == "3"

@@ -328,17 +328,15 @@ def sample_clip(a, src, judge, dit, vocab: str, out: Path, device, cid: str, row
     if a.sem_mode == "unknown":
         sem = np.full_like(sem, UNKNOWN)
     ref = judge.reference(clip, geo, sem_ids)
-    null_id = src.table.null_id
-    null_row = src.table.gather([null_id])[0]
 
     t0 = time.perf_counter()
+    prompts, index = src.table.prompts(clip.context_ids)
     gen_lat = sample_latents(
         dit,
         lat[:, 0:1].float(),
-        src.table.gather(clip.context_ids),
-        torch.from_numpy(clip.context_ids),
-        null_row.expand(geo.T, *null_row.shape),
-        torch.full((geo.T,), null_id, dtype=torch.int64),
+        prompts,
+        index,
+        src.table.row(src.table.null_id),
         torch.from_numpy(np.ascontiguousarray(sem)),
         clip_noise(a.seed, cid, geo.latent_shape),
         steps=a.steps,

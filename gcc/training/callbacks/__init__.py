@@ -95,11 +95,9 @@ CALLBACKS: tuple[Entry, ...] = (
         "nonfinite_guard",
         lambda c: NonFiniteGuard(c["step_sync"], c.cfg.faults.nonfinite_step, c.cfg.faults.nonfinite_rank),
     ),
-    Entry("grad_clip", lambda c: GradClip(c.cfg.algorithms.gradient_clipping.clipping_threshold)),
-    Entry(
-        "train_stats",
-        lambda c: TrainStats(c["grad_clip"], c["step_sync"], c.start.manifest["splits"]["train"]["clip_ids"]),
-    ),
+    # clips at the step's reduce, before it reads the sources; its norm rides the reduce
+    Entry("grad_clip", lambda c: GradClip(c.cfg.algorithms.gradient_clipping.clipping_threshold, c["step_sync"])),
+    Entry("train_stats", lambda c: TrainStats(c["step_sync"], c.start.manifest["splits"]["train"]["clip_ids"])),
     Entry(
         "preemption",
         lambda c: Preemption(

@@ -142,15 +142,12 @@ class TrainingSamples(Callback):
     def _sample(self, clip: dict, variant: str) -> torch.Tensor:
         lat = clip["input_latents"]
         sem = clip["sem_ids"] if variant == "cond" else torch.full_like(clip["sem_ids"], UNKNOWN)
-        T = lat.shape[1]
-        null = self.model.null_context
         return sample_latents(
             self.model.dit,
             lat[:, 0:1].float(),
             clip["context"],
-            clip["context_ids"],
-            null.expand(T, *null.shape),
-            torch.full((T,), self.model.null_id, dtype=torch.int64),
+            clip["context_index"],
+            self.model.null_context,
             sem,
             clip_noise(self.s.seed, clip["clip_id"], tuple(lat.shape)),
             steps=self.s.steps,

@@ -25,7 +25,6 @@ from gcc.data.sample_rng import BATCH_STATS
 from gcc.errors import DamagedData
 from gcc.model.objective_stats import RATIOS, TRAIN_STATS
 from gcc.stats import SUM, WEIGHTED
-from gcc.training.callbacks.grad_clip import GradClip
 from gcc.training.callbacks.step_sync import StepSync
 from gcc.training.columns import STEP_STATS, TRAIN_COLUMNS
 
@@ -51,8 +50,8 @@ def memory_gb() -> float:
 
 
 class TrainStats(Callback):
-    def __init__(self, grad_clip: GradClip, sync: StepSync, clip_ids: list[str]):
-        self.grad_clip, self.sync, self.clip_ids = grad_clip, sync, clip_ids
+    def __init__(self, sync: StepSync, clip_ids: list[str]):
+        self.sync, self.clip_ids = sync, clip_ids
         self.step_times: list[float] = []
         self.data_times: list[float] = []
         self.last_row: dict | None = None  # rank 0: the step's train_log row
@@ -62,31 +61,29 @@ class TrainStats(Callback):
     def _reset(self) -> None:
         # per micro-batch of the step: (its statistics by name, its clips' epochs); small
         # tensors only, not the batch, which would keep every micro-batch's inputs alive until the step's end
-        self._micro: list[tuple[dict, torch.Tensor]] = []
+        self._micro: list[tuple[dict, list[int]]] = []
         self._own_clips: list[str] = []
         self._lrs = (float("nan"), float("nan"))
 
     def _sums(self) -> torch.Tensor:
         """This rank's sums for the step's reduce, in the order of _WEIGHTED + _ADDED + n: the per-micro-batch means
         weighted by the micro-batch's clip count, the other values (per clip or per micro-batch) summed. A few
-        kernels per step."""
+        kernels per step, on the objective's device, with no copy from the host (the counts are scalars)."""
         if not self._micro:
             return torch.zeros(len(_WEIGHTED) + len(_ADDED) + 1)
-        counts = [len(epoch) for _, epoch in self._micro]
+        counts = [float(len(epoch)) for _, epoch in self._micro]
         dev = self._micro[0][0][TRAIN_STATS[0].name].device  # the objective's device
         parts = []
         if _WEIGHTED:
-            means = torch.stack(
-                [
-                    torch.stack([torch.as_tensor(v[k], device=dev).float().reshape(()) for k in _WEIGHTED])
-                    for v, _ in self._micro
-                ]
-            ).double()  # [micro-batches, stats]
-            parts.append((means * torch.tensor(counts, device=dev, dtype=torch.float64)[:, None]).sum(0))
+            weighted = [
+                torch.stack([v[k].to(dev).float().reshape(()) for k in _WEIGHTED]).double() * count
+                for (v, _), count in zip(self._micro, counts)
+            ]  # each micro-batch's means times its clips
+            parts.append(torch.stack(weighted).sum(0))
         if _ADDED:
             added = [torch.cat([v[k].reshape(-1) for v, _ in self._micro]).to(dev).double().sum() for k in _ADDED]
             parts.append(torch.stack(added))
-        parts.append(torch.tensor([float(sum(counts))], device=dev, dtype=torch.float64))
+        parts.append(torch.full((1,), sum(counts), device=dev, dtype=torch.float64))
         return torch.cat(parts)
 
     def before_dataloader(self, state: State, logger: Logger) -> None:
@@ -123,18 +120,18 @@ class TrainStats(Callback):
                 f"train clip_ids, but the shards hold {self._own_clips}: manifest.json and the shards "
                 f"disagree"
             )
-        epochs = torch.cat([epoch for _, epoch in self._micro]) if self._micro else None
+        epochs = [e for _, epoch in self._micro for e in epoch]
         row: dict[str, Any] = {
             "step": int(state.timestamp.batch),
             "loss": float(state.total_loss_dict.get("loss/train/total", float("nan"))),
             **values,
             "lr": self._lrs[0],
             "cond_lr": self._lrs[1],
-            "grad_norm": self.grad_clip.last_norm,
+            "grad_norm": tot["grad_norm"],
             "step_time": step_time,
             "data_time": self._t_data,
             "mem_gb": memory_gb(),
-            "epoch": int(epochs.min()) if epochs is not None else int(state.timestamp.epoch),
+            "epoch": min(epochs) if epochs else int(state.timestamp.epoch),
             "time": time.time(),
             "clips": ";".join(clips),
         }

@@ -57,11 +57,11 @@ def micro(
 
     batch = {
         "clip_id": list(clips),
-        "sample_id": torch.tensor(list(ids), dtype=torch.int64),
+        "sample_id": [int(i) for i in ids],
         "drop_text": per_clip(drop_text, 0.0),
         "drop_cond": per_clip(drop_cond, 0.0),
         "mask_frac": per_clip(mask_frac, 0.0),
-        "epoch": torch.tensor([epoch] * n if isinstance(epoch, int) else list(epoch), dtype=torch.int64),
+        "epoch": [epoch] * n if isinstance(epoch, int) else [int(e) for e in epoch],
     }
     outputs = {
         "stats": {

@@ -30,8 +30,8 @@ LINE = re.compile(
 def wired(watchdog, every: int, max_steps: int, console: bool = True, clock=time.monotonic):
     """The callbacks ConsoleLog reads, in build_callbacks' order, ConsoleLog after them."""
     sync = StepSync(2)
-    grad_clip = GradClip(10.0)
-    stats = TrainStats(grad_clip, sync, [f"c{i}" for i in range(2 * max_steps)])
+    grad_clip = GradClip(10.0, sync)
+    stats = TrainStats(sync, [f"c{i}" for i in range(2 * max_steps)])
     preemption = Preemption(watchdog, TrainConfig().preemption_grace_s, sync)
     val = ValidationLog("val")
     console_log = ConsoleLog(every, max_steps, stats, val, preemption, console=console, clock=clock)

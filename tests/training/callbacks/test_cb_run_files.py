@@ -52,7 +52,8 @@ CODE = Provenance("0.1.0", "c0ffee", True)  # the launch's code (gcc/provenance.
 
 def launch(cfg, start_step: int, dataset=None):
     sync = StepSync(cfg.device_train_microbatch_size)
-    stats = TrainStats(GradClip(cfg.algorithms.gradient_clipping.clipping_threshold), sync, CLIPS)
+    GradClip(cfg.algorithms.gradient_clipping.clipping_threshold, sync)
+    stats = TrainStats(sync, CLIPS)
     config = resolved_config(cfg, MANIFEST, cfg.device_train_microbatch_size, CODE)
     files = RunFiles(cfg.run_dir, config, stats)
     fit = Fit([sync, stats, files], max_steps=cfg.max_steps, dataset=dataset)

@@ -39,8 +39,8 @@ GRADS = [torch.ones(2, 3), torch.full((2,), 2.0)]  # global norm sqrt(14)
 def wired(clip_ids: list[str], per_rank_batch: int = 4):
     """sync, grad clip and stats in build_callbacks' order."""
     sync = StepSync(per_rank_batch)
-    grad_clip = GradClip(1.0)
-    stats = TrainStats(grad_clip, sync, clip_ids)
+    grad_clip = GradClip(1.0, sync)
+    stats = TrainStats(sync, clip_ids)
     fit = Fit([sync, grad_clip, stats])
     fit.fit_start()
     return fit, stats
@@ -181,8 +181,9 @@ def test_a_statistic_the_objective_declares_reaches_the_totals_the_row_the_scala
     outputs = model(batch)
     loss = model.loss(outputs, batch)
     kl = float(outputs["stats"]["kl"])
-    sync, grad_clip = step_sync.StepSync(per_rank_batch=2), GradClip(1.0)
-    stats = train_stats.TrainStats(grad_clip, sync, ["a", "b"])
+    sync = step_sync.StepSync(per_rank_batch=2)
+    grad_clip = GradClip(1.0, sync)
+    stats = train_stats.TrainStats(sync, ["a", "b"])
     preemption = Preemption(watchdog, 60.0, sync)
     console = console_log.ConsoleLog(1, 1, stats, ValidationLog("val"), preemption)
     fit = Fit([sync, grad_clip, stats, preemption, console])

@@ -14,7 +14,7 @@ from composer.callbacks import CheckpointSaver
 from composer.core import Callback, Event
 
 import gcc.training.callbacks as callbacks_package
-from gcc.data.dataset import gc_collate
+from gcc.data.batch import gc_collate
 from gcc.training import builders as B
 from gcc.training.callbacks import CALLBACKS, CallbackContext, Entry, build_all
 from gcc.training.checkpoint_store import CheckpointStore
