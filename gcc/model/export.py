@@ -273,7 +273,8 @@ def read_export(
     `allow_wan`: a plain Wan export (no gc25d metadata, no cond keys) is accepted, its keys checked against the
     Wan keys of the layout. Returns {"tensors": {key: TensorEntry}, "metadata" (a gc25d export's with every key:
     one an older export lacks has the value it reads as, `LATER_KEYS`), "kind": "gc25d"|"wan", "vocab",
-    "num_layers", "preset" (the declared one, or the one whose layout the file matches, or None)}."""
+    "num_layers", "preset" (the caller's; else the one the export's metadata records, or the one whose layout the
+    file matches, or None)}."""
     path = str(path)
     tensors, meta = _header(path)
     has_cond = any(k.startswith(COND_PREFIX) for k in tensors)
@@ -295,8 +296,6 @@ def read_export(
         if vocab is not None and meta["vocab"] != vocab:
             raise GcCkptError(f"{path}: vocab {meta['vocab']!r} differs from {vocab_from} {vocab!r}")
     file_vocab = meta["vocab"] if kind == "gc25d" else (vocab or "parts")
-    if expected is None and preset is None and kind == "gc25d" and meta["preset"]:
-        preset = meta["preset"]  # the model the run trained: its layout is the file's
     if expected is None and preset is not None:
         expected = preset_layout(preset, file_vocab)
     if expected is not None:
@@ -317,7 +316,8 @@ def read_export(
                 raise GcCkptError(f"{path}: {k} has shape {tensors[k].shape}, {who} expects {tuple(want[k])}")
     else:
         _check_shapes_alike(tensors, file_vocab, path)
-        preset = _matching_preset(tensors, file_vocab, n)
+        # the model the run trained, as the export records it; else the preset whose layout the file has
+        preset = (meta["preset"] if kind == "gc25d" else "") or _matching_preset(tensors, file_vocab, n)
     if kind == "gc25d":
         _check_cond_width(tensors, file_vocab, path)
     return {"tensors": tensors, "metadata": meta, "kind": kind, "vocab": file_vocab, "num_layers": n, "preset": preset}

@@ -253,6 +253,7 @@ def test_the_export_metadata_is_the_one_written_before_the_roles(tmp_path):
         *("first_frame_cond", "seed", "init_ckpt", "model_dir", "trainer", "resumed_from", "resumed_step"),
         "weights",  # added since (algorithms.ema); an export without it reads as raw
         *("data_limit", "git_revision", "git_dirty"),  # added since (issue 39); an export without them reads ""
+        "preset",  # added since (issue 50): model.preset; "" with model.overrides (this config's), and in older ones
     )
     cfg, wan, _ = _pinned_config(tmp_path)
     start = RunStart(
@@ -295,6 +296,7 @@ def test_the_export_metadata_is_the_one_written_before_the_roles(tmp_path):
         ("data_limit", "7"),
         ("git_revision", "c0ffee"),
         ("git_dirty", "False"),
+        ("preset", ""),
     ]
 
 
