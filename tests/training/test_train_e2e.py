@@ -584,7 +584,9 @@ def test_a_compiled_run_resumes_exactly(e2e_shards, tmp_path):
     r = ok(launch(whole, e2e_shards, *compiled, direct=True, timeout=1200))
     # the launch's first lines say how the blocks run and which attention kernel runs them
     assert "blocks: activation checkpointing selective, compiled" in r.stdout
-    assert "attention PyTorch SDPA, backends in order flash > cudnn > efficient > math (model.attention: auto)" in r.stdout
+    assert (
+        "attention PyTorch SDPA, backends in order flash > cudnn > efficient > math (model.attention: auto)" in r.stdout
+    )
     assert "self-attention flash, cross-attention flash" in r.stdout
     resumed = stopped_copy(whole, tmp_path / "resumed", at=3)
     r = ok(launch(resumed, e2e_shards, *compiled, direct=True, timeout=1200))
