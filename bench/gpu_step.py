@@ -258,6 +258,15 @@ def attention_table(device, geo, heads: int, head_dim: int, reps: int) -> list[d
     return rows
 
 
+def at_shapes(q_shape, kv_shape, dtype, device) -> str:
+    from gcc.model.attention import backends_at
+
+    try:
+        return backends_at(q_shape, kv_shape, dtype, device)
+    except Exception as e:  # torch's private choice function, on a torch gcc was not verified with
+        return f"unknown ({type(e).__name__})"
+
+
 def _sdpa(q, k, v, backend):
     from torch.nn.attention import sdpa_kernel
 
@@ -309,7 +318,7 @@ def main() -> int:
         print("no GPU visible: run with --cpu for the CPU form", file=sys.stderr)
         return 2
 
-    from gcc.model.attention import backends_at, select_attention
+    from gcc.model.attention import current_kernel, select_attention
     from gcc.model.dit import model_config
     from gcc.model.flops import train_flops
     from gcc.synth.world import GEOMETRIES
@@ -319,7 +328,11 @@ def main() -> int:
     preset = args.preset or ("tiny" if args.cpu else "wide")
     geo = GEOMETRIES[args.geometry or ("tiny" if args.cpu else "full")]
     dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
-    kernel = select_attention("auto", device)
+    try:  # gcc's private SDPA calls (gcc/compat/torch.py) were verified on its pinned torch, not this one
+        kernel = select_attention("auto", device)
+    except Exception as e:
+        print(f"attention: gcc's kernel choice failed on torch {torch.__version__} ({e!r}); SDPA's own order")
+        kernel = current_kernel()
     base = model_config(preset)
     heads, hd = base.num_heads, base.dim // base.num_heads
     n_tok = (geo.h // 2) * (geo.w // 2)
@@ -334,8 +347,8 @@ def main() -> int:
         "checkpointing": args.checkpointing,
         "attention": kernel.describe(),
         "attention_at_shapes": {
-            "self": backends_at((1, heads, geo.T * n_tok, hd), (1, heads, geo.T * n_tok, hd), dtype, device),
-            "cross": backends_at((geo.T, heads, n_tok, hd), (geo.T, heads, geo.text_L, hd), dtype, device),
+            "self": at_shapes((1, heads, geo.T * n_tok, hd), (1, heads, geo.T * n_tok, hd), dtype, device),
+            "cross": at_shapes((geo.T, heads, n_tok, hd), (geo.T, heads, geo.text_L, hd), dtype, device),
         },
         "peak_tflops": peak,
     }

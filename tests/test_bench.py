@@ -20,9 +20,10 @@ import importlib.abc, importlib.metadata, runpy, sys
 
 
 class NotInstalled(importlib.abc.MetaPathFinder):
-    # what a bare PyTorch image lacks of gcc's stack
+    # what a bare PyTorch image lacks of gcc's stack, and of DiffSynth's (its wheel is installed without them)
     def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in {"composer", "streaming", "torchmetrics", "boto3", "wandb", "mlflow", "deepspeed"}:
+        missing = {"composer", "streaming", "torchmetrics", "boto3", "wandb", "mlflow", "deepspeed", "modelscope", "ftfy"}
+        if name.split(".")[0] in missing:
             raise ModuleNotFoundError(f"No module named {name!r}")
 
 

@@ -2,10 +2,11 @@
 
 `GcDiT` subclasses `WanModel` so that its state dict is exactly the Wan keys plus `gc_sem_cond.*`: base weights
 published for Wan load without renaming, and an export is the state dict as is (831 keys for TI2V-5B).
-Nothing of Wan is re-implemented; `gc_forward` only orchestrates Wan's own modules (patch embedding, time
+Wan's parameters and modules are DiffSynth's; `gc_forward` orchestrates them (patch embedding, time
 embedding/projection, text embedding, blocks, head) the way DiffSynth's TI2V `model_fn_wan_video` does, with three
-changes: per-token timesteps (latent frame 0 at t = 0), one text cell per latent frame, and the cond addition.
-Its attention, blocks and head run in gcc's forms of DiffSynth's modules (gcc/model/blocks.py), same parameters.
+changes: per-token timesteps (latent frame 0 at t = 0), one text cell per latent frame, and the cond addition. Its
+attention, blocks and head run in gcc's forms of DiffSynth's modules (gcc/model/blocks.py: the same parameters,
+the same results, less memory traffic and no complex numbers), checked against DiffSynth's own.
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ def class_fractions(sem_ids: torch.Tensor, vocab: str, patch_size=(1, 2, 2)) -> 
     tensor (`scatter_add_`), so the peak memory is a few frames of indices, not a one-hot of the whole clip
     (81x480x832xV), and nothing is read back to the host (`bincount` reads its input's range on CUDA). A value
     outside the vocabulary counts for no class; the loader refuses such ids when it decodes them
-    (gcc.vocab.check_values), and a token's fractions then sum to less than 1.
+    (gcc.data.shards.decode_sem), and a token's fractions then sum to less than 1.
     """
     if sem_ids.dtype != torch.uint8 or sem_ids.dim() != 4:
         raise ValueError(f"sem_ids must be uint8 [B, F, H, W], got {sem_ids.dtype} {tuple(sem_ids.shape)}")

@@ -28,10 +28,11 @@ for the write (bench/async_save.py).
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,21 +59,23 @@ log = logging.getLogger(__name__)  # not `logger`: Composer passes its Logger un
 
 
 class HostStaging:
-    """The host copy of this rank's checkpoint state that a background write reads: tensors (a DTensor: its local
-    shard) in host memory allocated at the first save and refilled at every later save of the same layout,
-    pinned on a GPU (an asynchronous copy at full speed, then one wait for it), the rest deep-copied. A write in
-    flight holds it; the saver waits for that write before it stages the next (`AsyncCheckpointSaver`)."""
+    """The host copy of this rank's checkpoint state that a background write reads: its tensors (a DTensor: its
+    local shard) in host memory allocated at the first save and refilled at every later save whose tensors have
+    the same names, shapes and dtypes (the rest of the state, which grows as a run goes, deep-copied each time),
+    pinned on a GPU (an asynchronous copy at full speed, then one wait for it). A write in flight holds it; the
+    saver waits for that write before it stages the next (`AsyncCheckpointSaver`)."""
 
     def __init__(self, pin: bool | None = None):
         self.pin = torch.cuda.is_available() if pin is None else pin
-        self._host: Any = None
+        self._host: dict[tuple, Any] | None = None  # each tensor's host memory, by its path in the state
         self.nbytes = 0  # the host memory held, bytes
-        self.allocations = 0  # how many times it was allocated (once, unless the state's layout changed)
+        self.allocations = 0  # how many times it was allocated (once, unless the model's tensors changed)
 
     def stage(self, state: Any) -> Any:
-        if self._host is None or not same_layout(state, self._host):
+        tensors = dict(_tensor_leaves(state, ()))
+        if self._host is None or not same_layout(tensors, self._host):
             self._host = None  # the old buffers go before the new ones come
-            self._host = host_state_like(state, self.pin)
+            self._host = host_state_like(tensors, self.pin)
             self.nbytes = _tensor_bytes(self._host)
             self.allocations += 1
             pinned = "pinned " if self.pin else ""
@@ -80,10 +83,22 @@ class HostStaging:
                 f"checkpoint staging: {self.nbytes / 1e9:.3g} GB of {pinned}host memory on this rank, allocated once "
                 f"and reused by every background save"
             )
-        staged = copy_state_into(state, self._host, non_blocking=self.pin)
+        staged = copy_state_into(tensors, self._host, non_blocking=self.pin)
         if self.pin:
             torch.cuda.synchronize()  # the step-N values are in host memory before training changes them
-        return staged
+        return copy.deepcopy(state, {id(tensors[path]): staged[path] for path in tensors})
+
+
+def _tensor_leaves(state: Any, path: tuple) -> Iterator[tuple[tuple, torch.Tensor]]:
+    """(path, tensor) of every tensor in a checkpoint state's dicts, lists and tuples."""
+    if isinstance(state, torch.Tensor):
+        yield path, state
+    elif isinstance(state, dict):
+        for k, v in state.items():
+            yield from _tensor_leaves(v, (*path, k))
+    elif isinstance(state, (list, tuple)):
+        for i, v in enumerate(state):
+            yield from _tensor_leaves(v, (*path, i))
 
 
 def _tensor_bytes(state: Any) -> int:

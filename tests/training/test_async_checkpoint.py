@@ -22,10 +22,12 @@ from gcc.training.run_folder import ckpt_dir, point_latest, repair_checkpoints
 
 
 def _state(w: torch.Tensor, batch: int) -> dict:
-    """A checkpoint state as Composer builds one: tensors, numbers, objects of its own, in dicts, lists, tuples."""
+    """A checkpoint state as Composer builds one: tensors, numbers, objects of its own, in dicts, lists, tuples;
+    the parts that are not the model's grow as the run goes (a callback's record per save)."""
     return {
         "state": {"model": {"w": w}, "optimizers": [{"exp_avg": w * 2, "step": torch.tensor(3.0)}]},
         "timestamp": {"batch": batch},
+        "callbacks": {"SaveClock": {"saves": list(range(batch))}},
         "rng": [("MT19937", (1, 2), None)],
     }
 
@@ -53,7 +55,8 @@ def test_the_host_memory_is_allocated_at_the_first_save_and_refilled_at_the_next
     assert "checkpoint staging: 1.64e-07 GB of host memory on this rank, allocated once" in caplog.text
     second = staging.stage(_state(torch.full((4, 5), 7.0), 6))
     assert second["state"]["model"]["w"] is buffer and torch.equal(buffer, torch.full((4, 5), 7.0))  # refilled
-    assert second["timestamp"] == {"batch": 6} and staging.allocations == 1
+    assert second["timestamp"] == {"batch": 6} and staging.allocations == 1  # although the records grew
+    assert second["callbacks"]["SaveClock"]["saves"] == list(range(6))
     assert torch.equal(second["state"]["optimizers"][0]["exp_avg"], torch.full((4, 5), 14.0))
     third = staging.stage(_state(torch.ones(2, 5), 9))  # another layout (a model changed shape): new memory
     assert third["state"]["model"]["w"] is not buffer and staging.allocations == 2 and staging.nbytes == 84
