@@ -5,6 +5,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 DEMO    ?= runs/demo
+SYNTHETIC ?= runs/synthetic
 # pytest workers: 2 matches the CI machine; override with `make test JOBS=1`
 JOBS    ?= 2
 # tests handed out one at a time (the long ones first: tests/conftest.py), so no worker idles at the end
@@ -23,7 +24,7 @@ CHECKED = $(RUFF) && $(BYTECODE) && { $(BIN)/mypy & mypy=$$!; $(PYTEST) $(1); st
 # processes in `make test`); a compiled module whose source then changes is recompiled as usual
 BYTECODE = $(BIN)/python -m compileall -q -j 0 gcc tests
 
-.PHONY: setup demo test test-fast durations lint bench clean
+.PHONY: setup demo synthetic test test-fast durations lint bench clean
 
 setup: $(STAMP)
 
@@ -44,6 +45,11 @@ lint: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m gcc.tools.demo --out $(DEMO)
+
+# the README's "On synthetic data" commands, exactly as written (the block between its synthetic-path markers), run
+# in a scratch folder beside links to gcc/ and yamls/ (tests/readme_synthetic.py)
+synthetic: $(STAMP)
+	$(BIN)/python tests/readme_synthetic.py $(SYNTHETIC)
 
 # everything (CI): the lint gate and every test; ends with its wall and CPU time
 test: $(STAMP)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -90,6 +91,28 @@ def is_unreachable(e: BaseException) -> bool:
         if isinstance(x, ClientError) and x.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= 500:
             return True
     return False
+
+
+# what a logger's tracking service says when it refuses the login, and what to do about it: W&B without an API key
+# or with a wrong one (wandb.errors), MLflow's server answering 401/403 (MlflowException's error codes)
+_LOGIN_HINT = {
+    "wandb": "WANDB_MODE=offline logs the run under <run_dir>/wandb without an account (`wandb sync` uploads it "
+    "later), or log in with `wandb login` (or set WANDB_API_KEY)",
+    "mlflow": "set MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD",
+}
+
+
+def login_refused(e: BaseException) -> tuple[str, str] | None:
+    """(the service's name, what to do) when `e` is a logger's tracking service refusing the login; else None."""
+    for x in _chain(e):
+        module, name = type(x).__module__, type(x).__name__
+        if module.startswith("wandb") and (
+            name == "AuthenticationError" or (name == "UsageError" and re.search(r"API key|login", str(x), re.I))
+        ):
+            return "W&B", _LOGIN_HINT["wandb"]
+        if module.startswith("mlflow") and getattr(x, "error_code", "") in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+            return "MLflow", _LOGIN_HINT["mlflow"]
+    return None
 
 
 def no_space_errno(e: BaseException) -> bool:
@@ -199,6 +222,9 @@ def exit_for(
         return code, fault_message(e)
     if is_unreachable(e):  # a logger's tracking server (gcc.storage turns object storage's into StorageUnavailable)
         return exit_codes.STORAGE, f"a server did not answer: {fault_message(e)}{advice.server}"
+    refused = login_refused(e)
+    if refused is not None:  # the service answers, but not to us: no retry helps, a login or offline logging does
+        return exit_codes.STORAGE, f"{refused[0]} refused the login ({fault_message(e)}): {refused[1]}"
     full = disk_full(e, folder, f"under {folder}") if folder is not None else None
     if full is not None:
         return full.exit_code, f"disk full: {fault_message(full)}{advice.disk}"

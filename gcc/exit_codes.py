@@ -20,6 +20,8 @@ STALLED = 5  # a rank missed a deadline or waited on a node-wide lock too long (
 DATA = 6  # damaged data: a shard or index that cannot be read back as convert_data wrote it
 STORAGE = 7  # object storage (or a logger's tracking server) did not answer after the bounded retries
 DISK = 8  # no space left where the run or the tool writes
+PEER_LOST = 9  # another rank's process died (a crash, a kill) and this rank's collective failed with it
+INTERRUPTED = 130  # a second Ctrl-C (128 + SIGINT, the shell's code): stopped at once, without a checkpoint
 
 # the faults: one rank sees it while the others may wait in a collective, so every rank leaves at once
 FAULTS = (STALLED, DATA, STORAGE, DISK)

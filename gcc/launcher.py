@@ -5,22 +5,37 @@
 launches. This module sits at the top of gcc/, beside gcc/train.py, so that bench/ and tests/ import it without
 loading torch or Composer (an argument list, nothing else).
 
-`main` is `gcc-launch` (`python -m gcc.launcher`): Composer's launcher itself, with the same flags, whose own lines
-(a rank that crashed and its exit code, the launcher's tracebacks, what it prints of a crashed rank's output) also
-go to the run's `<run_dir>/train.log` (`<UTC time> launcher <stdout|stderr>: <line>`, masked). The ranks cannot
-take them: the launcher is another process, and the other ranks' output reaches it through files it deletes. The
-run folder is read from the yaml and overrides with gcc's config loader (no torch), and train.log opened as the
-ranks open it (gcc/training/console.py `open_log_file`); a config that does not load, or no training script, and
-the launcher runs as `composer` does (the ranks report the config's trouble). The launcher's console is as
-`composer`'s.
+`main` is `gcc-launch` (`python -m gcc.launcher`): Composer's launcher with the same flags and the same ranks
+(their environment and streams are the launcher's own: gcc/compat/composer_launcher.py `start_ranks`), that ends
+quietly (docs/training.md, "How a launch ends"):
+
+- gcc's trainer's config is checked before any rank starts, without loading torch: a bad one is its one line and
+  exit 2 within a second or two (`composer -n` answers it from every rank after their start);
+- the ranks are watched by gcc-launch itself (`watch`): a signal (SIGTERM, Ctrl-C) is passed on to them as SIGTERM,
+  a preemption, and whatever still runs `CLEANUP_S` later is killed, as Composer's launcher does, but without its
+  traceback, its "Waiting up to 30 seconds" and the empty blocks of every rank's output; a second Ctrl-C stops the
+  ranks at once;
+- a launch that ends on gcc's own terms (finished, preempted, config error, refusal, a fault) is the ranks' own
+  line(s) and their code; a rank that crashed (a traceback, a signal) is one line naming it, its code and its own
+  last words, and the launch exits with that rank's code (128 + the signal's number for a signal, as a shell says
+  it), not with a peer's collateral failure. Its whole output is in train.log.
+
+Its own lines also go to the run's `<run_dir>/train.log` (`<UTC time> launcher <stdout|stderr>: <line>`, masked):
+the ranks cannot take them, the launcher is another process, and the other ranks' output reaches it through files
+it deletes. train.log is opened as the ranks open it (gcc/training/console.py `open_log_file`). A training script
+other than gcc's, or a command line the launcher's parser does not read, runs as `composer` runs it.
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import math
 import os
+import signal
 import sys
+import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
@@ -80,49 +95,250 @@ class _Tee(io.TextIOBase):
         return self.stream.encoding
 
 
-def _open_run_log(script_args: list[str] | None) -> int | None:
-    """The run's train.log opened for appending (gcc/training/console.py `open_log_file`), or None when the
-    command line names no run whose config loads (the launcher then runs as `composer` does)."""
-    from gcc.training.config import load_config
+# after a signal, or a rank's non-zero exit, the other ranks get this long to end before they are killed (the grace
+# Composer's launcher gives them: docs/training.md, "Preemption grace"); after a second Ctrl-C, this long
+CLEANUP_S = 30.0
+AGAIN_S = 5.0
+POLL_S = 0.1
+
+
+def _is_gcc_trainer(script: str) -> bool:
+    path = Path(script)
+    return path.resolve() == TRAIN_SCRIPT or (path.name == TRAIN_SCRIPT.name and path.parent.name == "gcc")
+
+
+def check_before_ranks(script_args: list[str], world: int | None):
+    """gcc's trainer's config (`script_args`: the yaml, then the overrides), checked as every rank checks it
+    (gcc/training/entry.py `checked_config`) before any rank starts: the config, or the exit code of its verdict
+    (its one line printed as a rank prints it), or None when there is nothing to check here (--print_config, no
+    yaml: the ranks answer those)."""
+    from gcc.errors import launch_verdict
+    from gcc.training.console import configure_logging
+    from gcc.training.entry import VERDICTS, checked_config
+
+    positional = [a for a in script_args if not a.startswith("-")]
+    if not positional or any(a.startswith("-") for a in script_args):
+        return None
+    configure_logging("ERROR", 0)  # the verdict alone: a renamed key's warning is rank 0's to say
+    try:
+        return checked_config(positional[0], positional[1:], world)
+    except VERDICTS as e:
+        code, line = launch_verdict(e)
+        logging.getLogger("gcc.train").error(line)
+        return code
+
+
+def _open_run_log(run_dir: str) -> int | None:
+    """The run's train.log opened for appending (gcc/training/console.py `open_log_file`), or None when it cannot
+    be (a link, not a file: each rank refuses it, naming it)."""
     from gcc.training.console import RUN_LOG, open_log_file
 
-    positional = [a for a in (script_args or [])[1:] if not a.startswith("-")]
-    if not positional or "--print_config" in (script_args or []):
-        return None
-    logging.getLogger("gcc").addHandler(logging.NullHandler())  # a config's warning: each rank prints it
     try:
-        return open_log_file(Path(load_config(positional[0], positional[1:]).run_dir) / RUN_LOG)
-    except Exception:  # whatever the trouble (config, folder, a link), each rank reports it, naming it
+        return open_log_file(Path(run_dir) / RUN_LOG)
+    except Exception:
         return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`gcc-launch [composer's flags] gcc/train.py <yaml> [overrides]` (module docstring): its exit code."""
+    from gcc.compat.composer_launcher import launcher_args, world_size_of
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    parsed = launcher_args(args)
+    cfg = None
+    if parsed is not None and _is_gcc_trainer(parsed.training_script):
+        cfg = check_before_ranks(parsed.training_script_args, world_size_of(parsed))
+        if isinstance(cfg, int):
+            return cfg
     import gcc.compat.composer  # noqa: F401  (first: Composer loaded without the parts no process of a run uses)
 
     # isort: split
     from composer.cli import launcher
 
-    from gcc.compat.composer_launcher import training_script_args
     from gcc.training.output_capture import LogLines
 
-    args = sys.argv[1:] if argv is None else list(argv)
-    sys.argv = [sys.argv[0], *args]  # the launcher reads its command line there
-    log_fd = _open_run_log(training_script_args(args))
-    if log_fd is None:
+    if parsed is None:  # --help, --version or a usage error: the launcher's own words
+        sys.argv = [sys.argv[0], *args]
         return launcher.main()
+    run_dir = Path(cfg.run_dir) if cfg is not None else None
+    log_fd = _open_run_log(str(run_dir)) if run_dir is not None else None
+    if log_fd is None:
+        return run_ranks(args, None)
     streams = sys.stdout, sys.stderr
     # the ranks inherit the launcher's fd 1 and fd 2, not these: local rank 0's output stays its own (and in
     # train.log through its own writer, gcc/training/output_capture.py), never twice
     tees = [_Tee(s, LogLines(log_fd, f"launcher {name}")) for s, name in zip(streams, ("stdout", "stderr"))]
     sys.stdout, sys.stderr = tees
     try:
-        return launcher.main()
+        return run_ranks(args, run_dir)
     finally:
         for tee in tees:
             tee.lines.feed("", final=True)
         sys.stdout, sys.stderr = streams
         os.close(log_fd)
+
+
+def run_ranks(args: list[str], run_dir: Path | None) -> int:
+    """Start the ranks as Composer's launcher does, watch them to their end (`watch`), name a rank that crashed
+    (`crash_line`), and return the launch's exit code (`launch_code`)."""
+    from gcc import exit_codes
+    from gcc.compat.composer_launcher import start_ranks
+    from gcc.training.ending import LAUNCHER_NAMES_CRASHES
+
+    os.environ[LAUNCHER_NAMES_CRASHES] = "1"  # the ranks inherit it
+    said = {*exit_codes.TOGETHER, *exit_codes.FAULTS, exit_codes.INTERRUPTED}  # the ranks say why themselves
+    processes: dict = {}
+    signals: list[int] = []
+    for s in (signal.SIGINT, signal.SIGTERM):  # Composer's handlers (a SystemExit, its traceback) replaced
+        signal.signal(s, lambda signum, frame: signals.append(signum))
+    with tempfile.TemporaryDirectory() as logs:
+        parsed = None
+        try:
+            parsed = start_ranks(args, logs, processes)
+        except Exception as e:  # a flag the launcher refuses (nproc < 1, ...): the ranks started so far end
+            print(f"gcc-launch: {type(e).__name__}: {e}", file=sys.stderr)
+            signals.append(signal.SIGTERM)
+        ended, killed = watch(processes, signals)
+        code, rank = launch_code(ended, collateral=exit_codes.PEER_LOST)
+        if rank is not None and (code not in said or rank in killed):
+            why = (
+                f"did not end within {CLEANUP_S:g} s of the signal and was killed"
+                if rank in killed
+                else how_it_ended(ended[rank][0])
+            )
+            print(f"gcc-launch: rank {rank} {why}: {crash_line(run_dir, rank, parsed)}", file=sys.stderr, flush=True)
+    return code
+
+
+def watch(processes: dict, signals: list[int]) -> tuple[dict[int, tuple[int | None, float]], set[int]]:
+    """Wait for every rank to end. Once a rank exits non-zero, or a signal comes (`signals`, filled by the
+    handlers), the others get SIGTERM (a preemption) and `CLEANUP_S` to end; a second SIGINT (Ctrl-C) is passed on
+    and leaves them `AGAIN_S`; then whatever still runs is killed with all it started. Returns {rank: (its return
+    code, None for one that outlived the kill; when it was seen)} and the ranks killed."""
+    seen: dict[int, tuple[int | None, float]] = {}
+    deadline: float | None = None
+    killed: set[int] = set()
+    handled = 0
+    while True:
+        now = time.monotonic()
+        for rank, p in processes.items():
+            if rank not in seen and p.poll() is not None:
+                seen[rank] = (p.returncode, now)
+        alive = {rank: p for rank, p in processes.items() if rank not in seen}
+        if not alive:
+            return seen, killed
+        while handled < len(signals):
+            again = signals[handled] == signal.SIGINT and signal.SIGINT in signals[:handled]
+            _send(alive.values(), signal.SIGINT if again else signal.SIGTERM)
+            deadline = min(deadline or math.inf, now + (AGAIN_S if again else CLEANUP_S))
+            handled += 1
+        if deadline is None and any(code != 0 for code, _ in seen.values()):
+            _send(alive.values(), signal.SIGTERM)
+            deadline = now + CLEANUP_S
+        if deadline is not None and now > deadline:
+            if killed:  # killed a while ago and still there
+                return {**seen, **{rank: (None, now) for rank in alive}}, killed
+            for p in alive.values():
+                _kill_tree(p.pid)
+            killed, deadline = set(alive), now + CLEANUP_S
+        time.sleep(POLL_S)
+
+
+def _send(processes, signum: int) -> None:
+    for p in processes:
+        try:
+            os.kill(p.pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a rank and every process it started (its loader workers, its writer): SIGKILL leaves it no chance to
+    stop them itself."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        family = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for q in family:
+        try:
+            q.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def launch_code(codes: dict[int, tuple[int | None, float]], collateral: int) -> tuple[int, int | None]:
+    """(the launch's exit code, the rank it is from): the first rank seen to exit non-zero, the lowest of those
+    seen at once (the cause: the others' codes follow from it), never one that exited `collateral` (its peer died
+    first) while another failed; 128 + N for a rank ended by signal N; a rank that never ended is 1. (0, None) when
+    every rank exited 0."""
+    failed = sorted((code == collateral, when, rank, code) for rank, (code, when) in codes.items() if code != 0)
+    if not failed:
+        return 0, None
+    _, _, rank, code = failed[0]
+    if code is None:
+        return 1, rank
+    return (128 - code if code < 0 else code), rank
+
+
+def how_it_ended(code: int | None) -> str:
+    if code is None:
+        return "did not end, even killed"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was ended by {name} (exit {128 - code})"
+    return f"exited with code {code}"
+
+
+def crash_line(run_dir: Path | None, rank: int, parsed) -> str:
+    """The crashed rank's own last words: its 'Fatal Python error' line (a native crash), or the last line of its
+    traceback (the error), or its last line, from this launch's part of train.log (or, without one, the rank's
+    stderr file); and where its whole output is."""
+    lines: list[str] = []
+    where = ""
+    if run_dir is not None and (run_dir / "train.log").is_file():
+        from gcc.training.console import RUN_LOG
+
+        log = run_dir / RUN_LOG
+        text = log.read_text(errors="replace").rsplit("==== launch ", 1)[-1]
+        tag = f" rank {rank} stderr: "
+        lines = [ln.split(tag, 1)[1] for ln in text.splitlines() if tag in ln]
+        where = f"; its whole output is in {log}"
+    elif parsed is not None and rank != 0:  # the rank's stderr file (local rank 0's went to the console)
+        try:
+            name = parsed.stderr.format(
+                rank=rank,
+                world_size=parsed.world_size,
+                local_rank=rank - parsed.base_rank,
+                local_world_size=parsed.nproc,
+                node_rank=parsed.node_rank,
+            )
+            lines = Path(name).read_text(errors="replace").splitlines()
+        except (OSError, KeyError, IndexError, ValueError):
+            lines = []
+    return (last_words(lines) or "it printed nothing") + where
+
+
+def last_words(lines: list[str]) -> str:
+    """What a crashed process's output says of its end: the native crash's 'Fatal Python error: ...', else the
+    error ending its last traceback, else its last non-empty line ("" for none)."""
+    from gcc.inputs import printable
+
+    lines = [ln.rstrip() for ln in lines if ln.strip()]
+    fatal = [ln for ln in lines if ln.lstrip().startswith("Fatal Python error:")]
+    if fatal:
+        return printable(fatal[-1].strip())
+    tracebacks = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last):")]
+    if tracebacks:
+        tail = [ln for ln in lines[tracebacks[-1] + 1 :] if not ln.startswith(" ")]
+        if tail:
+            return printable(tail[0])
+    return printable(lines[-1]) if lines else ""
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ start could hang the run for good. Every worker of gcc is instead forked by a *f
 started by exec (no fork of this process), single-threaded, which imports `gcc.data.dataset` once and forks each worker
 from itself. Loader workers are also persistent: one start per run, not one per epoch.
 
-Preemption: a scheduler signals the whole process group. The forkserver and the resource tracker are started
-with SIGTERM/SIGUSR1 blocked (the mask survives exec), so neither dies under the rank mid-step
+Preemption: a scheduler signals the whole process group, and so does a terminal's Ctrl-C (SIGINT). The forkserver
+and the resource tracker are started with SIGTERM/SIGUSR1/SIGINT blocked (the mask survives exec), so neither dies
+under the rank mid-step
 (`start_resource_tracker`). Each worker sets its own
 handling (`LoaderWorkerInit`, `pool_worker_init`) and exits as soon as the process that asked for it exits,
 however that ends (`exit_with`): a forkserver's child is not its requester's child, so neither the kernel's
@@ -39,7 +40,8 @@ from multiprocessing import forkserver, resource_tracker
 
 from gcc.compat.python import forkserver_pid, reap_forkserver, shm_name
 
-PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# a scheduler's (SIGTERM, SIGUSR1) and a terminal's Ctrl-C (SIGINT): each checkpoints and exits 0 (docs/training.md)
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 # After a preemption signal a rank has this long to finish its step, checkpoint and exit, or it leaves its stacks
 # and exits 5 (docs/training.md). Under 30 s: Composer's launcher, when it gets the SIGTERM too, SIGKILLs the
 # ranks 30 s later (its CLEANUP_TIMEOUT), and a stuck rank should leave its stacks before that.

@@ -88,11 +88,12 @@ def cmd(
     prefix: Sequence[str] = (),
     direct: bool = False,
     base: Sequence[str] = BASE,
+    by: Sequence[str] = LAUNCHER,
 ) -> list[str]:
     """`composer -n <n> gcc/train.py tiny_cpu.yaml ...`, or with `direct` one rank without the launcher (`python
     gcc/train.py ...`, as on one GPU: where the launcher is not what a test is about, its start is saved). `prefix`
-    runs the command under another (e.g. `unshare`); `launcher` are the launcher's flags; `base` the overrides
-    before `overrides` (BASE, or OLD_BASE)."""
+    runs the command under another (e.g. `unshare`); `launcher` are the launcher's flags, `by` the launcher (e.g.
+    gcc-launch: gcc.launcher.gcc_launch()); `base` the overrides before `overrides` (BASE, or OLD_BASE)."""
     return [
         *prefix,
         *train_command(
@@ -102,7 +103,7 @@ def cmd(
             *base,
             *overrides,
             n=None if direct else n,
-            launcher=LAUNCHER,
+            launcher=by,
             flags=launcher,
         ),
     ]
@@ -166,16 +167,16 @@ class Launch(subprocess.Popen):
 
 
 def start_bg(
-    run_dir, shards, *overrides, n=2, launcher=(), prefix=(), pipe_stderr=False, direct=False, base=BASE
+    run_dir, shards, *overrides, n=2, launcher=(), prefix=(), pipe_stderr=False, direct=False, base=BASE, by=LAUNCHER
 ) -> Launch:
     """A launch in its own process group, so a signal reaches the launcher and every rank, as on a cluster. Rank 0
     and the launcher print on the pipe (stdout; stderr apart with `pipe_stderr`), the other ranks into files.
-    `direct`: one rank without the launcher (`cmd`)."""
+    `direct`: one rank without the launcher; `by`: the launcher (`cmd`)."""
     n = 1 if direct else n
     flags = _rank_logs(Path(run_dir), launcher)
     shm_before = set(shm_prefixes(_node_cache(Path(run_dir), overrides)))
     p = Launch(
-        cmd(run_dir, shards, *overrides, n=n, launcher=flags, prefix=prefix, direct=direct, base=base),
+        cmd(run_dir, shards, *overrides, n=n, launcher=flags, prefix=prefix, direct=direct, base=base, by=by),
         env=env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE if pipe_stderr else subprocess.STDOUT,
@@ -187,11 +188,12 @@ def start_bg(
 
 
 def launch(
-    run_dir, shards, *overrides, n=2, timeout=600, launcher=(), clean=True, direct=False, base=BASE
+    run_dir, shards, *overrides, n=2, timeout=600, launcher=(), clean=True, direct=False, base=BASE, by=LAUNCHER
 ) -> subprocess.CompletedProcess:
     """One launch to its end (a hang fails with every process's stacks: `finish`); what it printed, every rank's
-    ended cleanly (`clean`: `assert_clean_end`). `direct`: one rank without the launcher (`cmd`)."""
-    p = start_bg(run_dir, shards, *overrides, n=n, launcher=launcher, pipe_stderr=True, direct=direct, base=base)
+    ended cleanly (`clean`: `assert_clean_end`). `direct`: one rank without the launcher; `by`: the launcher
+    (`cmd`)."""
+    p = start_bg(run_dir, shards, *overrides, n=n, launcher=launcher, pipe_stderr=True, direct=direct, base=base, by=by)
     with p:
         out, err = finish(p, timeout, both=True, clean=clean)
     logs = Path(_flag(p.launcher, "--stderr")).parent
@@ -261,7 +263,8 @@ def assert_clean_end(p: Launch, output: str) -> None:
     """How every launch that ended by itself (or on a preemption signal) must end (docs/training.md, "How a launch
     ends"): no process of it left 30 s after the launcher, none of the UNCLEAN lines from any rank, no Streaming
     shared memory of its cache left. A fault (exit 5-8) leaves at once, past the cleanup: its resource trackers
-    release what the ranks held (and say so), and a relaunch releases the rest of the run's shared memory."""
+    release what the ranks held (and say so), and a relaunch releases the rest of the run's shared memory; so does a
+    second Ctrl-C (exit 130)."""
     deadline = time.time() + 30
     while (left := session_processes(p.pid)) and time.time() < deadline:
         time.sleep(0.2)
@@ -269,7 +272,7 @@ def assert_clean_end(p: Launch, output: str) -> None:
         report = hang_report(p.pid, p.run_dir)
         os.killpg(p.pid, signal.SIGKILL)
         raise AssertionError(f"still running 30 s after the launcher exited: {left}\n{report}")
-    fault = p.returncode in exit_codes.FAULTS
+    fault = p.returncode in (*exit_codes.FAULTS, exit_codes.INTERRUPTED)  # left at once (a second Ctrl-C too)
     everything = output + "\n" + p.rank_output()
     unclean = [u for u in UNCLEAN if u in everything and not (fault and u == "resource_tracker")]
     if "Traceback" in unclean and not _ranks_tracebacks(everything):
@@ -376,3 +379,22 @@ def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: flo
 def export_tensors(path: Path) -> tuple[dict, dict]:
     with safe_open(str(path), "pt") as f:
         return {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+
+
+def kill_before_the_first_commit(p: Launch, rng, last_step: int = 5) -> str:
+    """SIGKILL the launch `p` (started with `faults.hold_async_write_step`, whose write of the first checkpoint never
+    completes: nothing is committed however far it gets) at an instant `rng` draws: a moment into its start, or a
+    moment after one of its steps 1..`last_step` (past the first save point: the held write in flight). Returns
+    the instant, for the failure message of the test that asks."""
+    at = rng.randint(0, last_step)
+    if at:
+        wait_for_step(p.run_dir, at, p)
+    delay = rng.uniform(0, 0.5 if at else 8.0)
+    time.sleep(delay)
+    latest = p.run_dir / "checkpoints" / "latest-rank0.pt"
+    try:
+        assert not latest.is_symlink(), f"a checkpoint was committed: {os.readlink(latest)}"
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    return f"SIGKILL {delay:.2f} s " + (f"after step {at}" if at else "into the launch")

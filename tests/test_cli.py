@@ -73,7 +73,7 @@ OWN_FLAGS = {
     "gcc-plot": {"--smoothing"},
     "gcc-compare": {"--from", "--to", "--rtol"},
     "demo": {"--no_train", "--sample_n", "--sample_steps"},
-    "train": {"--print_config"},
+    "train": {"--print_config", "--all"},
 }
 
 # the spellings of issue 38's five dialects, each still accepted (with one warning) as the flag it became

@@ -38,6 +38,7 @@ CODES = {
     "gcc.training.checkpoint_store.TakenOver": exit_codes.REFUSED,
     "gcc.training.callbacks.nonfinite.NonFiniteLoss": exit_codes.NONFINITE,
     "gcc.training.callbacks.preemption.PreemptedBeforeFirstStep": exit_codes.OK,
+    "gcc.training.ending.PeerGone": exit_codes.PEER_LOST,
 }
 
 

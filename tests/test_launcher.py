@@ -1,13 +1,18 @@
 """The command that launches a training run (gcc/launcher.py): `composer -n N [flags] gcc/train.py <yaml> ...` as
-docs/training.md gives it, another launcher in its place, or one process without a launcher."""
+docs/training.md gives it, another launcher in its place, or one process without a launcher; and gcc-launch: its
+check of the config before any rank starts, its watch over the ranks and its one line for a crashed rank."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
 
-from gcc.launcher import TRAIN_SCRIPT, composer, train_command
+from gcc.launcher import TRAIN_SCRIPT, composer, gcc_launch, train_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,30 +41,99 @@ def test_another_launcher_or_none():
 
 def test_gcc_launch_tees_its_own_lines_into_the_runs_train_log_and_leaves_the_console_as_it_was(tmp_path):
     """`gcc-launch`'s streams (gcc/launcher.py `main`): the console gets what the launcher writes, unchanged; the
-    run's train.log its lines, masked. No run to name (no yaml, --print_config, a config that does not load): no
-    train.log, the launcher runs as `composer` does."""
+    run's train.log its lines, masked. A train.log that cannot be opened (a link): none, the ranks refuse it."""
     import io
 
     from gcc.launcher import _open_run_log, _Tee
     from gcc.training.output_capture import LogLines
 
-    yaml = str(ROOT / "yamls" / "tiny_cpu.yaml")
     run_dir = tmp_path / "run"
-    for args in ([], ["gcc/train.py"], ["gcc/train.py", yaml, "--print_config"], ["gcc/train.py", yaml, "no_such=1"]):
-        assert _open_run_log(args) is None
-    assert not run_dir.exists()
-    fd = _open_run_log(["gcc/train.py", yaml, f"run_dir={run_dir}"])
+    run_dir.mkdir()
+    (run_dir / "train.log").symlink_to(tmp_path / "elsewhere")
+    assert _open_run_log(str(run_dir)) is None and not (tmp_path / "elsewhere").exists()
+    (run_dir / "train.log").unlink()
+    fd = _open_run_log(str(run_dir))
     assert fd is not None
     console = io.StringIO()
     tee = _Tee(console, LogLines(fd, "launcher stderr"))
-    print("ERROR:composer.cli.launcher:Rank 1 crashed with exit code -11.", file=tee)
+    print("gcc-launch: rank 1 was ended by SIGSEGV (exit 139): Fatal Python error: Segmentation fault", file=tee)
     tee.write("a command with https://bob:PASSWORD@host/x\npartial")
     tee.lines.feed("", final=True)
     os.close(fd)
-    assert console.getvalue().endswith("-11.\na command with https://bob:PASSWORD@host/x\npartial")
+    assert console.getvalue().endswith("Segmentation fault\na command with https://bob:PASSWORD@host/x\npartial")
     got = [ln.split(" ", 1)[1] for ln in (run_dir / "train.log").read_text().splitlines()]
     assert got == [
-        "launcher stderr: ERROR:composer.cli.launcher:Rank 1 crashed with exit code -11.",
+        "launcher stderr: gcc-launch: rank 1 was ended by SIGSEGV (exit 139): Fatal Python error: Segmentation fault",
         "launcher stderr: a command with https://***@host/x",
         "launcher stderr: partial",
     ]
+
+
+def test_gcc_launch_answers_a_bad_config_before_any_rank_starts(tmp_path):
+    """A config error through gcc-launch is its one line and exit 2 within a few seconds, before a rank (or torch)
+    starts: the run folder is not even made. `composer -n` answers it from every rank once they have started."""
+    run_dir = tmp_path / "run"
+    argv = train_command(
+        ROOT / "yamls" / "tiny_cpu.yaml",
+        f"run_dir={run_dir}",
+        "optimizer.learning_rate=1e-4",
+        n=2,
+        launcher=gcc_launch(),
+    )
+    t0 = time.monotonic()
+    r = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
+    assert time.monotonic() - t0 < 3 and r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("gcc.train: config error: unknown key(s): optimizer.learning_rate")
+    assert not run_dir.exists()
+
+
+def _ranks(*commands: str) -> dict[int, subprocess.Popen]:
+    return {r: subprocess.Popen(["sh", "-c", c]) for r, c in enumerate(commands)}
+
+
+def test_a_ranks_exit_or_a_signal_stops_the_others_and_the_cause_is_the_launchs_code(monkeypatch):
+    """gcc-launch's watch over its ranks (here `sh` processes: what is proven is the handling of processes): the
+    first rank to fail stops the others (SIGTERM) and its code is the launch's, not a peer's that failed because of
+    it; a signal reaches every rank as SIGTERM, a second Ctrl-C as SIGINT; a rank still there after the grace is
+    killed with what it started."""
+    import signal
+
+    from gcc import exit_codes, launcher
+
+    ranks = _ranks("exec sleep 60", "sleep 0.3; exit 3")
+    ended, killed = launcher.watch(ranks, [])
+    assert ended[0][0] == -signal.SIGTERM and not killed
+    assert launcher.launch_code(ended, exit_codes.PEER_LOST) == (3, 1)
+    # a rank killed by a signal, its peer failing with it a moment later: the crash is the launch's code
+    ranks = _ranks(f"sleep 0.3; exit {exit_codes.PEER_LOST}", "sleep 0.1; kill -SEGV $$")
+    ended, _ = launcher.watch(ranks, [])
+    assert launcher.launch_code(ended, exit_codes.PEER_LOST) == (128 + signal.SIGSEGV, 1)
+    assert launcher.how_it_ended(ended[1][0]) == "was ended by SIGSEGV (exit 139)"
+    # a signal: SIGTERM to every rank (a preemption); a second Ctrl-C passes SIGINT on
+    trap = "trap 'echo TERM >> {0}' TERM; trap 'echo INT >> {0}; exit 0' INT; while :; do sleep 0.05; done"
+    with tempfile.TemporaryDirectory() as d:
+        logs = [Path(d) / f"r{r}" for r in range(2)]
+        ranks = _ranks(*(trap.format(f) for f in logs))
+        time.sleep(0.5)
+        signals = [signal.SIGINT]
+        threading.Timer(1.0, lambda: signals.append(signal.SIGINT)).start()
+        ended, killed = launcher.watch(ranks, signals)
+        assert [f.read_text().split() for f in logs] == [["TERM", "INT"]] * 2 and not killed
+    # a rank that ignores SIGTERM is killed once the grace is over
+    monkeypatch.setattr(launcher, "CLEANUP_S", 0.5)
+    ranks = _ranks("trap '' TERM; while :; do sleep 0.05; done", "sleep 0.5; exit 4")
+    ended, killed = launcher.watch(ranks, [])
+    assert killed == {0} and ended[0][0] == -signal.SIGKILL
+    assert launcher.launch_code(ended, exit_codes.PEER_LOST) == (4, 1)
+
+
+def test_a_crashed_ranks_own_last_words():
+    from gcc.launcher import last_words
+
+    traceback = ["Traceback (most recent call last):", '  File "x.py", line 1, in <module>', "ValueError: boom"]
+    assert last_words(["a line", *traceback, ""]) == "ValueError: boom"
+    assert last_words(["Fatal Python error: Segmentation fault", "", "Thread 0x1:", "Extension modules: x"]) == (
+        "Fatal Python error: Segmentation fault"
+    )
+    assert last_words(["first", "last\x1b[2J", "  "]) == "last\\x1b[2J" and last_words([]) == ""

@@ -153,6 +153,8 @@ def test_gcc_inspect_prints_a_run_folders_provenance(cfg, tmp_path, capsys):
     assert capsys.readouterr().out.splitlines() == [
         f"run        {run}",
         "data.limit 5",
+        "step       0 (train_log.csv; max_duration not recorded: no config.json)",
+        "validation none yet (val_log.csv)",
         "launches   2 (run.json)",
         "  1   2026-12-01T10:00:00Z  world 2  gcc 0.1.0, git c0ffee",
         "  2   2026-12-02T10:00:00Z  world 1  gcc 0.1.0, git beef (modified)",
@@ -167,6 +169,8 @@ def test_gcc_inspect_prints_a_run_folders_provenance(cfg, tmp_path, capsys):
     assert inspect_ckpt.main([str(run)]) == 0
     assert capsys.readouterr().out.splitlines()[1:] == [
         "data.limit null (the whole train split)",
+        "step       0 (train_log.csv; max_duration not recorded: no config.json)",
+        "validation none yet (val_log.csv)",
         "launches   0 (run.json): not recorded (a run of an earlier gcc)",
         "exports    0",
     ]
@@ -176,6 +180,36 @@ def test_gcc_inspect_prints_a_run_folders_provenance(cfg, tmp_path, capsys):
     (run / "run.json").unlink()
     assert inspect_ckpt.main([str(run)]) == 2
     assert f"{run}: a folder without run.json, expected a run folder or" in capsys.readouterr().err
+
+
+def test_gcc_inspect_says_where_a_run_is_its_best_validation_and_its_resumes(tmp_path, capsys):
+    """A run folder at a glance: its last step against max_duration (done or not), the validation of the lowest
+    mse (the mean over the timesteps) and the last one, each launch's start (from step 0, or resumed) and the global
+    batch changes."""
+    run = tmp_path
+    launches = [{"time": "t1", "world": 2, "from_step": 0}, {"time": "t2", "world": 1, "from_step": 6}]
+    lineage = {"init_ckpt": "", "launches": launches, "global_batch_changes": [{"step": 6, "old": 4, "new": 2}]}
+    (run / "run.json").write_text(json.dumps({"signature": {"seed": 0}, "lineage": lineage}))
+    (run / "config.json").write_text(json.dumps({"config": {"max_duration": 12}, "start_step": 6}))
+    (run / "train_log.csv").write_text("step,loss\n" + "".join(f"{s},0.5\n" for s in range(1, 10)))
+    val = [(0, 201.3, 1.0), (0, 799.7, 2.0), (6, 201.3, 0.5), (6, 799.7, 1.1), (9, 201.3, 0.7), (9, 799.7, 0.8)]
+    (run / "val_log.csv").write_text("step,timestep,mse\n" + "".join(f"{s},{t},{m}\n" for s, t, m in val))
+    assert inspect_ckpt.main([str(run)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2:8] == [
+        "step       9 of 12 (train_log.csv): not done",
+        "validation best mse 0.7500 at step 9, last 0.7500 at step 9 (the mean over 2 timestep(s); val_log.csv)",
+        "launches   2 (run.json), 1 resumed",
+        "  1   t1  world 2  from step 0  not recorded (written by an earlier gcc)",
+        "  2   t2  world 1  resumed at step 6  not recorded (written by an earlier gcc)",
+        "  global batch 4 -> 2 at step 6",
+    ]
+    (run / "val_log.csv").write_text("step,timestep,mse\n" + "".join(f"{s},{t},{m}\n" for s, t, m in val[:4]))
+    (run / "train_log.csv").write_text("step,loss\n" + "".join(f"{s},0.5\n" for s in range(1, 13)))
+    assert inspect_ckpt.main([str(run)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2] == "step       12 of 12 (train_log.csv): done"
+    assert out[3].startswith("validation best mse 0.8000 at step 6, last 0.8000 at step 6")
 
 
 def test_each_launch_is_appended_to_the_run_records_launch_history(tmp_path):

@@ -27,7 +27,7 @@ TESTED_IN = {
     "synth/decode.py": ["synth/test_synth.py", "sampling/test_decoders.py"],
     "synth/world.py": ["synth/test_synth.py"],
     "tools/demo.py": ["tools/test_plot.py", "tools/test_sample.py"],
-    "tools/inspect_ckpt.py": ["model/test_export.py"],
+    "tools/inspect_ckpt.py": ["model/test_export.py", "test_provenance.py"],
     "tools/sample/cli.py": ["tools/test_sample.py"],
     "tools/sample/dit.py": ["tools/test_sample.py"],
     "tools/sample/errors.py": ["tools/test_sample.py"],
@@ -36,6 +36,7 @@ TESTED_IN = {
     "training/builders.py": ["training/callbacks/test_every_callback.py", "training/test_train_e2e.py"],
     "training/callbacks/__init__.py": ["training/callbacks/test_every_callback.py"],
     "training/composer_options.py": ["training/test_composer_callbacks.py", "training/test_loggers.py"],
+    "training/signature.py": ["training/test_config_roles.py"],
     "training/config.py": [
         "training/test_config_roles.py",
         "training/test_config_bounds.py",

@@ -15,6 +15,8 @@
 - `gloo_gradients_as_means`: FSDP2's gradient made a mean over the ranks on gloo, whose reduce-scatter sums where
   FSDP2 asks it to average (FSDP2 leaves the division of fp32/bf16 gradients to the backend:
   `_fsdp_collectives._get_gradient_divide_factors`).
+- `peer_gone`: a collective that failed because another rank's process is gone (gloo's transport errors, NCCL's
+  abort), told by its message: torch raises a bare RuntimeError (or DistBackendError) naming the socket's error.
 - `set_sdpa_priority`, `sdpa_order`, `sdpa_choice`: scaled_dot_product_attention's backends tried in a stated order
   process-wide (`torch._C._set_sdp_priority_order`, what `sdpa_kernel(set_priority=True)` sets inside its context)
   and the one it picks for given inputs (`torch._fused_sdp_choice`).
@@ -113,6 +115,16 @@ def gloo_gradients_as_means(model: nn.Module) -> int:
     for m in units:
         m.set_all_reduce_hook(to_mean)
     return len(units)
+
+
+# how torch 2.7's backends word a collective whose peer process died: gloo's TCP pair (the peer's socket closed or
+# reset under a read or write), NCCL's watchdog (the communicator aborted after a peer vanished)
+PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "NCCL communicator was aborted")
+
+
+def peer_gone(e: BaseException) -> bool:
+    """Whether `e` is a collective that failed because another rank's process is gone (a crash, a kill)."""
+    return isinstance(e, RuntimeError) and any(m in str(e) for m in PEER_GONE)
 
 
 # ---- scaled_dot_product_attention's backends (gcc/model/attention.py) ------------------------------------------

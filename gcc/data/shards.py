@@ -420,7 +420,7 @@ def check_index(data: bytes, manifest: dict[str, Any], split: str, where: str) -
             raise bad(
                 f"shard {n}: columns must be exactly {COLUMNS} (got {str(dict(zip(names or [], encodings or [])))[:300]})"
             )
-        if sh.get("compression") not in COMPRESSIONS:
+        if "compression" not in sh or sh["compression"] not in COMPRESSIONS:  # null is none, a missing key is not
             raise bad(f"shard {n}: compression must be one of {COMPRESSIONS}, got {str(sh.get('compression'))[:40]!r}")
         raw, zipped = sh.get("raw_data"), sh.get("zip_data")
         if (

@@ -8,6 +8,7 @@ it is complete on disk and re-read: writes go to `<path>.tmp<pid>`, are checked 
 from __future__ import annotations
 
 import collections
+import logging
 import math
 import os
 import re
@@ -28,6 +29,8 @@ from gcc.model.dit import COND_PREFIX, PRESETS, GcDiT, build_gc_dit, model_confi
 from gcc.model.fsdp import fill_local
 from gcc.storage import atomic_path
 from gcc.vocab import VOCABS, num_classes
+
+logger = logging.getLogger(__name__)
 
 # docs/design.md §9.9, in order
 META_KEYS = (
@@ -60,6 +63,7 @@ META_KEYS = (
     "data_limit",
     "git_revision",
     "git_dirty",
+    "preset",
 )
 GC_META = {"arm": "gc25d", "format": "gc25d", "sem_cond": "gc_sem_cond", "mask_channel": "False"}
 # what a trainer of this gcc writes unless it says otherwise (a start from step 0 has no resume)
@@ -74,13 +78,20 @@ META_DEFAULTS = {
     "data_limit": "",
     "git_revision": "",
     "git_dirty": "",
+    "preset": "",
 }
 # `weights`: which weights the file holds, the trained ones or their EMA (algorithms.ema); an export written before
 # the key existed holds the raw ones and reads as such
 WEIGHTS = ("raw", "ema")
 # a key older exports lack -> the value they read as: `data_limit` "" (the whole split, the only way an export could
 # say it then), the code's provenance (gcc/provenance.py) "" (unknown)
-LATER_KEYS = {"weights": "raw", "data_limit": "", "git_revision": "", "git_dirty": ""}
+LATER_KEYS = {"weights": "raw", "data_limit": "", "git_revision": "", "git_dirty": "", "preset": ""}
+# `preset`: the model preset the run trained (model.preset; "" with model.overrides, whose layout no preset names,
+# and in an export written before the key existed): gcc-sample builds that model unless --model says otherwise.
+# The lineage keys the legacy trainer wrote only after its lineage fix: an export of before is read as not resumed,
+# with one warning (`read_export`)
+LINEAGE_KEYS = {"resumed_from": "", "resumed_step": ""}
+_warned_lineage: set[str] = set()
 EXPORT_DTYPE = torch.bfloat16
 _ST_DTYPE = "BF16"
 
@@ -107,8 +118,10 @@ def gc_metadata(**values: Any) -> dict[str, str]:
     return {k: meta[k] for k in META_KEYS}
 
 
-def _check_metadata(meta: Mapping[str, Any], where: str) -> None:
-    keys = set(meta) | set(LATER_KEYS)
+def _check_metadata(meta: Mapping[str, Any], where: str, written: bool = False) -> None:
+    """The metadata of an export read (an older one may lack LATER_KEYS and LINEAGE_KEYS), or `written` by this gcc
+    (every key of META_KEYS)."""
+    keys = set(meta) if written else set(meta) | set(LATER_KEYS) | set(LINEAGE_KEYS)
     if keys != set(META_KEYS):
         raise GcCkptError(
             f"{where}: metadata keys differ from docs/design.md §9.9: missing {sorted(set(META_KEYS) - keys)}, "
@@ -126,6 +139,8 @@ def _check_metadata(meta: Mapping[str, Any], where: str) -> None:
         raise GcCkptError(f"{where}: metadata weights={meta['weights'][:80]!r} is not one of {WEIGHTS}")
     if meta.get("git_dirty", "") not in ("", "True", "False"):
         raise GcCkptError(f'{where}: metadata git_dirty={meta["git_dirty"][:80]!r}, expected True, False or ""')
+    if meta.get("preset", "") not in ("", *PRESETS):
+        raise GcCkptError(f'{where}: metadata preset={meta["preset"][:80]!r} is not one of {sorted(PRESETS)} or ""')
     if not re.fullmatch(r"|[1-9][0-9]{0,18}", meta.get("data_limit", "")):
         raise GcCkptError(
             f'{where}: metadata data_limit={meta["data_limit"][:80]!r}, expected a number of clips or "" (none)'
@@ -258,7 +273,8 @@ def read_export(
     `allow_wan`: a plain Wan export (no gc25d metadata, no cond keys) is accepted, its keys checked against the
     Wan keys of the layout. Returns {"tensors": {key: TensorEntry}, "metadata" (a gc25d export's with every key:
     one an older export lacks has the value it reads as, `LATER_KEYS`), "kind": "gc25d"|"wan", "vocab",
-    "num_layers", "preset" (the declared one, or the one whose layout the file matches, or None)}."""
+    "num_layers", "preset" (the caller's; else the one the export's metadata records, or the one whose layout the
+    file matches, or None)}."""
     path = str(path)
     tensors, meta = _header(path)
     has_cond = any(k.startswith(COND_PREFIX) for k in tensors)
@@ -269,7 +285,14 @@ def read_export(
     kind = "gc25d" if meta.get("format") == "gc25d" else "wan"
     if kind == "gc25d":
         _check_metadata(meta, path)
-        meta = {**meta, **{k: v for k, v in LATER_KEYS.items() if k not in meta}}
+        lacking = [k for k in LINEAGE_KEYS if k not in meta]
+        if lacking and path not in _warned_lineage:
+            _warned_lineage.add(path)
+            logger.warning(
+                f"{path}: no {' or '.join(lacking)} in its metadata (an export of the legacy trainer, written "
+                f"before its lineage fix): read as not resumed"
+            )
+        meta = {**meta, **{k: v for k, v in {**LATER_KEYS, **LINEAGE_KEYS}.items() if k not in meta}}
         if vocab is not None and meta["vocab"] != vocab:
             raise GcCkptError(f"{path}: vocab {meta['vocab']!r} differs from {vocab_from} {vocab!r}")
     file_vocab = meta["vocab"] if kind == "gc25d" else (vocab or "parts")
@@ -293,7 +316,8 @@ def read_export(
                 raise GcCkptError(f"{path}: {k} has shape {tensors[k].shape}, {who} expects {tuple(want[k])}")
     else:
         _check_shapes_alike(tensors, file_vocab, path)
-        preset = _matching_preset(tensors, file_vocab, n)
+        # the model the run trained, as the export records it; else the preset whose layout the file has
+        preset = (meta["preset"] if kind == "gc25d" else "") or _matching_preset(tensors, file_vocab, n)
     if kind == "gc25d":
         _check_cond_width(tensors, file_vocab, path)
     return {"tensors": tensors, "metadata": meta, "kind": kind, "vocab": file_vocab, "num_layers": n, "preset": preset}
@@ -325,7 +349,7 @@ def check_gc_ckpt(
 def save_gc(state_dict: Mapping[str, torch.Tensor], path: str | os.PathLike, metadata: Mapping[str, str]) -> Path:
     """Write an export atomically: BF16, `dit.` prefix stripped, written to a temporary name, checked, then fsynced and renamed (mode 644)."""
     path = Path(path)
-    _check_metadata(metadata, str(path))
+    _check_metadata(metadata, str(path), written=True)
     tensors = {
         (k[4:] if k.startswith("dit.") else k): v.detach().to("cpu", EXPORT_DTYPE).contiguous()
         for k, v in state_dict.items()

@@ -14,6 +14,9 @@ train_log.csv at the resumed step: compare with `--from` that step). Numbers com
 last digit (the CSV holds each float's exact repr), or with `--rtol` within a relative tolerance (another world
 size sums in another order); the draws (step, epoch, clips, timestep, drops, n) always compare exactly.
 
+Two folders of different runs (their run.json signatures differ: another preset, lr, data, ...) never agree: the
+fields that differ are named first, by the config's names of now, then the logs are compared as always.
+
 Prints the first step that differs and exits 1, or that they agree (exit 0); bad input (a folder without
 train_log.csv, a log or export that is not the trainer's) is exit 2 with one line naming it (gcc/cli.py), and so is
 nothing to compare: a train_log.csv without a row in the range, a val_log.csv that one folder holds and the other
@@ -35,8 +38,9 @@ from safetensors import SafetensorError, safe_open
 from gcc import exit_codes
 from gcc.cli import ToolParser, run_tool
 from gcc.errors import BadInput
-from gcc.inputs import open_text, safetensors_header, shown
+from gcc.inputs import load_json_object, open_text, safetensors_header, shown
 from gcc.training.columns import EXACT_TRAIN, EXACT_VAL
+from gcc.training.signature import diff_signatures
 
 # the draws and the identity of a row: equal or not, never within a tolerance
 IDENTITY = {"step", "epoch", "clips", "timestep", "text_drop", "cond_drop", "n"}
@@ -190,8 +194,16 @@ def diff_export(a: Path, b: Path, step: int, rtol: float) -> Difference | None:
 
 
 def compare(a: Path, b: Path, lo: int = 0, hi: int = sys.maxsize, rtol: float = 0.0) -> tuple[bool, list[str]]:
-    """(agree, report lines): every log row and common export in steps [lo, hi]."""
+    """(agree, report lines): the runs' identities first (run.json's signatures: runs of other identities never
+    agree, and the fields that differ say why before any number does), then every log row and common export in
+    steps [lo, hi]."""
+    identity = identity_differences(a, b)
     lines: list[str] = []
+    if identity:
+        lines.append(
+            "different runs: their run.json signatures differ (RUN_A -> RUN_B): "
+            + "; ".join(shown(d) for d in identity)
+        )
     first: list[Difference] = []
     steps = f"steps {lo}..{hi}" if hi < sys.maxsize else f"steps from {lo}"
     for name, columns, required in LOGS:
@@ -231,9 +243,25 @@ def compare(a: Path, b: Path, lo: int = 0, hi: int = sys.maxsize, rtol: float = 
     if first:
         d = min(first, key=lambda d: d.step)
         lines.append(f"they differ; the first step that differs is {d.step} ({d.what})")
+    elif identity:
+        lines.append("they differ: other run identities (above)")
     else:
         lines.append("they agree")
-    return not first, lines
+    return not first and not identity, lines
+
+
+def identity_differences(a: Path, b: Path) -> list[str]:
+    """The fields that differ between two run folders' run.json signatures, by the config's names of now (the
+    launch's own rule: gcc/training/signature.py); [] when one holds no run.json (nothing says they differ)."""
+    records = []
+    for run in (a, b):
+        if not os.path.lexists(run / "run.json"):
+            return []
+        record = load_json_object(run / "run.json", "a run record")
+        if not isinstance(record.get("signature"), dict):
+            raise BadInput(f"{run / 'run.json'}: not a run record gcc wrote (no signature)")
+        records.append(record["signature"])
+    return diff_signatures(*records)
 
 
 def build_parser() -> argparse.ArgumentParser:

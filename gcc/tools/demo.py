@@ -1,7 +1,7 @@
 """`make demo`: the whole chain on built-in synthetic data, on any machine.
 
     synth (prepared layout) -> convert_data (MDS shards) -> one batch through the loader
-    -> composer -n 2 gcc/train.py yamls/tiny_cpu.yaml model.preset=tiny-p1 (training, validation, exports)
+    -> gcc-launch -n 2 gcc/train.py yamls/tiny_cpu.yaml model.preset=tiny-p1 (training, validation, exports)
     -> gcc-plot (curves.png)
     -> gcc-sample on a few val clips (a picture of what the model learned)
 
@@ -34,9 +34,9 @@ from pathlib import Path
 
 from gcc import exit_codes, inputs
 from gcc.cli import ToolParser
-from gcc.launcher import train_command
+from gcc.launcher import gcc_launch, train_command
 from gcc.synth import world as synth
-from gcc.tools.plot import plot_run
+from gcc.tools.plot import plot_runs
 from gcc.tools.sample.errors import SampleError
 
 
@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = ToolParser(
         "python -m gcc.tools.demo",
         "`make demo`: the whole chain on built-in synthetic data, on any machine: gcc-synth -> convert_data ->\n"
-        "the loader -> composer -n NPROC gcc/train.py yamls/tiny_cpu.yaml -> gcc-plot -> gcc-sample. A rerun reuses\n"
+        "the loader -> gcc-launch -n NPROC gcc/train.py yamls/tiny_cpu.yaml -> gcc-plot -> gcc-sample. A rerun reuses\n"
         "what is there (the training resumes, or, finished, stops).",
         renamed={"--clips": "--n", "--gpus": "--nproc"},
     )
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=int, default=48, help="synthetic clips to make")
     p.add_argument("--seed", type=int, default=0, help="the synthetic world's seed")
     p.add_argument("--workers", type=int, default=2, help="convert_data's processes")
-    p.add_argument("--nproc", type=int, default=2, help="training processes, on the CPU (composer --nproc)")
+    p.add_argument("--nproc", type=int, default=2, help="training processes, on the CPU (gcc-launch --nproc)")
     p.add_argument("--no_train", action="store_true", help="stop after the data part")
     p.add_argument("--sample_n", type=int, default=4, help="val clips sampled after the training (0: none)")
     p.add_argument("--sample_steps", type=int, default=20, help="denoising steps of that sampling")
@@ -281,6 +281,7 @@ def main(argv=None) -> int:
         f"data.path={shards}",
         "progress_bar=false",
         n=args.nproc,
+        launcher=gcc_launch(),  # Composer's launcher, ending quietly (gcc/launcher.py)
     )
     print(f"[4/{n}] training: {' '.join(cmd[:1] + cmd[1:])}")
     del ds, batch  # release the loader's shared memory before the training's ranks start
@@ -290,7 +291,8 @@ def main(argv=None) -> int:
         return r.returncode
     with inputs.open_text(run_dir / "val_log.csv", "csv") as f:
         print("\n" + "\n".join(validation_table(list(csv.DictReader(f)))))
-    curves = plot_run(run_dir, run_dir / "curves.png")
+    curves = run_dir / "curves.png"
+    plot_runs([run_dir], curves)
     sheets: list[Path] | None = []
     if args.sample_n > 0:
         print(f"\n[5/{n}] sampling {args.sample_n} val clips with gcc-sample (no --model_dir: the synthetic decoder)")

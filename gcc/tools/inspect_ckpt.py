@@ -3,7 +3,9 @@
     gcc-inspect FILE.safetensors   # key count, dtypes, parameter count, metadata, the code that wrote it; runs
                                    # check_gc_ckpt
     gcc-inspect FILE.safetensors --model tiny   # ... and checks every key and shape against that preset
-    gcc-inspect RUN_DIR            # which code made each launch (run.json), config.json and each export; data.limit
+    gcc-inspect RUN_DIR            # the last step and whether the run is done, the best validation, each launch
+                                   # (its start, resumed or not, and its code: run.json), global batch changes,
+                                   # config.json and each export's code; data.limit
     gcc-inspect --model ti2v-5b    # builds the preset on the meta device: key count, parameter count
 
 (also `python -m gcc.tools.inspect_ckpt`). The file's header alone is read (never its tensors, never a model built
@@ -29,6 +31,7 @@ from gcc.cli import ToolParser, fail, input_file_problem
 from gcc.errors import BadInput
 from gcc.inputs import load_json_object, safetensors_header, shown
 from gcc.provenance import Provenance
+from gcc.tools.plot import read_rows, run_events
 from gcc.vocab import VOCABS
 
 PROG = "gcc-inspect"
@@ -106,12 +109,31 @@ def inspect_run(path: str) -> int:
     limit = signature.get("data.limit")
     print(f"run        {shown(path)}")
     print(f"data.limit {'null (the whole train split)' if limit is None else shown(limit)}")
-    print(f"launches   {len(launches)} (run.json)" + ("" if launches else ": not recorded (a run of an earlier gcc)"))
+    try:
+        train = read_rows(run / "train_log.csv")
+        val = read_rows(run / "val_log.csv", ("step", "timestep"))
+        resumes, changes = run_events(run)
+    except BadInput as e:
+        return fail(PROG, str(e))
+    settings = config.get("config") if config is not None else None
+    total = settings.get("max_duration") if isinstance(settings, dict) else None
+    print(f"step       {progress(train, total)}")
+    print(f"validation {best_validation(val)}")
+    said = f", {len(resumes)} resumed" if any(isinstance(x, dict) and "from_step" in x for x in launches) else ""
+    print(
+        f"launches   {len(launches)} (run.json){said}"
+        + ("" if launches else ": not recorded (a run of an earlier gcc)")
+    )
     for i, launch in enumerate(launches, 1):
         launch = launch if isinstance(launch, dict) else {}
+        start = launch.get("from_step")
+        where = "" if not isinstance(start, int) else "  from step 0" if start == 0 else f"  resumed at step {start}"
         print(
-            f"  {i:<3} {shown(launch.get('time'), 40)}  world {shown(launch.get('world'), 20)}  {recorded_code(launch)}"
+            f"  {i:<3} {shown(launch.get('time'), 40)}  world {shown(launch.get('world'), 20)}{where}  "
+            f"{recorded_code(launch)}"
         )
+    for at, old, new in changes:
+        print(f"  global batch {old} -> {new} at step {at}")
     if config is not None:
         print(f"config     config.json (the latest launch, from step {shown(config.get('start_step'), 20)}): ", end="")
         print(recorded_code(config.get("provenance")))
@@ -124,6 +146,31 @@ def inspect_run(path: str) -> int:
             return fail(PROG, f"cannot be read as safetensors: {e}")
         print(f"  {shown(p.name, 80)}  {export_code(meta)}")
     return 0
+
+
+def progress(train: list[dict[str, float]], total: Any) -> str:
+    """`12 of 40 (train_log.csv): not done` / `... done`: the run's last logged step against its max_duration (the
+    latest launch's config.json, in batches)."""
+    last = int(train[-1]["step"]) if train else 0
+    if not isinstance(total, int) or isinstance(total, bool):
+        return f"{last} (train_log.csv; max_duration not recorded: no config.json)"
+    return f"{last} of {total} (train_log.csv): {'done' if last >= total else 'not done'}"
+
+
+def best_validation(val: list[dict[str, float]]) -> str:
+    """The validation of the lowest mse (its mean over the val timesteps), and the last one."""
+    by_step: dict[int, list[float]] = collections.defaultdict(list)
+    for r in val:
+        if "mse" in r:
+            by_step[int(r["step"])].append(r["mse"])
+    if not by_step:
+        return "none yet (val_log.csv)"
+    mean = {s: sum(v) / len(v) for s, v in by_step.items()}
+    best, last = min(mean, key=lambda s: (mean[s], s)), max(mean)
+    return (
+        f"best mse {mean[best]:.4f} at step {best}, last {mean[last]:.4f} at step {last} (the mean over "
+        f"{len(by_step[last])} timestep(s); val_log.csv)"
+    )
 
 
 def inspect_model(name: str, vocab: str) -> int:

@@ -1,4 +1,6 @@
-"""Curves of a run as one PNG: `gcc-plot RUN_DIR` (or `python -m gcc.tools.plot RUN_DIR`) (docs/training.md).
+"""Curves of a run as one PNG: `gcc-plot RUN_DIR` (or `python -m gcc.tools.plot RUN_DIR`) (docs/training.md);
+`gcc-plot A B ...` overlays several runs, a colour each. Each run's resumes and global-batch changes (run.json)
+are marked at their step.
 
 Reads `train_log.csv` and `val_log.csv` from the run folder. They hold one row per step (train) and per step and
 timestep (val) across every launch of the run (a relaunch trims the rows it trains again), so a resumed run
@@ -15,11 +17,12 @@ import math
 import os
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 from gcc.cli import ToolParser, file_problem, run_tool
 from gcc.errors import BadInput
-from gcc.inputs import open_text, os_error_message, shown
+from gcc.inputs import load_json_object, open_text, os_error_message, shown
 from gcc.storage import atomic_path
 from gcc.training.columns import STEP_STATS
 
@@ -76,55 +79,120 @@ def smooth(values: list[float], weight: float) -> list[float]:
     return out
 
 
-def plot_run(run_dir: Path, out: Path, smoothing: float = 0.9) -> Path:
+@dataclass(frozen=True)
+class Run:
+    """What gcc-plot draws of one run folder: its rows and the events its run.json records."""
+
+    folder: Path
+    train: list[dict[str, float]]
+    val: list[dict[str, float]]
+    resumes: list[int]  # the steps launches resumed from (run.json's launches: `from_step` > 0)
+    batch_changes: list[tuple[int, int, int]]  # (step, old, new) global batch changes (run.json's lineage)
+
+
+def run_events(run_dir: Path) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """The resumes and global-batch changes run.json records ([] without one, or from a gcc that did not record
+    them); a run.json that is not a run record is BadInput naming it."""
+    if not os.path.lexists(run_dir / "run.json"):
+        return [], []
+    lineage = load_json_object(run_dir / "run.json", "a run record").get("lineage")
+    lineage = lineage if isinstance(lineage, dict) else {}
+    resumes = [
+        int(launch["from_step"])
+        for launch in lineage.get("launches", [])
+        if isinstance(launch, dict) and isinstance(launch.get("from_step"), int) and launch["from_step"] > 0
+    ]
+    changes = [
+        (int(c["step"]), int(c["old"]), int(c["new"]))
+        for c in lineage.get("global_batch_changes", [])
+        if isinstance(c, dict) and all(isinstance(c.get(k), int) for k in ("step", "old", "new"))
+    ]
+    return resumes, changes
+
+
+def read_run(run_dir: Path) -> Run:
+    train = read_rows(run_dir / "train_log.csv")
+    if not train:
+        raise BadInput(f"{run_dir / 'train_log.csv'}: no train rows to plot (is {run_dir} a run folder?)")
+    return Run(run_dir, train, read_rows(run_dir / "val_log.csv", ("step", "timestep")), *run_events(run_dir))
+
+
+def plot_runs(run_dirs: list[Path], out: Path, smoothing: float = 0.9) -> list[tuple[str, str, int]]:
+    """One PNG of the runs' curves, overlaid (a colour per run), each run's resumes (dotted) and global-batch
+    changes (dashed) marked on every panel at their step. One run: its loss raw and smoothed, and its validation
+    per timestep; several: the smoothed loss and the validation's mean over its timesteps, per run. Returns the
+    marks drawn: (run folder's name, "resumed" | "batch OLD -> NEW", step)."""
     import matplotlib  # heavy: only when plotting
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # heavy: only when plotting (after the Agg backend is chosen)
 
-    train = read_rows(run_dir / "train_log.csv")
-    if not train:
-        raise BadInput(f"{run_dir / 'train_log.csv'}: no train rows to plot (is {run_dir} a run folder?)")
-    val = read_rows(run_dir / "val_log.csv", ("step", "timestep"))
-    step = [r["step"] for r in train]
-
-    def col(name: str) -> list[float]:
-        return [r.get(name, math.nan) for r in train]
-
+    runs = [read_run(d) for d in run_dirs]
+    one = len(runs) == 1
     fig, axes = plt.subplots(2, 4, figsize=(20, 8.5), constrained_layout=True)
-    ax = axes[0, 0]
-    ax.plot(step, col("loss"), color="tab:blue", alpha=0.3, lw=0.8, label="loss")
-    ax.plot(step, smooth(col("loss"), smoothing), color="tab:blue", lw=1.6, label=f"smoothed ({smoothing:g})")
-    ax.set_title("train loss")
-    ax = axes[0, 1]
-    ax.plot(step, col("lr"), label="lr")
-    ax.plot(step, col("cond_lr"), label="cond_lr")
-    ax.set_yscale("log")
-    ax.set_title("learning rate")
-    ax = axes[0, 2]
-    ax.plot(step, col("grad_norm"), color="tab:red", lw=0.9, label="grad_norm (before clipping)")
-    ax.set_title("grad_norm")
-    ax = axes[0, 3]
-    plotted = [s for s in STEP_STATS if s.plot]
-    for s in plotted:
-        ax.plot(step, col(s.name), label=s.plot)
-    ax.set_title(" and ".join(s.name for s in plotted))
-    by_t: dict[float, list[dict]] = defaultdict(list)
-    for r in val:
-        by_t[r["timestep"]].append(r)
+    plotted = [st for st in STEP_STATS if st.plot]
+    marks: list[tuple[str, str, int]] = []
+    for n, run in enumerate(runs):
+        color, name = f"C{n}", run.folder.name
+        label = "" if one else f"{name}: "
+        step = [r["step"] for r in run.train]
+
+        def col(key: str, rows: list[dict[str, float]] = run.train) -> list[float]:
+            return [r.get(key, math.nan) for r in rows]
+
+        ax = axes[0, 0]
+        if one:
+            ax.plot(step, col("loss"), color=color, alpha=0.3, lw=0.8, label="loss")
+        ax.plot(step, smooth(col("loss"), smoothing), color=color, lw=1.6, label=f"{label}smoothed ({smoothing:g})")
+        axes[0, 1].plot(step, col("lr"), color=color, label=f"{label}lr")
+        axes[0, 1].plot(step, col("cond_lr"), color=color, ls="--", label=f"{label}cond_lr")
+        axes[0, 2].plot(step, col("grad_norm"), color=color, lw=0.9, label=f"{label}grad_norm (before clipping)")
+        for st, ls in zip(plotted, ("-", "--", ":", "-.")):
+            axes[0, 3].plot(step, col(st.name), color=color if not one else None, ls=ls, label=f"{label}{st.plot}")
+        by_t: dict[float, list[dict]] = defaultdict(list)
+        for r in run.val:
+            by_t[r["timestep"]].append(r)
+        for ax, key in zip(axes[1, :3], ("mse", "gap_uncond", "gap_nulltext")):
+            if one:
+                for t, rows in sorted(by_t.items()):
+                    ax.plot([r["step"] for r in rows], col(key, rows), marker="o", ms=3, label=f"t={t:.1f}")
+            elif run.val:
+                by_step: dict[float, list[float]] = defaultdict(list)
+                for r in run.val:
+                    by_step[r["step"]].append(r.get(key, math.nan))
+                steps = sorted(by_step)
+                means = [sum(by_step[s]) / len(by_step[s]) for s in steps]
+                ax.plot(steps, means, marker="o", ms=3, color=color, label=f"{name} (mean over timesteps)")
+        for at in run.resumes:
+            marks.append((name, "resumed", at))
+        for at, old, new in run.batch_changes:
+            marks.append((name, f"batch {old} -> {new}", at))
+        for ax in axes.flat[:7]:
+            for at in run.resumes:
+                ax.axvline(at, color=color, lw=0.8, ls=":")
+            for at, _, _ in run.batch_changes:
+                ax.axvline(at, color=color, lw=0.8, ls="--")
+    axes[0, 0].set_title("train loss")
+    axes[0, 1].set_yscale("log")
+    axes[0, 1].set_title("learning rate")
+    axes[0, 2].set_title("grad_norm")
+    axes[0, 3].set_title(" and ".join(st.name for st in plotted))
+    any_val = any(run.val for run in runs)
     for ax, key in zip(axes[1, :3], ("mse", "gap_uncond", "gap_nulltext")):
-        for t, rows in sorted(by_t.items()):
-            ax.plot(
-                [r["step"] for r in rows], [r.get(key, math.nan) for r in rows], marker="o", ms=3, label=f"t={t:.1f}"
-            )
         if key.startswith("gap"):
             ax.axhline(0.0, color="gray", lw=0.8, ls=":")
-        ax.set_title(f"val {key}" + ("" if val else " (no validation yet)"))
+        ax.set_title(f"val {key}" + ("" if any_val else " (no validation yet)"))
     axes[1, 3].axis("off")
+    notes = [
+        f"{run.folder}\n  steps {int(run.train[0]['step'])}..{int(run.train[-1]['step'])}, {len(run.val)} val rows"
+        + (f"\n  resumed at {', '.join(map(str, run.resumes))}" if run.resumes else "")
+        + "".join(f"\n  global batch {old} -> {new} at {at}" for at, old, new in run.batch_changes)
+        for run in runs
+    ]
     axes[1, 3].text(
         0.0,
         0.9,
-        f"{run_dir}\nsteps {int(step[0])}..{int(step[-1])}, {len(val)} val rows\n\n"
+        "\n".join(notes) + "\n\nresumes: dotted, global batch changes: dashed\n"
         "gap_uncond = mse(cond UNKNOWN) - mse\ngap_nulltext = mse(null text) - mse\n"
         "above 0: the model uses the condition / the text",
         va="top",
@@ -139,7 +207,7 @@ def plot_run(run_dir: Path, out: Path, smoothing: float = 0.9) -> Path:
     with atomic_path(out) as tmp:
         fig.savefig(tmp, dpi=80, format="png")
     plt.close(fig)
-    return out
+    return marks
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,10 +215,15 @@ def build_parser() -> argparse.ArgumentParser:
         "gcc-plot",
         "Write a run's curves as one PNG: train loss (raw and smoothed), lr, grad_norm, the logged statistics and\n"
         "the validation per timestep against step, from the run folder's train_log.csv and val_log.csv (every\n"
-        "launch of a resumed run: one continuous run).",
+        "launch of a resumed run: one continuous run, its resumes and global-batch changes marked). Several run\n"
+        "folders: their curves overlaid, a colour each.",
     )
-    p.add_argument("run_dir", help="the run folder (the yaml's run_dir)")
-    p.add_argument("--out", default=None, help="PNG to write (default: RUN_DIR/curves.png)")
+    p.add_argument("run_dir", nargs="+", help="the run folder (the yaml's run_dir); several: overlaid")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="PNG to write (default: RUN_DIR/curves.png; several runs: the first's curves-overlay.png)",
+    )
     p.add_argument(
         "--smoothing",
         type=float,
@@ -163,16 +236,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    run_dir = Path(args.run_dir)
+    run_dirs = [Path(d) for d in args.run_dir]
     if not 0.0 <= args.smoothing < 1.0:
         p.error(f"--smoothing: must be in [0, 1), got {args.smoothing}")
 
     def body() -> int:
-        out = Path(args.out) if args.out else run_dir / "curves.png"
+        default = "curves.png" if len(run_dirs) == 1 else "curves-overlay.png"
+        out = Path(args.out) if args.out else run_dirs[0] / default
         problem = file_problem(out) if args.out else None
         if problem:
             raise BadInput(f"--out {args.out}: {problem}")
-        print(f"gcc-plot: wrote {plot_run(run_dir, out, args.smoothing)}")
+        marks = plot_runs(run_dirs, out, args.smoothing)
+        print(f"gcc-plot: wrote {out}" + (f" ({len(run_dirs)} runs)" if len(run_dirs) > 1 else ""))
+        for name, what, at in marks:
+            print(f"gcc-plot: {shown(name)}: {what} at step {at}")
         return 0
 
     return run_tool(p.prog, body)

@@ -44,7 +44,8 @@ from gcc.training.callbacks import TRAIN_COLUMNS, VAL_COLUMNS, CallbackContext, 
 from gcc.training.callbacks.checkpoint_rotation import SaveClock
 from gcc.training.callbacks.samples import SampleSettings, TrainingSamples
 from gcc.training.config import TrainConfig, exported_values, samples_during_training
-from gcc.training.launch import RunStart, cache_dir, data_name, train_clips, validates
+from gcc.training.console import progress_bar_draws, progress_bar_stream
+from gcc.training.launch import RunStart, cache_dir, data_name, steps_per_epoch, train_clips, validates
 from gcc.training.peer_fault import PEER_GRACE_S, announce, watch_peers
 from gcc.training.ranks import rank, world_size
 from gcc.training.run_folder import ckpt_dir
@@ -243,12 +244,6 @@ def parallelism_config(cfg: TrainConfig) -> dict | None:
     }
 
 
-def steps_per_epoch(n_train: int, world: int, per_rank_batch: int) -> int:
-    """Streaming gives every rank ceil(n / world) samples an epoch (it pads with repeats); the partial last batch
-    is dropped (build_train_loader)."""
-    return -(-n_train // world) // per_rank_batch
-
-
 def resolved_config(cfg: TrainConfig, manifest: dict, per_rank_batch: int, provenance: Provenance) -> dict:
     """What config.json holds (docs/training.md, "The run folder"): the config, the launch's code (`provenance`)
     and what follows from the config, the world and the data."""
@@ -282,6 +277,7 @@ def export_metadata(cfg: TrainConfig, start: RunStart, step: int) -> dict[str, s
         trainer=f"gcc {code.version}",
         git_revision=code.revision,
         git_dirty=code.dirty,
+        preset="" if cfg.model.overrides else cfg.model.preset,  # with overrides, no preset is the layout
     )
 
 
@@ -442,6 +438,7 @@ def build_trainer(
     async_checkpoint.py). Under FSDP Composer shards the meta-device model and each rank initialises its shard."""
 
     opt, schedule = build_optimization(cfg, model)
+    bar = progress_bar_draws(cfg.progress_bar)
     with meta_init_on("cuda" if torch.cuda.is_available() else "cpu"):
         trainer = Trainer(
             model=model,
@@ -466,7 +463,9 @@ def build_trainer(
             autoresume=cfg.autoresume,
             loggers=loggers,
             callbacks=callbacks,
-            progress_bar=cfg.progress_bar,
+            # the yaml's progress_bar allows it; it draws only on a terminal, never into train.log
+            progress_bar=bar,
+            console_stream=progress_bar_stream() if bar else "stderr",
             log_to_console=False,
             seed=cfg.seed,
             dist_timeout=cfg.dist_timeout,

@@ -15,6 +15,7 @@ time, `optimizer:`, `scheduler:`, `algorithms:`); the names gcc used before are 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import logging
 import math
@@ -309,6 +310,11 @@ class OptimizerConfig:
     )
 
 
+# the schedulers whose rate depends on max_duration (they decay to lr * alpha_f at its end): their horizon is part
+# of the run's identity (launch.run_signature `SCHEDULE_HORIZON`); constant_with_warmup's run may be extended freely
+DECAYING = ("cosine_with_warmup", "linear_decay_with_warmup")
+
+
 @dataclass
 class SchedulerConfig:
     """Composer's `scheduler:` section: one of Composer's schedulers by name, over max_duration (gcc/model/optim.py;
@@ -435,6 +441,13 @@ class FaultsConfig:
         exported=False,
         bounds=Range(0, STEPS),
         doc="the last rank sends SIGTERM to the launch's process group as this step starts (0 = off)",
+    )
+    sigint_at_step: int = setting(
+        0,
+        identity=False,
+        exported=False,
+        bounds=Range(0, STEPS),
+        doc="the last rank sends SIGINT (a Ctrl-C) to the launch's process group as this step starts (0 = off)",
     )
     native_crash_step: int = setting(
         0,
@@ -606,7 +619,12 @@ class TrainConfig:
         doc="a launch with nothing to resume in a run folder that holds exports, log rows or checkpoints is refused "
         "(exit 3); true starts over there, moving what the run wrote to <run_dir>/replaced/<time>/",
     )
-    progress_bar: bool = setting(True, identity=False, exported=False, doc="Composer's progress bar on a terminal")
+    progress_bar: bool = setting(
+        True,
+        identity=False,
+        exported=False,
+        doc="allows Composer's progress bar: it draws only when stdout is a terminal, never into train.log",
+    )
     console_log_interval: int = setting(
         10,
         identity=False,
@@ -656,7 +674,7 @@ class TrainConfig:
         identity=False,
         exported=False,
         bounds=Range(0, DAY_S, " seconds", True),
-        doc="after SIGTERM/SIGUSR1 a rank must checkpoint and exit within this, else it writes every thread's "
+        doc="after SIGTERM/SIGUSR1/Ctrl-C a rank must checkpoint and exit within this, else it writes every thread's "
         "stack to <run_dir>/stacks/ and exits 5",
     )
     stall_timeout_s: float = setting(
@@ -712,9 +730,13 @@ class TrainConfig:
 
 def resolve_duration(cfg: TrainConfig, steps_per_epoch: int) -> None:
     """An epoch `max_duration` ("3ep") becomes batches at launch: epochs × the batches of an epoch of the train
-    split at this launch's global batch (builders.steps_per_epoch); a batch count stays as it is."""
-    if isinstance(cfg.max_duration, str):
-        cfg.max_duration = _count(cfg.max_duration) * steps_per_epoch
+    split at this launch's global batch (launch.steps_per_epoch); a batch count stays as it is."""
+    cfg.max_duration = duration_in_batches(cfg.max_duration, steps_per_epoch)
+
+
+def duration_in_batches(max_duration: int | str, steps_per_epoch: int) -> int:
+    """`max_duration` in batches: a batch count as it is, epochs ("3ep") × `steps_per_epoch`."""
+    return max_duration if isinstance(max_duration, int) else _count(max_duration) * steps_per_epoch
 
 
 def _section(typ: Any) -> type | None:
@@ -755,6 +777,24 @@ CHOICES = {key: typing.get_args(t) for key, _, t in _fields(TrainConfig) if typi
 BOUNDS = {key: role.bounds for key, role in ROLES.items() if role.bounds is not None}
 # the config's paths: local, or s3:// URLs (data.path, save_folder), never with credentials in them
 PATH_KEYS = tuple(key for key, role in ROLES.items() if role.path)
+
+
+# signature keys that no field declares (launch.run_signature computes them), by what the config calls them
+SIGNED_ELSEWHERE = {"scheduler.horizon": "max_duration (in batches: the decaying schedule's horizon)"}
+
+
+def signature_key_name(signed: str) -> str:
+    """A run signature's key as the config names it now: its field's dotted key (`optim.lr` -> `optimizer.lr`,
+    signed under the name it had when runs were first recorded), with what is signed when that is not the value
+    (`data.manifest_sha256` -> `data.path (its manifest's sha256)`); a key no field declares, as it is."""
+    if signed in SIGNED_ELSEWHERE:
+        return SIGNED_ELSEWHERE[signed]
+    for key, role in ROLES.items():
+        if role.identity == signed and key != signed:
+            computed = signed.rsplit(".", 1)[-1]
+            said = computed.replace("_", " ")
+            return key if computed == key.rsplit(".", 1)[-1] or signed in RENAMED else f"{key} ({said})"
+    return signed
 
 
 def signed_values(cfg: TrainConfig) -> dict[str, Any]:
@@ -837,7 +877,7 @@ def _build(cls, data: dict, prefix: str = ""):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ConfigError(f"unknown key(s): {', '.join(prefix + k for k in unknown)}")
+        raise ConfigError(f"unknown key(s): {', '.join(prefix + k + did_you_mean(prefix + k) for k in unknown)}")
     kwargs = {}
     for k, v in data.items():
         typ, section = hints[k], _section(hints[k])
@@ -1048,6 +1088,32 @@ RENAMED_VALUES = {"model.grad_ckpt": {True: "block", False: "none"}}
 _OLD_SECTIONS = {
     old.split(".")[0] for old, new in RENAMED.items() if "." in old and old.split(".")[0] != new.split(".")[0]
 }
+
+
+def did_you_mean(key: str) -> str:
+    """` (did you mean X?)` for an unknown dotted key: the known keys closest to it (at most 3, closest first), by
+    the spelling of its last part (`max_duraton`), also in another section (`lr` -> `optimizer.lr`), by its words'
+    initials (`optimizer.learning_rate` -> `optimizer.lr`) or as part of a longer name (`batch_size`), the old names
+    (RENAMED) among them, each given as the key to use; "" when none is close."""
+    section, _, leaf = key.rpartition(".")
+    best: dict[str, tuple[float, str]] = {}  # the key to use -> (score, what to say)
+    for name, new in [(k, k) for k, _, _ in _fields(TrainConfig)] + list(RENAMED.items()):
+        there, _, last = name.rpartition(".")
+        score = max(
+            difflib.SequenceMatcher(None, leaf, last).ratio(),
+            0.85 if len(leaf) > 2 and last in (_initials(leaf), leaf.replace("_", "")) else 0.0,
+            0.85 if len(last) > 2 and leaf in (_initials(last), last.replace("_", "")) else 0.0,
+            0.8 if min(len(leaf), len(last)) > 3 and (leaf in last or last in leaf) else 0.0,
+        ) + (0.05 if there == section else -0.05)
+        said = new if name == new else f"{new} ({name} is its old name)"
+        if score >= 0.75 and score > best.get(new, (0.0, ""))[0]:
+            best[new] = (score, said)
+    picked = [said for _, said in sorted(best.values(), key=lambda x: -x[0])][:3]
+    return f" (did you mean {' or '.join(picked)}?)" if picked else ""
+
+
+def _initials(name: str) -> str:
+    return "".join(w[0] for w in name.split("_") if w)
 
 
 def _pop_dotted(tree: dict, dotted: str) -> tuple[bool, Any]:
@@ -1362,14 +1428,19 @@ def _type_name(typ: Any, role: Role) -> str:
     return getattr(typ, "__name__", str(typ))
 
 
-def describe(cfg: TrainConfig | None = None) -> list[str]:
+TEST_ONLY = "faults."  # the keys of gcc's own tests (fault injection): never a real run's
+
+
+def describe(cfg: TrainConfig | None = None, test_only: bool = False) -> list[str]:
     """`train.py --print_config`: every key (dotted) with its default and type, then its meaning, from the
     declarations; with `cfg` (a yaml and overrides, resolved), the key's value first, credentials masked. Then the
-    old key names (RENAMED)."""
+    old key names (RENAMED). The test-only `faults.*` keys only with `test_only` (`--print_config --all`)."""
     values = redact(dataclasses.asdict(cfg)) if cfg is not None else None
     lines = []
     for key, f, typ in _fields(TrainConfig):
         role = f.metadata[ROLE]
+        if key.startswith(TEST_ONLY) and not test_only:
+            continue
         default = json.dumps(_default(f))
         head = f"{key}: {default}"
         if values is not None:
@@ -1379,6 +1450,8 @@ def describe(cfg: TrainConfig | None = None) -> list[str]:
             head = f"{key}: {json.dumps(value)}  (default {default})"
         lines += [f"{head}  [{_type_name(typ, role)}]", f"    {role.doc}"]
     lines.append("")
+    if not test_only:
+        lines.append(f"({TEST_ONLY}*: fault injection for gcc's own tests, not shown; --print_config --all shows them)")
     lines.append("old key names, still read as the new ones (with a warning):")
     lines += [f"  {old} -> {new}" for old, new in RENAMED.items()]
     return lines

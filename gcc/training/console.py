@@ -89,6 +89,19 @@ def _console_stream(fd: int) -> TextIO:
     return open(console, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
 
 
+def progress_bar_draws(allowed: bool) -> bool:
+    """Whether Composer's progress bar draws: the yaml's `progress_bar` allows it, and stdout is a terminal (under
+    the capture of train.log a pseudo-terminal stands for it: gcc/training/output_capture.py). Under a scheduler
+    (stdout a file or a pipe) it never does, whatever the yaml says: the progress lines take its place."""
+    return allowed and sys.stdout.isatty()
+
+
+def progress_bar_stream() -> TextIO:
+    """Where the bar draws: the terminal itself, past train.log's capture. Its redraws are terminal control, not
+    lines of a log; train.log gets the progress lines instead (ConsoleLog, `RUN_LOG_ONLY`)."""
+    return _console_stream(1)
+
+
 def configure_logging(level: str = "INFO", rank: int = 0) -> None:
     """Route the `gcc` logger to stdout (below WARNING) and stderr (WARNING and up), flushed per line. A run log
     opened before (`open_run_log`) stays."""

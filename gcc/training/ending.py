@@ -30,7 +30,7 @@ from gcc.compat.composer_launcher import let_rank0_exit_first
 from gcc.compat.python import run_exit_handlers
 from gcc.redact import redact_text
 from gcc.training import output_capture
-from gcc.training.console import ALL_RANKS
+from gcc.training.console import ALL_RANKS, RUN_LOG_ONLY
 from gcc.training.ranks import rank, world_size
 from gcc.training.watchdog import stop_watchdogs
 from gcc.workers import PREEMPTION_SIGNALS, stop_forkserver
@@ -45,6 +45,18 @@ END_BARRIER_S = 60.0
 END_ARRIVED, END_LEFT = "gcc/end/arrived", "gcc/end/left"
 
 
+# set in the ranks' environment by gcc-launch (gcc/launcher.py): the launcher names a rank that crashed on its
+# console itself, so a peer's own words about it go to train.log alone
+LAUNCHER_NAMES_CRASHES = "GCC_LAUNCHER_NAMES_CRASHES"
+
+
+class PeerGone(Exception):
+    """This rank's collective failed because another rank's process is gone (it crashed or was killed): not this
+    rank's error, so one line and `exit_codes.PEER_LOST`, no traceback (the crashed rank's own output says why)."""
+
+    exit_code = exit_codes.PEER_LOST
+
+
 def end(run: Callable[[], int]) -> int:
     """Run `run` (the launch on this rank, returning its exit code) and end the launch: at once on a fault (5-8,
     `leave_on_fault`), else in order (`end_launch`). Returns the code for the process's exit (gcc/training/entry.py).
@@ -56,6 +68,11 @@ def end(run: Callable[[], int]) -> int:
         if code in exit_codes.FAULTS:
             leave_on_fault(code)
         return end_launch(code)
+    except PeerGone as e:  # no end barrier: the peer never gets there
+        where = {**ALL_RANKS, **RUN_LOG_ONLY} if os.environ.get(LAUNCHER_NAMES_CRASHES) else ALL_RANKS
+        logger.error(f"rank {rank()}: {e}", extra=where)
+        stop_threads()
+        return e.exit_code
     except BaseException:  # Python's own traceback follows, on the console and in train.log (its stderr)
         stop_threads()
         raise

@@ -35,7 +35,23 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print every config key (type, default, meaning) and exit; with a yaml, its resolved values too",
     )
+    p.add_argument("--all", action="store_true", help="with --print_config: the test-only faults.* keys too")
     return p
+
+
+def checked_config(yaml: str, overrides: list[str], world: int | None) -> TrainConfig:
+    """The config of a launch of `world` ranks (None: not known yet) and what it names, checked before any work
+    (raises ConfigError, BadInput, StorageUnavailable or Refusal): every rank's check, and gcc-launch's before any
+    rank starts."""
+    cfg = load_config(yaml, overrides)
+    if world is not None:
+        cfg.per_rank_batch(world)
+    check_inputs(cfg)
+    return cfg
+
+
+VERDICTS = (ConfigError, BadInput, StorageUnavailable, Refusal)  # the config's verdicts (BadInput: a setting such
+# as AWS_MAX_ATTEMPTS): each is one line and its exit code (gcc.errors.launch_verdict)
 
 
 def prepare(argv: list[str] | None, capture_output: bool = False) -> TrainConfig | int:
@@ -50,17 +66,16 @@ def prepare(argv: list[str] | None, capture_output: bool = False) -> TrainConfig
     if args.yaml is None and not args.print_config:
         p.error("the yaml is required (or --print_config)")
     try:  # every rank checks the config and what it names before any work: the same verdict everywhere
-        cfg = load_config(args.yaml, args.overrides)
         if args.print_config:  # what the config says, nothing it names checked: no run starts
-            print("\n".join(describe(cfg if args.yaml is not None else None)))
+            cfg = load_config(args.yaml, args.overrides)
+            print("\n".join(describe(cfg if args.yaml is not None else None, test_only=args.all)))
             return exit_codes.OK
-        cfg.per_rank_batch(world_size())
-        check_inputs(cfg)
+        cfg = checked_config(args.yaml, args.overrides, world_size())
         configure_logging(cfg.log_level, rank())
         # every rank: rank 0's lines, each rank's own warnings and, in a launch's process, everything else each
         # rank prints, from here on (docs/training.md, "The run folder")
         open_run_log(cfg.run_dir, rank(), world_size(), capture_output)
-    except (ConfigError, BadInput, StorageUnavailable, Refusal) as e:  # BadInput: a setting such as AWS_MAX_ATTEMPTS
+    except VERDICTS as e:
         code, line = launch_verdict(e)
         logger.error(line)
         return code
@@ -97,6 +112,8 @@ def run(argv: list[str]) -> NoReturn:
         code = main(argv, capture_output=True)
     except SystemExit as e:
         code = code_of(e)
+    except KeyboardInterrupt:  # Ctrl-C before the run took it over (a preemption then): nothing started to save
+        code = exit_codes.INTERRUPTED
     except BaseException:
         sys.excepthook(*sys.exc_info())
         code = 1

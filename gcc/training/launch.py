@@ -34,16 +34,16 @@ from gcc.provenance import Provenance, this_code
 from gcc.redact import redact
 from gcc.storage import join
 from gcc.training.checkpoint_store import CheckpointStore, Head, store_for
-from gcc.training.config import ConfigError, TrainConfig, signed_values
+from gcc.training.config import DECAYING, ConfigError, TrainConfig, duration_in_batches, signed_values
 from gcc.training.ranks import node_rank, world_size
 from gcc.training.run_folder import (
+    FIRST_CHECKPOINT,
     REPLACED,
     Refusal,
     RunLock,
     check_run_folder,
     checkpoint_step,
     ckpt_dir,
-    diff_signatures,
     file_digest,
     identity,
     is_complete,
@@ -52,9 +52,11 @@ from gcc.training.run_folder import (
     set_aside,
     stored_record,
     what_a_restart_loses,
+    why_not_remade,
     with_launch,
     write_record,
 )
+from gcc.training.signature import diff_signatures
 
 logger = logging.getLogger(__name__)
 
@@ -83,30 +85,71 @@ def train_clips(manifest: dict, limit: int | None) -> int:
     return min(n, limit) if limit else n
 
 
+def steps_per_epoch(n_train: int, world: int, per_rank_batch: int) -> int:
+    """Streaming gives every rank ceil(n / world) samples an epoch (it pads with repeats); the partial last batch
+    is dropped (builders.build_train_loader)."""
+    return -(-n_train // world) // per_rank_batch
+
+
+def schedule_horizon(cfg: TrainConfig, manifest: dict[str, Any]) -> int:
+    """The batches the lr schedule runs over: max_duration at this launch (epochs at its global batch)."""
+    n = train_clips(manifest, cfg.data.limit)
+    return duration_in_batches(cfg.max_duration, steps_per_epoch(n, world_size(), cfg.per_rank_batch(world_size())))
+
+
+SCHEDULE_HORIZON = "scheduler.horizon"  # run signature: a decaying schedule's max_duration, in batches
+
+
+def schedule_jump(cfg: TrainConfig, stored: dict[str, Any], horizon: int, step: int | None) -> str:
+    """For a decaying schedule (config.DECAYING) whose horizon the stored signature holds and this launch changes:
+    what the change would do to the rate at the resumed step (the lr factor before and after); "" otherwise."""
+    old = stored.get(SCHEDULE_HORIZON)
+    if cfg.scheduler.name not in DECAYING or not isinstance(old, int) or old == horizon:
+        return ""
+    from gcc.training.schedule import composer_scheduler, lr_factor  # Composer's schedulers
+
+    s = cfg.scheduler
+    scheduler = composer_scheduler(s.name, s.t_warmup, s.alpha_f)
+    at = (step or 0) + 1
+    before, after = lr_factor(scheduler, at, old), lr_factor(scheduler, at, horizon)
+    return (
+        f"\nmax_duration {old} -> {horizon} batches changes the schedule: {s.name} decays over max_duration, so at "
+        f"step {at} the lr factor would jump from {before:.3f} to {after:.3f}. A decaying schedule's length is part "
+        f"of the run: relaunch with max_duration={old}, or start a longer run in another run_dir "
+        f"(constant_with_warmup may be extended on resume)"
+    )
+
+
 def data_name(cfg: TrainConfig, manifest: dict[str, Any]) -> str:
     """The data's name for export metadata (`data`): the manifest's `name` (convert_data --name, checked when the
     manifest was read); a manifest of an earlier convert_data has none, and then the conversion folder's name."""
     return manifest.get("name") or cfg.data.path.rstrip("/").rsplit("/", 1)[-1]
 
 
-def run_signature(cfg: TrainConfig, manifest_bytes: bytes, known: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_signature(
+    cfg: TrainConfig, manifest_bytes: bytes, known: dict[str, Any] | None = None, horizon: int | None = None
+) -> dict[str, Any]:
     """Everything that makes two launches the same run (docs/design.md §9.3): the value of every field declared
     `identity=True` (gcc/training/config.py), and for a field that names a file or the data, what identifies it
     (the key its declaration names), computed here. Every other field may change on resume: max_duration, global
     batch (a change continues at the next epoch: gcc/training/batch_change.py), micro-batch/accumulation split,
-    workers, logging, export/checkpoint/validation cadence; so may the GPU/node count."""
+    workers, logging, export/checkpoint/validation cadence; so may the GPU/node count. A decaying schedule
+    (cosine, linear decay) runs over max_duration: its `horizon` (max_duration in batches at this launch; by
+    default max_duration given in batches) is signed too, so that a relaunch cannot make its rate jump."""
     m = cfg.model
     known = known or {}
     base = ""
     if m.model_dir:
         index = Path(m.model_dir) / "diffusion_pytorch_model.safetensors.index.json"
         base = storage.sha256_file(index) if index.exists() else os.path.realpath(m.model_dir)
-    computed = {  # under the key each field declares as its identity
+    computed: dict[str, Any] = {  # under the key each field declares as its identity
         "model.base_weights": base,  # model.model_dir
         "model.init_ckpt": file_digest(m.init_ckpt, known.get("model.init_ckpt")) if m.init_ckpt else "",
         "model.legacy_zero_ckpt": os.path.realpath(m.legacy_zero_ckpt) if m.legacy_zero_ckpt else "",
         "data.manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest(),  # data.path: the data by its content
     }
+    if cfg.scheduler.name in DECAYING:
+        computed[SCHEDULE_HORIZON] = horizon if horizon is not None else cfg.max_duration
     return redact({**signed_values(cfg), **computed})  # a credential in a path or URL never reaches run.json
 
 
@@ -201,26 +244,39 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
     )
     store, launch, committed_files = store_for(cfg.save_folder), "", None
     remote_record = adopt_remote_record(store, run_dir) if store is not None else None
-    old = stored_record(run_dir) or remote_record
+    local = stored_record(run_dir)
+    old = local or remote_record
     known = (old or {}).get("signature")
+    horizon = schedule_horizon(cfg, manifest)
     try:  # a moved init_ckpt keeps the digest recorded at the first launch (a resume loads the checkpoint)
-        signature = run_signature(cfg, manifest_bytes, known=known)
+        signature = run_signature(cfg, manifest_bytes, known=known, horizon=horizon)
     except FileNotFoundError as e:
         raise ConfigError(missing_init_ckpt(e.filename, run_dir, (known or {}).get("model.init_ckpt"))) from None
-    lineage = {"init_ckpt": os.path.realpath(cfg.model.init_ckpt) if cfg.model.init_ckpt else ""}
-    record, _ = identity(run_dir, signature, lineage, adopted=remote_record)
+    lineage = {
+        "init_ckpt": os.path.realpath(cfg.model.init_ckpt) if cfg.model.init_ckpt else "",
+        FIRST_CHECKPOINT: None,  # none committed yet (CheckpointRotation records the first)
+    }
+    try:
+        record, _ = identity(run_dir, signature, lineage, adopted=remote_record)
+    except Refusal as e:  # a decaying schedule's horizon changed: say what it does to the rate
+        resumed = plan_repair(run_dir).latest
+        at = checkpoint_step(resumed) if resumed is not None else None
+        raise Refusal(f"{e}{schedule_jump(cfg, known or {}, horizon, at)}") from None
     repair = plan_repair(run_dir) if cfg.autoresume else None
     latest = repair.latest if repair is not None else None
     committed = store.head() if store is not None else None  # read only: the claim comes after every check
+    restart = ""  # what a start over after a launch killed before its first checkpoint moves aside
     if latest is None and not (cfg.autoresume and committed is not None and committed.checkpoint):
         # nothing to resume: a start from step 0
-        check_fresh_start(cfg, run_dir, committed, repair.doomed if repair is not None else ())
+        restart = check_fresh_start(cfg, run_dir, committed, repair.doomed if repair is not None else (), local)
     hold_cache(cfg, lock)  # the last check (the default cache is in the run folder: its lock file is a first write)
     # only now, every check passed, the first writes: a refused launch leaves the prefix (and its live owner) and
     # the run folder alone
     provenance = this_code()
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    record = with_launch(record, {"time": when, "world": world_size(), **provenance.as_dict()})
+    resumes = [checkpoint_step(c) for c in (latest, committed.checkpoint if committed else None) if c]
+    from_step = max(resumes) if resumes and cfg.autoresume else 0  # the step this launch resumes from
+    record = with_launch(record, {"time": when, "world": world_size(), "from_step": from_step, **provenance.as_dict()})
     if store is not None:
         launch = store.claim()
         store.write_record(record)  # the prefix's copy too: a fresh machine adopts the whole launch history
@@ -235,9 +291,15 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
             committed_files = head.files  # what every node verifies its copy against (fetch_on_this_node)
             if not store.whole_here(remote, run_dir, head.files):
                 latest = store.fetch(remote, run_dir, head.files)
-    if latest is None and cfg.allow_existing and what_a_restart_loses(run_dir):
+    if latest is None and (cfg.allow_existing or restart) and what_a_restart_loses(run_dir):
         moved = set_aside(run_dir, time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
-        logger.info(f"allow_existing: starting over in {run_dir}; what the run had written is now in {moved}")
+        if restart:
+            logger.info(
+                f"{run_dir}: its launch stopped before the run's first checkpoint, so there is nothing to resume: "
+                f"starting the run over from step 0; what that launch wrote ({restart}) is now in {moved}"
+            )
+        else:
+            logger.info(f"allow_existing: starting over in {run_dir}; what the run had written is now in {moved}")
     return RunStart(
         manifest=manifest,
         lineage=record["lineage"],
@@ -263,12 +325,20 @@ def missing_init_ckpt(path: str, run_dir: Path, recorded: Any) -> str:
     return message
 
 
-def check_fresh_start(cfg: TrainConfig, run_dir: Path, committed: Head | None, doomed: tuple[Path, ...] = ()) -> None:
+def check_fresh_start(
+    cfg: TrainConfig,
+    run_dir: Path,
+    committed: Head | None,
+    doomed: tuple[Path, ...] = (),
+    record: dict[str, Any] | None = None,
+) -> str:
     """A launch with nothing to resume starts from step 0. It must not destroy what the run wrote: a run folder
     holding exports, log rows or checkpoints is refused unless `allow_existing` (they are then moved aside, not
-    deleted), and a prefix holding a committed checkpoint always (its rotation would delete them); `doomed`: the
+    deleted), or unless its run never committed a checkpoint (a launch killed before its first one: `record`, the
+    folder's run.json, and `run_folder.why_not_remade` say so), whose relaunch starts over, moving them aside
+    too; a prefix holding a committed checkpoint is refused always (its rotation would delete them). `doomed`: the
     partial checkpoints the repair deletes, which lose nothing. The weights such a start loads must exist
-    (ConfigError: exit 2)."""
+    (ConfigError: exit 2). Returns what such a relaunch moves aside ("" for nothing, or `allow_existing`)."""
     m = cfg.model
     for key, path, kind in (
         ("model.init_ckpt", m.init_ckpt, "file"),
@@ -287,13 +357,19 @@ def check_fresh_start(cfg: TrainConfig, run_dir: Path, committed: Head | None, d
             f"Set autoresume=true to continue the run, or use another save_folder"
         )
     lost = what_a_restart_loses(run_dir, doomed)
-    if lost and not cfg.allow_existing:
-        why = "autoresume is off" if not cfg.autoresume else "it holds no checkpoint to resume from"
-        raise Refusal(
-            f"{run_dir}: holds {', '.join(lost)}, and {why}: a start from step 0 would overwrite them. "
-            f"Use another run_dir, or start over here on purpose with allow_existing=true (what the run "
-            f"wrote is then moved to {run_dir}/{REPLACED}/<time>/)"
-        )
+    if not lost or cfg.allow_existing:
+        return ""
+    if not cfg.autoresume:
+        why = "autoresume is off"
+    elif (not_remade := why_not_remade(record, run_dir, cfg.save_interval)) is None:
+        return ", ".join(lost)  # a launch killed before the run's first checkpoint: the relaunch starts over
+    else:
+        why = f"it holds no checkpoint to resume from ({not_remade})"
+    raise Refusal(
+        f"{run_dir}: holds {', '.join(lost)}, and {why}: a start from step 0 would overwrite them. "
+        f"Use another run_dir, or start over here on purpose with allow_existing=true (what the run "
+        f"wrote is then moved to {run_dir}/{REPLACED}/<time>/)"
+    )
 
 
 def adopt_remote_record(store: CheckpointStore, run_dir: Path) -> dict | None:

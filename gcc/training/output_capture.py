@@ -28,6 +28,7 @@ import contextlib
 import errno
 import faulthandler
 import os
+import re
 import select
 import signal
 import subprocess
@@ -48,6 +49,17 @@ DRAIN_S = 5.0
 # the signals that stop a launch: the writer outlives them, to write the rank's last lines
 IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 STREAMS = ((1, "stdout"), (2, "stderr"))
+
+
+# a terminal's control sequences (colours, cursor moves, a progress bar's redraws): CSI, OSC and the two-byte ones.
+# train.log holds the text of a line, never these (they would move a terminal's cursor when the file is shown)
+CONTROL_SEQUENCE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[ -/]*[0-~])")
+
+
+def plain(line: str) -> str:
+    """A line as train.log keeps it: its terminal control sequences removed, what a terminal last shows of a line
+    redrawn with carriage returns, masked for credentials, other control characters escaped."""
+    return printable(redact_text(CONTROL_SEQUENCE.sub("", line).rstrip("\r").rsplit("\r", 1)[-1]))
 
 
 def append(fd: int, text: str) -> None:
@@ -80,9 +92,11 @@ class LogLines:
         if final and self.pending:
             lines.append(self.pending)
             self.pending = ""
+        # a line of control sequences alone (a bar's cursor moves) is no line of the log
+        lines = [ln for ln in lines if not (ln.strip() and not CONTROL_SEQUENCE.sub("", ln).strip())]
         if lines and self.fd >= 0:
             stamp = utc_now()
-            shown = (printable(redact_text(ln.rstrip("\r").rsplit("\r", 1)[-1])) for ln in lines)
+            shown = (plain(ln) for ln in lines)
             try:
                 append(self.fd, "".join(f"{stamp} {self.source}: {ln}\n" for ln in shown))
             except OSError as e:

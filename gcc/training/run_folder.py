@@ -40,6 +40,7 @@ from gcc.compat.torch import DCP_METADATA
 from gcc.errors import BadInput, Refusal
 from gcc.locks import LockHeld, take_flock
 from gcc.storage import atomic_write, open_folder, sha256_file
+from gcc.training.signature import diff_signatures
 
 logger = logging.getLogger(__name__)
 
@@ -141,32 +142,6 @@ def file_digest(path: str, known: dict[str, Any] | None = None) -> dict[str, Any
     return {**stamp, "sha256": sha256_file(path)}
 
 
-# signature fields added after some runs were recorded, with the value those runs had
-ADDED_FIELDS = {
-    "parallelism": "ddp",  # before FSDP2 every CPU run (the only ones recorded) was DDP
-    "data.limit": None,
-}  # the whole train split
-# fields that earlier runs recorded and that may now change on resume (gcc/training/batch_change.py)
-DROPPED_FIELDS = ("global_batch",)
-
-
-def comparable(signature: dict[str, Any]) -> dict[str, Any]:
-    """A signature as compared: a file digest (path, size, mtime, sha256) compares by its sha256 only."""
-    signature = {**ADDED_FIELDS, **signature}
-    return {
-        k: (v.get("sha256", "") if isinstance(v, dict) else v) for k, v in signature.items() if k not in DROPPED_FIELDS
-    }
-
-
-def diff_signatures(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    old, new = comparable(old), comparable(new)
-    return [
-        f"{k}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}"
-        for k in sorted(set(old) | set(new))
-        if old.get(k) != new.get(k)
-    ]
-
-
 def stored_record(run_dir: Path) -> dict[str, Any] | None:
     """The run folder's run.json (None when there is none), read through `gcc.inputs` (a regular file, bounded);
     its CSV logs, which a resume reads and rewrites, must be regular files too. A Refusal naming the file
@@ -194,7 +169,13 @@ def stored_record(run_dir: Path) -> dict[str, Any] | None:
     return record
 
 
-LAUNCHES = "launches"  # run.json lineage: [{time, world, gcc_version, git_revision, git_dirty}, ...]
+# run.json lineage: [{time, world, from_step (0: a start; a launch of an earlier gcc has none), gcc_version,
+# git_revision, git_dirty}, ...]
+LAUNCHES = "launches"
+# run.json lineage: the step of the run's first committed checkpoint, null until there is one (a run started by an
+# earlier gcc: the first one committed since). A record of an earlier gcc without the key: whether its run committed
+# a checkpoint is read from what it wrote (`why_not_remade`)
+FIRST_CHECKPOINT = "first_checkpoint"
 
 
 def with_launch(record: dict[str, Any], launch: dict[str, Any]) -> dict[str, Any]:
@@ -203,6 +184,17 @@ def with_launch(record: dict[str, Any], launch: dict[str, Any]) -> dict[str, Any
     same run."""
     lineage = record["lineage"]
     return {**record, "lineage": {**lineage, LAUNCHES: [*lineage.get(LAUNCHES, []), launch]}}
+
+
+def record_first_checkpoint(run_dir: Path, step: int) -> bool:
+    """Note in run.json's lineage that the run committed a checkpoint (`FIRST_CHECKPOINT`), once: from then on a
+    folder of this run without checkpoints is one whose checkpoints were deleted, never restarted by a relaunch
+    (`why_not_remade`). True when run.json was written."""
+    record = stored_record(run_dir)
+    if record is None or record["lineage"].get(FIRST_CHECKPOINT) is not None:
+        return False
+    write_record(run_dir, {**record, "lineage": {**record["lineage"], FIRST_CHECKPOINT: step}})
+    return True
 
 
 def check_identity(run_dir: Path, signature: dict[str, Any], lineage: dict[str, Any]) -> dict[str, Any]:
@@ -239,8 +231,8 @@ def identity(
             f"{run_dir}: holds a run with a different signature; these fields differ "
             f"(stored -> now):\n  "
             + "\n  ".join(diffs)
-            + "\nOnly max_duration, the GPU/node count, the global batch (the run then continues at the next "
-            "epoch), workers and logging may change on resume. Use another run_dir to start a different "
+            + "\nOnly max_duration (unless a decaying schedule runs over it), the GPU/node count, the global batch "
+            "(the run then continues at the next epoch), workers and logging may change on resume. Use another run_dir to start a different "
             "run."
         )
     return record, new
@@ -427,13 +419,56 @@ def what_a_restart_loses(run_dir: Path, doomed: tuple[Path, ...] = ()) -> list[s
     return found
 
 
+def _last_step(run_dir: Path) -> int:
+    """The newest step the run folder holds a log row or an export of (0 for none)."""
+    steps = [0]
+    for name in LOGS:
+        if (run_dir / name).exists():
+            _checked_log(run_dir / name)
+            try:
+                with inputs.open_text(run_dir / name, "csv") as f:
+                    cells = [line.split(",", 1)[0].strip() for line in list(f)[1:]]
+            except (OSError, BadInput):
+                continue
+            steps += [int(c) for c in cells if c.isdigit()]
+    steps += [int(m.group(1)) for p in run_dir.glob("step-*.safetensors") if (m := EXPORT_STEP_RE.match(p.name))]
+    return max(steps)
+
+
+EXPORT_STEP_RE = re.compile(r"^step-(\d+)(?:\.ema)?\.safetensors$")
+
+
+def why_not_remade(record: dict[str, Any] | None, run_dir: Path, first_save: int) -> str | None:
+    """None when a start from step 0 remakes everything the run in `run_dir` wrote, because it never committed a
+    checkpoint (killed before its first one): run.json's lineage says so (`FIRST_CHECKPOINT` null), or, for a
+    record of an earlier gcc, which has no such key, no log row or export is later than the first save point
+    (`first_save`: save_interval), so that no checkpoint can have been committed and deleted since. Else why not:
+    the reason a relaunch refuses to start over (`record` None: no run.json, the run is unknown)."""
+    if record is None:
+        return "no run.json says which run wrote them"
+    lineage = record["lineage"]
+    if FIRST_CHECKPOINT in lineage:
+        step = lineage[FIRST_CHECKPOINT]
+        return None if step is None else f"its run committed a checkpoint at step {step} (run.json), gone since"
+    last = _last_step(Path(run_dir))
+    if last <= first_save:
+        return None
+    return f"it holds step {last}'s rows or export, past the first checkpoint (save_interval={first_save}), gone since"
+
+
 def set_aside(run_dir: Path, stamp: str) -> Path:
     """Start over on purpose (`allow_existing: true`): move everything a run wrote into
     `<run_dir>/replaced/<stamp>/`, so that nothing is lost; run.json (the same signature) and the cache stay."""
     run_dir = Path(run_dir)
     os.close(open_folder(run_dir, REPLACED))  # a link there is refused: what the run wrote stays in the run folder
-    dest = run_dir / REPLACED / stamp
-    dest.mkdir(exist_ok=False)
+    dest, n = run_dir / REPLACED / stamp, 1
+    while True:  # two starts over within a second (a launch killed at once, relaunched at once): the next free name
+        try:
+            dest.mkdir()
+            break
+        except FileExistsError:
+            n += 1
+            dest = run_dir / REPLACED / f"{stamp}-{n}"
     for pattern in OUTPUTS:
         for p in sorted(run_dir.glob(pattern)):
             os.replace(p, dest / p.name)

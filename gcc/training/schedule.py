@@ -47,10 +47,18 @@ def step_scheduler(optimizer: torch.optim.Optimizer, scheduler: ComposerSchedule
     warnings.filterwarnings("ignore", message="The warmup duration is 0", category=UserWarning)
 
     def multiplier(done: int) -> float:  # LambdaLR passes the number of steps already taken
-        at = types.SimpleNamespace(timestamp=Timestamp(batch=done + 1), max_duration=max_duration, dataloader_len=None)
-        return float(scheduler(at))  # the parts of State a scheduler counting batches reads
+        return lr_factor(scheduler, done + 1, max_duration)
 
     return LambdaLR(optimizer, multiplier)
+
+
+def lr_factor(scheduler: ComposerScheduler, step: int, max_duration: Time | int) -> float:
+    """The rate's multiplier at optimizer step `step` (1-based) of a run of `max_duration` batches: Composer's
+    `scheduler` at batch `step` (also what a changed horizon would do to a resumed run: gcc/training/launch.py)."""
+    if isinstance(max_duration, int):
+        max_duration = Time.from_timestring(f"{max_duration}ba")
+    at = types.SimpleNamespace(timestamp=Timestamp(batch=step), max_duration=max_duration, dataloader_len=None)
+    return float(scheduler(at))  # the parts of State a scheduler counting batches reads
 
 
 def trainer_schedule_kwargs(optimizer: torch.optim.Optimizer, scheduler: ComposerScheduler, max_steps: int) -> dict:

@@ -30,6 +30,7 @@ from composer.utils import dist
 
 from gcc import exit_codes
 from gcc.compat.composer import run_after_checkpoint_saver
+from gcc.compat.torch import peer_gone
 from gcc.errors import RELAUNCH, Refusal, exit_for, launch_verdict
 from gcc.model.dit import count_params
 from gcc.sampling.vae import VaeError
@@ -40,8 +41,8 @@ from gcc.training.callbacks.train_stats import peak_rss_gb
 from gcc.training.checkpoint_store import TakenOver
 from gcc.training.config import ConfigError, resolve_duration
 from gcc.training.console import ALL_RANKS
-from gcc.training.ending import end
-from gcc.training.launch import agree_on_start, fetch_on_this_node, train_clips
+from gcc.training.ending import PeerGone, end
+from gcc.training.launch import agree_on_start, fetch_on_this_node, steps_per_epoch, train_clips
 from gcc.training.peer_fault import announce, peer_fault
 from gcc.training.ranks import rank, world_size
 from gcc.training.run_folder import RunLock, repair_checkpoints
@@ -70,6 +71,11 @@ def run(cfg) -> int:
             announce(rank(), *fault)
         else:  # a collective that failed because a peer stopped on a fault: that fault's code, not ours
             fault = peer_fault(rank(), include_own=True)
+            if fault is None and peer_gone(e):  # a peer crashed or was killed: its own output says why
+                raise PeerGone(
+                    f"stopped: another rank's process is gone (a crash or a kill; the launcher says which), so "
+                    f"this collective failed: {str(e).splitlines()[-1]}"
+                ) from None
             if fault is None:
                 raise
         code, message = fault
@@ -98,7 +104,7 @@ def _run(cfg) -> int:
         return code
     if isinstance(cfg.max_duration, str):  # epochs: batches from this launch's train split and global batch
         given = cfg.max_duration
-        resolve_duration(cfg, B.steps_per_epoch(train_clips(start.manifest, cfg.data.limit), world, per_rank))
+        resolve_duration(cfg, steps_per_epoch(train_clips(start.manifest, cfg.data.limit), world, per_rank))
         logger.info(f"max_duration {given}: {cfg.max_steps} batches at this launch's global batch")
     resumed = start.resumed
     if resumed and start.resumed_step >= cfg.max_steps:

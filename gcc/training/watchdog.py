@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gcc import exit_codes
+from gcc.training import output_capture
 from gcc.training.console import ALL_RANKS  # each rank's own line: on its console and in train.log
 from gcc.workers import wait_readable
 
@@ -78,6 +79,8 @@ class StallWatchdog:
         self.announce, self.grace_s = announce, grace_s
         self._due: dict[str, tuple[float, str]] = {}
         self._on_signal: dict[int, tuple[float, str]] = {}
+        self._on_repeat: dict[int, tuple[int, str]] = {}  # signal -> (exit code, reason) when it comes a second time
+        self._seen: set[int] = set()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -92,6 +95,12 @@ class StallWatchdog:
         self._on_signal[int(signum)] = (float(seconds), reason)
         signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
 
+    def exit_on_repeat(self, signum: int, code: int, reason: str) -> None:
+        """When `signum` comes a second time, exit at once with `code` (after an error line naming `reason`),
+        whatever the main thread is doing: a second Ctrl-C stops a rank that is still finishing its step or its
+        save. Call after `on_signal` for `signum` (its handler and the wakeup fd)."""
+        self._on_repeat[int(signum)] = (code, reason)
+
     def arm(self, name: str, seconds: float, reason: str) -> None:
         self._due[name] = (time.monotonic() + seconds, reason)
 
@@ -103,6 +112,7 @@ class StallWatchdog:
         if self._on_signal:
             signal.set_wakeup_fd(-1)
             self._on_signal.clear()
+            self._on_repeat.clear()
 
     def stop(self, timeout_s: float) -> bool:
         """End the thread and wait for it (call from the main thread); False if it is still running."""
@@ -137,6 +147,9 @@ class StallWatchdog:
                 except BlockingIOError:
                     caught = b""
                 for signum in caught:
+                    if signum in self._on_repeat and signum in self._seen:
+                        self._leave(*self._on_repeat[signum])
+                    self._seen.add(signum)
                     key = f"signal {signum}"
                     if signum in self._on_signal and key not in self._due:
                         seconds, reason = self._on_signal[signum]
@@ -153,6 +166,11 @@ class StallWatchdog:
             self.announce(exit_codes.STALLED, reason)
             time.sleep(self.grace_s)
         os._exit(exit_codes.STALLED)
+
+    def _leave(self, code: int, reason: str) -> None:
+        log.error(f"rank {self.rank}: {reason}; exiting with code {code}", extra=ALL_RANKS)
+        output_capture.drain()
+        os._exit(code)
 
     def stop_for_peer(self, code: int, message: str) -> None:
         """Another rank stopped the run (gcc.training.peer_fault): its code; after a stall, this rank's stacks too."""

@@ -64,3 +64,27 @@ def test_a_rank_waiting_for_rank_0_leaves_with_its_code_on_the_launchers_sigterm
     finally:
         timer.cancel()
     assert e.value.code == 3
+
+
+def test_gcc_launchs_parser_reads_a_command_line_as_the_launchers_own():
+    """gcc-launch reads the launcher's command line before Composer loads (gcc/compat/composer_launcher.py
+    `launcher_parser`): the same options, each taking a value or not as Composer's, and the same reading."""
+    from gcc.compat.composer_launcher import launcher_args, launcher_parser
+
+    def options(parser):
+        return {
+            tuple(a.option_strings): (a.nargs, a.type, a.const)
+            for a in parser._actions
+            if a.option_strings and a.dest not in ("help", "version")
+        }
+
+    assert options(launcher_parser()) == options(launcher._get_parser())
+    for argv in (
+        ["-n", "8", "gcc/train.py", "yamls/sft_v10.yaml", "max_duration=20ba"],
+        ["--world_size", "16", "--node_rank", "1", "--master_addr", "h", "--master_port", "29500", "-n", "8", "t.py"],
+        ["-v", "--stdout", "o{rank}", "--stderr", "e{rank}", "-m", "gcc.train", "a", "--b", "-c"],
+    ):
+        assert vars(launcher_args(argv)) == {
+            k: v for k, v in vars(launcher._get_parser().parse_args(argv)).items() if k != "version"
+        }
+    assert launcher_args(["--help"]) is None and launcher_args(["-n"]) is None

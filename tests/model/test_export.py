@@ -91,6 +91,7 @@ def test_export_keys_dtypes_metadata(tmp_path):
         "data_limit": "",
         "git_revision": "",
         "git_dirty": "",
+        "preset": "",
     }
     info = check_gc_ckpt(path, vocab="parts")
     assert info["n_keys"] == len(keys) and info["num_layers"] == 2

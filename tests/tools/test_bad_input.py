@@ -764,9 +764,10 @@ CASES: dict[str, Case] = {
         2,
         lambda w: (_sample(w, "--n", "1", data_root=_garbage_table(w)), ["table.safetensors", "not a text table"]),
     ),
+    # a clip whose files are damaged: reported, the others judged, exit 6 at the end (docs/sample.md)
     "sample-prepared-meta-not-utf8": (
         "gcc-sample",
-        2,
+        6,
         lambda w: (
             _sample(w, "--clip_ids", "clip00000", data_root=_prep_break(w, "meta/clip00000.json", NOT_UTF8)),
             ["clip00000.json", "not UTF-8"],

@@ -13,6 +13,7 @@ import pytest
 from _gc_helpers import export_metadata, tiny_dit
 from hostile import time_limit
 
+from gcc import exit_codes
 from gcc.inputs import safetensors_header
 from gcc.model.export import save_gc
 from gcc.tools.compare import main
@@ -308,3 +309,29 @@ def test_a_fifo_as_a_log_is_refused_not_waited_on(uninterrupted, tmp_path, capsy
     with time_limit(10):
         assert main([str(uninterrupted), str(b)]) == 2
     assert f"{b / 'val_log.csv'}: is a FIFO (named pipe)" in _one_error(capsys)
+
+
+def test_runs_of_other_identities_are_named_first_and_never_agree(uninterrupted, tmp_path, capsys):
+    """Two run folders whose run.json signatures differ (another preset, another lr under its old name) are other
+    runs: the differing fields come first, by the config's names of now, and they do not agree even where the
+    numbers would; the same signature compares as before."""
+    import json
+    import shutil
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(uninterrupted, a)
+    shutil.copytree(uninterrupted, b)
+    signature = {"model.preset": "tiny", "optim.lr": 0.001, "seed": 0}
+    (a / "run.json").write_text(json.dumps({"signature": signature, "lineage": {}}))
+    (b / "run.json").write_text(json.dumps({"signature": signature, "lineage": {}}))
+    assert main([str(a), str(b)]) == 0
+    capsys.readouterr()
+    other = {**signature, "model.preset": "wide", "optim.lr": 0.002}
+    (b / "run.json").write_text(json.dumps({"signature": other, "lineage": {}}))
+    assert main([str(a), str(b)]) == exit_codes.DIFFER
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (
+        "gcc-compare: different runs: their run.json signatures differ (RUN_A -> RUN_B): "
+        "model.preset: 'tiny' -> 'wide'; optimizer.lr: 0.001 -> 0.002"
+    )
+    assert out[-1] == "gcc-compare: they differ: other run identities (above)"

@@ -168,3 +168,33 @@ def test_a_fifo_as_a_log_is_refused_not_waited_on(tmp_path, capsys):
     with time_limit(10):
         assert plot.main([str(tmp_path)]) == 2
     assert f"{tmp_path / 'train_log.csv'}: is a FIFO (named pipe)" in _one_error(capsys)
+
+
+def test_several_runs_are_overlaid_with_their_resumes_and_batch_changes_marked(tmp_path, capsys):
+    """`gcc-plot A B`: both runs' curves in one PNG (a colour each), and each run's resumes and global-batch changes
+    from its run.json marked at their step (a run.json of an earlier gcc, without `from_step`: none)."""
+    import json
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+        _run_folder(d)
+    lineage = {
+        "init_ckpt": "",
+        "launches": [{"time": "t", "world": 2, "from_step": 0}, {"time": "t", "world": 1, "from_step": 18}],
+        "global_batch_changes": [{"step": 30, "old": 4, "new": 2}],
+    }
+    (a / "run.json").write_text(json.dumps({"signature": {}, "lineage": lineage}))
+    (b / "run.json").write_text(json.dumps({"signature": {}, "lineage": {"launches": [{"time": "t", "world": 2}]}}))
+    assert plot.main([str(a), str(b)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        f"gcc-plot: wrote {a / 'curves-overlay.png'} (2 runs)",
+        "gcc-plot: a: resumed at step 18",
+        "gcc-plot: a: batch 4 -> 2 at step 30",
+    ]
+    img = np.asarray(Image.open(a / "curves-overlay.png").convert("RGB"), dtype=np.int16)
+    loss = img[:340, :400]  # the loss panel: a curve of each run's colour (matplotlib's C0 and C1)
+    for rgb in ((31, 119, 180), (255, 127, 14)):
+        assert (np.abs(loss - rgb).sum(axis=2) < 40).sum() > 50, rgb
+    assert _colored_panels(a / "curves-overlay.png") == [[True] * 4, [True] * 3 + [False]]

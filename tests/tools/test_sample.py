@@ -554,3 +554,57 @@ def test_clip_ids_that_leave_out_dir_are_refused(assets, tmp_path, capsys, monke
     )
     assert "splits.val.clip_ids" in capsys.readouterr().err
     assert not (tmp_path / "a" / "escape").exists() and not out.exists()
+
+
+def _legacy(path: Path, out: Path, drop: tuple[str, ...]) -> Path:
+    """A copy of the export `path` without the metadata keys `drop` (an export of the legacy trainer, or of an earlier
+    gcc)."""
+    with safe_open(str(path), "pt") as f:
+        tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    save_file(tensors, str(out), metadata={k: v for k, v in meta.items() if k not in drop})
+    return out
+
+
+def test_the_export_names_its_model_a_failing_clip_is_reported_and_the_others_go_on(
+    assets, prepared_tiny, tmp_path, capsys, caplog
+):
+    """docs/sample.md: without --model the export's own preset (its metadata) is built; the console gets rounded
+    numbers and a one-screen summary; a clip that cannot be read is reported with its reason in metrics.json while
+    the others are judged (exit 6 at the end); an export of the legacy trainer, without preset and lineage keys, is
+    read with one warning (its layout names the preset)."""
+    import logging
+    import shutil
+
+    ckpt = save_gc(
+        tiny_dit(seed=3).state_dict(), tmp_path / "step-1.safetensors", {**_meta("parts", ""), "preset": "tiny"}
+    )
+    args = ["--ckpt", str(ckpt), "--data", str(prepared_tiny), "--steps", "2", "--device", "cpu", "--no_progress"]
+    with caplog.at_level(logging.INFO):
+        assert cli.main([*args, "--out", str(tmp_path / "a"), "--n", "2"]) == 0
+    assert "model: tiny (the export's metadata; --model overrides it)" in caplog.text
+    out = capsys.readouterr().out
+    m = json.loads((tmp_path / "a" / "metrics.json").read_text())
+    assert m["model"] == "tiny" and m["failed"] == {}
+    mean = m["mean"]["class_agreement"]
+    [row] = [ln.split() for ln in out.splitlines() if ln.startswith("mean ")]  # the summary's table
+    assert row[1] == f"{mean:.3f}", out
+    assert "{" not in out and str(mean) not in out  # no raw json line, no unrounded number
+    assert f"metrics: {tmp_path / 'a' / 'metrics.json'}" in out
+
+    data = tmp_path / "data"
+    shutil.copytree(prepared_tiny, data)
+    (data / "latents" / f"{VAL_RR[0]}.safetensors").write_bytes(b"not a safetensors file")
+    caplog.clear()
+    legacy = _legacy(ckpt, tmp_path / "legacy.safetensors", ("preset", "resumed_from", "resumed_step"))
+    argv = [*args, "--ckpt", str(legacy), "--data", str(data), "--out", str(tmp_path / "b"), "--n", "2"]
+    with caplog.at_level(logging.INFO):
+        assert cli.main(argv) == exit_codes.DATA
+    m = json.loads((tmp_path / "b" / "metrics.json").read_text())
+    assert list(m["clips"]) == [VAL_RR[1]] and list(m["failed"]) == [VAL_RR[0]], m["failed"]
+    assert f"{VAL_RR[0]}.safetensors" in m["failed"][VAL_RR[0]]
+    assert m["mean"]["class_agreement"] == m["clips"][VAL_RR[1]]["class_agreement"]
+    err = capsys.readouterr().err
+    assert f"gcc-sample: error: 1 of 2 clip(s) failed: {VAL_RR[0]}: " in err and "Traceback" not in err
+    lineage = [r for r in caplog.records if "lineage fix" in r.getMessage()]
+    assert len(lineage) == 1 and "no resumed_from or resumed_step" in lineage[0].getMessage()
+    assert "model: tiny (the export's layout" in caplog.text

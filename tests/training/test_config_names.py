@@ -150,9 +150,10 @@ def test_print_config_lists_every_key_with_its_type_default_and_meaning(capsys):
     assert entry.main(["--print-config"]) == exit_codes.OK
     out = capsys.readouterr().out.splitlines()
     heads = [line for line in out if line and not line.startswith(" ")]
-    keys = [line.split(":")[0] for line in heads[: len(ROLES)]]
-    assert keys == list(ROLES)  # every key, dotted, in the declarations' order
-    meanings = {line.split(":")[0]: out[out.index(line) + 1].strip() for line in heads[: len(ROLES)]}
+    shown = [k for k in ROLES if not k.startswith("faults.")]  # the test-only keys: --all
+    keys = [line.split(":")[0] for line in heads[: len(shown)]]
+    assert keys == shown  # every key a run may set, dotted, in the declarations' order
+    meanings = {line.split(":")[0]: out[out.index(line) + 1].strip() for line in heads[: len(shown)]}
     assert all(meanings.values()), [k for k, v in meanings.items() if not v]  # each has its meaning
     assert 'max_duration: 20000  [batches (N or "Nba") | epochs ("Nep")]' in out
     assert (
@@ -180,6 +181,33 @@ def test_print_config_of_a_bad_config_is_a_config_error(capsys):
 
 def test_the_config_dataclasses_default_to_sft_v10():
     assert TrainConfig().max_steps == 20000 and TrainConfig().scheduler.t_warmup == 500
+
+
+def test_print_config_shows_the_test_only_keys_only_when_asked(capsys):
+    assert entry.main(["--print_config"]) == exit_codes.OK
+    out = capsys.readouterr().out
+    assert "\nfaults." not in out and "--print_config --all shows them" in out
+    assert entry.main(["--print_config", "--all"]) == exit_codes.OK
+    out = capsys.readouterr().out
+    assert all(f"\n{k}: " in out for k in ROLES if k.startswith("faults.")) and "--all shows them" not in out
+
+
+@pytest.mark.parametrize(
+    "override, said",
+    [
+        ("optimizer.learning_rate=1e-4", "optimizer.learning_rate (did you mean optimizer.lr?)"),
+        ("max_duraton=20", "max_duraton (did you mean max_duration?)"),
+        ("lr=1e-4", "lr (did you mean optimizer.lr?)"),  # the right word in another section
+        ("max_step=20", "max_step (did you mean max_duration (max_steps is its old name)?)"),
+        ("data.num_worker=2", "data.num_worker (did you mean data.num_workers?)"),
+        ("batch_size=4", "batch_size (did you mean global_train_batch_size or device_train_microbatch_size?)"),
+        ("nonsense=1", "nonsense"),
+    ],
+)
+def test_an_unknown_key_is_answered_with_the_closest_known_ones(override, said):
+    with pytest.raises(ConfigError) as e:
+        load_config(ROOT / "yamls" / "tiny_cpu.yaml", [override])
+    assert str(e.value).startswith(f"unknown key(s): {said}") and (said != "nonsense" or "did you" not in str(e.value))
 
 
 @pytest.mark.parametrize("given, expected", [("true", "block"), ("false", "none")])

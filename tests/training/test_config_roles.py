@@ -34,7 +34,8 @@ from gcc.training.config import (
     setting,
 )
 from gcc.training.launch import RunStart, run_signature
-from gcc.training.run_folder import check_identity, diff_signatures
+from gcc.training.run_folder import check_identity
+from gcc.training.signature import diff_signatures
 
 MANIFEST = b'{"x": 1}'
 
@@ -210,8 +211,8 @@ def test_the_old_keys_give_the_signature_of_the_new_ones(tmp_path):
         ("scheduler.name=cosine_with_warmup", "scheduler.name: '<absent>' -> 'cosine_with_warmup'"),
         ("scheduler.alpha_f=0.1", "scheduler.alpha_f: '<absent>' -> 0.1"),
         ("optimizer.eps=1e-6", "optimizer.eps: '<absent>' -> 1e-06"),
-        ("optimizer.betas=[0.9, 0.95]", "optim.betas: [0.9, 0.999] -> [0.9, 0.95]"),
-        ("scheduler.t_warmup=10ba", "optim.warmup_steps: 9 -> 10"),
+        ("optimizer.betas=[0.9, 0.95]", "optimizer.betas: [0.9, 0.999] -> [0.9, 0.95]"),
+        ("scheduler.t_warmup=10ba", "scheduler.t_warmup: 9 -> 10"),
     ],
 )
 def test_a_new_schedule_or_optimizer_setting_on_resume_is_another_run(tmp_path, override, entry):
@@ -252,6 +253,7 @@ def test_the_export_metadata_is_the_one_written_before_the_roles(tmp_path):
         *("first_frame_cond", "seed", "init_ckpt", "model_dir", "trainer", "resumed_from", "resumed_step"),
         "weights",  # added since (algorithms.ema); an export without it reads as raw
         *("data_limit", "git_revision", "git_dirty"),  # added since (issue 39); an export without them reads ""
+        "preset",  # added since (issue 50): model.preset; "" with model.overrides (this config's), and in older ones
     )
     cfg, wan, _ = _pinned_config(tmp_path)
     start = RunStart(
@@ -294,6 +296,7 @@ def test_the_export_metadata_is_the_one_written_before_the_roles(tmp_path):
         ("data_limit", "7"),
         ("git_revision", "c0ffee"),
         ("git_dirty", "False"),
+        ("preset", ""),
     ]
 
 

@@ -201,7 +201,8 @@ def test_signature_mismatch_names_every_field(tmp_path):
     check_identity(tmp_path, {**sig, "model.init_ckpt": {"path": "/y", "sha256": "aa", "size": 1}}, {})
     with pytest.raises(Refusal) as e:
         check_identity(tmp_path, {**sig, "optim.lr": 2e-5, "seed": 1}, {})
-    assert "optim.lr: 1e-05 -> 2e-05" in str(e.value) and "seed: 0 -> 1" in str(e.value)
+    # named as the config names them now (the signature keeps the names of the run's first launch)
+    assert "optimizer.lr: 1e-05 -> 2e-05" in str(e.value) and "seed: 0 -> 1" in str(e.value)
 
 
 def test_data_limit_is_null_or_a_positive_int():

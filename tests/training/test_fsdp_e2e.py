@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 from pathlib import Path
@@ -24,6 +25,7 @@ from _launch import (
     exact,
     export_tensors,
     finish,
+    kill_before_the_first_commit,
     launch,
     ok,
     rows,
@@ -150,6 +152,28 @@ def test_fsdp_preemption_writes_a_complete_sharded_checkpoint(e2e_shards, tmp_pa
     assert latest_step(run_dir) == stopped
     assert sorted(f.name for f in ckpt_folders(run_dir)[-1].iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert checkpoint_step(ckpt_folders(run_dir)[-1]) == stopped
+
+
+@pytest.mark.parametrize("seed", [1])
+def test_fsdp_a_kill_before_the_first_checkpoint_then_the_same_command_finishes_the_uninterrupted_run(
+    seed, fsdp_reference, e2e_shards, tmp_path
+):
+    """A SIGKILL at a random instant (seeded) before the run's first sharded checkpoint is committed (its background
+    write held, so the launch may be past the first save point, as an FSDP2 run with background saves often is):
+    the same command starts the run over (what the killed launch wrote moved to replaced/<time>/) and finishes it,
+    exactly the uninterrupted one: rows, the raw and the EMA exports (docs/training.md, "Resuming")."""
+    run_dir = tmp_path / "run"
+    p = start_bg(run_dir, e2e_shards, FSDP, AC, EMA, "faults.hold_async_write_step=3")
+    instant = kill_before_the_first_commit(p, random.Random(seed))
+    wrote = (run_dir / "train_log.csv").is_file() and len(rows(run_dir)) > 0
+    r = ok(launch(run_dir, e2e_shards, FSDP, AC, EMA))
+    assert ("its launch stopped before the run's first checkpoint" in r.stdout) == wrote, (instant, r.stdout[-3000:])
+    assert "resuming" not in r.stdout, instant
+    assert exact(rows(run_dir)) == exact(rows(fsdp_reference)), instant
+    for ema in ("", ".ema"):
+        a, _ = export_tensors(fsdp_reference / f"step-12{ema}.safetensors")
+        b, _ = export_tensors(run_dir / f"step-12{ema}.safetensors")
+        assert all(torch.equal(a[k], b[k]) for k in a), (instant, ema)
 
 
 def test_fsdp_world_size_changes_continue_the_run(fsdp_reference, e2e_shards, tmp_path):

@@ -62,10 +62,14 @@ def test_a_refused_launch_leaves_the_run_folder_as_it_was(e2e_shards, tmp_path):
 def test_a_refused_launch_leaves_partial_checkpoints_for_the_run_to_repair(e2e_shards, tmp_path):
     """The checkpoint repair (which deletes partial checkpoints) is a write too: a launch refused because a start
     from step 0 would overwrite an export leaves the partial checkpoint where it was (and does not count it as
-    something a start would lose)."""
+    something a start would lose). (The run had committed a checkpoint, gone since: a run that never had one would
+    start over: tests/training/test_trust_run.py.)"""
+    from gcc.training.run_folder import record_first_checkpoint
+
     run_dir = tmp_path / "run"
     _, lock = _prepare(_cfg(run_dir, e2e_shards))
     lock.release()
+    record_first_checkpoint(run_dir, 2)
     (run_dir / "step-2.safetensors").write_bytes(b"an export of this run")
     partial = run_dir / "checkpoints" / "ep0-ba3-rank0.pt"
     partial.parent.mkdir()

@@ -240,3 +240,20 @@ def test_the_password_of_an_unreachable_mlflow_uri_is_masked_on_the_console_and_
     assert "http://***@127.0.0.1:9" in log, log[-4000:]
     written = [p for p in run_dir.rglob("*") if p.is_file() and b"PASSWORD" in p.read_bytes()]
     assert "PASSWORD" not in console and "alice" not in console and not written, (written, console[-4000:])
+
+
+@pytest.mark.slow
+def test_wandb_without_a_login_is_one_line_naming_offline_and_wandb_login_and_exit_7(tmp_path, shards):
+    """W&B asked for, no API key anywhere (a fresh HOME, no WANDB_API_KEY) and not offline: the service refuses the
+    login. Before, a traceback and exit 1; now exit 7 (a tracking service: relaunch once it is fixed) and one line
+    that names the two ways out, WANDB_MODE=offline and `wandb login`."""
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(PYTHONPATH=str(ROOT), HOME=str(tmp_path / "home"), WANDB_DIR=str(tmp_path / "wandb"))
+    argv = cmd(run_dir, shards, "max_duration=1", "progress_bar=false", "loggers={wandb: {project: p}}", direct=True)
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    console = r.stdout + r.stderr
+    assert r.returncode == exit_codes.STORAGE and "Traceback" not in console, console[-4000:]
+    [line] = [ln for ln in console.splitlines() if "refused the login" in ln]
+    assert line.startswith("gcc.train: rank 0: W&B refused the login (") and "WANDB_MODE=offline" in line, line
+    assert "`wandb login`" in line

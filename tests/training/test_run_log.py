@@ -228,11 +228,48 @@ def test_train_logs_lines_are_cut_as_a_terminal_shows_them_and_a_full_disk_is_sa
     assert len(said) == 1 and "train.log cannot be written (No space left on device)" in said[0]
 
 
+def test_train_log_never_holds_a_terminals_control_sequences(tmp_path):
+    """What a rank writes to a terminal may move its cursor and colour its text (tqdm's bar, a library's colours,
+    a window title); train.log keeps the text alone, and drops a line that was nothing but cursor moves."""
+    from gcc.training.output_capture import LogLines
+
+    path = tmp_path / "train.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    lines = LogLines(fd, "rank 0 stderr")
+    lines.feed(b"\x1b[A\r  train  Epoch 0:  50%|##  | 6/12\x1b[K\n\x1b[A\x1b[A\n")
+    lines.feed(b"\x1b[1;31mWARNING\x1b[0m: red\x1b]0;a title\x07 \x1b(Bdone\n\x1b[2K\r\n")
+    os.close(fd)
+    text = path.read_text()
+    assert "\x1b" not in text and "\\x1b" not in text and "\\x07" not in text, text
+    got = [ln.split(" ", 1)[1] for ln in text.splitlines()]
+    assert got == ["rank 0 stderr:   train  Epoch 0:  50%|##  | 6/12", "rank 0 stderr: WARNING: red done"], got
+
+
+def test_the_progress_bar_draws_only_on_a_terminal_and_never_into_train_log(monkeypatch):
+    """The yaml's progress_bar only allows the bar: on a file or a pipe (a scheduler's log) it never draws, and on a
+    terminal it draws on the terminal itself, past train.log's capture (gcc/training/console.py)."""
+    from gcc.training import output_capture
+    from gcc.training.console import progress_bar_draws, progress_bar_stream
+
+    for tty, allowed, draws in ((False, True, False), (True, False, False), (True, True, True)):
+        monkeypatch.setattr("sys.stdout.isatty", lambda tty=tty: tty)
+        assert progress_bar_draws(allowed) is draws
+    console = os.pipe()
+    monkeypatch.setattr(output_capture, "console", lambda fd: console[1] if fd == 1 else fd)
+    stream = progress_bar_stream()
+    stream.write("bar\r")
+    stream.flush()
+    assert os.read(console[0], 16) == b"bar\r"
+    for fd in console:
+        os.close(fd)
+
+
 @pytest.mark.slow
 def test_a_native_crash_lands_in_train_log_with_every_ranks_and_the_launchers_lines(e2e_shards, tmp_path):
     """Rank 1 segfaults at step 1 (faults.native_crash_step), under `gcc-launch -n 2`: train.log holds its Python
     stacks (faulthandler) line by line under its name, rank 0's lines, the C++ lines of both ranks' c10d
-    (TORCH_CPP_LOG_LEVEL=INFO), and the launcher's line about the crashed rank. Before, it held rank 0's `gcc` lines
+    (TORCH_CPP_LOG_LEVEL=INFO), and the launcher's line about the crashed rank, which is all the console gets of
+    the crash. Before, it held rank 0's `gcc` lines
     alone: all of this was on the consoles only, rank 1's in files the launcher deletes."""
     run_dir = tmp_path / "run"
     argv = train_command(
@@ -259,7 +296,11 @@ def test_a_native_crash_lands_in_train_log_with_every_ranks_and_the_launchers_li
     )
     with p:
         out = finish(p, 300)
-    assert p.returncode != 0 and "Rank 1 crashed with exit code -11" in out, out[-3000:]
+    # gcc-launch's one line for it, the launch's code the crash's (128 + SIGSEGV), nothing of rank 0's collective
+    # that failed with it (its own line is in train.log) nor the launcher's blocks of every rank's output
+    line = "gcc-launch: rank 1 was ended by SIGSEGV (exit 139): Fatal Python error: Segmentation fault; its whole"
+    assert p.returncode == 139 and out.rstrip().splitlines()[-1].startswith(line), out[-3000:]
+    assert not any(w in out for w in ("Traceback", "Begin global rank", "Waiting up to")), out[-3000:]
     text = (run_dir / "train.log").read_text()
     crash = text.index(" rank 1 stderr: Fatal Python error: Segmentation fault\n")
     stack = text[crash:].split("\n\n", 1)[0]
@@ -270,7 +311,8 @@ def test_a_native_crash_lands_in_train_log_with_every_ranks_and_the_launchers_li
     assert " rank 0 INFO gcc.train: starting: world 2" in text
     for rank in (0, 1):
         assert re.search(rf" rank {rank} stderr: .*\[c10d\]", text), text[-3000:]
-    assert " launcher stderr: ERROR:composer.cli.launcher:Rank 1 crashed with exit code -11." in text
+    assert f" launcher stderr: {line}" in text
+    assert " rank 0 ERROR gcc.train: rank 0: stopped: another rank's process is gone" in text
 
 
 TERMINAL = r"""

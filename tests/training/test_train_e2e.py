@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import statistics
@@ -28,6 +29,7 @@ from _launch import (
     exact,
     export_tensors,
     finish,
+    kill_before_the_first_commit,
     launch,
     launch_logs,
     ok,
@@ -40,6 +42,7 @@ from _launch import (
 )
 
 from gcc.data import convert as C
+from gcc.launcher import gcc_launch
 from gcc.provenance import this_code
 from gcc.tools.compare import main as compare_main
 from gcc.training.config import RENAMED
@@ -81,7 +84,7 @@ def test_reference_run_outputs(reference, e2e_shards):
     assert f"  {code} ====" in log[0] and cfg["provenance"] == code.as_dict()
     record = json.loads((reference / "run.json").read_text())
     (launch_entry,) = record["lineage"]["launches"]  # one launch
-    assert launch_entry == {"time": launch_entry["time"], "world": 2, **code.as_dict()}
+    assert launch_entry == {"time": launch_entry["time"], "world": 2, "from_step": 0, **code.as_dict()}
     assert not any(k.startswith(("git", "gcc")) for k in record["signature"])
     for p in reference.glob("step-*.safetensors"):
         got = export_tensors(p)[1]
@@ -181,6 +184,70 @@ def test_exact_resume_after_sigkill(reference, e2e_shards, tmp_path):
     assert meta_b["resumed_step"] == "6" and meta_b["resumed_from"].endswith("-ba6-rank0.pt")
     assert meta_a["resumed_from"] == ""
     same_samples(reference, run_dir)  # step 12's by the resumed launch: the same pictures as uninterrupted
+
+
+@pytest.mark.parametrize("seed", [0])
+def test_a_kill_before_the_first_checkpoint_then_ctrl_c_then_the_same_command_finishes_the_uninterrupted_run(
+    seed, reference, e2e_shards, tmp_path
+):
+    """An operator's day (docs/training.md, "Resuming"). A SIGKILL at a random instant (seeded) before the run's
+    first checkpoint is committed (its background write held: `faults.hold_async_write_step`, so the launch may be
+    past the first save point): the same command starts the run over, moving what the killed launch wrote to
+    replaced/<time>/ with one line. Then Ctrl-C (SIGINT to the process group, as a terminal sends it): every rank
+    finishes its step, checkpoints and exits 0 with the "relaunch the same command" line. The same command again
+    finishes the run: exactly the uninterrupted one (gcc-compare)."""
+    run_dir = tmp_path / "run"
+    instant = kill_before_the_first_commit(
+        start_bg(run_dir, e2e_shards, "faults.hold_async_write_step=3"), random.Random(seed)
+    )
+    wrote = (run_dir / "train_log.csv").is_file() and len(rows(run_dir)) > 0
+    # through gcc-launch; the bar allowed, as sft_v10.yaml does, and a progress line a step; the output is a pipe
+    # (the Ctrl-C: the last rank sends SIGINT to the launch's process group as step 7 starts, as a terminal sends
+    # it to its foreground group)
+    p = start_bg(
+        run_dir, e2e_shards, "progress_bar=true", "console_log_interval=1", "faults.sigint_at_step=7", by=gcc_launch()
+    )
+    out = finish(p, 600)
+    assert p.returncode == 0, (instant, out[-4000:])
+    # a quiet end: the ranks' own lines, nothing of the launcher's (a traceback, its wait, rank blocks)
+    assert out.rstrip().splitlines()[-1].endswith("relaunch the same command to continue"), out[-3000:]
+    assert not any(w in out for w in ("Traceback", "Waiting up to", "----------Begin", "Killing")), out[-3000:]
+    assert ("its launch stopped before the run's first checkpoint" in out) == wrote, (instant, out[-4000:])
+    assert len(list((run_dir / "replaced").glob("*"))) == (1 if wrote else 0), instant
+    assert "preempted: stopped after step" in out and "relaunch the same command to continue" in out, out[-3000:]
+    at = int(out.split("preempted: stopped after step ")[1].split()[0])
+    assert checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt")) == at == 7
+    # no terminal: no progress bar (on any rank), the progress lines in its place; train.log plain text
+    log = (run_dir / "train.log").read_text()
+    assert "gcc.train: step 5/12  loss " in out and "%|" not in out + p.rank_output() + log
+    assert "\x1b" not in log and "\\x1b" not in log
+    r = launch(run_dir, e2e_shards, "optimizer.lr=5e-4", by=gcc_launch())
+    assert r.returncode == 3 and r.stderr.startswith("gcc.train: refused: ") and "Traceback" not in r.stderr
+    assert "  optimizer.lr: 0.001 -> 0.0005\n" in r.stderr  # the key's name now, as the command line gave it
+    assert r.stderr.count("gcc.train: ") == 1 and not any(w in r.stdout + r.stderr for w in ("Waiting up", "Begin"))
+    r = ok(launch(run_dir, e2e_shards))
+    assert "resuming from" in r.stdout and f"-ba{at}-rank0.pt" in r.stdout
+    assert exact(rows(run_dir)) == exact(rows(reference)), instant
+    assert compare_main([str(reference), str(run_dir)]) == 0  # the val rows and the raw exports too
+
+
+def test_a_second_ctrl_c_stops_at_once(e2e_shards, tmp_path):
+    """Ctrl-C while the rank cannot finish its step (its loader never delivers step 3's batch:
+    `faults.stall_step`) arms the preemption's grace; a second Ctrl-C stops it at once, exit 130, with one line
+    saying so and no checkpoint of the stalled step."""
+    run_dir = tmp_path / "run"
+    p = start_bg(run_dir, e2e_shards, "faults.stall_step=3", "preemption_grace_s=120", direct=True)
+    wait_for_step(run_dir, 2, p)
+    time.sleep(1)  # into the wait for step 3's batch
+    os.killpg(p.pid, signal.SIGINT)
+    time.sleep(1)
+    t0 = time.monotonic()
+    os.killpg(p.pid, signal.SIGINT)
+    out = finish(p, 60)
+    assert p.returncode == 130 and time.monotonic() - t0 < 15, out[-3000:]
+    assert "a second Ctrl-C (SIGINT): stopped at once, without a checkpoint" in out
+    assert "Traceback" not in out
+    assert not any("-ba3-" in c.name for c in (run_dir / "checkpoints").glob("ep*"))
 
 
 def _ranks_of(run_dir: Path) -> list[int]:
@@ -472,7 +539,7 @@ def test_preempted_in_the_step0_validation_then_a_changed_signature_refused_then
     assert [int(x["step"]) for x in step0] == [0, 0, 0]
     r = launch(run_dir, e2e_shards, "max_duration=2", "optimizer.lr=5e-4", "model.vocab=ids", "data.limit=8")
     assert r.returncode == 3
-    assert "optim.lr: 0.001 -> 0.0005" in r.stderr and "model.vocab: 'parts' -> 'ids'" in r.stderr
+    assert "optimizer.lr: 0.001 -> 0.0005" in r.stderr and "model.vocab: 'parts' -> 'ids'" in r.stderr
     assert "data.limit: None -> 8" in r.stderr
     assert "Traceback" not in r.stderr
     assert (run_dir / "train.log").read_text().count("refused: ") == 1  # rank 0's verdict, not one per rank

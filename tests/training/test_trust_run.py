@@ -340,3 +340,98 @@ def test_a_warm_started_runs_resume_is_refused_with_another_init_ckpt_and_stops_
     start = _prepare(run_dir, e2e_shards, f"model.init_ckpt={init}")
     assert start.resumed_step == 2
     assert json.loads((run_dir / "run.json").read_text())["signature"]["model.init_ckpt"]["sha256"] == digest
+
+
+def _used(run_dir: Path, last_step: int, export_step: int = 2) -> dict[str, bytes]:
+    """What a launch killed after step `last_step` leaves beside its run.json: train_log.csv rows up to there, the
+    step-0 validation's and one later val_log.csv row, an export; their bytes."""
+    (run_dir / "train_log.csv").write_text("step,loss\n" + "".join(f"{s},0.5\n" for s in range(1, last_step + 1)))
+    (run_dir / "val_log.csv").write_text("step,timestep\n0,201.3\n2,201.3\n")
+    (run_dir / f"step-{export_step}.safetensors").write_bytes(b"an export")
+    return _snapshot(run_dir)
+
+
+def test_a_relaunch_after_a_kill_before_the_first_checkpoint_starts_over_and_one_after_it_is_refused(
+    e2e_shards, tmp_path, caplog
+):
+    """docs/training.md, "Resuming": a launch killed before the run's first checkpoint leaves rows and exports but
+    nothing to resume. The same command then starts the run over, moving what was there to replaced/<time>/ with
+    one line; a folder whose run committed a checkpoint (run.json notes the first), now gone, is refused as before.
+    A record of an earlier gcc, which notes none, starts over only when nothing is later than the first save point
+    (save_interval=2 here)."""
+    import logging
+
+    from gcc.training.run_folder import FIRST_CHECKPOINT, record_first_checkpoint
+
+    run_dir = tmp_path / "run"
+    _prepare(run_dir, e2e_shards)
+    assert json.loads((run_dir / "run.json").read_text())["lineage"][FIRST_CHECKPOINT] is None
+    before = _used(run_dir, 5)  # past save_interval: a background write of step 2's checkpoint never completed
+    with caplog.at_level(logging.INFO, logger="gcc"):
+        start = _prepare(run_dir, e2e_shards)
+    assert start.resumed_step is None
+    (replaced,) = (run_dir / "replaced").iterdir()
+    assert _snapshot(replaced) == before and not _snapshot(run_dir)
+    [line] = [r.getMessage() for r in caplog.records if "replaced" in r.getMessage()]
+    assert "before the run's first checkpoint" in line and f"is now in {replaced}" in line
+    assert "train_log.csv with 5 row(s)" in line
+
+    before = _used(run_dir, 3)
+    assert record_first_checkpoint(run_dir, 2) and not record_first_checkpoint(run_dir, 4)  # the first, once
+    with pytest.raises(Refusal) as refused:
+        _prepare(run_dir, e2e_shards)
+    assert "committed a checkpoint at step 2 (run.json), gone since" in str(refused.value)
+    assert "allow_existing=true" in str(refused.value) and _snapshot(run_dir) == before
+
+    record = json.loads((run_dir / "run.json").read_text())
+    del record["lineage"][FIRST_CHECKPOINT]  # an earlier gcc's record
+    (run_dir / "run.json").write_text(json.dumps(record))
+    with pytest.raises(Refusal, match="step 3's rows or export, past the first checkpoint"):
+        _prepare(run_dir, e2e_shards)
+    (run_dir / "train_log.csv").write_text("step,loss\n1,0.5\n2,0.5\n")
+    assert _prepare(run_dir, e2e_shards).resumed_step is None
+    assert len(list((run_dir / "replaced").iterdir())) == 2
+
+
+def _checkpoint_at(run_dir: Path, step: int) -> None:
+    """A checkpoint of `step` (a complete torch.save zip, its contents never read by these checks) as `latest`."""
+    import zipfile
+
+    ckpts = run_dir / "checkpoints"
+    ckpts.mkdir(exist_ok=True)
+    with zipfile.ZipFile(ckpts / f"ep0-ba{step}-rank0.pt", "w") as z:
+        z.writestr("data.pkl", b"")
+    (ckpts / "latest-rank0.pt").unlink(missing_ok=True)
+    (ckpts / "latest-rank0.pt").symlink_to(f"ep0-ba{step}-rank0.pt")
+
+
+def test_a_decaying_schedules_length_is_part_of_the_run_and_a_constant_ones_is_not(e2e_shards, tmp_path):
+    """docs/training.md, "Resuming": cosine_with_warmup decays over max_duration, so raising it on resume would make
+    the rate jump (at step 60 of a 10-step warmup: the factor 0.413 of a 100-step run becomes 0.839 of a 200-step
+    one). Such a relaunch is refused naming both lengths and the jump; with the constant default, max_duration is
+    raised freely; a run recorded before the horizon was signed resumes as before."""
+    import math
+
+    def cosine(step: int, total: int, warmup: int = 10) -> float:  # Composer's cosine with warmup, alpha_f 0
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
+
+    cos = ["scheduler.name=cosine_with_warmup", "scheduler.t_warmup=10"]
+    run_dir = tmp_path / "cosine"
+    _prepare(run_dir, e2e_shards, *cos, "max_duration=100")
+    _checkpoint_at(run_dir, 59)
+    assert _prepare(run_dir, e2e_shards, *cos, "max_duration=100").resumed_step == 59
+    with pytest.raises(Refusal) as refused:
+        _prepare(run_dir, e2e_shards, *cos, "max_duration=200")
+    said = str(refused.value)
+    assert "max_duration (in batches: the decaying schedule's horizon): 100 -> 200" in said
+    assert f"at step 60 the lr factor would jump from {cosine(60, 100):.3f} to {cosine(60, 200):.3f}" in said
+    assert f"{cosine(60, 100):.3f}" == "0.413" and "relaunch with max_duration=100" in said
+    record = json.loads((run_dir / "run.json").read_text())
+    del record["signature"]["scheduler.horizon"]  # a run recorded before the horizon was signed
+    (run_dir / "run.json").write_text(json.dumps(record))
+    assert _prepare(run_dir, e2e_shards, *cos, "max_duration=200").resumed_step == 59
+
+    run_dir = tmp_path / "constant"
+    _prepare(run_dir, e2e_shards, "max_duration=100")
+    _checkpoint_at(run_dir, 59)
+    assert _prepare(run_dir, e2e_shards, "max_duration=200").resumed_step == 59

@@ -18,7 +18,6 @@ Choices (docs/sample.md has the full description):
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import sys
@@ -31,7 +30,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from gcc.cli import ToolParser, folder_problem, run_tool
+from gcc.cli import ToolParser, fail, folder_problem, run_tool
 from gcc.geometry import Geometry
 from gcc.inputs import shown
 from gcc.names import UnsafeName, check_component
@@ -40,7 +39,7 @@ from gcc.sampling.sampler import clip_noise, sample_latents, sync
 from gcc.sampling.vae import VaeError, find_vae_file
 from gcc.synth.decode import is_synthetic
 from gcc.synth.world import MARKER
-from gcc.tools.sample.dit import check_fits, ckpt_vocab, load_dit
+from gcc.tools.sample.dit import check_fits, ckpt_model, ckpt_vocab, load_dit
 from gcc.tools.sample.errors import SampleError
 from gcc.tools.sample.judges import SynthJudge, VaeJudge
 from gcc.tools.sample.sources import open_source, parse_clip_ids, select_clips
@@ -72,7 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="Wan2.2-TI2V-5B folder (sharded DiT + Wan2.2_VAE.pth); may be left out for data made by "
         "gcc-synth, which is then decoded by the synthetic world's own decoder",
     )
-    ap.add_argument("--model", default="ti2v-5b", help="model preset (ti2v-5b, wide, tiny, tiny-p1)")
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="model preset (ti2v-5b, wide, tiny, tiny-p1); default: the one the export records (or whose layout "
+        "it has), ti2v-5b with --base",
+    )
     ap.add_argument("--data", required=True, help="prepared root or converted shards folder (local)")
     ap.add_argument("--raw_root", default=None, help="ground-truth tars (default: <prepared root>/raw)")
     sel = ap.add_mutually_exclusive_group(required=True)
@@ -188,10 +192,11 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     # everything that can be wrong with the inputs is checked before the models load
     from gcc.model.dit import PRESETS  # heavy (diffsynth, ~4 s): keeps --help and argument errors fast
 
-    if a.model not in PRESETS:
+    if a.model is not None and a.model not in PRESETS:
         raise SampleError(f"--model {a.model!r}: unknown preset; known: {sorted(PRESETS)}")
+    model = a.model or (ckpt_model(a.ckpt) if a.ckpt else "ti2v-5b")
     if a.ckpt:
-        vocab, ckpt_kind, ckpt_weights = ckpt_vocab(a.ckpt, a.vocab, a.model)
+        vocab, ckpt_kind, ckpt_weights = ckpt_vocab(a.ckpt, a.vocab, model)
     else:
         vocab, ckpt_kind, ckpt_weights = a.vocab or "parts", "base", "raw"
         if not a.model_dir:
@@ -202,7 +207,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         vae_path = find_vae_file(a.model_dir) if a.model_dir else None
     except VaeError as e:
         raise SampleError(f"--model_dir {e}") from None
-    check_fits(a.model, vocab, ckpt=a.ckpt, model_dir=a.model_dir)
+    check_fits(model, vocab, ckpt=a.ckpt, model_dir=a.model_dir)
     src = open_source(a.data)
     if vae_path is None and not is_synthetic(src.prepared_root):
         raise SampleError(
@@ -232,67 +237,43 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    dit = load_dit(a.model, vocab, device, dtype, ckpt=a.ckpt, model_dir=a.model_dir)
+    dit = load_dit(model, vocab, device, dtype, ckpt=a.ckpt, model_dir=a.model_dir)
     judge.load(dtype)
     sync(device)
     t_load = time.perf_counter() - t_start  # option checks, data index, DiT + VAE
-    null_id = src.table.null_id
-    null_row = src.table.row(null_id)
 
-    per_clip, tot = {}, {k: 0.0 for k in judge.timing_keys}
+    per_clip, failed, tot = {}, {}, {k: 0.0 for k in judge.timing_keys}
     progress = SetProgress(len(clip_ids), a.steps)
     for n, cid in enumerate(clip_ids):
         t_data = time.perf_counter()
-        clip = src.load(cid)
-        lat = clip.input_latents
-        geo = Geometry.from_shapes(lat.shape, src.table.shape)
-        sem_ids = clip.sem_ids()
-        if sem_ids.shape != geo.sem_shape:
-            raise SampleError(f"clip {shown(cid)}: sem ids {sem_ids.shape} do not match latents {tuple(lat.shape)}")
-        sem = sem_ids if vocab == "parts" else collapse_parts(sem_ids)
-        if a.sem_mode == "unknown":
-            sem = np.full_like(sem, UNKNOWN)
-        ref = judge.reference(clip, geo, sem_ids)
-
-        t0 = time.perf_counter()
-        prompts, index = src.table.prompts(clip.context_ids)
-        gen_lat = sample_latents(
-            dit,
-            lat[:, 0:1].float(),
-            prompts,
-            index,
-            null_row,
-            torch.from_numpy(np.ascontiguousarray(sem)),
-            clip_noise(a.seed, cid, geo.latent_shape),
-            steps=a.steps,
-            shift=a.shift,
-            cfg=a.cfg,
-            sem_cfg=a.sem_cfg,
-            on_step=None if a.no_progress else progress.clip_bar(n, cid, device),
-        )
-        sync(device)
-        t1 = time.perf_counter()
-        m, hw, times = judge.compare(out, clip, geo, gen_lat, ref, sem)
-        row = {
-            **m,
-            "num_frames": int(geo.F),
-            "hw": hw,
-            "run": clip.run,
-            "split": rows[cid]["split"],
-            "timings": {"data": t0 - t_data, "sampling": t1 - t0, **times},
-        }
+        try:
+            bar = None if a.no_progress else progress.clip_bar(n, cid, device)
+            row = sample_clip(a, src, judge, dit, vocab, out, device, cid, rows[cid], bar)
+        except Exception as e:  # a clip that cannot be read or judged: said, recorded, and the others go on
+            reason = clip_failure(e)
+            failed[cid] = reason
+            progress.clip_done(time.perf_counter() - t_data)
+            logger.warning("[%d/%d] %s: failed: %s", n + 1, len(clip_ids), shown(cid), reason)
+            continue
         per_clip[cid] = row
         progress.clip_done(time.perf_counter() - t_data)
         for k in tot:
             tot[k] += row["timings"][k]
-        logger.info("[%d/%d] %s: %s (%.1fs sampling)", n + 1, len(clip_ids), shown(cid), judge.describe(row), t1 - t0)
+        logger.info(
+            "[%d/%d] %s: %s (%.1f s sampling)",
+            n + 1,
+            len(clip_ids),
+            shown(cid),
+            judge.describe(row),
+            row["timings"]["sampling"],
+        )
 
     metrics = {
         "ckpt": str(a.ckpt) if a.ckpt else "",
         "weights": ckpt_kind,
         "ckpt_weights": ckpt_weights,  # raw, or ema (a run's step-N.ema.safetensors)
         "vocab": vocab,
-        "model": a.model,
+        "model": model,
         **judge.header(),
         "decoder": judge.name,
         "data_root": str(a.data),
@@ -314,13 +295,67 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "clip_ids": clip_ids,
         "mean": {k: _mean(r[k] for r in per_clip.values()) for k in judge.mean_keys},
         "clips": per_clip,
+        "failed": failed,  # clip id -> why it has no row (the mean is over the others)
         "timings": {"load": t_load, **tot, "total": time.perf_counter() - t_start},
     }
     write_json(out / "metrics.json", metrics)
-    summary = judge.summary(metrics)
-    if summary:
-        metrics["summary"] = summary
+    metrics["summary"] = judge.summary(metrics)
     return metrics
+
+
+def clip_failure(e: Exception) -> str:
+    """Why a clip failed, in one line: an error of its input (its files, their contents: exit 2 or 6 anywhere
+    else); any other error (a full disk, storage away, a bug) stops the evaluation as it would anyway."""
+    from gcc import exit_codes
+    from gcc.errors import exit_for
+
+    verdict = exit_for(e)
+    if verdict is None or verdict[0] not in (exit_codes.CONFIG, exit_codes.DATA):
+        raise e
+    return verdict[1]
+
+
+def sample_clip(a, src, judge, dit, vocab: str, out: Path, device, cid: str, row_of: dict, on_step) -> dict:
+    """One clip sampled, decoded and judged: its metrics row (docs/sample.md)."""
+    t_data = time.perf_counter()
+    clip = src.load(cid)
+    lat = clip.input_latents
+    geo = Geometry.from_shapes(lat.shape, src.table.shape)
+    sem_ids = clip.sem_ids()
+    if sem_ids.shape != geo.sem_shape:
+        raise SampleError(f"clip {shown(cid)}: sem ids {sem_ids.shape} do not match latents {tuple(lat.shape)}")
+    sem = sem_ids if vocab == "parts" else collapse_parts(sem_ids)
+    if a.sem_mode == "unknown":
+        sem = np.full_like(sem, UNKNOWN)
+    ref = judge.reference(clip, geo, sem_ids)
+
+    t0 = time.perf_counter()
+    prompts, index = src.table.prompts(clip.context_ids)
+    gen_lat = sample_latents(
+        dit,
+        lat[:, 0:1].float(),
+        prompts,
+        index,
+        src.table.row(src.table.null_id),
+        torch.from_numpy(np.ascontiguousarray(sem)),
+        clip_noise(a.seed, cid, geo.latent_shape),
+        steps=a.steps,
+        shift=a.shift,
+        cfg=a.cfg,
+        sem_cfg=a.sem_cfg,
+        on_step=on_step,
+    )
+    sync(device)
+    t1 = time.perf_counter()
+    m, hw, times = judge.compare(out, clip, geo, gen_lat, ref, sem)
+    return {
+        **m,
+        "num_frames": int(geo.F),
+        "hw": hw,
+        "run": clip.run,
+        "split": row_of["split"],
+        "timings": {"data": t0 - t_data, "sampling": t1 - t0, **times},
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -329,10 +364,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(list(argv) if argv is not None else None)
 
     def body() -> int:
+        from gcc import exit_codes
+
         m = run(a)
-        if m.get("summary"):
-            print(m["summary"])
-        print(json.dumps({"out_dir": a.out, "mean": m["mean"], "timings": m["timings"]}))
+        print(m["summary"])
+        print(f"metrics: {Path(a.out) / 'metrics.json'} (every number, per clip and per frame)")
+        if m["failed"]:  # the others were judged: their numbers are in metrics.json
+            return fail(
+                p.prog,
+                f"{len(m['failed'])} of {len(m['clip_ids'])} clip(s) failed: "
+                + "; ".join(f"{shown(c)}: {why}" for c, why in m["failed"].items()),
+                exit_codes.DATA,
+            )
         return 0
 
     return run_tool(p.prog, body)

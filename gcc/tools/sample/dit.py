@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 from safetensors import SafetensorError
@@ -9,6 +10,8 @@ from safetensors import SafetensorError
 from gcc.cli import input_file_problem
 from gcc.inputs import shown
 from gcc.tools.sample.errors import SampleError
+
+logger = logging.getLogger(__name__)
 
 
 def ckpt_vocab(path: str | os.PathLike, requested: str | None, model: str | None = None) -> tuple[str, str, str]:
@@ -34,6 +37,33 @@ def ckpt_vocab(path: str | os.PathLike, requested: str | None, model: str | None
             f"--ckpt {shown(path)} has vocab {info['vocab']!r} (metadata), but --vocab {requested!r} was requested"
         )
     return info["vocab"], "gc25d", info["metadata"]["weights"]
+
+
+def ckpt_model(path: str | os.PathLike) -> str:
+    """The model preset to build for a checkpoint when --model is not given: the one its metadata records (the
+    run's model.preset), else the one whose layout its header has (an export of an earlier gcc, a plain Wan
+    export). A SampleError asking for --model when neither says."""
+    from gcc.model.export import GcCkptError, read_export  # heavy (diffsynth): as in ckpt_vocab
+
+    path = str(path)
+    problem = input_file_problem(path)
+    if problem:
+        raise SampleError(f"--ckpt {shown(path)}: {problem} (expected a .safetensors export)")
+    try:
+        info = read_export(path, allow_wan=True)
+    except GcCkptError as e:
+        raise SampleError(f"--ckpt {e}") from None
+    if info["preset"] is None:
+        raise SampleError(
+            f"--ckpt {shown(path)}: its metadata records no model preset and its layout is none of the presets' "
+            f"(a run with model.overrides?): pass --model"
+        )
+    logger.info(
+        f"model: {info['preset']} ("
+        + ("the export's metadata" if info["metadata"].get("preset") else "the export's layout")
+        + "; --model overrides it)"
+    )
+    return info["preset"]
 
 
 def check_fits(model: str, vocab: str, ckpt: str | None = None, model_dir: str | None = None) -> None:

@@ -83,13 +83,32 @@ class VaeJudge:
         }
         return row, [int(gt.shape[1]), int(gt.shape[2])], {"decode": t2 - t1, "recon": t3 - t2, "metrics": t4 - t3}
 
-    @staticmethod
-    def describe(row: dict[str, Any]) -> str:
-        return f"psnr {row['psnr']} ssim {row['ssim']} frame0 {row['psnr_frame0']} ceiling {row['recon_psnr']}"
+    # what the console shows of a clip's numbers, rounded to what they can tell apart (metrics.json keeps them whole):
+    # (key, heading, digits)
+    COLUMNS = (
+        ("psnr", "PSNR dB", 2),
+        ("ssim", "SSIM", 4),
+        ("psnr_frame0", "frame 0 dB", 2),
+        ("recon_psnr", "VAE ceiling dB", 2),
+    )
 
-    @staticmethod
-    def summary(metrics: dict[str, Any]) -> str | None:
-        return None  # the json line says it all
+    @classmethod
+    def describe(cls, row: dict[str, Any]) -> str:
+        return "  ".join(f"{head} {_fmt(row[k], d)}" for k, head, d in cls.COLUMNS)
+
+    @classmethod
+    def summary(cls, metrics: dict[str, Any]) -> str:
+        """One screen: a row per clip (the first SUMMARY_ROWS), the mean, the clips that failed."""
+        rows = [(shown(c), [_fmt(r[k], d) for k, _, d in cls.COLUMNS]) for c, r in metrics["clips"].items()]
+        mean = metrics["mean"]
+        return _table(
+            "PSNR/SSIM of the generated frames 1.. against the ground truth (frame 0 is given; the VAE ceiling is the "
+            "ground truth's own round trip)",
+            ["clip", *(head for _, head, _ in cls.COLUMNS)],
+            rows,
+            ["mean", *(_fmt(mean[k], d) for k, _, d in cls.COLUMNS)],
+            metrics["failed"],
+        )
 
 
 class SynthJudge:
@@ -175,13 +194,44 @@ class SynthJudge:
 
     @staticmethod
     def summary(metrics: dict[str, Any]) -> str:
-        per = ", ".join(f"{shown(c)} {_fmt(r['class_agreement'], 2)}" for c, r in metrics["clips"].items())
+        """One screen: the mean (against frame 0 repeated), a row per clip (the first SUMMARY_ROWS), the clips that
+        failed."""
         mean = metrics["mean"]
-        return (
+        rows = [
+            (shown(c), [_fmt(r["class_agreement"], 3), _fmt(r["class_agreement_copy_frame0"], 3)])
+            for c, r in metrics["clips"].items()
+        ]
+        return _table(
             f"class agreement, generated vs GT class per latent cell (latent frames 1..): mean "
-            f"{_fmt(mean['class_agreement'], 3)} over {len(metrics['clips'])} clip(s) ({per}); repeating the "
-            f"given frame 0 would score {_fmt(mean['class_agreement_copy_frame0'], 3)}"
+            f"{_fmt(mean['class_agreement'], 3)} over {len(metrics['clips'])} clip(s); repeating the given frame 0 "
+            f"would score {_fmt(mean['class_agreement_copy_frame0'], 3)}",
+            ["clip", "agreement", "frame 0 repeated"],
+            rows,
+            ["mean", _fmt(mean["class_agreement"], 3), _fmt(mean["class_agreement_copy_frame0"], 3)],
+            metrics["failed"],
         )
+
+
+SUMMARY_ROWS = 12  # clips shown in the summary; the others are in metrics.json
+
+
+def _table(title: str, heads: list[str], rows: list, last: list[str], failed: dict[str, str]) -> str:
+    """The summary: its title, a table (a row per clip, at most SUMMARY_ROWS, then the mean row), and one line per
+    failed clip (at most SUMMARY_ROWS)."""
+    shown_rows = [[c, *vals] for c, vals in rows[:SUMMARY_ROWS]]
+    if len(rows) > SUMMARY_ROWS:
+        shown_rows.append([f"... {len(rows) - SUMMARY_ROWS} more", *[""] * (len(heads) - 1)])
+    table = [heads, *shown_rows, last]
+    widths = [max(len(r[i]) for r in table) for i in range(len(heads))]
+    lines = [title] + [
+        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))).rstrip()
+        for r in table
+    ]
+    for c, why in list(failed.items())[:SUMMARY_ROWS]:
+        lines.append(f"failed: {shown(c)}: {why}")
+    if len(failed) > SUMMARY_ROWS:
+        lines.append(f"failed: ... {len(failed) - SUMMARY_ROWS} more (metrics.json)")
+    return "\n".join(lines)
 
 
 def _fmt(v: float | None, digits: int) -> str:

@@ -10,6 +10,7 @@ every entry through every Composer event.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -99,7 +100,12 @@ CALLBACKS: tuple[Entry, ...] = (
     Entry("train_stats", lambda c: TrainStats(c["step_sync"], c.start.manifest["splits"]["train"]["clip_ids"])),
     Entry(
         "preemption",
-        lambda c: Preemption(c.watchdog, c.cfg.preemption_grace_s, c["step_sync"], c.cfg.faults.sigterm_at_step),
+        lambda c: Preemption(
+            c.watchdog,
+            c.cfg.preemption_grace_s,
+            c["step_sync"],
+            {c.cfg.faults.sigterm_at_step: signal.SIGTERM, c.cfg.faults.sigint_at_step: signal.SIGINT},
+        ),
     ),
     # before the step deadline: it samples at EVAL_END, still under the validation's deadline; a preempted step
     # skips it with its validation

@@ -12,7 +12,13 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
-from gcc.training.run_folder import checkpoint_step, disk_gb, latest_checkpoint, rotate_checkpoints
+from gcc.training.run_folder import (
+    checkpoint_step,
+    disk_gb,
+    latest_checkpoint,
+    record_first_checkpoint,
+    rotate_checkpoints,
+)
 
 log = logging.getLogger(__name__)  # not `logger`: Composer passes its Logger under that name
 
@@ -45,6 +51,7 @@ class CheckpointRotation(Callback):
         self.run_dir, self.keep = Path(run_dir), keep
         self.clock = clock if clock is not None else SaveClock()
         self._last = latest_checkpoint(self.run_dir)
+        self._noted = False  # whether run.json was checked to note a committed checkpoint (record_first_checkpoint)
 
     def _after_save(self) -> None:
         if dist.get_global_rank() != 0:
@@ -53,6 +60,9 @@ class CheckpointRotation(Callback):
         if latest is not None and latest != self._last:
             seconds = self.clock.saved(checkpoint_step(latest))
             log.info(f"checkpoint {latest.name}: {seconds:.1f} s, {disk_gb(latest):.3g} GB")
+            if not self._noted:  # this launch's first: run.json notes the run's first (once a run)
+                self._noted = True
+                record_first_checkpoint(self.run_dir, checkpoint_step(latest))
             self._last = latest
         rotate_checkpoints(self.run_dir, self.keep)
 

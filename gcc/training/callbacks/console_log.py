@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import statistics
-import sys
 import time
 from collections.abc import Callable
 
@@ -26,7 +25,7 @@ from gcc.training.callbacks.preemption import Preemption
 from gcc.training.callbacks.train_stats import TrainStats
 from gcc.training.callbacks.validation import ValidationLog
 from gcc.training.columns import STEP_STATS
-from gcc.training.console import RUN_LOG_ONLY
+from gcc.training.console import RUN_LOG_ONLY, progress_bar_draws
 
 log = logging.getLogger("gcc.train")
 
@@ -40,7 +39,8 @@ def duration(seconds: float) -> str:
 
 
 def console_lines_wanted(every: int, progress_bar: bool) -> bool:
-    return every > 0 and not (progress_bar and sys.stdout.isatty())
+    """The progress lines on the console: on (every > 0) unless Composer's bar draws there."""
+    return every > 0 and not progress_bar_draws(progress_bar)
 
 
 class ConsoleLog(Callback):

@@ -1,4 +1,5 @@
-"""SIGTERM / SIGUSR1 -> every rank finishes the current step, a checkpoint is written, the run exits 0 (docs/design.md §9.6).
+"""SIGTERM / SIGUSR1 / SIGINT (Ctrl-C) -> every rank finishes the current step, a checkpoint is written, the run exits
+0 (docs/design.md §9.6). A second Ctrl-C stops every rank at once (exit 130), without a checkpoint.
 
 A signal only sets a flag. The flag travels in each step's one reduction (`StepSync`, before the update), so
 the ranks agree on the same step even when the signal reached them at different moments; at that step's
@@ -40,6 +41,7 @@ from composer.utils import dist
 
 from gcc import exit_codes
 from gcc.training.callbacks.step_sync import StepSync
+from gcc.training.console import ALL_RANKS
 from gcc.training.watchdog import StallWatchdog
 from gcc.workers import PREEMPTION_SIGNALS
 
@@ -53,11 +55,16 @@ class PreemptedBeforeFirstStep(Exception):
 
 
 class Preemption(Callback):
-    def __init__(self, watchdog: StallWatchdog, grace_s: float, sync: StepSync, sigterm_at_step: int = 0):
-        """`sigterm_at_step`: fault injection for tests (`faults.sigterm_at_step`)."""
-        self.watchdog, self.grace_s, self.sync, self.sigterm_at_step = watchdog, grace_s, sync, sigterm_at_step
+    def __init__(
+        self, watchdog: StallWatchdog, grace_s: float, sync: StepSync, signal_at: dict[int, int] | None = None
+    ):
+        """`signal_at`: fault injection for tests, {step: the signal the last rank sends the launch's process group
+        as it starts} (`faults.sigterm_at_step`, `faults.sigint_at_step`; step 0 is none)."""
+        self.watchdog, self.grace_s, self.sync = watchdog, grace_s, sync
+        self.signal_at = {step: s for step, s in (signal_at or {}).items() if step}
         sync.flag("preempt", lambda: self.requested)
         self.requested = False  # this rank received a signal
+        self.interrupted = False  # ... a Ctrl-C among them
         self.preempted_at: int | None = None  # the step all ranks stopped after
         self._old: dict[int, Any] = {}  # signal -> the handler it had before
         self._due: list[tuple[str, Callable[[int], bool]]] = []  # what a preempted step skips, and when it is due
@@ -87,6 +94,7 @@ class Preemption(Callback):
 
     def _handler(self, signum, frame):
         self.requested = True
+        self.interrupted = self.interrupted or signum == signal.SIGINT
 
     def fit_start(self, state: State, logger: Logger) -> None:
         for s in PREEMPTION_SIGNALS:
@@ -97,6 +105,14 @@ class Preemption(Callback):
                 f"{signal.Signals(s).name} received, and the rank did not "
                 f"checkpoint and exit within preemption_grace_s={self.grace_s:g} s",
             )
+        # kept by the watchdog's thread, which sees a signal at once even while the main thread waits in a
+        # collective or for data
+        self.watchdog.exit_on_repeat(
+            signal.SIGINT,
+            exit_codes.INTERRUPTED,
+            "a second Ctrl-C (SIGINT): stopped at once, without a checkpoint; a relaunch resumes from the last "
+            "complete one",
+        )
         step = int(state.timestamp.batch)
         if self.pending is not None and self.pending[0] == step:  # the callbacks that own the work run it next
             log.info(
@@ -119,10 +135,11 @@ class Preemption(Callback):
 
     def batch_start(self, state: State, logger: Logger) -> None:
         step = int(state.timestamp.batch) + 1
-        if step == self.sigterm_at_step and dist.get_global_rank() == dist.get_world_size() - 1:
-            # fault injection (tests): the launch's process group, as a cluster's preemption; this rank's own
-            # handler has set the flag before the step's reduction, so every rank stops after this step
-            os.killpg(os.getpgid(0), signal.SIGTERM)
+        if step in self.signal_at and dist.get_global_rank() == dist.get_world_size() - 1:
+            # fault injection (tests): the launch's process group, as a cluster's preemption or a terminal's
+            # Ctrl-C; this rank's own handler has set the flag before the step's reduction, so every rank stops
+            # after this step
+            os.killpg(os.getpgid(0), self.signal_at[step])
 
     def batch_end(self, state: State, logger: Logger) -> None:
         if self.sync.totals.get("preempt", 0.0) > 0 and self.preempted_at is None:
@@ -138,10 +155,22 @@ class Preemption(Callback):
                 + (f", skipped {', '.join(self.skipped)} (the relaunch runs them first)" if self.skipped else "")
             )
 
+    def _late(self, signum, frame):
+        """A signal once the fit is over (the launch ends anyway: nothing is left to save): noted, so that a
+        launcher's SIGTERM passed on late cannot turn the launch's code into 143 (the previous handlers, Composer's,
+        would exit with it, even during the last save); a second Ctrl-C still stops the rank at once."""
+        if signum == signal.SIGINT and self.interrupted:
+            from gcc.training.ending import leave_now  # the end of a launch: loaded by now
+
+            log.error("a second Ctrl-C (SIGINT): stopped at once", extra=ALL_RANKS)
+            leave_now(exit_codes.INTERRUPTED)
+        self.interrupted = self.interrupted or signum == signal.SIGINT
+        self.requested = True
+
     def fit_end(self, state: State, logger: Logger) -> None:
         self.watchdog.close()  # deadlines already armed by a signal still hold until the process exits
-        for s, h in self._old.items():
-            signal.signal(s, h)
+        for s in self._old:
+            signal.signal(s, self._late)
 
 
 def grace_warning(
