@@ -18,6 +18,7 @@ import itertools
 import json
 import math
 import os
+import re
 import stat
 import zipfile
 from collections.abc import Iterator
@@ -131,15 +132,64 @@ def read_text(path: str | os.PathLike, kind: str = "text", cap: int | None = Non
     return decode_text(read_bytes(path, kind, cap), str(path), f"a {kind} file")
 
 
+# ---- numbers ----------------------------------------------------------------------------------------------------
+
+# the most digits of one integer gcc reads from outside (a size, a step, an offset has at most 20): Python's own
+# limit (4300) is a ValueError, and converting a long one costs time quadratic in its length
+MAX_INT_DIGITS = 40
+_INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
+
+
+def parse_int(text: object, what: str, lo: int | None = None, hi: int | None = None) -> int:
+    """`text` as an integer in [lo, hi] written in ASCII digits (a sign, spaces around it), at most MAX_INT_DIGITS
+    of them: the one reader of every integer gcc takes from text (an environment variable, a file or folder name,
+    a CSV cell). A BadInput naming `what` and the range otherwise: `int()` alone also reads other scripts' digits
+    ('٣'), `str.isdigit()` takes '²' (which `int()` refuses) and 5000 digits are a ValueError."""
+    raw = text.strip() if isinstance(text, str) else ""
+    if _INTEGER.fullmatch(raw) and len(raw.lstrip("+-")) <= MAX_INT_DIGITS:
+        n = int(raw)
+        if (lo is None or n >= lo) and (hi is None or n <= hi):
+            return n
+    bounds = (
+        f" in [{lo}, {hi}]"
+        if lo is not None and hi is not None
+        else f" >= {lo}"
+        if lo is not None
+        else f" <= {hi}"
+        if hi is not None
+        else ""
+    )
+    raise BadInput(f"{what}={shown(repr(text), 60)}: expected an integer{bounds} in ASCII digits")
+
+
+def env_int(name: str, default: int, lo: int | None = None, hi: int | None = None) -> int:
+    """The environment variable `name` read by `parse_int` (in [lo, hi]); `default` when it is unset or empty."""
+    raw = os.environ.get(name, "")
+    return default if raw == "" else parse_int(raw, name, lo, hi)
+
+
+class _LongInteger(Exception):
+    """An integer of more than MAX_INT_DIGITS digits inside a JSON document (`parse_json`)."""
+
+
+def _json_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise _LongInteger(len(digits.lstrip("-")))
+    return int(digits)
+
+
 def parse_json(text: str | bytes, where: str, what: str = "JSON") -> Any:
-    """`text` parsed as JSON, with nesting at most MAX_DEPTH; a BadInput naming `where` otherwise."""
+    """`text` parsed as JSON, with nesting at most MAX_DEPTH and integers of at most MAX_INT_DIGITS digits; a
+    BadInput naming `where` otherwise."""
     if isinstance(text, bytes):
         text = decode_text(text, where, what)
     _check_json_depth(text, where)
     try:
-        return json.loads(text)
+        return json.loads(text, parse_int=_json_int)
     except json.JSONDecodeError as e:
         raise BadInput(f"{where}: not valid {what} (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except _LongInteger as e:
+        raise BadInput(f"{where}: not {what}: an integer of {e.args[0]} digits (at most {MAX_INT_DIGITS})") from None
     except RecursionError:  # pragma: no cover - the depth check comes first
         raise BadInput(f"{where}: nested deeper than {MAX_DEPTH} levels") from None
 
@@ -192,6 +242,20 @@ def open_text(path: str | os.PathLike, kind: str, cap: int | None = None) -> Ite
             raise BadInput(f"{path}: not a {kind} file (not UTF-8 text near byte {e.start})") from None
         finally:
             f.close()
+
+
+def read_lines(path: str | os.PathLike, kind: str, max_line: int) -> Iterator[tuple[int, str]]:
+    """(line number from 1, line without its line break) of `path` (`open_text`: a bounded regular file), one at a
+    time: a reader holds one line, never the file. A line longer than `max_line` characters is a BadInput naming the
+    file and the line, refused before more of it is read."""
+    with open_text(path, kind) as f:
+        for n in itertools.count(1):
+            line = f.readline(max_line + 1)
+            if not line:
+                return
+            if len(line) > max_line and not line.endswith("\n"):
+                raise BadInput(f"{path}:{n}: a line longer than {max_line} characters; not a {kind} file gcc reads")
+            yield n, line.rstrip("\r\n")
 
 
 # ---- formats that declare sizes inside them -------------------------------------------------------------------

@@ -38,6 +38,7 @@ import threading
 from multiprocessing import forkserver, resource_tracker
 
 from gcc.compat.python import forkserver_pid, reap_forkserver, shm_name
+from gcc.inputs import env_int
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 # After a preemption signal a rank has this long to finish its step, checkpoint and exit, or it leaves its stacks
@@ -186,7 +187,7 @@ class LoaderWorkerInit:
         self.grace_s = float(grace_s)
         self.requester = os.getpid()  # the rank that builds the loader
         self.environ = dict(os.environ)  # the loader's builder's environment (see adopt_environ)
-        self.rank = int(self.environ.get("RANK", 0))
+        self.rank = env_int("RANK", 0, 0)  # checked at the launch's start (gcc/training/ranks.py)
         self._armed = False
 
     def __call__(self, worker_id: int) -> None:

@@ -111,7 +111,8 @@ def load_callback_state_it_has(load):
 
 checkpoint.dist_cp_load = load_callback_state_it_has(checkpoint.dist_cp_load)
 
-CHECKPOINT_RE = re.compile(r"^ep(\d+)-ba(\d+)(-rank0\.pt)?$")  # a DDP checkpoint file or an FSDP (DCP) folder
+# a DDP checkpoint file or an FSDP (DCP) folder; ASCII digits, at most 18 (a step never has more)
+CHECKPOINT_RE = re.compile(r"^ep([0-9]{1,18})-ba([0-9]{1,18})(-rank0\.pt)?$")
 LATEST_LINK = "latest-rank0.pt"
 
 

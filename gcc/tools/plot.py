@@ -14,6 +14,7 @@ import csv
 import math
 import os
 import sys
+from array import array
 from collections import defaultdict
 from pathlib import Path
 
@@ -24,47 +25,60 @@ from gcc.storage import atomic_path
 from gcc.training.columns import STEP_STATS
 
 
-def read_rows(path: Path, needs: tuple[str, ...] = ("step",)) -> list[dict[str, float]]:
-    """The CSV's rows as floats (text columns such as `clips` dropped); [] when the file is missing. The last row
-    without a number in each of `needs` (a run is writing it) is left out; a file that is not such a CSV (no
-    `needs` columns in its header, not UTF-8 text, an earlier row without a number in one of `needs`, an inf or
-    nan there in any row) is BadInput naming it, the row and the column, the cell shown escaped
-    (`gcc.inputs.shown`)."""
+def _number(cells: list[str], i: int | None) -> float | None:
+    """The cell `i` of a row as a float (inf and nan included); None when it is not a number or not there."""
+    if i is None or i >= len(cells):
+        return None
+    try:
+        return float(cells[i])
+    except ValueError:
+        return None
+
+
+def read_columns(path: Path, needs: tuple[str, ...], wanted: tuple[str, ...] = ()) -> dict[str, array]:
+    """The CSV's columns `needs` and `wanted` as arrays of floats, one entry per row, nan where a cell is not a number
+    or the header lacks the column; all empty when the file is missing. Streamed: what is held is 8 bytes a cell of
+    those columns, never the rows' text. The last row without a number in each of `needs` (a run is writing it) is
+    left out; a file that is not such a CSV (no `needs` columns in its header, not UTF-8 text, an earlier row
+    without a number in one of `needs`, an inf or nan there in any row) is BadInput naming it, the row and the
+    column, the cell shown escaped (`gcc.inputs.shown`)."""
+    columns = {c: array("d") for c in dict.fromkeys((*needs, *wanted))}
     if not os.path.lexists(path):
-        return []
-    out, partial = [], None
+        return columns
+    partial = None
     try:
         # a regular file of bounded size, never a FIFO or a device (docs/training.md, "Trust and safety")
         with open_text(path, "csv") as f:
-            reader = csv.DictReader(f)
-            missing = [c for c in needs if c not in (reader.fieldnames or [])]
+            reader = csv.reader(f)
+            header = next(reader, [])
+            missing = [c for c in needs if c not in header]
             if missing:
                 raise BadInput(
                     f"{path}: no {', '.join(repr(c) for c in missing)} column(s) (header: "
-                    f"{shown(repr(','.join(reader.fieldnames or [])))}); not a log that gcc/train.py wrote"
+                    f"{shown(repr(','.join(header)))}); not a log that gcc/train.py wrote"
                 )
-            for line, r in enumerate(reader, 2):  # the header is line 1
+            where = {c: header.index(c) if c in header else None for c in columns}
+            for line, cells in enumerate(reader, 2):  # the header is line 1
                 if partial is not None:  # not the last row: the file is not a log the trainer wrote
                     raise BadInput(partial)
-                row = {}
-                for k, v in r.items():
-                    try:
-                        row[k] = float(v)
-                    except (TypeError, ValueError):
-                        continue
-                for c in needs:
-                    if c in row and not math.isfinite(row[c]):  # a number no step or timestep is: never partial
-                        raise BadInput(f"{path}:{line}: column {c!r} is {row[c]}, expected a finite number")
-                bad = next((c for c in needs if c not in row), None)
+                row = {c: _number(cells, i) for c, i in where.items()}
+                for c in needs:  # a number no step or timestep is: never partial
+                    x = row[c]
+                    if x is not None and not math.isfinite(x):
+                        raise BadInput(f"{path}:{line}: column {c!r} is {x}, expected a finite number")
+                bad = next((c for c in needs if row[c] is None), None)
                 if bad is None:
-                    out.append(row)
+                    for c, values in columns.items():
+                        x = row[c]
+                        values.append(math.nan if x is None else x)
                 else:
-                    partial = f"{path}:{line}: column {bad!r} is {shown(repr(r[bad]), 80)}, expected a number"
+                    cell = cells[where[bad]] if where[bad] < len(cells) else None  # type: ignore[operator]
+                    partial = f"{path}:{line}: column {bad!r} is {shown(repr(cell), 80)}, expected a number"
     except OSError as e:
         raise BadInput(os_error_message(e)) from None
     except csv.Error as e:
         raise BadInput(f"{path}: not a CSV log that gcc/train.py wrote ({e})") from None
-    return out
+    return columns
 
 
 def smooth(values: list[float], weight: float) -> list[float]:
@@ -82,49 +96,46 @@ def plot_run(run_dir: Path, out: Path, smoothing: float = 0.9) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # heavy: only when plotting (after the Agg backend is chosen)
 
-    train = read_rows(run_dir / "train_log.csv")
-    if not train:
+    plotted = [s for s in STEP_STATS if s.plot]
+    train = read_columns(
+        run_dir / "train_log.csv", ("step",), ("loss", "lr", "cond_lr", "grad_norm", *(s.name for s in plotted))
+    )
+    step = train["step"]
+    if not step:
         raise BadInput(f"{run_dir / 'train_log.csv'}: no train rows to plot (is {run_dir} a run folder?)")
-    val = read_rows(run_dir / "val_log.csv", ("step", "timestep"))
-    step = [r["step"] for r in train]
-
-    def col(name: str) -> list[float]:
-        return [r.get(name, math.nan) for r in train]
+    val = read_columns(run_dir / "val_log.csv", ("step", "timestep"), ("mse", "gap_uncond", "gap_nulltext"))
 
     fig, axes = plt.subplots(2, 4, figsize=(20, 8.5), constrained_layout=True)
     ax = axes[0, 0]
-    ax.plot(step, col("loss"), color="tab:blue", alpha=0.3, lw=0.8, label="loss")
-    ax.plot(step, smooth(col("loss"), smoothing), color="tab:blue", lw=1.6, label=f"smoothed ({smoothing:g})")
+    ax.plot(step, train["loss"], color="tab:blue", alpha=0.3, lw=0.8, label="loss")
+    ax.plot(step, smooth(train["loss"], smoothing), color="tab:blue", lw=1.6, label=f"smoothed ({smoothing:g})")
     ax.set_title("train loss")
     ax = axes[0, 1]
-    ax.plot(step, col("lr"), label="lr")
-    ax.plot(step, col("cond_lr"), label="cond_lr")
+    ax.plot(step, train["lr"], label="lr")
+    ax.plot(step, train["cond_lr"], label="cond_lr")
     ax.set_yscale("log")
     ax.set_title("learning rate")
     ax = axes[0, 2]
-    ax.plot(step, col("grad_norm"), color="tab:red", lw=0.9, label="grad_norm (before clipping)")
+    ax.plot(step, train["grad_norm"], color="tab:red", lw=0.9, label="grad_norm (before clipping)")
     ax.set_title("grad_norm")
     ax = axes[0, 3]
-    plotted = [s for s in STEP_STATS if s.plot]
     for s in plotted:
-        ax.plot(step, col(s.name), label=s.plot)
+        ax.plot(step, train[s.name], label=s.plot)
     ax.set_title(" and ".join(s.name for s in plotted))
-    by_t: dict[float, list[dict]] = defaultdict(list)
-    for r in val:
-        by_t[r["timestep"]].append(r)
+    by_t: dict[float, list[int]] = defaultdict(list)  # the val rows of each timestep
+    for i, t in enumerate(val["timestep"]):
+        by_t[t].append(i)
     for ax, key in zip(axes[1, :3], ("mse", "gap_uncond", "gap_nulltext")):
         for t, rows in sorted(by_t.items()):
-            ax.plot(
-                [r["step"] for r in rows], [r.get(key, math.nan) for r in rows], marker="o", ms=3, label=f"t={t:.1f}"
-            )
+            ax.plot([val["step"][i] for i in rows], [val[key][i] for i in rows], marker="o", ms=3, label=f"t={t:.1f}")
         if key.startswith("gap"):
             ax.axhline(0.0, color="gray", lw=0.8, ls=":")
-        ax.set_title(f"val {key}" + ("" if val else " (no validation yet)"))
+        ax.set_title(f"val {key}" + ("" if by_t else " (no validation yet)"))
     axes[1, 3].axis("off")
     axes[1, 3].text(
         0.0,
         0.9,
-        f"{run_dir}\nsteps {int(step[0])}..{int(step[-1])}, {len(val)} val rows\n\n"
+        f"{run_dir}\nsteps {int(step[0])}..{int(step[-1])}, {len(val['step'])} val rows\n\n"
         "gap_uncond = mse(cond UNKNOWN) - mse\ngap_nulltext = mse(null text) - mse\n"
         "above 0: the model uses the condition / the text",
         va="top",

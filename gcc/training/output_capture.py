@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gcc.compat.python import helper_flags
 from gcc.inputs import printable
 from gcc.redact import redact_text
 
@@ -228,7 +229,9 @@ def start(log_fd: int, rank: int) -> None:
     reads = [channels[fd][0] for fd, _ in STREAMS]
     root = str(Path(__file__).resolve().parents[2])  # the folder that holds gcc: the writer imports this module
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-    argv = [sys.executable, "-m", "gcc.training.output_capture", str(rank), str(log_fd), str(control_r), str(ack_w)]
+    # -P among the flags: `-m` would import from the working directory first (a folder `gcc/` there would run)
+    argv = [sys.executable, *helper_flags(), "-m", "gcc.training.output_capture"]
+    argv += [str(rank), str(log_fd), str(control_r), str(ack_w)]
     argv += [f"{r}:{name}" for r, (_, name) in zip(reads, STREAMS)]
     # blocked until the writer ignores them (a blocked signal stays blocked across exec): a Ctrl-C or SIGTERM that
     # comes while it starts does not kill it; the rank gets any that came meanwhile once they are unblocked

@@ -39,13 +39,13 @@ from gcc.compat.composer import CHECKPOINT_RE, LATEST_LINK
 from gcc.compat.torch import DCP_METADATA
 from gcc.errors import BadInput, Refusal
 from gcc.locks import LockHeld, take_flock
-from gcc.storage import atomic_write, open_folder, sha256_file
+from gcc.storage import LinkRefused, atomic_write, in_place_problem, open_folder, sha256_file
 
 logger = logging.getLogger(__name__)
 
 # Composer's names for a checkpoint (a DDP file or an FSDP folder) and its "latest" link; what completes a DCP folder
 CKPT_RE, LATEST = CHECKPOINT_RE, LATEST_LINK
-CKPT_TMP_RE = re.compile(r"^(.+)\.tmp\d+$")  # gcc.storage's temporary of a checkpoint file: <name>.tmp<pid>
+CKPT_TMP_RE = re.compile(r"^(.+)\.tmp[0-9]+$")  # gcc.storage's temporary of a checkpoint file: <name>.tmp<pid>
 
 
 # ---- lock ---------------------------------------------------------------------------------------------
@@ -90,6 +90,8 @@ def _take(path: Path, folder: Path, what: str, advice: str, run: str) -> int:
         return take_flock(path, f"pid {os.getpid()} on {socket.gethostname()}{run}", 0o666)
     except LockHeld as e:
         raise Refusal(f"{folder}: another live run holds {path} ({e.holder}); {advice}") from None
+    except LinkRefused as e:
+        raise Refusal(f"{e}, then relaunch; it is {what}") from None
     except OSError as e:
         raise Refusal(
             f"{path}: cannot be opened as {what} ({e.strerror}; a symbolic link or not a file?); remove it and relaunch"
@@ -101,13 +103,16 @@ def _take(path: Path, folder: Path, what: str, advice: str, run: str) -> int:
 RUN_FOLDERS = ("checkpoints", "samples", "stacks", "cache", "replaced", "tensorboard")
 LOGS = ("train_log.csv", "val_log.csv")
 RUN_FILES = ("run.json", "config.json", *LOGS)
+# what a run writes in place (appends to or rewrites), not by a rename: none of them may have another name either
+IN_PLACE = (".lock", "train.log", *LOGS)
 
 
 def check_run_folder(run_dir: Path) -> None:
     """The entries the launch reads or writes in `run_dir`, checked before it reads or writes any (docs/training.md,
     "Trust and safety"): none of the run's own folders and files is a link (a write would land where it points);
-    `checkpoints` a folder; each export (`step-N.safetensors`) a file, not a link (dangling or not). A Refusal
-    naming the entry otherwise."""
+    `checkpoints` a folder; each export (`step-N.safetensors`) a file, not a link (dangling or not); what the run
+    writes in place (`IN_PLACE`, `stacks/`) a file of its own (`gcc.storage.in_place_problem`: no other name, a hard
+    link say, no other owner). A Refusal naming the entry otherwise."""
     run_dir = Path(run_dir)
     for name in (*RUN_FOLDERS, *RUN_FILES):
         if (run_dir / name).is_symlink():
@@ -122,6 +127,11 @@ def check_run_folder(run_dir: Path) -> None:
         if p.is_symlink() or not p.is_file():
             what = "a symbolic link" if p.is_symlink() else "not a file"
             raise Refusal(f"{p}: {what}, expected an export the run wrote; move it away and relaunch")
+    stacks = run_dir / "stacks"
+    for p in [run_dir / name for name in IN_PLACE] + (sorted(stacks.iterdir()) if stacks.is_dir() else []):
+        problem = in_place_problem(p)
+        if problem is not None:
+            raise Refusal(f"{p}: {problem}; gcc writes into it in place, so it must be the run's own: move it away")
 
 
 # ---- identity -----------------------------------------------------------------------------------------
