@@ -38,6 +38,7 @@ CAPS = {
     "safetensors_header": 100 * MiB,  # safetensors' own limit on a header
     "npz": 4096 * MiB,  # the inflated size of all members of one npz
     "shard": 4096 * MiB,  # an MDS shard (its offsets are uint32); each is read at the size its index declares
+    "pth": 16384 * MiB,  # pickled weights (torch.save: the VAE's Wan2.2_VAE.pth, 2.8 GB as published)
 }
 # nesting of a json document or a yaml tree beyond which it is refused (Python's parsers recurse)
 MAX_DEPTH = 64
@@ -394,6 +395,31 @@ def npy_members(path: str | os.PathLike, cap: int | None = None) -> dict[str, tu
                         raise BadInput(f"{path}: its arrays add up to more than {_size_words(cap)}")
                     members[info.filename[:-4]] = (tuple(shape), dtype)
     return members
+
+
+def check_pickled_weights(path: str | os.PathLike) -> None:
+    """A torch.save file (a zip: the pickle, one record per storage) checked before torch's loader reads it: every
+    record is stored as torch.save writes it, uncompressed, and its declared size is the size it takes in the file,
+    so what the loader allocates is bounded by the file (at most the cap of "pth"). A BadInput naming the file and
+    the record otherwise: a record that inflates (2 MB declaring 2 GB: a deflate bomb) is refused unread."""
+    with open_regular(path, "pth") as (fd, size):
+        with os.fdopen(os.dup(fd), "rb") as f:
+            try:
+                z = zipfile.ZipFile(f)
+            except (zipfile.BadZipFile, OSError, ValueError) as e:
+                raise BadInput(f"{path}: not a torch.save file ({e})") from None
+            with z:
+                total = 0
+                for info in z.infolist():
+                    where = f"{path}: record {shown(repr(info.filename), 120)}"
+                    if info.compress_type != zipfile.ZIP_STORED or info.file_size != info.compress_size:
+                        raise BadInput(
+                            f"{where}: compressed ({info.compress_size} bytes declaring {info.file_size}); torch.save "
+                            "stores its records as they are, so this is not a file it wrote"
+                        )
+                    total += info.file_size
+                    if total > size:
+                        raise BadInput(f"{where}: its records declare more bytes than the file's {size}")
 
 
 def decompress_zstd(data: bytes, cap: int, where: str) -> bytes:

@@ -8,10 +8,12 @@ loading torch or Composer (an argument list, nothing else).
 `main` is `gcc-launch` (`python -m gcc.launcher`): Composer's launcher itself, with the same flags, whose own lines
 (a rank that crashed and its exit code, the launcher's tracebacks, what it prints of a crashed rank's output) also
 go to the run's `<run_dir>/train.log` (`<UTC time> launcher <stdout|stderr>: <line>`, masked). The ranks cannot
-take them: the launcher is another process, and the other ranks' output reaches it through files it deletes. The
-run folder is read from the yaml and overrides with gcc's config loader (no torch), and train.log opened as the
-ranks open it (gcc/training/console.py `open_log_file`); a config that does not load, or no training script, and
-the launcher runs as `composer` does (the ranks report the config's trouble). The launcher's console is as
+take them: the launcher is another process, and the other ranks' output reaches it through files it deletes.
+Before it creates or starts anything it checks what it was given, as the ranks would: its own flags and
+environment (Composer's reading, `-n 0` included), then, for gcc/train.py, the trainer's command line and the
+config (gcc/training/entry.py `checked_config`); a bad one is one line `gcc-launch: ...` and its exit code, and
+nothing is created. Then train.log is opened as the ranks open it (gcc/training/console.py `open_log_file`). Another
+script, or the trainer's --print_config, and the launcher runs as `composer` does. The launcher's console is as
 `composer`'s.
 """
 
@@ -80,35 +82,59 @@ class _Tee(io.TextIOBase):
         return self.stream.encoding
 
 
-def _open_run_log(script_args: list[str] | None) -> int | None:
-    """The run's train.log opened for appending (gcc/training/console.py `open_log_file`), or None when the
-    command line names no run whose config loads (the launcher then runs as `composer` does)."""
-    from gcc.training.config import load_config
+def _checked_run(launch) -> int | None:
+    """For a launch of gcc/train.py (`launch`: the launcher's reading of its command line), its command line and
+    config checked as every rank checks them (gcc/training/entry.py `checked_config`), then the run's train.log
+    opened for appending (gcc/training/console.py `open_log_file`, which creates the run folder): its descriptor.
+    None for another script, or for the trainer's --print_config (nothing to check, no run). Raises the verdict's
+    error (the config's, a link in place of train.log), or SystemExit for the trainer's usage error (printed)."""
     from gcc.training.console import RUN_LOG, open_log_file
+    from gcc.training.entry import build_parser, checked_config
 
-    positional = [a for a in (script_args or [])[1:] if not a.startswith("-")]
-    if not positional or "--print_config" in (script_args or []):
+    if Path(launch.training_script).resolve() != TRAIN_SCRIPT:
         return None
+    args = build_parser().parse_args(launch.training_script_args)
+    if args.print_config:
+        return None
+    if args.yaml is None:
+        build_parser().error("the yaml is required (or --print_config)")
     logging.getLogger("gcc").addHandler(logging.NullHandler())  # a config's warning: each rank prints it
-    try:
-        return open_log_file(Path(load_config(positional[0], positional[1:]).run_dir) / RUN_LOG)
-    except Exception:  # whatever the trouble (config, folder, a link), each rank reports it, naming it
-        return None
+    cfg = checked_config(args.yaml, args.overrides, launch.world_size)
+    return open_log_file(Path(cfg.run_dir) / RUN_LOG)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`gcc-launch [composer's flags] gcc/train.py <yaml> [overrides]` (module docstring): its exit code."""
+    """`gcc-launch [composer's flags] gcc/train.py <yaml> [overrides]` (module docstring): its exit code. Its
+    command line, its environment and the config are checked before anything is created or started: a bad one is
+    one line `gcc-launch: ...` and exit 2 (3 for a refused train.log)."""
     import gcc.compat.composer  # noqa: F401  (first: Composer loaded without the parts no process of a run uses)
 
     # isort: split
     from composer.cli import launcher
 
-    from gcc.compat.composer_launcher import training_script_args
+    from gcc import redact
+    from gcc.cli import fail
+    from gcc.compat.composer_launcher import launcher_args
+    from gcc.errors import BadInput, launch_verdict
     from gcc.training.output_capture import LogLines
 
+    redact.install()
     args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        launch = launcher_args(args)
+    except BadInput as e:
+        return fail("gcc-launch", str(e))
+    if launch is None:  # --help, --version: printed
+        return 0
+    try:
+        log_fd = _checked_run(launch)
+    except SystemExit as e:  # the trainer's usage error, printed by its parser
+        return e.code if isinstance(e.code, int) else 2
+    except Exception as e:
+        code, line = launch_verdict(e)  # anything but a verdict of gcc's is a bug: raised again
+        print(f"gcc-launch: {redact.redact_text(line)}", file=sys.stderr, flush=True)
+        return code
     sys.argv = [sys.argv[0], *args]  # the launcher reads its command line there
-    log_fd = _open_run_log(training_script_args(args))
     if log_fd is None:
         return launcher.main()
     streams = sys.stdout, sys.stderr

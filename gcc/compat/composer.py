@@ -111,8 +111,9 @@ def load_callback_state_it_has(load):
 
 checkpoint.dist_cp_load = load_callback_state_it_has(checkpoint.dist_cp_load)
 
-# a DDP checkpoint file or an FSDP (DCP) folder; ASCII digits, at most 18 (a step never has more)
-CHECKPOINT_RE = re.compile(r"^ep([0-9]{1,18})-ba([0-9]{1,18})(-rank0\.pt)?$")
+# a DDP checkpoint file or an FSDP (DCP) folder: ASCII digits, at most 18 (a step never has more), and nothing after
+# (\Z: `$` would also match before a final newline)
+CHECKPOINT_RE = re.compile(r"^ep([0-9]{1,18})-ba([0-9]{1,18})(-rank0\.pt)?\Z")
 LATEST_LINK = "latest-rank0.pt"
 
 

@@ -39,6 +39,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def checked_config(yaml: str, overrides: list[str], world: int) -> TrainConfig:
+    """The config and what it names, checked before any work for a launch of `world` processes: by every rank alike
+    (`prepare`), and by `gcc-launch` before it starts them (gcc/launcher.py). ConfigError, BadInput, Refusal or
+    StorageUnavailable naming the key otherwise (`gcc.errors.launch_verdict` gives the line)."""
+    cfg = load_config(yaml, overrides)
+    cfg.per_rank_batch(world)
+    check_inputs(cfg)
+    return cfg
+
+
 def prepare(argv: list[str] | None, capture_output: bool = False) -> TrainConfig | int:
     """The command line and the config checked, on every rank alike (nothing has started yet), then the console at
     the config's level and this rank's share of `<run_dir>/train.log` (with `capture_output`, the process's: all it
@@ -58,12 +68,11 @@ def prepare(argv: list[str] | None, capture_output: bool = False) -> TrainConfig
     if args.yaml is None and not args.print_config:
         p.error("the yaml is required (or --print_config)")
     try:  # every rank checks the config and what it names before any work: the same verdict everywhere
-        cfg = load_config(args.yaml, args.overrides)
         if args.print_config:  # what the config says, nothing it names checked: no run starts
+            cfg = load_config(args.yaml, args.overrides)
             print("\n".join(describe(cfg if args.yaml is not None else None)))
             return exit_codes.OK
-        cfg.per_rank_batch(world_size())
-        check_inputs(cfg)
+        cfg = checked_config(args.yaml, args.overrides, world_size())
         configure_logging(cfg.log_level, rank())
         # every rank: rank 0's lines, each rank's own warnings and, in a launch's process, everything else each
         # rank prints, from here on (docs/training.md, "The run folder")
@@ -74,8 +83,8 @@ def prepare(argv: list[str] | None, capture_output: bool = False) -> TrainConfig
         return code
     for key in secret_keys(to_dict(cfg)):
         logger.warning(
-            f"{key}: holds a credential; gcc masks it in its own files and logs, but the yaml or the "
-            f"command line, and the library it is passed to, may keep it: set it through the "
+            f"{key} holds a credential, which gcc masks in its own files and logs; the yaml or the "
+            f"command line, and the library it is passed to, may keep it. Set it through the "
             f'environment instead (docs/training.md, "Trust and safety")'
         )
     return cfg

@@ -40,10 +40,12 @@ from pathlib import Path
 
 from gcc.compat.python import helper_flags
 from gcc.inputs import printable
-from gcc.redact import redact_text
+from gcc.redact import redact_span
 
 # a line longer than this (a progress bar redrawn with \r for hours, a dump without newlines) is written in pieces
 MAX_LINE = 64 * 1024
+# how much of a long line around each cut its masking reads (a credential that a cut runs through)
+CONTEXT = 64 * 1024
 # how long a rank waits for the writer to catch up before it goes on without (a console that blocks it)
 DRAIN_S = 5.0
 # the signals that stop a launch: the writer outlives them, to write the rank's last lines
@@ -62,28 +64,41 @@ def utc_now() -> str:
 
 class LogLines:
     """The text of one stream, cut into train.log's lines: `<UTC time> <source>: <line>`, masked. A line redrawn
-    with carriage returns (a progress bar) is written as a terminal last shows it. A write that fails (a full or gone
-    disk) stops the lines of this stream and says so once on `complain`; the console is not affected."""
+    with carriage returns (a progress bar) is written as a terminal last shows it. A line longer than MAX_LINE is
+    written in pieces of MAX_LINE, each masked with up to CONTEXT characters of the line before and after it
+    (`gcc.redact.redact_span`): a credential that a cut runs through is masked on both sides of it. A write that
+    fails (a full or gone disk) stops the lines of this stream and says so once on `complain`; the console is not
+    affected."""
 
     def __init__(self, fd: int, source: str, complain: Callable[[str], object] | None = None):
         self.fd, self.source, self.complain = fd, source, complain
-        self.pending = ""
+        self.pending = ""  # the line so far: its first `self.written` characters are written, kept as context
+        self.written = 0
         self.decoder = codecs.getincrementaldecoder("utf-8")("backslashreplace")
 
     def feed(self, data: bytes | str, final: bool = False) -> None:
         text = data if isinstance(data, str) else self.decoder.decode(data, final)
-        *lines, self.pending = (self.pending + text).split("\n")
-        if len(self.pending) > MAX_LINE:
-            self.pending = self.pending.rsplit("\r", 1)[-1]
-        while len(self.pending) > MAX_LINE:
-            lines.append(self.pending[:MAX_LINE])
-            self.pending = self.pending[MAX_LINE:]
-        if final and self.pending:
-            lines.append(self.pending)
-            self.pending = ""
-        if lines and self.fd >= 0:
+        *lines, pending = (self.pending + text).split("\n")
+        pieces = [p for i, ln in enumerate(lines) for p in _pieces(ln, self.written if i == 0 else 0, len(ln))]
+        if lines:
+            self.written = 0
+        if len(pending) > MAX_LINE:  # a bar redrawn for hours without a newline: what a terminal shows
+            redrawn = pending.rsplit("\r", 1)[-1]
+            self.written = max(0, self.written - (len(pending) - len(redrawn)))
+            pending = redrawn
+        # a piece is cut once CONTEXT more characters have come (or at the end), so that its mask sees past the cut
+        while len(pending) - self.written > MAX_LINE + CONTEXT:
+            cut = self.written + MAX_LINE
+            pieces += _pieces(pending, self.written, cut)
+            keep = max(0, cut - CONTEXT)
+            pending, self.written = pending[keep:], cut - keep
+        if final and len(pending) > self.written:
+            pieces += _pieces(pending, self.written, len(pending))
+            pending, self.written = "", 0
+        self.pending = pending
+        if pieces and self.fd >= 0:
             stamp = utc_now()
-            shown = (printable(redact_text(ln.rstrip("\r").rsplit("\r", 1)[-1])) for ln in lines)
+            shown = (printable(p.rstrip("\r").rsplit("\r", 1)[-1]) for p in pieces)
             try:
                 append(self.fd, "".join(f"{stamp} {self.source}: {ln}\n" for ln in shown))
             except OSError as e:
@@ -93,6 +108,19 @@ class LogLines:
                         f"gcc.train: {self.source}: train.log cannot be written ({e.strerror}); it gets "
                         f"no more of these lines in this launch\n"
                     )
+
+
+def _pieces(line: str, start: int, end: int) -> list[str]:
+    """`line[start:end]` in pieces of at most MAX_LINE characters (one, empty, for an empty line), each masked with up
+    to CONTEXT characters of `line` on either side (`gcc.redact.redact_span`)."""
+    if start >= end:
+        return [""] if not line else []
+    out = []
+    for a in range(start, end, MAX_LINE):
+        b = min(a + MAX_LINE, end)
+        lo, hi = max(0, a - CONTEXT), min(len(line), b + CONTEXT)
+        out.append(redact_span(line[lo:hi], a - lo, b - lo))
+    return out
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 # Composer's names for a checkpoint (a DDP file or an FSDP folder) and its "latest" link; what completes a DCP folder
 CKPT_RE, LATEST = CHECKPOINT_RE, LATEST_LINK
-CKPT_TMP_RE = re.compile(r"^(.+)\.tmp[0-9]+$")  # gcc.storage's temporary of a checkpoint file: <name>.tmp<pid>
+CKPT_TMP_RE = re.compile(r"^(.+)\.tmp[0-9]+\Z")  # gcc.storage's temporary of a checkpoint file: <name>.tmp<pid>
 
 
 # ---- lock ---------------------------------------------------------------------------------------------
@@ -123,6 +123,12 @@ def check_run_folder(run_dir: Path) -> None:
     ckpts = ckpt_dir(run_dir)
     if ckpts.exists() and not ckpts.is_dir():
         raise Refusal(f"{ckpts}: not a folder, expected the folder of the run's checkpoints; move it away and relaunch")
+    for p in sorted(ckpts.iterdir()) if ckpts.is_dir() else []:
+        problem = _ckpt_kind(p) if CKPT_RE.match(p.name) else None
+        if p.name == LATEST and not (p.is_symlink() or p.is_file() or p.is_dir()):
+            problem = "not a link, a file or a folder"
+        if problem is not None:
+            raise Refusal(f"{p}: named like a checkpoint but {problem}; move it away and relaunch")
     for p in sorted(run_dir.glob("step-*.safetensors")):
         if p.is_symlink() or not p.is_file():
             what = "a symbolic link" if p.is_symlink() else "not a file"
@@ -273,11 +279,7 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     d = ckpt_dir(run_dir)
     if not d.exists():
         return []
-    out = [
-        (int(m.group(2)), p)
-        for p in d.iterdir()
-        if (m := CKPT_RE.match(p.name)) and not p.is_symlink() and (p.is_dir() if m.group(3) is None else p.is_file())
-    ]
+    out = [(int(m.group(2)), p) for p in d.iterdir() if (m := CKPT_RE.match(p.name)) and _ckpt_kind(p) is None]
     return sorted(out)
 
 
@@ -301,10 +303,27 @@ def disk_gb(path: Path) -> float:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    link = ckpt_dir(run_dir) / LATEST
-    if link.is_symlink() or link.exists():
-        target = link.resolve()
-        return target if target.exists() else None
+    """The checkpoint `latest` names: only a symbolic link to the name of a checkpoint of this folder, of its kind
+    (`_ckpt_kind`), is read, as a hint. Anything else there is None: missing, a regular file or a folder in its place
+    (a copy by `cp -rL` or `rsync -L`), a link to itself or to another name or path; `plan_repair` then finds the
+    newest complete checkpoint itself."""
+    try:
+        target = os.readlink(ckpt_dir(run_dir) / LATEST)
+    except OSError:  # missing, or not a link
+        return None
+    path = ckpt_dir(run_dir) / target
+    return path if CKPT_RE.match(target) and _ckpt_kind(path) is None else None
+
+
+def _ckpt_kind(path: Path) -> str | None:
+    """Why `path`, named like a checkpoint, is not one: a DDP name (ep<E>-ba<B>-rank0.pt) must be a file, an FSDP
+    name (ep<E>-ba<B>) a folder, neither a symbolic link. None if it is of its kind."""
+    m = CKPT_RE.match(path.name)
+    want = "a folder" if m is not None and m.group(3) is None else "a file"
+    if path.is_symlink():
+        return f"a symbolic link, not {want}"
+    if not (path.is_dir() if want == "a folder" else path.is_file()):
+        return f"not {want}"
     return None
 
 
@@ -319,6 +338,8 @@ class Repair:
 
     def apply(self, run_dir: Path) -> Path | None:
         link = ckpt_dir(run_dir) / LATEST
+        if self.relink and not link.is_symlink():  # a copy in its place (`cp -rL`): a file, or a DCP folder
+            remove_checkpoint(link)
         if self.relink and self.latest is not None:
             point_latest(run_dir, self.latest.name)
             logger.info(f"checkpoints: 'latest' repaired -> {self.latest.name}")
@@ -338,7 +359,7 @@ def plan_repair(run_dir: Path) -> Repair:
     if latest is None or not is_complete(latest):
         complete = [p for _, p in ckpts if is_complete(p)]
         latest = complete[-1] if complete else None
-        relink = latest is not None or link.is_symlink() or link.exists()
+        relink = latest is not None or os.path.lexists(link)
     latest_batch = checkpoint_step(latest) if latest is not None else -1
     doomed = tuple(p for batch, p in ckpts if batch > latest_batch or (p != latest and not is_complete(p)))
     return Repair(latest, relink, doomed + unfinished_writes(run_dir))
