@@ -14,6 +14,7 @@ a byte of data, and `decompress_zstd` inflates a frame with a cap on the output.
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import json
 import math
@@ -169,13 +170,10 @@ def env_int(name: str, default: int, lo: int | None = None, hi: int | None = Non
     return default if raw == "" else parse_int(raw, name, lo, hi)
 
 
-class _LongInteger(Exception):
-    """An integer of more than MAX_INT_DIGITS digits inside a JSON document (`parse_json`)."""
-
-
-def _json_int(digits: str) -> int:
+def _json_int(where: str, what: str, digits: str) -> int:
+    """A JSON document's integer (json's `parse_int`: its digits are ASCII), refused past MAX_INT_DIGITS digits."""
     if len(digits.lstrip("-")) > MAX_INT_DIGITS:
-        raise _LongInteger(len(digits.lstrip("-")))
+        raise BadInput(f"{where}: not {what}: an integer of {len(digits.lstrip('-'))} digits (at most {MAX_INT_DIGITS})")
     return int(digits)
 
 
@@ -186,11 +184,9 @@ def parse_json(text: str | bytes, where: str, what: str = "JSON") -> Any:
         text = decode_text(text, where, what)
     _check_json_depth(text, where)
     try:
-        return json.loads(text, parse_int=_json_int)
+        return json.loads(text, parse_int=functools.partial(_json_int, where, what))
     except json.JSONDecodeError as e:
         raise BadInput(f"{where}: not valid {what} (line {e.lineno}, column {e.colno}: {e.msg})") from None
-    except _LongInteger as e:
-        raise BadInput(f"{where}: not {what}: an integer of {e.args[0]} digits (at most {MAX_INT_DIGITS})") from None
     except RecursionError:  # pragma: no cover - the depth check comes first
         raise BadInput(f"{where}: nested deeper than {MAX_DEPTH} levels") from None
 

@@ -238,12 +238,12 @@ def open_in_place(path: str | os.PathLike, flags: int, mode: int = 0o666) -> int
         fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise LinkRefused(f"{path}: a symbolic link; gcc never writes through one (move it away)") from None
+            raise LinkRefused(f"{path}: a symbolic link, which gcc never writes through") from None
         raise
     try:
         problem = _not_own_file(os.fstat(fd), os.path.dirname(os.path.abspath(path)))
         if problem is not None:
-            raise LinkRefused(f"{path}: {problem}; gcc writes only a file of its own there (move it away)")
+            raise LinkRefused(f"{path}: {problem}")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)

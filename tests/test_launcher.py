@@ -34,21 +34,37 @@ def test_another_launcher_or_none():
     assert train_command("x.yaml", "a=1", n=None) == [sys.executable, str(TRAIN_SCRIPT), "x.yaml", "a=1"]
 
 
+def _launch(*script_args: str, flags: tuple[str, ...] = ("-n", "1")):
+    """The launcher's reading of `gcc-launch <flags> gcc/train.py <script_args>` (gcc/compat/composer_launcher.py)."""
+    from gcc.compat.composer_launcher import launcher_args
+
+    return launcher_args([*flags, str(TRAIN_SCRIPT), *script_args])
+
+
 def test_gcc_launch_tees_its_own_lines_into_the_runs_train_log_and_leaves_the_console_as_it_was(tmp_path):
     """`gcc-launch`'s streams (gcc/launcher.py `main`): the console gets what the launcher writes, unchanged; the
-    run's train.log its lines, masked. No run to name (no yaml, --print_config, a config that does not load): no
-    train.log, the launcher runs as `composer` does."""
+    run's train.log its lines, masked. The trainer's command line and config are checked first, as every rank checks
+    them, and nothing is created before they pass; no run to name (--print_config, another script): no train.log,
+    the launcher runs as `composer` does."""
     import io
 
-    from gcc.launcher import _open_run_log, _Tee
+    import pytest
+
+    from gcc.compat.composer_launcher import launcher_args
+    from gcc.launcher import _checked_run, _Tee
+    from gcc.training.config import ConfigError
     from gcc.training.output_capture import LogLines
 
     yaml = str(ROOT / "yamls" / "tiny_cpu.yaml")
     run_dir = tmp_path / "run"
-    for args in ([], ["gcc/train.py"], ["gcc/train.py", yaml, "--print_config"], ["gcc/train.py", yaml, "no_such=1"]):
-        assert _open_run_log(args) is None
+    assert _checked_run(_launch(yaml, f"run_dir={run_dir}", "--print_config")) is None
+    assert _checked_run(launcher_args(["-n", "1", "other.py", yaml, f"run_dir={run_dir}"])) is None
+    with pytest.raises(ConfigError, match="no_such"):
+        _checked_run(_launch(yaml, f"run_dir={run_dir}", "no_such=1"))
+    with pytest.raises(SystemExit):
+        _checked_run(_launch())  # no yaml: the trainer's usage error, printed by its parser
     assert not run_dir.exists()
-    fd = _open_run_log(["gcc/train.py", yaml, f"run_dir={run_dir}"])
+    fd = _checked_run(_launch(yaml, f"run_dir={run_dir}"))
     assert fd is not None
     console = io.StringIO()
     tee = _Tee(console, LogLines(fd, "launcher stderr"))

@@ -166,7 +166,7 @@ def open_log_file(path: Path) -> int:
     try:  # never through a link, symbolic or hard; a FIFO is refused, not waited on
         return open_in_place(path, os.O_WRONLY | os.O_APPEND)
     except LinkRefused as e:
-        raise Refusal(f"{e}, then relaunch; it is the run's log") from None
+        raise Refusal(f"{e}; it is the run's log: move it away and relaunch") from None
     except OSError as e:
         raise Refusal(f"{path}: cannot be opened as the run's log ({e.strerror}); remove it and relaunch") from None
 

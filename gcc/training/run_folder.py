@@ -91,7 +91,7 @@ def _take(path: Path, folder: Path, what: str, advice: str, run: str) -> int:
     except LockHeld as e:
         raise Refusal(f"{folder}: another live run holds {path} ({e.holder}); {advice}") from None
     except LinkRefused as e:
-        raise Refusal(f"{e}, then relaunch; it is {what}") from None
+        raise Refusal(f"{e}; it is {what}: move it away and relaunch") from None
     except OSError as e:
         raise Refusal(
             f"{path}: cannot be opened as {what} ({e.strerror}; a symbolic link or not a file?); remove it and relaunch"
