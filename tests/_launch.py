@@ -306,10 +306,11 @@ def finish(p: subprocess.Popen, timeout: float, both: bool = False, clean: bool 
     return (out, err) if both else out
 
 
-def stopped_copy(reference: Path, run_dir: Path, at: int = 9) -> Path:
+def stopped_copy(reference: Path, run_dir: Path, at: int = 9, dereferenced: bool = False) -> Path:
     """`run_dir`: the reference run as a launch killed while it wrote step 12's checkpoint leaves it (every row and
     export up to step 12 written, `latest` on step `at`'s checkpoint, none newer): a relaunch resumes from step
-    `at` and must give the reference's rows from there on. The reference keeps the checkpoints of steps 9 and 12."""
+    `at` and must give the reference's rows from there on. The reference keeps the checkpoints of steps 9 and 12.
+    `dereferenced`: copied as `cp -rL` or `rsync -L` copy it, `latest` a file holding the checkpoint's bytes."""
     from gcc.training.run_folder import checkpoint_step
 
     ignore = shutil.ignore_patterns("cache", "tensorboard", "samples", ".lock")
@@ -323,7 +324,10 @@ def stopped_copy(reference: Path, run_dir: Path, at: int = 9) -> Path:
             kept.append(p.name)
     assert len(kept) == 1, f"the reference has no checkpoint of step {at}: {sorted(q.name for q in ckpts.iterdir())}"
     (ckpts / "latest-rank0.pt").unlink()
-    os.symlink(kept[0], ckpts / "latest-rank0.pt")
+    if dereferenced:
+        shutil.copyfile(ckpts / kept[0], ckpts / "latest-rank0.pt")
+    else:
+        os.symlink(kept[0], ckpts / "latest-rank0.pt")
     return run_dir
 
 
