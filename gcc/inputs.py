@@ -173,7 +173,9 @@ def env_int(name: str, default: int, lo: int | None = None, hi: int | None = Non
 def _json_int(where: str, what: str, digits: str) -> int:
     """A JSON document's integer (json's `parse_int`: its digits are ASCII), refused past MAX_INT_DIGITS digits."""
     if len(digits.lstrip("-")) > MAX_INT_DIGITS:
-        raise BadInput(f"{where}: not {what}: an integer of {len(digits.lstrip('-'))} digits (at most {MAX_INT_DIGITS})")
+        raise BadInput(
+            f"{where}: not {what}: an integer of {len(digits.lstrip('-'))} digits (at most {MAX_INT_DIGITS})"
+        )
     return int(digits)
 
 

@@ -36,9 +36,10 @@ SECRET_KEY = re.compile(rf"(^|[_.-])({_WORDS})($|[_.-])|key$", re.I)
 # `X-Amz-Signature=`, `X-Amz-Credential=`; a name ending in key or token (wandb_key=, apikey=), not a key path's
 # last part alone (`dotted.key=value` in a usage line)
 _TEXT_KEY = re.compile(rf"(^|[_.-])({_WORDS}|sig|signature)($|[_.-])|(?<=[A-Za-z0-9_-])(key|token)$", re.I)
-# Every pattern is linear in its text: a match starts only where a name can (a lookbehind), and what it may scan
-# from there is bounded (a scheme, a name, a user:password), so that a line of 64 KiB of hostile text costs
-# milliseconds, not minutes (gcc/training/output_capture.py masks every line a rank prints).
+# Every pattern is linear in its text: a match starts only where a name can (a lookbehind: at the start of a run of
+# the characters it is made of), and what it may scan from there is bounded where it could run on (a scheme, a
+# user:password), so that a line of 64 KiB of hostile text costs milliseconds, not minutes (gcc/training/
+# output_capture.py masks every line a rank prints).
 CREDENTIAL_MAX = 1024  # the longest user:password of a URL that is masked (longer ones are no credential)
 # scheme://user[:password]@ -> scheme://***@; a password may hold a '/' (an AWS secret key does): with a ':' in
 # the authority, everything up to the '@'
@@ -53,11 +54,11 @@ BARE_USERINFO = re.compile(
 # a name and what joins it to its value: name=value, name = value, name: value (a URL's query ?sig=..., free text,
 # an environment or a yaml line, --name=value) and --name value (a command line); a credential's value (_TEXT_KEY
 # names it) follows, bare or quoted (VALUE)
-KEY_VALUE = re.compile(r"(?<![\w.-])-{0,2}(?P<key>[A-Za-z_][\w.-]{0,127})[ \t]*(?:=|:(?!//))[ \t]*")
-FLAG_VALUE = re.compile(r"(?<![\w-])--?(?P<key>[A-Za-z][\w-]{0,127})[ \t]+(?=[^\s-])")
+KEY_VALUE = re.compile(r"(?<![\w.-])-{0,2}(?P<key>[A-Za-z_][\w.-]*)[ \t]*(?:=|:(?!//))[ \t]*")
+FLAG_VALUE = re.compile(r"(?<![\w-])--?(?P<key>[A-Za-z][\w-]*)[ \t]+(?=[^\s-])")
 VALUE = re.compile(r""""(?P<dq>[^"\n]*)"|'(?P<sq>[^'\n]*)'|(?P<bare>[^\s&#,;'"]+)""")
 # 'name': 'value' and "name": "value" (a dict's repr, JSON)
-QUOTED_PAIR = re.compile(r"""(['"])([\w.-]{1,128})\1([ \t]*:[ \t]*)(['"])(.*?)\4""")
+QUOTED_PAIR = re.compile(r"""(['"])([\w.-]+)\1([ \t]*:[ \t]*)(['"])(.*?)\4""")
 # an Authorization header's credentials, and a bearer token wherever it is written (the scheme's own spelling,
 # so that "the bearer of" stays)
 AUTHORIZATION = re.compile(r"""(\bauthorization['"]?\s*[:=]\s*['"]?(?:[A-Za-z][\w-]*\s+)?)[^\s'",}]+""", re.I)

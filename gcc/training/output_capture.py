@@ -72,13 +72,21 @@ class LogLines:
 
     def __init__(self, fd: int, source: str, complain: Callable[[str], object] | None = None):
         self.fd, self.source, self.complain = fd, source, complain
-        self.pending = ""  # the line so far: its first `self.written` characters are written, kept as context
+        # the line so far, in the parts it came in (joined only when there is something to write: a writer that
+        # prints a byte at a time costs no more than one that prints lines); its first `written` characters are
+        # written already, kept as the context of what follows
+        self.parts: list[str] = []
+        self.size = 0
         self.written = 0
         self.decoder = codecs.getincrementaldecoder("utf-8")("backslashreplace")
 
     def feed(self, data: bytes | str, final: bool = False) -> None:
         text = data if isinstance(data, str) else self.decoder.decode(data, final)
-        *lines, pending = (self.pending + text).split("\n")
+        self.parts.append(text)
+        self.size += len(text)
+        if not final and "\n" not in text and self.size - self.written <= MAX_LINE + CONTEXT:
+            return
+        *lines, pending = "".join(self.parts).split("\n")
         pieces = [p for i, ln in enumerate(lines) for p in _pieces(ln, self.written if i == 0 else 0, len(ln))]
         if lines:
             self.written = 0
@@ -95,7 +103,7 @@ class LogLines:
         if final and len(pending) > self.written:
             pieces += _pieces(pending, self.written, len(pending))
             pending, self.written = "", 0
-        self.pending = pending
+        self.parts, self.size = [pending], len(pending)
         if pieces and self.fd >= 0:
             stamp = utc_now()
             shown = (printable(p.rstrip("\r").rsplit("\r", 1)[-1]) for p in pieces)
