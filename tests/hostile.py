@@ -142,6 +142,7 @@ class Outcome:
 def mains() -> dict[str, Callable[[list[str]], int]]:
     """Each program's main(argv), as its console script (pyproject.toml) or gcc/train.py calls it."""
     from gcc.data.convert import main as convert_main
+    from gcc.launcher import main as launch_main
     from gcc.synth.world import main as synth_main
     from gcc.tools.compare import main as compare_main
     from gcc.tools.inspect_ckpt import main as inspect_main
@@ -159,6 +160,7 @@ def mains() -> dict[str, Callable[[list[str]], int]]:
         "gcc-compare": compare_main,
         "gcc-maskstats": maskstats_main,
         "gcc-sample": sample_main,
+        "gcc-launch": launch_main,
     }
 
 
@@ -188,7 +190,7 @@ def run_entry(prog: str, argv: list[str], limit_s: float = TIME_LIMIT_S, cwd: Pa
 
 # the first words of an entry's answer to bad input: the tools' `<prog>: error: `, the trainer's verdicts
 # the trainer's command-line parser is named as the user runs it (argparse's `gcc/train.py: error: ...`)
-ALIASES = {"gcc.train": ("gcc.train", "gcc/train.py")}
+ALIASES = {"gcc.train": ("gcc.train", "gcc/train.py"), "gcc-launch": ("gcc-launch", "gcc/train.py")}
 VERDICTS = ("error: ", "config error: ", "refused: ", "damaged data: ", "storage unavailable: ", "disk full: ")
 
 
