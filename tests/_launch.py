@@ -166,17 +166,18 @@ class Launch(subprocess.Popen):
 
 
 def start_bg(
-    run_dir, shards, *overrides, n=2, launcher=(), prefix=(), pipe_stderr=False, direct=False, base=BASE
+    run_dir, shards, *overrides, n=2, launcher=(), prefix=(), pipe_stderr=False, direct=False, base=BASE, cwd=None
 ) -> Launch:
     """A launch in its own process group, so a signal reaches the launcher and every rank, as on a cluster. Rank 0
     and the launcher print on the pipe (stdout; stderr apart with `pipe_stderr`), the other ranks into files.
-    `direct`: one rank without the launcher (`cmd`)."""
+    `direct`: one rank without the launcher (`cmd`); `cwd`: the folder it is started in (this process's)."""
     n = 1 if direct else n
     flags = _rank_logs(Path(run_dir), launcher)
     shm_before = set(shm_prefixes(_node_cache(Path(run_dir), overrides)))
     p = Launch(
         cmd(run_dir, shards, *overrides, n=n, launcher=flags, prefix=prefix, direct=direct, base=base),
         env=env(),
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE if pipe_stderr else subprocess.STDOUT,
         text=True,
@@ -187,11 +188,14 @@ def start_bg(
 
 
 def launch(
-    run_dir, shards, *overrides, n=2, timeout=600, launcher=(), clean=True, direct=False, base=BASE
+    run_dir, shards, *overrides, n=2, timeout=600, launcher=(), clean=True, direct=False, base=BASE, cwd=None
 ) -> subprocess.CompletedProcess:
     """One launch to its end (a hang fails with every process's stacks: `finish`); what it printed, every rank's
-    ended cleanly (`clean`: `assert_clean_end`). `direct`: one rank without the launcher (`cmd`)."""
-    p = start_bg(run_dir, shards, *overrides, n=n, launcher=launcher, pipe_stderr=True, direct=direct, base=base)
+    ended cleanly (`clean`: `assert_clean_end`). `direct`: one rank without the launcher (`cmd`); `cwd`: the folder
+    it is started in."""
+    p = start_bg(
+        run_dir, shards, *overrides, n=n, launcher=launcher, pipe_stderr=True, direct=direct, base=base, cwd=cwd
+    )
     with p:
         out, err = finish(p, timeout, both=True, clean=clean)
     logs = Path(_flag(p.launcher, "--stderr")).parent

@@ -274,3 +274,43 @@ def peak_allocated(call: Callable) -> tuple[int, BaseException | None]:
         return tracemalloc.get_traced_memory()[1] - base, error
     finally:
         tracemalloc.stop()
+
+
+# the top-level names a Python process gcc starts imports first (its helpers import multiprocessing, gcc and what
+# gcc.data.dataset loads; convert_data is a package of this project too)
+HOSTILE_MODULES = ("gcc", "convert_data", "multiprocessing", "torch", "streaming", "composer")
+
+
+def hostile_folder(folder: Path, names: tuple[str, ...] = HOSTILE_MODULES, package: bool = True) -> Path:
+    """`folder` holding a module of each of `names` (a package `<name>/__init__.py`, or `<name>.py`) whose import
+    leaves a file `RAN-<name>-<pid>` in `folder`: a process started in `folder` that imports from its working
+    directory (as `python -m` and `python -c` do) leaves one (`ran_in`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        code = f"import os\nopen(os.path.join({str(folder)!r}, f'RAN-{name}-{{os.getpid()}}'), 'w').close()\n"
+        if package:
+            (folder / name).mkdir(exist_ok=True)
+            (folder / name / "__init__.py").write_text(code)
+        else:
+            (folder / f"{name}.py").write_text(code)
+    return folder
+
+
+def ran_in(folder: Path) -> list[str]:
+    """What `hostile_folder`'s modules left in `folder`: the modules that were imported from it, and by which pid."""
+    return sorted(p.name for p in folder.glob("RAN-*"))
+
+
+def peak_rss(argv: list[str], timeout_s: float = 600, **kwargs) -> tuple[int, str, int]:
+    """`argv` run as a process to its end: (exit code, what it printed on stderr, the most memory it held: its peak
+    resident set in bytes, which the kernel reports for the process when it is reaped, `wait4`)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryFile() as err:
+        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, **kwargs)
+        with time_limit(timeout_s):
+            _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+        err.seek(0)
+        return p.returncode, err.read().decode(errors="replace"), usage.ru_maxrss * 1024

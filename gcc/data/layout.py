@@ -46,35 +46,29 @@ def read_text(path: Path, what: str = "", kind: str = "text", cap: int | None = 
 # a row of clips.jsonl: at most this long, its context keys at most this many (a clip has one per latent frame)
 MAX_INDEX_LINE = 64 * 1024
 MAX_CONTEXT_KEYS = 1024
-# the errors of an index said at most (the count of the others follows): a file of a million bad lines is one message
+# the errors of an index said at most: reading stops there (a file of a million bad lines is one message, in a moment)
 MAX_ERRORS = 20
 
 
 def read_index(src: Path) -> list[dict[str, Any]]:
     """The rows of `src/index/clips.jsonl`, each checked (fields, types, names, split), read line by line: what is
     held is the rows kept (their INDEX_FIELDS alone) and at most MAX_ERRORS messages, never the file. BadInput
-    naming each bad line (the first MAX_ERRORS of them, and how many more)."""
+    naming each bad line and field, all of them, or the first MAX_ERRORS (the file is not read further)."""
     path = src / "index" / "clips.jsonl"
     if not path.exists():
         raise BadInput(f"{path}: missing (expected one JSON row per clip)")
     rows: list[dict[str, Any]] = []
     errors: list[str] = []
-    n_errors = 0
-
-    def error(message: str) -> None:
-        nonlocal n_errors
-        n_errors += 1
-        if len(errors) < MAX_ERRORS:
-            errors.append(message)
-
     for n, line in inputs.read_lines(path, "jsonl", MAX_INDEX_LINE):
         if line.strip():
-            row = _index_row(line, f"{path}:{n}", error)
+            row = _index_row(line, f"{path}:{n}", errors.append)
             if row is not None:
                 rows.append(row)
-    if n_errors:
-        more = n_errors - len(errors)
-        raise BadInput("\n".join(errors + ([f"... and {more} more bad row(s) in {path}"] if more else [])))
+        if len(errors) >= MAX_ERRORS:
+            errors.append(f"(the first {len(errors)} errors: {path} was not read further)")
+            break
+    if errors:
+        raise BadInput("\n".join(errors))
     return rows
 
 
