@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from gcc import inputs
-from gcc.compat.composer import CHECKPOINT_RE, LATEST_LINK
+from gcc.compat.composer import CHECKPOINT_RE, COMPOSER_READS_AS_CHECKPOINT, LATEST_LINK
 from gcc.compat.torch import DCP_METADATA
 from gcc.errors import BadInput, Refusal
 from gcc.locks import LockHeld, take_flock
@@ -125,6 +125,8 @@ def check_run_folder(run_dir: Path) -> None:
         raise Refusal(f"{ckpts}: not a folder, expected the folder of the run's checkpoints; move it away and relaunch")
     for p in sorted(ckpts.iterdir()) if ckpts.is_dir() else []:
         problem = _ckpt_kind(p) if CKPT_RE.match(p.name) else None
+        if problem is None and COMPOSER_READS_AS_CHECKPOINT.match(p.name) and not CKPT_RE.match(p.name):
+            problem = "its step is not in ASCII digits (or has more than 18): Composer would take it for one"
         if p.name == LATEST and not (p.is_symlink() or p.is_file() or p.is_dir()):
             problem = "not a link, a file or a folder"
         if problem is not None:

@@ -141,10 +141,11 @@ STEPS = NUMBERS.filter(
 @given(names=st.lists(STEPS, min_size=1, max_size=4, unique=True))
 def test_a_name_that_holds_a_step_is_read_only_in_ascii_digits(scratch, names):
     """samples/step-N, step-N.safetensors and checkpoints ep0-baN...: a name whose N is not ASCII digits (or has more
-    than 18) is not one of the run's, and is left alone; never an int() that fails mid-run."""
+    than 18) is not one of the run's, and is left alone, never an int() that fails mid-run; a checkpoint's name that
+    Composer would read as a step is refused before the run starts."""
     from gcc.tools.compare import export_steps
     from gcc.training.callbacks.samples import rotate_samples
-    from gcc.training.run_folder import list_checkpoints, repair_checkpoints
+    from gcc.training.run_folder import Refusal, check_run_folder, list_checkpoints, repair_checkpoints
 
     run = Path(tempfile.mkdtemp(dir=scratch))
     (run / "checkpoints").mkdir()
@@ -157,4 +158,9 @@ def test_a_name_that_holds_a_step_is_read_only_in_ascii_digits(scratch, names):
     assert sorted(int(p.name[5:]) for p in removed) == ours[:-1]
     assert sorted(export_steps(run)) == sorted({int(n) for n in names if re.fullmatch(r"0|[1-9][0-9]{0,17}", n)})
     assert [s for s, _ in list_checkpoints(run)] == ours
+    # a name Composer's own check of its folder reads as a step (`\d` of any script) and gcc does not is refused
+    # before the Trainer starts (Composer would stop on it with a FileExistsError)
+    composers = [n for n in names if re.match(r"^\d+$", n) and not re.fullmatch(r"[0-9]{1,18}", n)]
+    with pytest.raises(Refusal, match="not in ASCII digits") if composers else contextlib.nullcontext():
+        check_run_folder(run)
     assert repair_checkpoints(run) is None  # none of them is a complete checkpoint (empty files)
