@@ -20,6 +20,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from gcc import exit_codes, redact
 from gcc.errors import BadInput, exit_for
@@ -170,7 +171,7 @@ class ToolParser(argparse.ArgumentParser):
         self.register("type", int, _int)
         self.register("type", float, _float)
 
-    def error(self, message: str):  # type: ignore[override]  # argparse's own, which exits
+    def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(exit_codes.CONFIG, f"{self.prog}: error: {printable(redact_text(message))}\n")
 

@@ -239,6 +239,8 @@ def open_in_place(path: str | os.PathLike, flags: int, mode: int = 0o666) -> int
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise LinkRefused(f"{path}: a symbolic link, which gcc never writes through") from None
+        if e.errno == errno.ENXIO:  # a FIFO without a reader (O_NONBLOCK), a socket
+            raise LinkRefused(f"{path}: not a regular file (a FIFO or a socket)") from None
         raise
     try:
         problem = _not_own_file(os.fstat(fd), os.path.dirname(os.path.abspath(path)))

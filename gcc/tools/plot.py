@@ -16,6 +16,7 @@ import os
 import sys
 from array import array
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 from gcc.cli import ToolParser, file_problem, run_tool
@@ -72,7 +73,8 @@ def read_columns(path: Path, needs: tuple[str, ...], wanted: tuple[str, ...] = (
                         x = row[c]
                         values.append(math.nan if x is None else x)
                 else:
-                    cell = cells[where[bad]] if where[bad] < len(cells) else None  # type: ignore[operator]
+                    at = where[bad]  # in the header: `bad` is one of `needs`
+                    cell = cells[at] if at is not None and at < len(cells) else None
                     partial = f"{path}:{line}: column {bad!r} is {shown(repr(cell), 80)}, expected a number"
     except OSError as e:
         raise BadInput(os_error_message(e)) from None
@@ -81,7 +83,7 @@ def read_columns(path: Path, needs: tuple[str, ...], wanted: tuple[str, ...] = (
     return columns
 
 
-def smooth(values: list[float], weight: float) -> list[float]:
+def smooth(values: Sequence[float], weight: float) -> list[float]:
     """TensorBoard's smoothing: an exponential moving average, debiased so the first points are not pulled to 0."""
     out, avg = [], 0.0
     for i, v in enumerate(values, 1):
