@@ -18,7 +18,6 @@ with no traceback, no escape and no secret.
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import hashlib
 import json
@@ -39,9 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from hostile import hostile_folder, ran_in  # noqa: E402
+from hostile import hostile_folder, plant, ran_in, write_logs  # noqa: E402
 
-from gcc.training.columns import TRAIN_COLUMNS, VAL_COLUMNS  # noqa: E402
+from gcc.training.columns import TRAIN_COLUMNS  # noqa: E402
 
 BIN = Path(sys.executable).parent
 PY = sys.executable
@@ -147,22 +146,6 @@ class World:
         dst = self.case(name) / "run"
         shutil.copytree(self.base, dst, symlinks=not dereference, ignore=shutil.ignore_patterns("cache", ".lock"))
         return dst
-
-
-def write_logs(run: Path, rows: int, seed: int = 0) -> int:
-    rng = random.Random(seed)
-    run.mkdir(parents=True, exist_ok=True)
-    with open(run / "train_log.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(TRAIN_COLUMNS)
-        for step in range(1, rows + 1):
-            w.writerow([step, *(repr(rng.random()) for _ in TRAIN_COLUMNS[1:-1]), "c1;c2"])
-    with open(run / "val_log.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(VAL_COLUMNS)
-        for i in range(rows // 4):
-            w.writerow([i // 3 * 10, (200.5, 500.5, 800.5)[i % 3], *(repr(rng.random()) for _ in VAL_COLUMNS[2:])])
-    return sum((run / n).stat().st_size for n in ("train_log.csv", "val_log.csv"))
 
 
 def closed_port() -> int:
@@ -276,7 +259,9 @@ def link_cases(w: World) -> list[Case]:
     """Hard links (and their neighbours: symbolic links, FIFOs, another user's file) planted in a run folder where
     gcc writes in place: the launch refuses naming the file, the file elsewhere is unchanged."""
     out = []
-    for name, plant in [
+    said = {"hard link": "2 names", "symbolic link": "symbolic link", "fifo": "not a regular file"}
+    said["another user's"] = "another user"
+    for name, kind in [
         ("train.log", "hard link"),
         (".lock", "hard link"),
         ("train_log.csv", "hard link"),
@@ -284,38 +269,21 @@ def link_cases(w: World) -> list[Case]:
         ("stacks/rank0.txt", "hard link"),
         ("train.log", "symbolic link"),
         ("train_log.csv", "symbolic link"),
-        ("train.log", "FIFO"),
+        ("train.log", "fifo"),
         ("train.log", "another user's"),
         (".lock", "another user's"),
     ]:
-        run = w.run_copy(f"link-{name.replace('/', '-')}-{plant.replace(' ', '-')}")
+        run = w.run_copy(f"link-{name.replace('/', '-')}-{kind.replace(' ', '-')}")
         victim = run.parent / "victim.csv"
         victim.write_text(",".join(TRAIN_COLUMNS) + "\n")
-        path = run / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.unlink(missing_ok=True)
-        if plant == "hard link":
-            os.link(victim, path)
-        elif plant == "symbolic link":
-            path.symlink_to(victim)
-        elif plant == "FIFO":
-            os.mkfifo(path)
-        else:
-            shutil.copyfile(victim, path)
-            os.chown(path, 4321, 4321)
-        said = {
-            "hard link": "2 names",
-            "symbolic link": "symbolic link",
-            "FIFO": "not a regular file",
-            "another user's": "another user",
-        }[plant]
+        plant(run / name, kind, victim)
         out.append(
             Case(
                 "hard links",
-                f"{name} a {plant} (resume)",
+                f"{name} a {kind} (resume)",
                 w.train(run, "max_duration=6"),
                 (3,),
-                re.escape(said),
+                re.escape(said[kind]),
                 watch=[victim],
             )
         )
@@ -414,7 +382,7 @@ def memory_cases(w: World) -> list[Case]:
     )
     d = w.case("mem-pth")
     pth = pth_bomb(d, 1 << 30)
-    load = "import sys; from gcc.sampling.vae import load_vae; load_vae(sys.argv[1])"
+    load = LOAD_VAE
     out.append(
         Case(
             "memory",
@@ -441,6 +409,17 @@ def memory_cases(w: World) -> list[Case]:
     return out
 
 
+# the VAE's reader (gcc-sample's and a run's), answering as a tool does
+LOAD_VAE = """
+import sys
+from gcc.sampling.vae import VaeError, load_vae
+try:
+    load_vae(sys.argv[1])
+except VaeError as e:
+    sys.exit(f"load_vae: error: {e}")
+"""
+
+
 def pth_bomb(d: Path, declared: int) -> Path:
     import torch
 
@@ -448,7 +427,9 @@ def pth_bomb(d: Path, declared: int) -> Path:
     with zipfile.ZipFile(d / "small.pth") as z, zipfile.ZipFile(d / "bomb.pth", "w") as bomb:
         for info in z.infolist():
             if info.filename.endswith("/data/0"):
-                with bomb.open(zipfile.ZipInfo(info.filename), "w") as f:  # deflated as it is written
+                deflated = zipfile.ZipInfo(info.filename)
+                deflated.compress_type = zipfile.ZIP_DEFLATED
+                with bomb.open(deflated, "w") as f:  # deflated as it is written
                     chunk = bytes(16 * MiB)
                     for _ in range(declared // len(chunk)):
                         f.write(chunk)

@@ -53,6 +53,11 @@ _KINDS = {
 }
 
 
+def kind_of(mode: int) -> str:
+    """What a file of `mode` (st_mode) is, in a message's words: "a FIFO (named pipe)", "a folder", ..."""
+    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
 # what an OSError's errno means for the file it names, in the words of every message gcc prints about one
 ERRNO_WORDS: dict[int | None, str] = {
     errno.ENOENT: "not found",
@@ -89,8 +94,7 @@ def open_regular(path: str | os.PathLike, kind: str, cap: int | None = None) -> 
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            what = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
-            raise BadInput(f"{path}: is {what}, expected a regular {kind} file")
+            raise BadInput(f"{path}: is {kind_of(st.st_mode)}, expected a regular {kind} file")
         if st.st_size > cap:
             raise BadInput(f"{path}: {_size_words(st.st_size)}, larger than a {kind} file may be ({_size_words(cap)})")
         yield fd, st.st_size
@@ -343,6 +347,22 @@ def _tensor_entry(path, name: str, entry: Any, data_size: int) -> TensorEntry:
     return TensorEntry(dtype, tuple(shape), (begin, end))
 
 
+@contextmanager
+def open_zip(
+    path: str | os.PathLike, kind: str, what: str, cap: int | None = None
+) -> Iterator[tuple[zipfile.ZipFile, int]]:
+    """(the zip archive in `path`, the file's size): a regular file of its kind's cap (`open_regular`), refused as
+    BadInput "not <what>" when it is not a zip archive. Nothing is inflated: each member's declared sizes are the
+    caller's to check."""
+    with open_regular(path, kind, cap) as (fd, size), os.fdopen(os.dup(fd), "rb") as f:
+        try:
+            z = zipfile.ZipFile(f)
+        except (zipfile.BadZipFile, OSError, ValueError) as e:
+            raise BadInput(f"{path}: not {what} ({e})") from None
+        with z:
+            yield z, size
+
+
 def _npy_header_readers() -> dict:
     import numpy as np
 
@@ -359,39 +379,33 @@ def npy_members(path: str | os.PathLike, cap: int | None = None) -> dict[str, tu
     cap = CAPS["npz"] if cap is None else cap
     npy_headers = _npy_header_readers()
     members, total = {}, 0
-    with open_regular(path, "npz", cap=1 << 62) as (fd, _):
-        with os.fdopen(os.dup(fd), "rb") as f:
+    with open_zip(path, "npz", "an npz file", cap=1 << 62) as (z, _):
+        for info in z.infolist():
+            where = f"{path}: member {info.filename[:200]!r}"
+            if not info.filename.endswith(".npy"):
+                raise BadInput(f"{where}: not a .npy array")
             try:
-                z = zipfile.ZipFile(f)
-            except (zipfile.BadZipFile, OSError, ValueError) as e:
-                raise BadInput(f"{path}: not an npz file ({e})") from None
-            with z:
-                for info in z.infolist():
-                    where = f"{path}: member {info.filename[:200]!r}"
-                    if not info.filename.endswith(".npy"):
-                        raise BadInput(f"{where}: not a .npy array")
-                    try:
-                        with z.open(info) as m:
-                            version = np.lib.format.read_magic(m)
-                            read_header = npy_headers.get(version)
-                            if read_header is None:
-                                raise ValueError(f"npy format version {version} is not 1.0 or 2.0")
-                            shape, _, dtype = read_header(m)
-                            header_len = m.tell()
-                    except Exception as e:  # whatever the header holds, it is bad input
-                        raise BadInput(f"{where}: not a .npy array header ({type(e).__name__}: {e})") from None
-                    if dtype.hasobject:
-                        raise BadInput(f"{where}: holds Python objects (pickles), which are never loaded")
-                    nbytes = math.prod(shape) * dtype.itemsize
-                    if info.file_size != header_len + nbytes:
-                        raise BadInput(
-                            f"{where}: its header declares {dtype}{list(shape)} ({nbytes} bytes) but the member "
-                            f"inflates to {info.file_size - header_len}"
-                        )
-                    total += nbytes
-                    if total > cap:
-                        raise BadInput(f"{path}: its arrays add up to more than {_size_words(cap)}")
-                    members[info.filename[:-4]] = (tuple(shape), dtype)
+                with z.open(info) as m:
+                    version = np.lib.format.read_magic(m)
+                    read_header = npy_headers.get(version)
+                    if read_header is None:
+                        raise ValueError(f"npy format version {version} is not 1.0 or 2.0")
+                    shape, _, dtype = read_header(m)
+                    header_len = m.tell()
+            except Exception as e:  # whatever the header holds, it is bad input
+                raise BadInput(f"{where}: not a .npy array header ({type(e).__name__}: {e})") from None
+            if dtype.hasobject:
+                raise BadInput(f"{where}: holds Python objects (pickles), which are never loaded")
+            nbytes = math.prod(shape) * dtype.itemsize
+            if info.file_size != header_len + nbytes:
+                raise BadInput(
+                    f"{where}: its header declares {dtype}{list(shape)} ({nbytes} bytes) but the member "
+                    f"inflates to {info.file_size - header_len}"
+                )
+            total += nbytes
+            if total > cap:
+                raise BadInput(f"{path}: its arrays add up to more than {_size_words(cap)}")
+            members[info.filename[:-4]] = (tuple(shape), dtype)
     return members
 
 
@@ -400,24 +414,18 @@ def check_pickled_weights(path: str | os.PathLike) -> None:
     record is stored as torch.save writes it, uncompressed, and its declared size is the size it takes in the file,
     so what the loader allocates is bounded by the file (at most the cap of "pth"). A BadInput naming the file and
     the record otherwise: a record that inflates (2 MB declaring 2 GB: a deflate bomb) is refused unread."""
-    with open_regular(path, "pth") as (fd, size):
-        with os.fdopen(os.dup(fd), "rb") as f:
-            try:
-                z = zipfile.ZipFile(f)
-            except (zipfile.BadZipFile, OSError, ValueError) as e:
-                raise BadInput(f"{path}: not a torch.save file ({e})") from None
-            with z:
-                total = 0
-                for info in z.infolist():
-                    where = f"{path}: record {shown(repr(info.filename), 120)}"
-                    if info.compress_type != zipfile.ZIP_STORED or info.file_size != info.compress_size:
-                        raise BadInput(
-                            f"{where}: compressed ({info.compress_size} bytes declaring {info.file_size}); torch.save "
-                            "stores its records as they are, so this is not a file it wrote"
-                        )
-                    total += info.file_size
-                    if total > size:
-                        raise BadInput(f"{where}: its records declare more bytes than the file's {size}")
+    with open_zip(path, "pth", "a torch.save file") as (z, size):
+        total = 0
+        for info in z.infolist():
+            where = f"{path}: record {shown(repr(info.filename), 120)}"
+            if info.compress_type != zipfile.ZIP_STORED or info.file_size != info.compress_size:
+                raise BadInput(
+                    f"{where}: compressed ({info.compress_size} bytes declaring {info.file_size}); torch.save "
+                    "stores its records as they are, so this is not a file it wrote"
+                )
+            total += info.file_size
+            if total > size:
+                raise BadInput(f"{where}: its records declare more bytes than the file's {size}")
 
 
 def decompress_zstd(data: bytes, cap: int, where: str) -> bytes:

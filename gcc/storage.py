@@ -208,7 +208,7 @@ def _not_own_file(st: os.stat_result, folder: str | os.PathLike) -> str | None:
     with other names (a hard link: a write changes it under each of them), or a file of another user than this one
     and the owner of its `folder` (a run folder's owner, when a teammate relaunches the run). None if it may."""
     if not stat.S_ISREG(st.st_mode):
-        return "not a regular file"
+        return f"{inputs.kind_of(st.st_mode)}, not a regular file"
     if st.st_nlink != 1:
         return f"a file with {st.st_nlink} names (hard links): a write would change it under the others too"
     if st.st_uid != os.geteuid() and st.st_uid != os.stat(folder).st_uid:

@@ -19,6 +19,7 @@ import hashlib
 import io
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -314,3 +315,49 @@ def peak_rss(argv: list[str], timeout_s: float = 600, **kwargs) -> tuple[int, st
         p.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
         err.seek(0)
         return p.returncode, err.read().decode(errors="replace"), usage.ru_maxrss * 1024
+
+
+# what a file a writer opens in place may be: its own file, or what was planted there (a hard link to a file
+# elsewhere, which O_NOFOLLOW does not stop; a symbolic link; a FIFO; a file of another user)
+PLANTED = ("own", "hard link", "symbolic link", "fifo", "another user's")
+
+
+def plant(path: Path, kind: str, victim: Path, names: int = 2) -> None:
+    """`path` made a `kind` of PLANTED for the file `victim` ("own": a copy of it; "hard link": `victim` then has
+    `names` names; "another user's": a copy owned by uid 4321, which only root can make)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    if kind == "hard link":
+        for i in range(names - 1):
+            os.link(victim, path if i == 0 else path.with_name(f"{path.name}.other{i}"))
+    elif kind == "symbolic link":
+        path.symlink_to(victim)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        shutil.copyfile(victim, path)
+        if kind == "another user's":
+            os.chown(path, 4321, 4321)
+
+
+def write_logs(run: Path, rows: int, seed: int = 0) -> int:
+    """A run folder's train_log.csv (the trainer's columns, `rows` rows of generated numbers) and val_log.csv (a
+    quarter as many rows, three timesteps a step): their bytes."""
+    import csv
+    import random
+
+    from gcc.training.columns import TRAIN_COLUMNS, VAL_COLUMNS
+
+    rng = random.Random(seed)
+    run.mkdir(parents=True, exist_ok=True)
+    with open(run / "train_log.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(TRAIN_COLUMNS)
+        for step in range(1, rows + 1):
+            w.writerow([step, *(repr(rng.random()) for _ in TRAIN_COLUMNS[1:-1]), "c1;c2;c3;c4"])
+    with open(run / "val_log.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(VAL_COLUMNS)
+        for i in range(rows // 4):
+            w.writerow([i // 3 * 10, (200.5, 500.5, 800.5)[i % 3], *(repr(rng.random()) for _ in VAL_COLUMNS[2:])])
+    return sum((run / n).stat().st_size for n in ("train_log.csv", "val_log.csv"))

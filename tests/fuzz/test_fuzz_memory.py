@@ -7,7 +7,6 @@ the size it declares."""
 
 from __future__ import annotations
 
-import csv
 import json
 import random
 import shutil
@@ -16,9 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from hostile import peak_rss
-
-from gcc.training.columns import TRAIN_COLUMNS, VAL_COLUMNS
+from hostile import peak_rss, write_logs
 
 BIN = Path(sys.executable).parent
 MiB = 1 << 20
@@ -26,23 +23,6 @@ MiB = 1 << 20
 # (8 bytes a cell) and matplotlib's lines; gcc-compare one string a row of both folders; convert_data the rows of
 # clips.jsonl it keeps
 MULTIPLE = {"gcc-plot": 5, "gcc-compare": 3, "convert_data": 4}
-
-
-def write_logs(run: Path, rows: int, seed: int) -> int:
-    """A run folder's train_log.csv and val_log.csv (the trainer's columns, generated numbers); their bytes."""
-    rng = random.Random(seed)
-    run.mkdir(parents=True)
-    with open(run / "train_log.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(TRAIN_COLUMNS)
-        for step in range(1, rows + 1):
-            w.writerow([step, *(repr(rng.random()) for _ in TRAIN_COLUMNS[1:-1]), "c1;c2;c3;c4"])
-    with open(run / "val_log.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(VAL_COLUMNS)
-        for i in range(rows // 4):
-            w.writerow([i // 3 * 10, (200.5, 500.5, 800.5)[i % 3], *(repr(rng.random()) for _ in VAL_COLUMNS[2:])])
-    return sum((run / n).stat().st_size for n in ("train_log.csv", "val_log.csv"))
 
 
 def growth(argv_small: list[str], argv_large: list[str], want: int) -> int:

@@ -9,14 +9,13 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hostile import examples
+from hostile import PLANTED, examples, plant
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -156,10 +155,6 @@ def test_an_export_that_is_a_link_is_refused_naming_it(target, e2e_shards, tmp_p
     assert _files(run_dir) == before
 
 
-# what a file the run writes in place (appends to, or rewrites) may be when the writer opens it: its own file, or what
-# someone planted there: a hard link to a file elsewhere (O_NOFOLLOW does not stop it), a symbolic link, a FIFO, a
-# file of another user
-PLANTED = ("own", "hard link", "symbolic link", "fifo", "another user's")
 IN_PLACE_COLUMNS = ["step", "loss"]
 
 
@@ -216,20 +211,9 @@ def test_a_file_written_in_place_is_never_one_with_other_names(scratch, name, pl
     run, victim = case / "run", case / "victim.csv"
     victim.write_text(",".join(IN_PLACE_COLUMNS) + "\n")  # a CSV log's header: its writer would append to it
     path = run / name
-    path.parent.mkdir(parents=True)
-    if planted == "hard link":
-        for i in range(names - 1):  # the file has `names` names: victim, path, and more
-            os.link(victim, path if i == 0 else case / f"other{i}")
-    elif planted == "symbolic link":
-        path.symlink_to(victim)
-    elif planted == "fifo":
-        os.mkfifo(path)
-    else:
-        shutil.copyfile(victim, path)
-        if planted == "another user's":
-            if os.geteuid() != 0:
-                return  # only root can give a file away
-            os.chown(path, 4321, 4321)
+    if planted == "another user's" and os.geteuid() != 0:
+        return  # only root can give a file away
+    plant(path, planted, victim, names)
     before = victim.read_bytes()
     refused = planted != "own"
     if name != "cache/.lock":  # the shard cache is not the run folder's
