@@ -157,8 +157,9 @@ def launch_header(world: int) -> str:
 
 def open_log_file(path: Path) -> int:
     """`path` (a train.log) opened for appending, created with the user's umask (its folder, the run folder, too),
-    never through a link: a write-only fd (O_APPEND, close-on-exec). Anything but a regular file there is a Refusal
-    naming it, a run folder that cannot be created a ConfigError."""
+    never through a link, symbolic or hard (`gcc.storage.open_in_place`): a write-only fd (O_APPEND, close-on-exec).
+    Anything but a regular file of its own there is a Refusal naming it, a run folder that cannot be created a
+    ConfigError."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
