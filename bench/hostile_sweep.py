@@ -1060,7 +1060,9 @@ def run_case(case: Case, scratch: Path) -> Result:
     lines = [
         ln
         for ln in text.splitlines()
-        if re.match(r"^\S+: (error|config error|refused|damaged data|storage|disk|a server)", ln)
+        if re.match(
+            r"^\S+: (rank \d+: )?(error|config error|refused|damaged data|storage|disk|a server|wrote|they)", ln
+        )
     ]
     first = (lines[0] if lines else (text.strip().splitlines() or [""])[-1])[:160]
     return Result(case, code, rss, seconds, first, problems, traceback, escape, secret)
@@ -1103,7 +1105,7 @@ def main() -> int:
             file=sys.stderr,
             flush=True,
         )
-    report = table(results)
+    report = table(results).replace(str(w.out), "<out>")
     (w.out / "sweep.md").write_text(report)
     print(report)
     bad = [r for r in results if r.problems or r.traceback or r.escape or r.secret]
