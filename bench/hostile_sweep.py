@@ -11,8 +11,8 @@ Every case is checked for: a traceback in anything it printed or wrote to train.
 hostile working directory imported, a file outside what it may write changed: the target of a planted link, its
 inputs); a secret (the planted credential, or a piece of it, in anything it printed or wrote); and its peak
 memory (the largest resident set of any of its processes, as the kernel counts it for the processes waited for).
-The table (markdown) goes to stdout and `<out>/sweep.md`; the exit code is 0 when every case met its expectation
-with no traceback, no escape and no secret.
+The table (markdown) goes to stdout and `<out>/sweep.md` (the last one committed: bench/hostile_sweep.md); the exit
+code is 0 when every case met its expectation with no traceback, no escape and no secret.
 """
 
 from __future__ import annotations
