@@ -39,20 +39,47 @@ def test_another_launcher_or_none():
     assert train_command("x.yaml", "a=1", n=None) == [sys.executable, str(TRAIN_SCRIPT), "x.yaml", "a=1"]
 
 
+def _launch(*script_args: str, flags: tuple[str, ...] = ("-n", "1")):
+    """The launcher's reading of `gcc-launch <flags> gcc/train.py <script_args>` (gcc/compat/composer_launcher.py)."""
+    from gcc.compat.composer_launcher import launcher_args
+
+    return launcher_args([*flags, str(TRAIN_SCRIPT), *script_args])
+
+
 def test_gcc_launch_tees_its_own_lines_into_the_runs_train_log_and_leaves_the_console_as_it_was(tmp_path):
     """`gcc-launch`'s streams (gcc/launcher.py `main`): the console gets what the launcher writes, unchanged; the
-    run's train.log its lines, masked. A train.log that cannot be opened (a link): none, the ranks refuse it."""
+    run's train.log its lines, masked. The trainer's command line and config are checked first, as every rank checks
+    them, and nothing is created before they pass; no run to name (--print_config, another script): no train.log,
+    the launcher runs as `composer` does. A train.log that cannot be opened (a link) is refused before any rank
+    starts."""
     import io
 
-    from gcc.launcher import _open_run_log, _Tee
+    import pytest
+
+    from gcc.compat.composer_launcher import launcher_args
+    from gcc.errors import Refusal
+    from gcc.launcher import _open_run_log, _Tee, checked_run
+    from gcc.training.config import ConfigError
     from gcc.training.output_capture import LogLines
 
+    yaml = str(ROOT / "yamls" / "tiny_cpu.yaml")
+
     run_dir = tmp_path / "run"
+    assert checked_run(_launch(yaml, f"run_dir={run_dir}", "--print_config")) is None
+    assert checked_run(launcher_args(["-n", "1", "other.py", yaml, f"run_dir={run_dir}"])) is None
+    with pytest.raises(ConfigError, match="no_such"):
+        checked_run(_launch(yaml, f"run_dir={run_dir}", "no_such=1"))
+    with pytest.raises(SystemExit):
+        checked_run(_launch())  # no yaml: the trainer's usage error, printed by its parser
+    assert not run_dir.exists()
+    cfg = checked_run(_launch(yaml, f"run_dir={run_dir}"))
     run_dir.mkdir()
     (run_dir / "train.log").symlink_to(tmp_path / "elsewhere")
-    assert _open_run_log(str(run_dir)) is None and not (tmp_path / "elsewhere").exists()
+    with pytest.raises(Refusal, match=r"train\.log"):
+        _open_run_log(cfg.run_dir)
+    assert not (tmp_path / "elsewhere").exists()
     (run_dir / "train.log").unlink()
-    fd = _open_run_log(str(run_dir))
+    fd = _open_run_log(cfg.run_dir)
     assert fd is not None
     console = io.StringIO()
     tee = _Tee(console, LogLines(fd, "launcher stderr"))

@@ -206,7 +206,7 @@ def node_registration_lock(timeout_s: float = REGISTRATION_LOCK_TIMEOUT_S):
     the other ranks start their scan (a barrier): no other job registers between the scans and the creation.
     The lock is per user (`user_lock_dir`) and waited for at most `timeout_s`, then LockTimeout names its holder."""
     sync = tdist.is_available() and tdist.is_initialized()
-    if int(os.environ.get("LOCAL_RANK", 0)) != 0:
+    if inputs.env_int("LOCAL_RANK", 0, 0) != 0:
         if sync:
             tdist.barrier()  # the leader holds the lock now
         yield
