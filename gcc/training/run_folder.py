@@ -30,6 +30,7 @@ import re
 import shutil
 import socket
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -425,18 +426,26 @@ def _checked_log(path: Path) -> None:
         raise Refusal(f"{e}; not a log gcc wrote, restore it, or use another run_dir") from None
 
 
+def _first_cells(path: Path) -> Iterator[str]:
+    """The first cell (the step) of each row of the CSV log `path` after its header, read a line at a time (a log
+    of any length costs one line); none once it cannot be read. A log that is not a regular file: a Refusal."""
+    _checked_log(path)
+    try:
+        with inputs.open_text(path, "csv") as f:
+            rows = (line for line in f if line.strip())
+            next(rows, None)  # the header
+            for line in rows:
+                yield line.split(",", 1)[0].strip()
+    except (OSError, BadInput):
+        return
+
+
 def _data_rows(path: Path) -> int:
     """The rows of a CSV log, but for the header and the step-0 validation's: a start from step 0 writes those
     again (the same numbers: the same starting weights), so they do not make a folder used."""
     if not path.exists():
         return 0
-    _checked_log(path)
-    try:
-        with inputs.open_text(path, "csv") as f:
-            lines = [line for line in f if line.strip()][1:]  # the header
-    except (OSError, BadInput):
-        return 0
-    return sum(1 for line in lines if line.split(",", 1)[0].strip() != "0")
+    return sum(1 for cell in _first_cells(path) if cell != "0")
 
 
 def what_a_restart_loses(run_dir: Path, doomed: tuple[Path, ...] = ()) -> list[str]:
@@ -452,23 +461,21 @@ def what_a_restart_loses(run_dir: Path, doomed: tuple[Path, ...] = ()) -> list[s
     return found
 
 
+# a step as the run's logs and exports write it: ASCII digits, at most 18 (anything else is not the run's)
+STEP_DIGITS = "[0-9]{1,18}"
+EXPORT_STEP_RE = re.compile(rf"^step-({STEP_DIGITS})(?:\.ema)?\.safetensors\Z")
+
+
 def _last_step(run_dir: Path) -> int:
     """The newest step the run folder holds a log row or an export of (0 for none)."""
-    steps = [0]
+    last = 0
     for name in LOGS:
         if (run_dir / name).exists():
-            _checked_log(run_dir / name)
-            try:
-                with inputs.open_text(run_dir / name, "csv") as f:
-                    cells = [line.split(",", 1)[0].strip() for line in list(f)[1:]]
-            except (OSError, BadInput):
-                continue
-            steps += [int(c) for c in cells if c.isdigit()]
-    steps += [int(m.group(1)) for p in run_dir.glob("step-*.safetensors") if (m := EXPORT_STEP_RE.match(p.name))]
-    return max(steps)
-
-
-EXPORT_STEP_RE = re.compile(r"^step-(\d+)(?:\.ema)?\.safetensors$")
+            for cell in _first_cells(run_dir / name):
+                if re.fullmatch(STEP_DIGITS, cell):
+                    last = max(last, int(cell))
+    exports = [int(m.group(1)) for p in run_dir.glob("step-*.safetensors") if (m := EXPORT_STEP_RE.match(p.name))]
+    return max([last, *exports])
 
 
 def why_not_remade(record: dict[str, Any] | None, run_dir: Path, first_save: int) -> str | None:

@@ -33,6 +33,7 @@ from gcc.training.run_folder import (
     repair_checkpoints,
     rotate_checkpoints,
     what_a_restart_loses,
+    why_not_remade,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -519,3 +520,16 @@ def test_console_durations_and_when_lines_are_on(monkeypatch):
     assert not console_lines_wanted(10, progress_bar=True) and console_lines_wanted(10, progress_bar=False)
     monkeypatch.setattr("sys.stdout.isatty", lambda: False)  # a job log: lines even with the bar on
     assert console_lines_wanted(10, progress_bar=True) and not console_lines_wanted(0, progress_bar=False)
+
+
+def test_a_restart_reads_the_steps_a_run_folder_holds_in_ascii_digits_only(tmp_path):
+    """Whether a run of an earlier gcc (no `first_checkpoint` in run.json) committed a checkpoint is read from the
+    newest step its logs and exports hold (`why_not_remade`): a cell or a name in other digits (`²`, `٣`) or past 18
+    of them is not a step of the run's, never an int() that fails or a step of another script."""
+    record = {"signature": {}, "lineage": {}}
+    (tmp_path / "train_log.csv").write_text("step,loss\n1,0.5\n²,0.4\n" + "9" * 30 + ",0.3\n")
+    (tmp_path / "val_log.csv").write_text("step,timestep,mse\n0,0.5,1.0\n")
+    (tmp_path / "step-٣٣.safetensors").write_bytes(b"")
+    assert why_not_remade(record, tmp_path, first_save=10) is None
+    (tmp_path / "step-12.safetensors").write_bytes(b"")
+    assert "step 12's rows or export" in why_not_remade(record, tmp_path, first_save=10)
