@@ -332,19 +332,43 @@ def how_it_ended(code: int | None) -> str:
     return f"exited with code {code}"
 
 
+# how much of the end of train.log (or of a rank's stderr file) a crashed rank's last words are looked for in: the
+# crash is at its end, and the file may hold a long run's every launch
+LAST_WORDS_BYTES = 4 << 20
+
+
+def tail_lines(path: Path, limit: int | None = None) -> list[str]:
+    """The lines of the last `limit` bytes (LAST_WORDS_BYTES) of the regular file `path` (the first, cut, left
+    out); [] for a file that cannot be read or is not a regular one (a FIFO's writer is never waited for:
+    `gcc.inputs.open_regular`)."""
+    from gcc.errors import BadInput
+    from gcc.inputs import open_regular
+
+    limit = LAST_WORDS_BYTES if limit is None else limit
+    try:
+        with open_regular(path, "text", cap=sys.maxsize) as (fd, size):
+            start = max(0, size - limit)
+            data = os.pread(fd, size - start, start)
+    except (BadInput, OSError):
+        return []
+    lines = data.decode("utf-8", "replace").splitlines()
+    return lines[1:] if start else lines
+
+
 def crash_line(run_dir: Path | None, rank: int, parsed) -> str:
     """The crashed rank's own last words: its 'Fatal Python error' line (a native crash), or the last line of its
     traceback (the error), or its last line, from this launch's part of train.log (or, without one, the rank's
-    stderr file); and where its whole output is."""
+    stderr file), their last LAST_WORDS_BYTES; and where its whole output is."""
     lines: list[str] = []
     where = ""
     if run_dir is not None and (run_dir / "train.log").is_file():
         from gcc.training.console import RUN_LOG
 
         log = run_dir / RUN_LOG
-        text = log.read_text(errors="replace").rsplit("==== launch ", 1)[-1]
+        tail = tail_lines(log)
+        starts = [i for i, ln in enumerate(tail) if "==== launch " in ln]
         tag = f" rank {rank} stderr: "
-        lines = [ln.split(tag, 1)[1] for ln in text.splitlines() if tag in ln]
+        lines = [ln.split(tag, 1)[1] for ln in tail[starts[-1] if starts else 0 :] if tag in ln]
         where = f"; its whole output is in {log}"
     elif parsed is not None and rank != 0:  # the rank's stderr file (local rank 0's went to the console)
         try:
@@ -355,9 +379,9 @@ def crash_line(run_dir: Path | None, rank: int, parsed) -> str:
                 local_world_size=parsed.nproc,
                 node_rank=parsed.node_rank,
             )
-            lines = Path(name).read_text(errors="replace").splitlines()
-        except (OSError, KeyError, IndexError, ValueError):
-            lines = []
+        except (KeyError, IndexError, ValueError):
+            name = None
+        lines = tail_lines(Path(name)) if name is not None else []
     return (last_words(lines) or "it printed nothing") + where
 
 

@@ -164,3 +164,28 @@ def test_a_crashed_ranks_own_last_words():
         "Fatal Python error: Segmentation fault"
     )
     assert last_words(["first", "last\x1b[2J", "  "]) == "last\\x1b[2J" and last_words([]) == ""
+
+
+def test_a_crashed_ranks_last_words_are_read_from_the_end_of_its_output_never_from_a_fifo(tmp_path, monkeypatch):
+    """gcc-launch looks for a crashed rank's last words in the end of train.log (this launch's part: a long run's
+    earlier launches are not read) or of the rank's stderr file, a bounded read; a FIFO in place of that file is
+    never waited on."""
+    from types import SimpleNamespace
+
+    from gcc import launcher
+
+    monkeypatch.setattr(launcher, "LAST_WORDS_BYTES", 4096)
+    log = tmp_path / "train.log"
+    old = "t rank 1 stderr: ValueError: an earlier launch's\n"
+    filler = "".join(f"t rank 0 stdout: line {i}\n" for i in range(2000))  # far past the bytes read
+    log.write_text(
+        f"==== launch 1\n{old}{filler}==== launch 2\nt rank 1 stderr: RuntimeError: this one\n{filler[:1000]}"
+    )
+    assert launcher.crash_line(tmp_path, 1, None) == f"RuntimeError: this one; its whole output is in {log}"
+    log.write_text(f"==== launch 1\n{old}==== launch 2\nt rank 0 stdout: x\n")  # this launch's part alone
+    assert launcher.crash_line(tmp_path, 1, None) == f"it printed nothing; its whole output is in {log}"
+    fifo = tmp_path / "rank1.stderr.txt"
+    os.mkfifo(fifo)
+    files = str(tmp_path / "rank{rank}.stderr.txt")
+    parsed = SimpleNamespace(stderr=files, world_size=2, base_rank=0, nproc=2, node_rank=0)
+    assert launcher.crash_line(None, 1, parsed) == "it printed nothing"
