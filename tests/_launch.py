@@ -199,34 +199,11 @@ def start_bg(
     return p
 
 
-def launch(
-    run_dir,
-    shards,
-    *overrides,
-    n=2,
-    timeout=600,
-    launcher=(),
-    clean=True,
-    direct=False,
-    base=BASE,
-    by=LAUNCHER,
-    cwd=None,
-) -> subprocess.CompletedProcess:
+def launch(run_dir, shards, *overrides, timeout=600, clean=True, **how) -> subprocess.CompletedProcess:
     """One launch to its end (a hang fails with every process's stacks: `finish`); what it printed, every rank's
-    ended cleanly (`clean`: `assert_clean_end`). `direct`: one rank without the launcher; `by`: the launcher
-    (`cmd`); `cwd`: the folder it is started in."""
-    p = start_bg(
-        run_dir,
-        shards,
-        *overrides,
-        n=n,
-        launcher=launcher,
-        pipe_stderr=True,
-        direct=direct,
-        base=base,
-        by=by,
-        cwd=cwd,
-    )
+    ended cleanly (`clean`: `assert_clean_end`). `how`: `start_bg`'s (n, launcher, direct: one rank without the
+    launcher, base, by: the launcher, cwd: the folder it is started in)."""
+    p = start_bg(run_dir, shards, *overrides, pipe_stderr=True, **how)
     with p:
         out, err = finish(p, timeout, both=True, clean=clean)
     logs = Path(_flag(p.launcher, "--stderr")).parent
