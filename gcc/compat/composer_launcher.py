@@ -151,12 +151,6 @@ def world_size_of(args: argparse.Namespace) -> int | None:
     return nproc
 
 
-def training_script_args(argv: list[str]) -> list[str] | None:
-    """The training script and its arguments in a command line of Composer's launcher, or None (`launcher_args`)."""
-    args = launcher_args(argv)
-    return None if args is None else [args.training_script, *args.training_script_args]
-
-
 def composer_args(argv: list[str]) -> argparse.Namespace:
     """The launcher's own reading of the command line `argv` (its `_parse_args`, verified with 0.32.1: the defaults
     from the environment, the GPUs counted without -n), or a BadInput with the layout it refuses, in its words
