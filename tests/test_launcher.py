@@ -189,3 +189,33 @@ def test_a_crashed_ranks_last_words_are_read_from_the_end_of_its_output_never_fr
     files = str(tmp_path / "rank{rank}.stderr.txt")
     parsed = SimpleNamespace(stderr=files, world_size=2, base_rank=0, nproc=2, node_rank=0)
     assert launcher.crash_line(None, 1, parsed) == "it printed nothing"
+
+
+def test_gcc_launch_checks_its_flags_and_environment_without_composer(monkeypatch):
+    """gcc-launch's own command line and the environment Composer's launcher defaults to, checked before Composer
+    loads (gcc/compat/composer_launcher.py `checked_launch`): each integer in ASCII digits and in its range (a
+    `--world_size 0` was a ZeroDivisionError in the config's check), a usage error in argparse's words; --help and
+    --version left to Composer's launcher (None)."""
+    import pytest
+
+    from gcc.compat.composer_launcher import checked_launch
+    from gcc.errors import BadInput
+
+    script = [str(TRAIN_SCRIPT), "x.yaml"]
+    assert checked_launch(["-n", "2", "--world_size", "4", "--node_rank", "1", *script]).world_size == 4
+    assert checked_launch(["--help"]) is None and checked_launch(["--version"]) is None
+    for flags, said in [
+        (["-n", "0"], "-n 0: The nproc must be 1 or greater"),
+        (["-n", "2000"], "at most 1024"),
+        (["-n", "٣"], "argument -n/--nproc: invalid int value: '٣'"),
+        (["--world_size", "0"], "--world_size='0': expected an integer in [1, 1048576]"),
+        (["--master_port", "65536"], "--master_port='65536'"),
+        (["--base_rank", "-1"], "--base_rank='-1'"),
+        (["-n"], "argument -n/--nproc: expected one argument"),
+    ]:
+        with pytest.raises(BadInput) as e:
+            checked_launch([*flags, *script] if flags != ["-n"] else flags)
+        assert said in str(e.value), (flags, str(e.value))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "²")
+    with pytest.raises(BadInput, match="LOCAL_WORLD_SIZE='²'"):
+        checked_launch(script)

@@ -23,11 +23,11 @@ import io
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from gcc.compat import require
 from gcc.errors import BadInput
-from gcc.inputs import env_int
+from gcc.inputs import env_int, parse_int
 
 require("mosaicml", "gcc/compat/composer_launcher.py")
 
@@ -71,16 +71,16 @@ LAUNCHER_OPTIONS: tuple[tuple[tuple[str, ...], type | None], ...] = (
 )
 
 
-def launcher_parser() -> argparse.ArgumentParser:
+def launcher_parser(number: Callable[[str], int] = int) -> argparse.ArgumentParser:
     """A parser of the launcher's command line with the options of Composer's own (`LAUNCHER_OPTIONS`), the training
-    script and its arguments; without Composer loaded."""
+    script and its arguments; without Composer loaded. `number` reads the integer options (Composer's: int)."""
     p = argparse.ArgumentParser(prog="composer")
     p.add_argument("--version", action="version", version="")
     for names, kind in LAUNCHER_OPTIONS:
         if kind is None:
             p.add_argument(*names, action="store_true")
         else:
-            p.add_argument(*names, type=kind)
+            p.add_argument(*names, type=number if kind is int else kind)
     p.add_argument("training_script", type=str)
     p.add_argument("training_script_args", nargs="...")
     return p
@@ -102,20 +102,36 @@ MAX_NPROC = 1024
 # fails with a traceback on 'x' and takes '٣'): checked first, by gcc's reader (gcc.inputs.env_int)
 LAUNCHER_ENV = {"LOCAL_WORLD_SIZE": (0, MAX_NPROC), "WORLD_SIZE": (1, 1 << 20), "BASE_RANK": (0, 1 << 20)}
 LAUNCHER_ENV |= {"NODE_RANK": (0, 1 << 20), "MASTER_PORT": (1, 65535)}
+# the flags that set the same, and their ranges (`-n`: 1..MAX_NPROC, in Composer's words below 1)
+LAUNCHER_FLAGS = {"world_size": (1, 1 << 20), "base_rank": (0, 1 << 20), "node_rank": (0, 1 << 20)}
+LAUNCHER_FLAGS |= {"master_port": (1, 65535)}
+
+
+def _flag_int(text: str) -> int:
+    """An integer option of the launcher's command line as gcc reads numbers (`gcc.inputs.parse_int`: ASCII digits,
+    at most 40; `int` also takes '٣'), for argparse, which names the option and the value when it is not."""
+    try:
+        return parse_int(text, "option")
+    except BadInput:
+        raise ValueError(text) from None
+
+
+_flag_int.__name__ = "int"  # argparse's message: "argument -n/--nproc: invalid int value: '٣'"
 
 
 def checked_launch(argv: list[str]) -> argparse.Namespace | None:
     """The launcher's command line `argv` (`launcher_args`) and the environment it defaults to (`LAUNCHER_ENV`),
     checked without loading Composer, or a BadInput with what is refused: a variable of LAUNCHER_ENV that is not an
     integer of its range, a usage error (argparse's message, which quotes the command line: masked and escaped
-    where it is printed), `-n` out of 1..MAX_NPROC (below 1 in Composer's words, 'The nproc must be 1 or greater').
-    None for --help and --version (Composer's launcher prints its own text)."""
+    where it is printed; an integer option in other digits than ASCII's among them), `-n` out of 1..MAX_NPROC
+    (below 1 in Composer's words, 'The nproc must be 1 or greater'), another integer option out of its range
+    (LAUNCHER_FLAGS). None for --help and --version (Composer's launcher prints its own text)."""
     for name, (lo, hi) in LAUNCHER_ENV.items():
         env_int(name, lo, lo, hi)
     err = io.StringIO()
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-            args = launcher_parser().parse_args(argv)
+            args = launcher_parser(_flag_int).parse_args(argv)
     except SystemExit as e:
         if e.code == 0:  # --help, --version
             return None
@@ -124,6 +140,9 @@ def checked_launch(argv: list[str]) -> argparse.Namespace | None:
         raise BadInput(f"-n {args.nproc}: The nproc must be 1 or greater")
     if args.nproc is not None and args.nproc > MAX_NPROC:
         raise BadInput(f"-n {args.nproc}: more processes than one node runs (at most {MAX_NPROC})")
+    for dest, (lo, hi) in LAUNCHER_FLAGS.items():
+        if getattr(args, dest) is not None:
+            parse_int(str(getattr(args, dest)), f"--{dest}", lo, hi)
     return args
 
 
