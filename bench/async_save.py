@@ -43,7 +43,7 @@ def make_shards(folder: Path) -> Path:
 
 def run(shards: Path, run_dir: Path, steps: int, every: int, layers: int, save: str) -> list[float]:
     """One launch; the periods of its steps after the first `every` (seconds)."""
-    from gcc.launcher import train_command
+    from gcc.launch_command import train_command
 
     saves = {"none": [f"save_interval={10 * steps}"], "sync": [f"save_interval={every}", "save_async=false"]}
     saves["async"] = [f"save_interval={every}", "save_async=true"]

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from gpu_step import LEGACY_S_PER_MICRO, peak_tflops  # noqa: E402
 
-from gcc.launcher import train_command  # noqa: E402
+from gcc.launch_command import train_command  # noqa: E402
 
 LEGACY_GB = 35.2
 

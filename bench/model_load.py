@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from gcc.launcher import train_command  # noqa: E402
+from gcc.launch_command import train_command  # noqa: E402
 
 READY = re.compile(r"rank (\d+): model ready, ([\d.]+) M parameters, (.*); peak host RSS so far ([\d.]+) GB")
 

@@ -20,6 +20,31 @@ from pathlib import Path
 
 from gcc import exit_codes
 
+# what an OSError's errno means for the file it names, in the words of every message gcc prints about one
+ERRNO_WORDS: dict[int | None, str] = {
+    errno.ENOENT: "not found",
+    errno.EISDIR: "is a folder, expected a file",
+    errno.ENOTDIR: "a part of the path is a file, expected a folder",
+    errno.EEXIST: "already exists",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.ENODEV: "is not a regular file",
+    errno.ELOOP: "too many levels of symbolic links",
+    errno.ENAMETOOLONG: "the name is too long",
+    errno.ENXIO: "not a readable file (a socket or a device without a reader)",
+}
+
+
+def errno_words(e: OSError) -> str:
+    return ERRNO_WORDS.get(e.errno) or e.strerror or str(e)
+
+
+def os_error_message(e: OSError) -> str:
+    """`<file>: <what>` for an OSError, e.g. '/data/x.json: is a folder, expected a file'."""
+    names = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+    what = errno_words(e)
+    return f"{names}: {what}" if names else what
+
 
 class BadInput(Exception):
     """Input that cannot be used (prepared clips, shards, a manifest); the message names the file or clip, the
@@ -231,8 +256,6 @@ def exit_for(
     if not foreign_input:
         return None
     if isinstance(e, OSError):
-        from gcc.inputs import os_error_message  # gcc.inputs raises BadInput: imported here, not at the top
-
         return exit_codes.CONFIG, os_error_message(e)
     if isinstance(e, (UnicodeDecodeError, json.JSONDecodeError)):
         return exit_codes.CONFIG, f"an input is not what was expected ({type(e).__name__}: {e})"

@@ -13,7 +13,6 @@ a byte of data, and `decompress_zstd` inflates a frame with a cap on the output.
 
 from __future__ import annotations
 
-import errno
 import functools
 import itertools
 import json
@@ -26,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
-from gcc.errors import BadInput
+from gcc.errors import BadInput, DamagedData, errno_words
 
 MiB = 1 << 20
 # the largest file of each kind gcc reads whole; a larger one is refused before a byte is read
@@ -58,25 +57,6 @@ def kind_of(mode: int) -> str:
     return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
-# what an OSError's errno means for the file it names, in the words of every message gcc prints about one
-ERRNO_WORDS: dict[int | None, str] = {
-    errno.ENOENT: "not found",
-    errno.EISDIR: "is a folder, expected a file",
-    errno.ENOTDIR: "a part of the path is a file, expected a folder",
-    errno.EEXIST: "already exists",
-    errno.EACCES: "permission denied",
-    errno.EPERM: "operation not permitted",
-    errno.ENODEV: "is not a regular file",
-    errno.ELOOP: "too many levels of symbolic links",
-    errno.ENAMETOOLONG: "the name is too long",
-    errno.ENXIO: "not a readable file (a socket or a device without a reader)",
-}
-
-
-def errno_words(e: OSError) -> str:
-    return ERRNO_WORDS.get(e.errno) or e.strerror or str(e)
-
-
 def _size_words(n: int) -> str:
     return f"{n / MiB:.1f} MB" if n >= MiB else f"{n} bytes"
 
@@ -100,13 +80,6 @@ def open_regular(path: str | os.PathLike, kind: str, cap: int | None = None) -> 
         yield fd, st.st_size
     finally:
         os.close(fd)
-
-
-def os_error_message(e: OSError) -> str:
-    """`<file>: <what>` for an OSError, e.g. '/data/x.json: is a folder, expected a file'."""
-    names = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
-    what = errno_words(e)
-    return f"{names}: {what}" if names else what
 
 
 def read_bytes(path: str | os.PathLike, kind: str, cap: int | None = None) -> bytes:
@@ -461,3 +434,34 @@ def shown(value: object, limit: int = 200) -> str:
     if not text.isprintable():
         text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def read_shard_file(path: str | os.PathLike, declared: int, where: str) -> bytes:
+    """A shard file's bytes, read only when it is a regular file of exactly the size its (checked) index declares;
+    DamagedData naming `where` otherwise."""
+    try:
+        data = read_bytes(path, "shard", cap=declared)
+    except BadInput as e:
+        raise DamagedData(
+            f"{where}: {str(e).removeprefix(f'{path}: ')}; not as its index.json declares it — restore or reconvert it"
+        ) from None
+    if len(data) != declared:
+        raise DamagedData(f"{where}: {len(data)} bytes, its index.json says {declared} — restore or reconvert it")
+    return data
+
+
+def inflate_shard(blob: bytes, compression: str | None, raw_bytes: int, where: str) -> bytes:
+    """A compressed shard inflated, never past the raw size its (checked) index declares (`check_index` bounds
+    that by the manifest's geometry): a shard that would inflate further is refused there, before it costs more
+    memory or cache than its samples may. DamagedData naming `where` otherwise."""
+    if compression != "zstd":
+        raise DamagedData(f"{where}: compression {compression!r} is not convert_data's (zstd)")
+    try:
+        data = decompress_zstd(blob, raw_bytes, where)
+    except BadInput as e:
+        raise DamagedData(f"{e} (its index.json declares {raw_bytes} bytes) — restore or reconvert it") from None
+    if len(data) != raw_bytes:
+        raise DamagedData(
+            f"{where}: inflates to {len(data)} bytes, its index.json says {raw_bytes} — restore or reconvert it"
+        )
+    return data

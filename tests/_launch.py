@@ -18,7 +18,7 @@ from safetensors import safe_open
 
 from gcc import exit_codes
 from gcc.compat.streaming import release_shm, shm_prefixes
-from gcc.launcher import train_command
+from gcc.launch_command import train_command
 from gcc.training.columns import EXACT_TRAIN
 from gcc.training.config import RENAMED
 
@@ -93,7 +93,7 @@ def cmd(
     """`composer -n <n> gcc/train.py tiny_cpu.yaml ...`, or with `direct` one rank without the launcher (`python
     gcc/train.py ...`, as on one GPU: where the launcher is not what a test is about, its start is saved). `prefix`
     runs the command under another (e.g. `unshare`); `launcher` are the launcher's flags, `by` the launcher (e.g.
-    gcc-launch: gcc.launcher.gcc_launch()); `base` the overrides before `overrides` (BASE, or OLD_BASE)."""
+    gcc-launch: gcc.launch_command.gcc_launch()); `base` the overrides before `overrides` (BASE, or OLD_BASE)."""
     return [
         *prefix,
         *train_command(

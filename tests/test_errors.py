@@ -214,7 +214,7 @@ def test_the_trainer_stops_on_a_fault_with_its_own_words(tmp_path):
 def test_every_rank_raises_rank_0s_verdict(error, monkeypatch):
     """`agree_on_start` returns rank 0's RunStart or raises its Refusal or ConfigError, with its message, on every
     rank (the broadcast stands in for the process group)."""
-    from gcc.training import launch
+    from gcc.training import run_start as launch
 
     cls = {"Refusal": launch.Refusal, "ConfigError": launch.ConfigError}[error]
     broadcast = []
@@ -237,7 +237,7 @@ def test_every_rank_raises_rank_0s_verdict(error, monkeypatch):
 
 
 def test_every_rank_gets_rank_0s_run_start(monkeypatch):
-    from gcc.training import launch
+    from gcc.training import run_start as launch
 
     start = launch.RunStart({}, {}, "", None, "", None)
     monkeypatch.setattr(launch, "prepare_run", lambda cfg, lock: start)
@@ -249,7 +249,7 @@ def test_every_rank_gets_rank_0s_run_start(monkeypatch):
 def test_data_the_launch_cannot_parse_is_refused_naming_it(tmp_path, monkeypatch):
     """The one place the launch reads data before training turns the reader's BadInput into a Refusal (exit 3)
     with the reader's message; BadInput itself is exit 2 everywhere."""
-    from gcc.training import launch
+    from gcc.training import run_start as launch
     from gcc.training.config import TrainConfig
 
     cfg = TrainConfig(run_dir=str(tmp_path / "run"))

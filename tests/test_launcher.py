@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from gcc.launcher import TRAIN_SCRIPT, composer, gcc_launch, train_command
+from gcc.launch_command import TRAIN_SCRIPT, composer, gcc_launch, train_command
 
 ROOT = Path(__file__).resolve().parents[1]
 

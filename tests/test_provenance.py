@@ -68,7 +68,7 @@ def test_a_copy_of_the_code_outside_git_is_not_a_checkout(tmp_path, monkeypatch)
 
 
 def _run_start(provenance: Provenance):
-    from gcc.training.launch import RunStart
+    from gcc.training.run_start import RunStart
 
     return RunStart({"name": "synth"}, {"init_ckpt": ""}, "", None, "", None, provenance=provenance)
 

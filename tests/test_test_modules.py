@@ -20,6 +20,7 @@ TESTED_IN = {
     "data/dataset.py": ["data/test_data.py", "data/test_loader_paths.py"],
     "data/sample_rng.py": ["data/test_mask.py"],
     "data/shards.py": ["data/test_data.py", "data/test_trust_data.py", "data/test_layout.py"],
+    "launch_command.py": ["test_launcher.py"],
     "model/dit.py": ["model/test_model.py"],
     "model/fsdp.py": ["model/test_model_fsdp.py"],  # two ranks under FSDP2
     "stats.py": ["training/test_columns.py"],
@@ -46,7 +47,7 @@ TESTED_IN = {
     "training/csv_logger.py": ["training/test_config_runfolder.py"],
     "training/output_capture.py": ["training/test_run_log.py"],
     "training/entry.py": ["training/test_launch_writes.py", "tools/test_bad_input.py", "training/test_config_names.py"],
-    "training/launch.py": ["training/test_config_roles.py", "test_errors.py", "training/test_trust_run.py"],
+    "training/run_start.py": ["training/test_config_roles.py", "test_errors.py", "training/test_trust_run.py"],
     "training/peer_fault.py": ["training/test_ending.py", "training/test_faults.py"],
     "training/run_folder.py": ["training/test_checkpoint_store.py", "training/test_config_runfolder.py"],
     "training/trainer.py": ["training/test_train_e2e.py", "test_errors.py"],

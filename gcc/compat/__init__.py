@@ -149,4 +149,7 @@ def stand_ins(names: Iterable[str], absent: Iterable[str] = ()) -> Iterator[None
 
 # every process that loads a library adapter may start multiprocessing's helpers (Streaming's shared memory starts the
 # resource tracker; gcc/workers.py the forkserver): they import nothing from the working directory (gcc/compat/python.py)
-from gcc.compat import python as _python  # noqa: F401  (after `stop`, which it uses)
+# CPython is not a distribution (no override; pyproject.toml pins it too): python.py is verified with one version
+if sys.version_info[:2] != (3, 11):  # = python.VERIFIED, which cannot be imported before this check
+    stop(f"gcc/compat/python.py was verified with Python 3.11, this is {sys.version.split()[0]}")
+from gcc.compat import python as _python  # noqa: F401

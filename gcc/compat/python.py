@@ -14,14 +14,9 @@
 from __future__ import annotations
 
 import atexit
-import sys
 from multiprocessing import forkserver, util
 
-from gcc.compat import stop
-
-VERIFIED = (3, 11)
-if sys.version_info[:2] != VERIFIED:  # the interpreter is not a distribution: no override, pyproject pins it too
-    stop(f"gcc/compat/python.py was verified with Python 3.11, this is {sys.version.split()[0]}")
+VERIFIED = (3, 11)  # gcc/compat/__init__.py checks the interpreter against it before it imports this module
 
 
 def forkserver_pid() -> int | None:

@@ -169,14 +169,12 @@ class BoundedStream(Stream):
         return local
 
     def _decompress_shard_part(self, zip_info, zip_filename: str, raw_filename: str, compression: str | None) -> None:
-        from gcc.data.shards import inflate_shard, read_shard_file
-
         where = self._where(zip_info.basename)
-        data = read_shard_file(zip_filename, zip_info.bytes, where)
+        data = inputs.read_shard_file(zip_filename, zip_info.bytes, where)
         if self.validate_hash:  # as Streaming's own (the index's check made sure the hash is there)
             if get_hash(self.validate_hash, data) != zip_info.hashes.get(self.validate_hash):
                 raise ValueError(f"Checksum failure: {zip_filename}")
-        data = inflate_shard(data, compression, self._declared[zip_info.basename][1], where)
+        data = inputs.inflate_shard(data, compression, self._declared[zip_info.basename][1], where)
         tmp_filename = raw_filename + ".tmp"
         with open(tmp_filename, "wb") as out:
             out.write(data)
@@ -260,7 +258,7 @@ def release_stale_shm(local_dirs: Sequence[str | Path] | None = None, scan: int 
     every Streaming segment on the node, other live jobs' included (their loaders then fail): never call it.
     This removes only segments registered for our own folders (call it only while holding the lock of the cache
     they are in, the run lock for a cache inside the run folder: then no live run uses them,
-    gcc/training/launch.py `hold_cache`) or for folders that no longer exist. Returns the number of prefixes
+    gcc/training/run_start.py `hold_cache`) or for folders that no longer exist. Returns the number of prefixes
     released."""
     return release_shm(shm_prefixes(local_dirs, scan))
 

@@ -45,7 +45,7 @@ from gcc.errors import BadInput
 from gcc.geometry import Geometry
 from gcc.inputs import parse_json
 from gcc.names import UnsafeName, check_component
-from gcc.synth.decode import is_synthetic
+from gcc.synth.world import is_synthetic
 from gcc.vocab import key_to_id
 from gcc.workers import pool_worker_init, worker_context
 
@@ -412,7 +412,7 @@ def convert(
     return manifest
 
 
-# what an empty split means for a run on the conversion (the trainer's check: gcc/training/launch.py check_data)
+# what an empty split means for a run on the conversion (the trainer's check: gcc/training/run_start.py check_data)
 EMPTY_SPLIT = {
     "train": "a run refuses this data (nothing to train on)",
     "val": "a run with validation on refuses this data; eval_interval: 0 turns validation off",

@@ -18,9 +18,9 @@ anything is allocated from them). The manifest itself is checked by `check_manif
 
 Sizes declared inside the data are bounded by the manifest's geometry (docs/training.md, "Trust and safety"):
 `check_index` bounds each shard's declared bytes by what its samples can take (`max_shard_bytes`), a shard file
-is read only at its declared size (`read_shard_file`), a compressed one inflated at most to its declared raw size
-(`inflate_shard`; the loader's Streaming does the same: gcc.compat.streaming.BoundedStream), a sample's sem ids at
-most F·H·W (`decode_sem`), and its meta is checked once (`check_meta`) when the sample is decoded.
+is read only at its declared size (`gcc.inputs.read_shard_file`), a compressed one inflated at most to its
+declared raw size (`gcc.inputs.inflate_shard`, which the loader's Streaming uses too:
+gcc.compat.streaming.BoundedStream), a sample's sem ids at most F·H·W (`decode_sem`), and its meta is checked once (`check_meta`) when the sample is decoded.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -460,37 +459,6 @@ def check_index(data: bytes, manifest: dict[str, Any], split: str, where: str) -
             f"samples, the manifest {manifest['counts'][split]}"
         )
     return index
-
-
-def read_shard_file(path: str | os.PathLike, declared: int, where: str) -> bytes:
-    """A shard file's bytes, read only when it is a regular file of exactly the size its (checked) index declares;
-    DamagedData naming `where` otherwise."""
-    try:
-        data = inputs.read_bytes(path, "shard", cap=declared)
-    except BadInput as e:
-        raise DamagedData(
-            f"{where}: {str(e).removeprefix(f'{path}: ')}; not as its index.json declares it — restore or reconvert it"
-        ) from None
-    if len(data) != declared:
-        raise DamagedData(f"{where}: {len(data)} bytes, its index.json says {declared} — restore or reconvert it")
-    return data
-
-
-def inflate_shard(blob: bytes, compression: str | None, raw_bytes: int, where: str) -> bytes:
-    """A compressed shard inflated, never past the raw size its (checked) index declares (`check_index` bounds
-    that by the manifest's geometry): a shard that would inflate further is refused there, before it costs more
-    memory or cache than its samples may. DamagedData naming `where` otherwise."""
-    if compression != "zstd":
-        raise DamagedData(f"{where}: compression {compression!r} is not convert_data's (zstd)")
-    try:
-        data = inputs.decompress_zstd(blob, raw_bytes, where)
-    except BadInput as e:
-        raise DamagedData(f"{e} (its index.json declares {raw_bytes} bytes) — restore or reconvert it") from None
-    if len(data) != raw_bytes:
-        raise DamagedData(
-            f"{where}: inflates to {len(data)} bytes, its index.json says {raw_bytes} — restore or reconvert it"
-        )
-    return data
 
 
 @dataclass(frozen=True)

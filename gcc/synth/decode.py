@@ -10,20 +10,17 @@ whose two largest fractions are almost tied (tests/synth/test_synth.py).
 
 A cell covers the 16x16 pixels of its footprint in the pixel frames of its latent frame (frame 0 = pixel frame 0,
 frame k >= 1 = pixel frames 4k-3..4k, `gcc.geometry.latent_frame_spans`); `cells_to_pixels` paints it there.
-Data made by `gcc.synth.world` carries `synth.MARKER` in its prepared root (`is_synthetic`).
+Data made by `gcc.synth.world` carries `synth.MARKER` in its prepared root (`gcc.synth.world.is_synthetic`).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 
-from gcc import inputs, vocab
-from gcc.errors import BadInput
+from gcc import vocab
 from gcc.geometry import VAE_STRIDE_S, latent_frame_spans, pixel_frames
 from gcc.synth import world as synth
 
@@ -94,14 +91,3 @@ def agreement(generated: np.ndarray, reference: np.ndarray, first: int = 1) -> f
     if generated.shape[0] <= first:
         return None
     return float(np.mean(generated[first:] == reference[first:]))
-
-
-def is_synthetic(prepared_root: str | os.PathLike | None) -> bool:
-    """Whether `prepared_root` was written by `gcc.synth.world`: it holds `synth.MARKER` naming that generator."""
-    if prepared_root is None:
-        return False
-    path = Path(prepared_root) / synth.MARKER
-    try:
-        return inputs.load_json_object(path, "a synthetic world's marker").get("generator") == "gcc.synth.world"
-    except BadInput:  # absent, not a regular file, too large, not a JSON object
-        return False

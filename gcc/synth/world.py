@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from gcc import vocab
+from gcc import inputs, vocab
 from gcc.cli import ToolParser, folder_problem, run_tool
 from gcc.errors import BadInput
 from gcc.geometry import LATENT_C, Cameras, Geometry, ground_points, latent_frame_spans, rotation_axes
@@ -564,6 +564,17 @@ def write_clip(root: Path, seed: int, i: int, g: Geometry) -> tuple[dict[str, An
     return index_row(i, scene.context_keys), members
 
 
+def is_synthetic(prepared_root: str | os.PathLike | None) -> bool:
+    """Whether `prepared_root` was written by this generator: it holds `MARKER` naming it."""
+    if prepared_root is None:
+        return False
+    path = Path(prepared_root) / MARKER
+    try:
+        return inputs.load_json_object(path, "a synthetic world's marker").get("generator") == "gcc.synth.world"
+    except BadInput:  # absent, not a regular file, too large, not a JSON object
+        return False
+
+
 def write_prepared(
     out: str | os.PathLike,
     clips: int = 24,
@@ -584,8 +595,6 @@ def write_prepared(
     if root.exists() and any(root.iterdir()):
         if not overwrite:
             raise FileExistsError(f"{root} is not empty (pass overwrite=True / --overwrite)")
-        from gcc.synth.decode import is_synthetic  # decode imports this module: here, not at the top
-
         if not is_synthetic(root):
             raise BadInput(
                 f"--out {root}: not empty and not gcc-synth's output (no {MARKER} naming it): --overwrite "

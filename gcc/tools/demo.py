@@ -34,7 +34,7 @@ from pathlib import Path
 
 from gcc import exit_codes, inputs
 from gcc.cli import ToolParser
-from gcc.launcher import gcc_launch, train_command
+from gcc.launch_command import gcc_launch, train_command
 from gcc.synth import world as synth
 from gcc.tools.plot import plot_runs
 from gcc.tools.sample.errors import SampleError

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gcc.cli import ToolParser, file_problem, run_tool
-from gcc.errors import BadInput
-from gcc.inputs import load_json_object, open_text, os_error_message, shown
+from gcc.errors import BadInput, os_error_message
+from gcc.inputs import load_json_object, open_text, shown
 from gcc.storage import atomic_path
 from gcc.training.columns import STEP_STATS
 

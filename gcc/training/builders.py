@@ -45,10 +45,10 @@ from gcc.training.callbacks.checkpoint_rotation import SaveClock
 from gcc.training.callbacks.samples import SampleSettings, TrainingSamples
 from gcc.training.config import TrainConfig, exported_values, samples_during_training
 from gcc.training.console import progress_bar_draws, progress_bar_stream
-from gcc.training.launch import RunStart, cache_dir, data_name, steps_per_epoch, train_clips, validates
 from gcc.training.peer_fault import PEER_GRACE_S, announce, watch_peers
 from gcc.training.ranks import rank, world_size
 from gcc.training.run_folder import ckpt_dir
+from gcc.training.run_start import RunStart, cache_dir, data_name, steps_per_epoch, train_clips, validates
 from gcc.training.schedule import composer_scheduler, trainer_schedule_kwargs
 from gcc.training.watchdog import StallWatchdog
 

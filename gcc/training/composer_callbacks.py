@@ -23,8 +23,8 @@ import torch
 from composer.callbacks import LRMonitor, MemoryMonitor, SpeedMonitor
 from composer.core import Callback
 
+from gcc.settings import STEPS, Range
 from gcc.training.composer_options import option_problems
-from gcc.training.config import STEPS, Range
 
 logger = logging.getLogger(__name__)
 

@@ -31,112 +31,29 @@ from typing import Any, Literal
 import yaml
 from safetensors import SafetensorError
 
-from gcc import exit_codes, storage
+from gcc import storage
 from gcc.cli import folder_problem, input_file_problem
 from gcc.errors import BadInput
 from gcc.inputs import MAX_DEPTH, MAX_INT_DIGITS, read_text, shown
 from gcc.redact import redact, redact_text
+from gcc.settings import (
+    BATCHES,
+    DAY_S,
+    FRACTION,
+    NON_NEGATIVE,
+    ROLE,
+    STEPS,
+    WORKERS,
+    ConfigError,
+    Range,
+    Role,
+    num_text,
+    role,
+    setting,
+)
 from gcc.workers import PREEMPTION_GRACE_S
 
 logger = logging.getLogger(__name__)
-
-
-class ConfigError(ValueError):
-    exit_code = exit_codes.CONFIG
-
-
-DAY_S = 86400.0
-STEPS = 10**9
-
-
-def _num(x: float) -> str:
-    return f"{x:g}" if isinstance(x, float) else str(x)
-
-
-@dataclass(frozen=True)
-class Range:
-    """The values a number may take: `low` to `high` (None: no upper bound), `exclusive`: above `low`, never at it
-    (a duration that must not be 0). `unit` as a message says it; `said`: how a message states the range where
-    "must be >= low and at most high" would not (a fraction: "in [0, 1]")."""
-
-    low: float
-    high: float | None = None
-    unit: str = ""
-    exclusive: bool = False
-    said: str = ""
-
-    def problem(self, value: float) -> str | None:
-        """Why `value` is outside the range (None when inside)."""
-        low_ok = self.low < value if self.exclusive else self.low <= value
-        if low_ok and (self.high is None or value <= self.high):
-            return None
-        if self.said:
-            return f"must be {self.said}, got {value}"
-        lowest = f"> {_num(self.low)}" if self.exclusive else f">= {_num(self.low)}"
-        if self.high is None:
-            return f"must be {lowest}{self.unit}, got {value}"
-        if not low_ok:
-            return f"must be {lowest}{self.unit} and at most {_num(self.high)}{self.unit}, got {value}"
-        return f"must be at most {_num(self.high)}{self.unit} (and {lowest}), got {value}"
-
-
-FRACTION = Range(0.0, 1.0, said="in [0, 1]")  # a probability or a share
-NON_NEGATIVE = Range(0.0)
-WORKERS = Range(0, 1 << 16)  # a rank or a count of ranks
-
-
-@dataclass(frozen=True)
-class Role:
-    """What a config field is for, declared next to it with `setting` (`role` for a field with a default factory)
-    and read by validate, launch.run_signature, builders.export_metadata and `describe` (`train.py --print_config`).
-
-    identity: True when its value is part of the run signature under its own dotted key (docs/design.md §9.3: a
-    relaunch that changes it is refused, exit 3); a signature key (str): signed under that key, which is the key
-    runs recorded before the field was renamed (`optimizer.lr` is signed as `optim.lr`), or, for a path, the key
-    under which launch.run_signature records what identifies the thing it names (a digest, a resolved path)
-    rather than its value; False when it may change on resume. sign_default: False for an identity field added
-    after runs were recorded: its default (the behaviour those runs had) stays out of the signature, so their
-    run.json still matches, and any other value is signed.
-    exported: True when its value goes into every export's metadata (docs/design.md §9.9) under its own name; a
-    metadata key (str): under that key; False: not exported. A path goes in with credentials masked.
-    bounds: the range of a number (None: any value of its type). path: a local path or s3:// URL, refused with
-    credentials in it (gcc.storage.userinfo_problem). units: a Composer time (an int counts batches, "500ba" is
-    the same; "3ep" is allowed where "ep" is among the units and kept as given until the launch resolves it).
-    doc: its meaning in one line (`describe`)."""
-
-    identity: bool | str
-    exported: bool | str
-    bounds: Range | None = None
-    path: bool = False
-    sign_default: bool = True
-    units: tuple[str, ...] = ()
-    doc: str = ""
-
-
-ROLE = "gcc.role"  # the key of a field's Role in its dataclass field metadata
-
-
-def role(
-    *,
-    identity: bool | str,
-    exported: bool | str,
-    bounds: Range | None = None,
-    path: bool = False,
-    sign_default: bool = True,
-    units: tuple[str, ...] = (),
-    doc: str = "",
-) -> dict:
-    """A config field's metadata holding its Role, for a field with a default factory:
-    `x: list = field(default_factory=list, metadata=role(identity=..., exported=...))`."""
-    return {ROLE: Role(identity, exported, bounds, path, sign_default, units, doc)}
-
-
-def setting(default: Any, **declared: Any) -> Any:
-    """A config field with its default and its role (`Role`): `x: int = setting(0, identity=..., exported=...)`."""
-    return field(default=default, metadata=role(**declared))
-
-
-BATCHES = ("ba",)  # a Composer time counted in batches: 500 or "500ba"
 
 
 @dataclass
@@ -789,8 +706,8 @@ def signature_key_name(signed: str) -> str:
     (`data.manifest_sha256` -> `data.path (its manifest's sha256)`); a key no field declares, as it is."""
     if signed in SIGNED_ELSEWHERE:
         return SIGNED_ELSEWHERE[signed]
-    for key, role in ROLES.items():
-        if role.identity == signed and key != signed:
+    for key, declared in ROLES.items():
+        if declared.identity == signed and key != signed:
             computed = signed.rsplit(".", 1)[-1]
             said = computed.replace("_", " ")
             return key if computed == key.rsplit(".", 1)[-1] or signed in RENAMED else f"{key} ({said})"
@@ -823,11 +740,11 @@ def exported_values(cfg: TrainConfig) -> dict[str, Any]:
     """The export metadata's entries that are a field's value (exported) by metadata key, a path with its
     credentials masked; builders.export_metadata adds the run's own (step, data name, lineage)."""
     exported = {}
-    for key, role in ROLES.items():
-        if role.exported:
-            name = key.rsplit(".", 1)[-1] if role.exported is True else role.exported
+    for key, declared in ROLES.items():
+        if declared.exported:
+            name = key.rsplit(".", 1)[-1] if declared.exported is True else declared.exported
             value = _get(cfg, key)
-            exported[name] = redact_text(value) if role.path else value
+            exported[name] = redact_text(value) if declared.path else value
     return exported
 
 
@@ -1337,13 +1254,13 @@ def _check_model_overrides(overrides: dict) -> None:
                 and len(v) == len(typing.get_args(typ))
                 and all(isinstance(x, int) and not isinstance(x, bool) and 0 < x <= high for x in v)
             )
-            want = f"a list of {len(typing.get_args(typ))} integers in [1, {_num(high)}]"
+            want = f"a list of {len(typing.get_args(typ))} integers in [1, {num_text(high)}]"
         elif typ is float:
             ok = (x := _as_float(v)) is not None and math.isfinite(x) and 0 < x <= high
-            want = f"a number in (0, {_num(high)}]"
+            want = f"a number in (0, {num_text(high)}]"
         else:
             ok = isinstance(v, int) and not isinstance(v, bool) and 0 < v <= high
-            want = f"a positive integer, at most {_num(high)}"
+            want = f"a positive integer, at most {num_text(high)}"
         if not ok:
             raise ConfigError(f"model.overrides.{k}: expected {want}, got {shown(repr(v))}")
 

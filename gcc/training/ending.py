@@ -1,6 +1,6 @@
 """How a launch ends (docs/training.md, "How a launch ends"), on every rank.
 
-`end` runs the launch on this rank (gcc/training/trainer.py `launch`) and ends it as its code says: in order for a
+`end` runs the launch on this rank (gcc/training/trainer.py `train_rank`) and ends it as its code says: in order for a
 code every rank reaches together (`end_launch`: loader workers, forkserver, this rank's threads, then all ranks wait
 for each other), at once on a fault (`leave_on_fault`), and after an unexpected error with this rank's threads
 stopped. On 2-4 the ranks other than 0 then let rank 0 exit first (`wait_for_rank0`). The process always exits past

@@ -102,9 +102,9 @@ def main(argv: list[str] | None = None, capture_output: bool = False) -> int:
         # heavy (torch, Composer, DiffSynth: seconds): loaded only for a config that passed, so a bad one is
         # answered at once. Composer first through its adapter, which keeps the parts a run never uses out.
         import gcc.compat.composer  # noqa: F401
-        from gcc.training.trainer import launch
+        from gcc.training.trainer import train_rank
 
-        code = launch(cfg)
+        code = train_rank(cfg)
     else:
         code = cfg
     wait_for_rank0(code)  # on 2-4: the launcher reports rank 0's code

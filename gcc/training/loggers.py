@@ -31,8 +31,8 @@ from composer.loggers import MLFlowLogger, WandBLogger
 
 from gcc.compat.composer import LocalTensorboardLogger
 from gcc.compat.loggers import allow_mlflow_file_store, check_installed, mlflow_run, wandb_for_composer
+from gcc.settings import STEPS, Range
 from gcc.training.composer_options import option_problems
-from gcc.training.config import STEPS, Range
 from gcc.training.csv_logger import CSVLogger
 
 # Composer logs the step's total loss and each evaluator's metrics itself; gcc logs the same values under its own names

@@ -54,7 +54,7 @@ def step_scheduler(optimizer: torch.optim.Optimizer, scheduler: ComposerSchedule
 
 def lr_factor(scheduler: ComposerScheduler, step: int, max_duration: Time | int) -> float:
     """The rate's multiplier at optimizer step `step` (1-based) of a run of `max_duration` batches: Composer's
-    `scheduler` at batch `step` (also what a changed horizon would do to a resumed run: gcc/training/launch.py)."""
+    `scheduler` at batch `step` (also what a changed horizon would do to a resumed run: gcc/training/run_start.py)."""
     if isinstance(max_duration, int):
         max_duration = Time.from_timestring(f"{max_duration}ba")
     at = types.SimpleNamespace(timestamp=Timestamp(batch=step), max_duration=max_duration, dataloader_len=None)

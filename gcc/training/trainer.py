@@ -42,10 +42,10 @@ from gcc.training.checkpoint_store import TakenOver
 from gcc.training.config import ConfigError, resolve_duration
 from gcc.training.console import ALL_RANKS
 from gcc.training.ending import PeerGone, end
-from gcc.training.launch import agree_on_start, fetch_on_this_node, steps_per_epoch, train_clips
 from gcc.training.peer_fault import announce, peer_fault
 from gcc.training.ranks import local_world_size, rank, world_size
 from gcc.training.run_folder import RunLock, repair_checkpoints
+from gcc.training.run_start import agree_on_start, fetch_on_this_node, steps_per_epoch, train_clips
 from gcc.workers import start_resource_tracker
 
 logger = logging.getLogger(__name__)
@@ -177,7 +177,7 @@ def _run(cfg) -> int:
     return exit_codes.OK
 
 
-def launch(cfg) -> int:
+def train_rank(cfg) -> int:
     """The run of a checked config (gcc/training/entry.py), to the end of the launch on this rank
     (gcc/training/ending.py `end`)."""
 

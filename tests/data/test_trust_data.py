@@ -379,8 +379,7 @@ def test_prepared_files_that_are_not_regular_files_are_refused_without_reading_t
     from hostile import quickly, refused_quickly
 
     from gcc.data.layout import read_index
-    from gcc.synth.decode import is_synthetic
-    from gcc.synth.world import MARKER
+    from gcc.synth.world import MARKER, is_synthetic
 
     src = tmp_path / "prepared"
     shutil.copytree(prepared_tiny, src)

@@ -20,7 +20,7 @@ from hostile import HOSTILE_MODULES, examples, hostile_folder, ran_in
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gcc.launcher import TRAIN_SCRIPT
+from gcc.launch_command import TRAIN_SCRIPT
 
 BIN = Path(sys.executable).parent
 SCRIPTS = ["convert_data", "gcc-synth", "gcc-sample", "gcc-maskstats", "gcc-inspect", "gcc-plot", "gcc-compare"]

@@ -120,7 +120,7 @@ def test_the_trainer_answers_any_launcher_environment(scratch, env):
 def test_gcc_launch_answers_any_n_and_launcher_environment_before_it_creates_anything(scratch, env, nproc):
     """`gcc-launch` reads its flags and the environment Composer's launcher defaults to (`-n 0`, `WORLD_SIZE=x`,
     `LOCAL_WORLD_SIZE=²`) before it creates or starts anything: one line and exit 2, no run folder, no rank."""
-    from gcc.launcher import TRAIN_SCRIPT
+    from gcc.launch_command import TRAIN_SCRIPT
 
     case = Path(tempfile.mkdtemp(dir=scratch))
     flags = [] if nproc is None else ["-n", nproc]

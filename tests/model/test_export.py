@@ -105,7 +105,7 @@ def test_the_trainers_data_field_is_the_manifests_name():
 
     from gcc.training.builders import export_metadata
     from gcc.training.config import load_config
-    from gcc.training.launch import RunStart
+    from gcc.training.run_start import RunStart
 
     cfg = load_config(ROOT / "yamls" / "tiny_cpu.yaml", ["data.path=s3://b/gc25d_v10_mds/"])
     run = RunStart({"name": "v10"}, {"init_ckpt": ""}, "", None, "", None)

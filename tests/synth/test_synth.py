@@ -374,10 +374,10 @@ def _stored_clips(root: Path):
 def test_marker_names_the_generator(prepared_tiny, tmp_path):
     marker = json.loads((prepared_tiny / synth.MARKER).read_text())
     assert marker == {"generator": "gcc.synth.world", "seed": 0, "clips": 24, "geometry": TINY.as_dict()}
-    assert synth_decode.is_synthetic(prepared_tiny)
-    assert not synth_decode.is_synthetic(tmp_path) and not synth_decode.is_synthetic(None)
+    assert synth.is_synthetic(prepared_tiny)
+    assert not synth.is_synthetic(tmp_path) and not synth.is_synthetic(None)
     (tmp_path / synth.MARKER).write_text('{"generator": "someone else"}\n')
-    assert not synth_decode.is_synthetic(tmp_path)
+    assert not synth.is_synthetic(tmp_path)
 
 
 def test_decoder_recovers_the_majority_class_of_each_cell(prepared_tiny):

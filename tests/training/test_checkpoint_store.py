@@ -348,8 +348,8 @@ def test_a_launch_refused_for_another_runs_signature_leaves_the_prefix_to_its_ow
     from _launch import ROOT
 
     from gcc.training.config import load_config
-    from gcc.training.launch import prepare_run
     from gcc.training.run_folder import RunLock
+    from gcc.training.run_start import prepare_run
 
     def prepare(run_dir, *overrides):
         cfg = load_config(ROOT / "yamls" / "tiny_cpu.yaml", [f"run_dir={run_dir}", f"data.path={shards}", *overrides])

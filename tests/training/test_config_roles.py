@@ -33,8 +33,8 @@ from gcc.training.config import (
     roles,
     setting,
 )
-from gcc.training.launch import RunStart, run_signature
 from gcc.training.run_folder import check_identity
+from gcc.training.run_start import RunStart, run_signature
 from gcc.training.signature import diff_signatures
 
 MANIFEST = b'{"x": 1}'

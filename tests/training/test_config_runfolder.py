@@ -481,7 +481,7 @@ def test_a_folder_with_only_step0_validation_rows_is_not_used(tmp_path):
 
 
 def test_data_check_refuses_an_empty_train_split_an_empty_val_split_if_validating_and_leaks():
-    from gcc.training.launch import check_data
+    from gcc.training.run_start import check_data
 
     def manifest(train, val, train_runs=("r1",), val_runs=("r2",)):
         return {

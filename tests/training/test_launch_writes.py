@@ -33,7 +33,7 @@ def _cfg(run_dir: Path, shards: Path, *overrides: str):
 
 
 def _prepare(cfg):
-    from gcc.training.launch import prepare_run  # Composer: loaded only by the tests that need it
+    from gcc.training.run_start import prepare_run  # Composer: loaded only by the tests that need it
 
     lock = RunLock(Path(cfg.run_dir))
     try:

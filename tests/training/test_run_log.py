@@ -21,7 +21,8 @@ import pytest
 from _launch import BASE, env, finish
 
 from gcc.compat.composer_launcher import launcher_args
-from gcc.launcher import TRAIN_SCRIPT, _open_run_log, checked_run, gcc_launch, train_command
+from gcc.launch_command import TRAIN_SCRIPT, gcc_launch, train_command
+from gcc.launcher import _open_run_log, checked_run
 from gcc.training.console import ALL_RANKS, RUN_LOG_ONLY, RunLogHandler, configure_logging, open_run_log
 from gcc.training.run_folder import Refusal
 

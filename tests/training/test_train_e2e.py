@@ -42,7 +42,7 @@ from _launch import (
 )
 
 from gcc.data import convert as C
-from gcc.launcher import gcc_launch
+from gcc.launch_command import gcc_launch
 from gcc.provenance import this_code
 from gcc.tools.compare import main as compare_main
 from gcc.training.config import RENAMED

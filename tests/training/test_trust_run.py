@@ -284,7 +284,7 @@ def _prepare(run_dir: Path, shards: Path, *overrides: str):
     """Rank 0's checks and first writes of a launch (`launch.prepare_run`), in this process: the launch that
     `_train` would start stops there on a refusal, before the model is built."""
     from gcc.training.config import load_config
-    from gcc.training.launch import prepare_run  # Composer: loaded only by the tests that need it
+    from gcc.training.run_start import prepare_run  # Composer: loaded only by the tests that need it
 
     yaml, *args = _args(run_dir, shards, *overrides)
     lock = RunLock(run_dir)

@@ -37,8 +37,7 @@ from gcc.names import UnsafeName, check_component
 from gcc.sampling.media import FPS, write_json
 from gcc.sampling.sampler import clip_noise, sample_latents, sync
 from gcc.sampling.vae import VaeError, find_vae_file
-from gcc.synth.decode import is_synthetic
-from gcc.synth.world import MARKER
+from gcc.synth.world import MARKER, is_synthetic
 from gcc.tools.sample.dit import check_fits, ckpt_model, ckpt_vocab, load_dit
 from gcc.tools.sample.errors import SampleError
 from gcc.tools.sample.judges import SynthJudge, VaeJudge

@@ -25,13 +25,11 @@ from gcc.data.shards import (
     ClipRecord,
     SplitFormat,
     check_index,
-    inflate_shard,
     read_manifest,
-    read_shard_file,
 )
 from gcc.data.text_table import TextTable
 from gcc.errors import BadInput
-from gcc.inputs import open_regular, read_bytes, read_text
+from gcc.inputs import inflate_shard, open_regular, read_bytes, read_shard_file, read_text
 from gcc.names import check_component, inside
 from gcc.storage import atomic_write
 from gcc.tools.sample.errors import SampleError

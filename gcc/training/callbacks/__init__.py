@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from gcc.data.text_table import TextTable
     from gcc.training.config import TrainConfig
-    from gcc.training.launch import RunStart
+    from gcc.training.run_start import RunStart
     from gcc.training.watchdog import StallWatchdog
 
 

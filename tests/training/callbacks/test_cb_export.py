@@ -17,7 +17,7 @@ from gcc.training.builders import export_metadata
 from gcc.training.callbacks import Ema, Export, Preemption, StepSync
 from gcc.training.checkpoint_store import CheckpointStore, TakenOver
 from gcc.training.config import TrainConfig
-from gcc.training.launch import RunStart
+from gcc.training.run_start import RunStart
 
 LOGGER = "gcc.training.callbacks.export"
 

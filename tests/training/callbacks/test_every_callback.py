@@ -19,8 +19,8 @@ from gcc.training import builders as B
 from gcc.training.callbacks import CALLBACKS, CallbackContext, Entry, build_all
 from gcc.training.checkpoint_store import CheckpointStore
 from gcc.training.config import load_config
-from gcc.training.launch import RunStart
 from gcc.training.run_folder import ckpt_dir
+from gcc.training.run_start import RunStart
 
 ROOT = Path(__file__).resolve().parents[3]
 
