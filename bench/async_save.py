@@ -1,5 +1,5 @@
 """What a periodic checkpoint costs the training around it: synchronous saves (`save_async=false`) against
-background writes (`save_async=true`, gcc/training/async_checkpoint.py), against a run without saves measured in
+background writes (`save_async=true`, gcc/training/checkpoint/background.py), against a run without saves measured in
 the same bench.
 
     .venv/bin/python bench/async_save.py [--steps 8] [--every 3] [--layers 1] [--shards DIR]

@@ -514,7 +514,7 @@ def delete_keys(url: str, keys: list[str]) -> None:
             client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": prefix + k} for k in keys[i : i + 1000]]})
 
 
-# ---- conditional writes (S3 If-Match / If-None-Match): the checkpoint commit log (gcc/training/checkpoint_store.py)
+# ---- conditional writes (S3 If-Match / If-None-Match): the checkpoint commit log (gcc/training/checkpoint/store.py)
 def error_code(e: BaseException) -> str | None:
     return getattr(e, "response", {}).get("Error", {}).get("Code")
 

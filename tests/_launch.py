@@ -324,7 +324,7 @@ def stopped_copy(reference: Path, run_dir: Path, at: int = 9, dereferenced: bool
     export up to step 12 written, `latest` on step `at`'s checkpoint, none newer): a relaunch resumes from step
     `at` and must give the reference's rows from there on. The reference keeps the checkpoints of steps 9 and 12.
     `dereferenced`: copied as `cp -rL` or `rsync -L` copy it, `latest` a file holding the checkpoint's bytes."""
-    from gcc.training.run_folder import checkpoint_step
+    from gcc.training.checkpoint.files import checkpoint_step
 
     ignore = shutil.ignore_patterns("cache", "tensorboard", "samples", ".lock")
     shutil.copytree(reference, run_dir, symlinks=True, ignore=ignore)

@@ -35,7 +35,7 @@ CODES = {
     "gcc.sampling.vae.VaeError": exit_codes.CONFIG,
     "gcc.tools.sample.errors.SampleError": exit_codes.CONFIG,
     "gcc.training.config.ConfigError": exit_codes.CONFIG,
-    "gcc.training.checkpoint_store.TakenOver": exit_codes.REFUSED,
+    "gcc.training.checkpoint.store.TakenOver": exit_codes.REFUSED,
     "gcc.training.callbacks.nonfinite.NonFiniteLoss": exit_codes.NONFINITE,
     "gcc.training.callbacks.preemption.PreemptedBeforeFirstStep": exit_codes.OK,
     "gcc.training.ending.PeerGone": exit_codes.PEER_LOST,

@@ -9,16 +9,20 @@
 - `run_after_checkpoint_saver`: callbacks that must see each save (relies on the CheckpointSaver being appended
   last to `state.callbacks` by `Trainer.__init__`, and on the engine running callbacks in list order).
 - `use_checkpoint_saver`: the Trainer's CheckpointSaver (`Trainer._checkpoint_saver`) switched to a subclass whose
-  periodic saves write in the background (gcc/training/async_checkpoint.py); relies on `_save_checkpoint(state,
-  logger)` being the saver's one save, on what Composer's `checkpoint._save_checkpoint` builds and writes (the
-  `state`/`rng` dict, rank 0's RNG under a sharded save, DCP's FileSystemWriter and the deduplicating planner), and
-  on the saver's records (`last_checkpoint_batch`, `all_saved_checkpoints_to_timestamp`, `saved_checkpoints`).
+  periodic saves write in the background (gcc/training/checkpoint/background.py), a `DeferringCheckpointSaver`:
+  relies on `_save_checkpoint(state, logger)` being the saver's one save, and keeps Composer's name for its state
+  (`__qualname__`); `checkpoint_state` is what Composer's `checkpoint._save_checkpoint` builds before it writes (the
+  `state`/`rng` dict, rank 0's RNG under a sharded save) and the saver's records (`last_checkpoint_batch`,
+  `all_saved_checkpoints_to_timestamp`); the writes themselves use DCP's FileSystemWriter and the deduplicating
+  planner, as Composer's do.
 - `load_callback_state_it_has`: a sharded checkpoint written before a callback kept state still loads (wraps
   `checkpoint.dist_cp_load`, which `load_sharded_checkpoint` calls with the template `{"state": state.state_dict(),
   "rng": ...}`; DCP's default planner refuses a template key the checkpoint lacks).
 - `CHECKPOINT_RE`, `LATEST_LINK`: the names Composer gives checkpoints with its default `save_filename` and
   `save_latest_filename` (rank 0's file; an FSDP sharded checkpoint is a folder of that name without the suffix);
   `COMPOSER_READS_AS_CHECKPOINT`, what its save folder's check reads as one of them.
+- `scheduler_at`: a scheduler asked at a batch without a Trainer (a stand-in for the parts of `State` it reads).
+- `ZERO_WARMUP`, `NO_BATCHES`, `NOT_IN_STATE`, `ignore_warning`: warnings of Composer's turned off by their text.
 - `LocalTensorboardLogger`: Composer's TensorboardLogger with one event file per launch (overrides its `_flush`);
   `write_summary` writes one event holding several values, through torch's private file writer (gcc's loggers
   write their scalars and the training samples with it: gcc/training/loggers.py).
@@ -32,6 +36,8 @@ import contextlib
 import os
 import platform
 import re
+import types
+import warnings
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
@@ -65,10 +71,10 @@ if os.environ.get("MOSAICML_PLATFORM", "false").lower() != "true":  # Composer's
 with stand_ins(_UNUSED + ["composer.algorithms.gated_linear_units", "composer.algorithms.alibi"], absent=["peft"]):
     import composer.algorithms  # noqa: F401  (loaded now: see above)
     from composer.callbacks import CheckpointSaver
-    from composer.core import Callback, Engine, Event, State
+    from composer.core import Callback, Engine, Event, State, Timestamp
     from composer.distributed import prepare_distributed
     from composer.loggers import Logger, LoggerDestination, TensorboardLogger
-    from composer.utils import checkpoint, collect_env, dist
+    from composer.utils import checkpoint, collect_env, dist, reproducibility
 
 
 # Composer names the CPU in its environment record (`get_composer_env_dict`: a Trainer's hyperparameters, every
@@ -245,6 +251,63 @@ def run_after_checkpoint_saver(trainer, callbacks: list) -> None:
     if not any(isinstance(cb, CheckpointSaver) for cb in cbs):
         raise RuntimeError("Composer's Trainer built no CheckpointSaver: the callbacks that follow it have none")
     cbs.extend(callbacks)
+
+
+class DeferringCheckpointSaver(CheckpointSaver):
+    """Composer's CheckpointSaver whose every save (`_save_checkpoint(state, logger)`, which Composer calls for each
+    one) goes through `save`: by default Composer's own (`composer_save`); a subclass may write it itself from
+    `checkpoint_state`. Its state is written and read under Composer's name (a checkpoint keys each callback's
+    state by its class's `__qualname__`, and a sharded load wants every key the loading Trainer's callbacks have),
+    so its checkpoints are Composer's, whichever saver wrote them or reads them."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.__qualname__ = CheckpointSaver.__qualname__
+
+    def save(self, state: State, logger: Logger) -> None:
+        self.composer_save(state, logger)
+
+    def composer_save(self, state: State, logger: Logger) -> None:
+        CheckpointSaver._save_checkpoint(self, state, logger)
+
+    def _save_checkpoint(self, state: State, logger: Logger) -> None:
+        self.save(state, logger)
+
+
+DeferringCheckpointSaver.__qualname__ = CheckpointSaver.__qualname__
+
+
+def checkpoint_state(saver: CheckpointSaver, state: State) -> tuple[str, dict]:
+    """What Composer's `CheckpointSaver._save_checkpoint` and `checkpoint._save_checkpoint` do before they write:
+    the saver's records (`last_checkpoint_batch`, `all_saved_checkpoints_to_timestamp`), the file name, and the
+    dict written, `{"state", "rng"}` (under a sharded save rank 0 alone saves the RNG of every rank)."""
+    saver.last_checkpoint_batch = state.timestamp.batch
+    save_filename = checkpoint.get_save_filename(state, saver.filename.format(state, keep_placeholders=True))
+    saver.all_saved_checkpoints_to_timestamp[save_filename] = state.timestamp
+    state_dict = {"state": state.state_dict(), "rng": reproducibility.get_rng_state()}
+    if state.fsdp_sharded_state_dict_enabled and dist.get_global_rank() > 0:
+        state_dict.pop("rng")
+    return save_filename, state_dict
+
+
+# ---- warnings of Composer's that gcc knows to be no problem where it turns them off ------------------------------
+# Matched by the start of Composer's text (tests/compat/test_composer.py checks that Composer still says it so).
+ZERO_WARMUP = "The warmup duration is 0"  # its schedulers, at every call: gcc's warmup is a count of batches
+NO_BATCHES = "No batches were trained for global rank"  # a resume at an epoch's end trains none of that epoch
+NOT_IN_STATE = "{} is not in the state_dict"  # a callback named on a resume of a run that did not name it
+
+
+def ignore_warning(text: str) -> None:
+    """Composer's UserWarning that starts with `text` (one of the above) is not shown again in this process."""
+    warnings.filterwarnings("ignore", message=re.escape(text), category=UserWarning)
+
+
+def scheduler_at(scheduler, batch: int, max_duration) -> float:
+    """Composer's `scheduler` (a ComposerScheduler) asked at `batch` of a run of `max_duration` without a Trainer:
+    it is called with the State and reads only these of it when it counts in batches (`timestamp`,
+    `max_duration`; `dataloader_len` for a duration in epochs, which gcc resolves to batches first)."""
+    at = types.SimpleNamespace(timestamp=Timestamp(batch=batch), max_duration=max_duration, dataloader_len=None)
+    return float(scheduler(at))
 
 
 def use_checkpoint_saver(trainer, cls: type, **attrs) -> None:

@@ -16,7 +16,9 @@
   FSDP2 asks it to average (FSDP2 leaves the division of fp32/bf16 gradients to the backend:
   `_fsdp_collectives._get_gradient_divide_factors`).
 - `peer_gone`: a collective that failed because another rank's process is gone (gloo's transport errors, NCCL's
-  abort), told by its message: torch raises a bare RuntimeError (or DistBackendError) naming the socket's error.
+  abort), told by its message: torch raises a bare RuntimeError (or DistBackendError) naming the socket's error;
+  `collective_failed`, any collective's failure (torch's `DistError`, or gloo's words), which gcc/errors.py uses to
+  tell a failed collective from a failed write on a nearly full disk.
 - `set_sdpa_priority`, `sdpa_order`, `sdpa_choice`: scaled_dot_product_attention's backends tried in a stated order
   process-wide (`torch._C._set_sdp_priority_order`, what `sdpa_kernel(set_priority=True)` sets inside its context)
   and the one it picks for given inputs (`torch._fused_sdp_choice`).
@@ -33,6 +35,7 @@ import traceback
 from typing import Any
 
 from gcc.compat import require
+from gcc.errors import COLLECTIVE_FAILURES
 
 # checked before the library is imported: a changed library is then named, not met as an ImportError
 require("torch", "gcc/compat/torch.py")
@@ -125,6 +128,19 @@ PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pi
 def peer_gone(e: BaseException) -> bool:
     """Whether `e` is a collective that failed because another rank's process is gone (a crash, a kill)."""
     return isinstance(e, RuntimeError) and any(m in str(e) for m in PEER_GONE)
+
+
+def collective_failed(e: BaseException) -> bool:
+    """Whether `e` is a collective's failure: torch's type for them (`DistError`: NCCL's, the store's), or, where
+    gloo raises a plain RuntimeError, its words (a peer gone, or any "gloo"/"NCCL" error text)."""
+    return (
+        isinstance(e, tdist.DistError)
+        or peer_gone(e)
+        or (isinstance(e, RuntimeError) and ("gloo" in str(e) or "NCCL" in str(e)))
+    )
+
+
+COLLECTIVE_FAILURES.append(collective_failed)  # gcc.errors tells a failed collective from a failed write by it
 
 
 # ---- scaled_dot_product_attention's backends (gcc/model/attention.py) ------------------------------------------
@@ -231,7 +247,7 @@ class HostReads(TorchDispatchMode):
         return super().__exit__(*exc)
 
 
-# ---- host memory for checkpoint states (gcc/training/async_checkpoint.py HostStaging) -------------------------------
+# ---- host memory for checkpoint states (gcc/training/checkpoint/background.py HostStaging) -------------------------------
 def host_state_like(state: Any, pin: bool) -> Any:
     """New host tensors shaped as every tensor (a DTensor: its local shard) of `state`, pinned when `pin`; the rest
     copied (`torch.distributed._state_dict_utils._create_cpu_state_dict`, DCP's own cached staging)."""

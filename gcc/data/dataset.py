@@ -14,6 +14,7 @@ import json
 import multiprocessing
 import random
 import time
+import typing
 import weakref
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager, nullcontext
@@ -29,6 +30,15 @@ from gcc import storage
 from gcc.compat.streaming import StreamingBase, node_registration_lock
 from gcc.compat.torch import shutdown_loader_workers
 from gcc.data.batch import gc_collate, new_tensor, pin_batches
+from gcc.data.config import (
+    COND_DROPOUT,
+    MASK_CALIBRATION,
+    MASK_P,
+    MAX_FRAME_COVERAGE,
+    TEXT_DROPOUT,
+    DataConfig,
+    MaskCalibration,
+)
 from gcc.data.mask import apply_unknown_mask
 from gcc.data.sample_rng import draw_sample
 from gcc.data.shards import SHARD_HASH, TEXT_TABLE, ClipRecord, SplitFormat, check_index, read_manifest
@@ -42,15 +52,21 @@ from gcc.workers import PREEMPTION_GRACE_S, LoaderWorkerInit, worker_context
 
 @dataclass(frozen=True)
 class Dropouts:
-    text: float = 0.1
-    cond: float = 0.05
-    mask: float = 0.5
-    calibration: str = "frame0"  # "frame0" | "cap"
-    max_frame_coverage: float = 0.4
+    """The loader's dropouts and mask: the config's `data:` values (`of`), by default its defaults."""
+
+    text: float = TEXT_DROPOUT
+    cond: float = COND_DROPOUT
+    mask: float = MASK_P
+    calibration: MaskCalibration = MASK_CALIBRATION
+    max_frame_coverage: float = MAX_FRAME_COVERAGE
 
     def __post_init__(self):
-        if self.calibration not in ("frame0", "cap"):
+        if self.calibration not in typing.get_args(MaskCalibration):
             raise ValueError(f"mask calibration must be 'frame0' or 'cap', got {self.calibration!r}")
+
+    @classmethod
+    def of(cls, data: DataConfig) -> Dropouts:
+        return cls(data.text_dropout, data.cond_dropout, data.mask_p, data.mask_calibration, data.max_frame_coverage)
 
 
 NO_DROPOUTS = Dropouts(text=0.0, cond=0.0, mask=0.0)

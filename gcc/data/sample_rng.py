@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gcc.data.config import COND_DROPOUT, MASK_P, TEXT_DROPOUT
 from gcc.data.mask import MaskParams
 from gcc.stats import BATCH, MEAN, Stat
 
-P_TEXT, P_COND, P_MASK = 0.1, 0.05, 0.5  # docs/design.md §6 / §8 defaults
+P_TEXT, P_COND, P_MASK = TEXT_DROPOUT, COND_DROPOUT, MASK_P  # the config's defaults (gcc/data/config.py)
 P_ONE_PLANE = 0.7
 Q_LOW, Q_SPAN = 0.05, 0.35  # q = 0.05 + 0.35·u: U(0.05, 0.40)
 # what a training step reports of these draws: the batch's per-clip values (gc_collate's keys) as their means over

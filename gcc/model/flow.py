@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import torch
 
 from gcc.compat.diffsynth import FlowMatchScheduler
+from gcc.data.batch import Batch
+from gcc.model.config import WAN_SHIFT
 from gcc.model.seeds import stable_seed
-
-WAN_SHIFT = 5.0  # the sigma shift of Wan2.2 TI2V's schedule (training's and sampling's)
 
 
 def make_scheduler(num_train_timesteps: int = 1000, shift: float = WAN_SHIFT) -> FlowMatchScheduler:
@@ -107,13 +107,13 @@ class FlowMatching:
         return self.tables(tid.device).weights[tid]
 
 
-def model_text(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def model_text(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """The batch's prompts, cut to its micro-batch's most (the rest is padding for other clips: no need to embed
     it), and each latent frame's index among them (gcc.data.dataset.gc_collate). `prompts` is a host list."""
     return batch["context"][:, : max(batch["prompts"])], batch["context_index"]
 
 
-def training_outputs(flow: FlowMatching, dit, batch: dict, seed: int, first_frame_cond: bool) -> dict:
+def training_outputs(flow: FlowMatching, dit, batch: Batch, seed: int, first_frame_cond: bool) -> dict:
     """One training forward of `dit` (a GcDiT) on `batch`: the per-sample draws on the batch's device, the noisy
     latents, the prediction and what the loss needs (`training_loss`). Nothing read back to the host."""
     x0 = batch["input_latents"].to(next(dit.parameters()).dtype)

@@ -16,6 +16,7 @@ from composer.models import ComposerModel
 from torchmetrics import Metric
 
 from gcc.compat.diffsynth import FlowMatchScheduler
+from gcc.data.batch import Batch
 from gcc.model.dit import GcDiT
 from gcc.model.flops import train_flops
 from gcc.model.flow import (
@@ -131,10 +132,10 @@ class GcTrainModel(ComposerModel):
         return self.dit.gc_forward(x_t, timesteps, context, index, sem, self.first_frame_cond)
 
     # -- training (gcc/model/flow.py: what bench/gpu_step.py runs without Composer)
-    def forward(self, batch: dict) -> dict:
+    def forward(self, batch: Batch) -> dict:
         return training_outputs(self.flow, self.dit, batch, self.seed, self.first_frame_cond)
 
-    def loss(self, outputs: dict, batch: dict) -> torch.Tensor:
+    def loss(self, outputs: dict, batch: Batch) -> torch.Tensor:
         loss, mse = training_loss(outputs, self.first_frame_cond)
         # the statistics declared in gcc/model/objective_stats.py TRAIN_STATS, by name
         outputs["stats"] = {
@@ -145,7 +146,7 @@ class GcTrainModel(ComposerModel):
         }
         return loss
 
-    def flops_per_batch(self, batch: dict) -> int:
+    def flops_per_batch(self, batch: Batch) -> int:
         """The model FLOPs of training on `batch` (forward and backward: gcc/model/flops.py), which Composer's
         SpeedMonitor reads for `throughput/flops_per_sec` and MFU. Each clip's distinct prompts are counted
         (`prompts`, a host list: no read from the device)."""
@@ -162,7 +163,7 @@ class GcTrainModel(ComposerModel):
 
     # -- validation
     @torch.no_grad()
-    def eval_forward(self, batch: dict, outputs: Any | None = None) -> dict:
+    def eval_forward(self, batch: Batch, outputs: Any | None = None) -> dict:
         if outputs is not None:  # Composer's train-metrics path; we define no train metrics
             return outputs
         x0 = batch["input_latents"].to(self._dtype())

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import torch
 
+from gcc.model.config import OptimizerConfig
 from gcc.model.dit import COND_PREFIX
 
-BETAS = (0.9, 0.999)
-EPS = 1e-8  # torch's AdamW default
+# the config's defaults (gcc/model/config.py `OptimizerConfig`), for a caller without a config (the benches)
+_DEFAULTS = OptimizerConfig()
+BETAS = (float(_DEFAULTS.betas[0]), float(_DEFAULTS.betas[1]))
+EPS, WEIGHT_DECAY = _DEFAULTS.eps, _DEFAULTS.weight_decay
 
 
-def param_groups(model: torch.nn.Module, lr: float, cond_lr: float, weight_decay: float = 0.01) -> list[dict]:
+def param_groups(model: torch.nn.Module, lr: float, cond_lr: float, weight_decay: float = WEIGHT_DECAY) -> list[dict]:
     """[all DiT parameters at lr, every `gc_sem_cond.*` parameter at cond_lr]; names work with or without the
     ComposerModel's `dit.` prefix (Composer re-maps groups by name under FSDP with use_orig_params)."""
     dit: list[torch.nn.Parameter] = []
@@ -33,7 +36,7 @@ def build_optimizer(
     model: torch.nn.Module,
     lr: float,
     cond_lr: float,
-    weight_decay: float = 0.01,
+    weight_decay: float = WEIGHT_DECAY,
     betas: tuple[float, float] = BETAS,
     eps: float = EPS,
 ) -> torch.optim.AdamW:

@@ -15,10 +15,9 @@ from collections.abc import Callable, Sequence
 import torch
 
 from gcc.data.text_table import stack_prompts
+from gcc.model.config import WAN_SHIFT
 from gcc.model.seeds import stable_seed
 from gcc.vocab import UNKNOWN
-
-WAN_SHIFT = 5.0  # the sigma shift of Wan2.2 TI2V's schedule, training's too (gcc/model/flow.py)
 
 
 def sync(device) -> None:

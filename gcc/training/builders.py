@@ -29,6 +29,7 @@ from gcc.data.dataset import (
 )
 from gcc.data.text_table import TextTable
 from gcc.model.attention import backends_at, current_kernel, select_attention
+from gcc.model.config import WAN_SHIFT
 from gcc.model.dit import build_gc_dit, load_wan_base, model_config
 from gcc.model.export import gc_metadata, load_gc_weights, load_legacy_zero
 from gcc.model.objective import GcTrainModel
@@ -37,17 +38,16 @@ from gcc.provenance import Provenance
 from gcc.redact import redact
 from gcc.sampling.decoders import pick_decoder
 from gcc.sampling.media import FPS
-from gcc.sampling.sampler import WAN_SHIFT
 from gcc.training import loggers as run_loggers  # (build_trainer has a `loggers` argument)
-from gcc.training.async_checkpoint import AsyncCheckpointSaver
 from gcc.training.callbacks import TRAIN_COLUMNS, VAL_COLUMNS, CallbackContext, CheckpointWrites, build_all
-from gcc.training.callbacks.checkpoint_rotation import SaveClock
 from gcc.training.callbacks.samples import SampleSettings, TrainingSamples
+from gcc.training.checkpoint.background import AsyncCheckpointSaver
+from gcc.training.checkpoint.files import ckpt_dir
+from gcc.training.checkpoint.rotation import SaveClock
 from gcc.training.config import TrainConfig, exported_values, samples_during_training
 from gcc.training.console import progress_bar_draws, progress_bar_stream
 from gcc.training.peer_fault import PEER_GRACE_S, announce, watch_peers
 from gcc.training.ranks import rank, world_size
-from gcc.training.run_folder import ckpt_dir
 from gcc.training.run_start import RunStart, cache_dir, data_name, steps_per_epoch, train_clips, validates
 from gcc.training.schedule import composer_scheduler, trainer_schedule_kwargs
 from gcc.training.watchdog import StallWatchdog
@@ -72,14 +72,7 @@ def node_cache(cfg: TrainConfig) -> TextTable:
 
 
 def dropouts(cfg: TrainConfig) -> Dropouts:
-    d = cfg.data
-    return Dropouts(
-        text=d.text_dropout,
-        cond=d.cond_dropout,
-        mask=d.mask_p,
-        calibration=d.mask_calibration,
-        max_frame_coverage=d.max_frame_coverage,
-    )
+    return Dropouts.of(cfg.data)
 
 
 def build_train_loader(cfg: TrainConfig, per_rank_batch: int) -> DataLoader:
@@ -434,8 +427,8 @@ def build_trainer(
     fsdp: dict | None,
 ):
     """Composer's Trainer with autoresume and batch-based checkpoints (an epoch-end save would lose Streaming's
-    position), its saver writing periodic checkpoints in the background (`save_async`: gcc/training/
-    async_checkpoint.py). Under FSDP Composer shards the meta-device model and each rank initialises its shard."""
+    position), its saver writing periodic checkpoints in the background (`save_async`:
+    gcc/training/checkpoint/background.py). Under FSDP Composer shards the meta-device model and each rank initialises its shard."""
 
     opt, schedule = build_optimization(cfg, model)
     bar = progress_bar_draws(cfg.progress_bar)

@@ -15,7 +15,6 @@ its pinned columns. Their table entries are in gcc/training/callbacks/__init__.p
 from __future__ import annotations
 
 import logging
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +22,7 @@ import torch
 from composer.callbacks import LRMonitor, MemoryMonitor, SpeedMonitor
 from composer.core import Callback
 
+from gcc.compat.composer import NOT_IN_STATE, ignore_warning
 from gcc.settings import STEPS, Range
 from gcc.training.composer_options import option_problems
 
@@ -78,5 +78,5 @@ def build_composer_callback(callbacks: dict[str, Any], name: str) -> Callback | 
         return None
     # named on a resume of a run that did not name it: nothing of it in the checkpoint, and Composer warns on every
     # rank; its only state is SpeedMonitor's validation time, which then counts from this launch
-    warnings.filterwarnings("ignore", f"{entry.composer_class.__qualname__} is not in the state_dict", UserWarning)
+    ignore_warning(NOT_IN_STATE.format(entry.composer_class.__qualname__))
     return entry.composer_class(**callback_problems(name, callbacks[name])[1])

@@ -78,7 +78,7 @@ def option_problems(
 ) -> tuple[list[str], dict[str, Any]]:
     """The problems of one entry `name` (a `kind`: "logger") of the yaml's `section` (each naming its key) and its arguments as the class
     takes them. `table` maps each name the section may hold to its entry: `.composer_class`, and optionally
-    `.bounds` (argument -> `gcc.training.config.Range`) where the class takes values that fail later, in the run."""
+    `.bounds` (argument -> `gcc.settings.Range`) where the class takes values that fail later, in the run."""
     key = f"{section}.{shown(name, 60)}"
     if name not in table:
         return [f"{key}: unknown {kind}; choose from {', '.join(table)}"], {}

@@ -15,9 +15,11 @@ from gcc.cli import ToolParser
 from gcc.errors import BadInput, Refusal, StorageUnavailable, launch_verdict
 from gcc.redact import secret_keys
 from gcc.training import ranks
-from gcc.training.config import ConfigError, TrainConfig, check_inputs, describe, load_config, to_dict
+from gcc.training.config import ConfigError, TrainConfig, load_config, to_dict
 from gcc.training.console import configure_logging, open_run_log
 from gcc.training.ending import code_of, exit_process, wait_for_rank0
+from gcc.training.input_checks import check_inputs
+from gcc.training.print_config import describe
 from gcc.training.ranks import rank, world_size
 
 logger = logging.getLogger(__name__)

@@ -33,7 +33,8 @@ from gcc.errors import BadInput, StorageUnavailable
 from gcc.provenance import Provenance, this_code
 from gcc.redact import redact
 from gcc.storage import join
-from gcc.training.checkpoint_store import CheckpointStore, Head, store_for
+from gcc.training.checkpoint.files import checkpoint_step, ckpt_dir, is_complete, plan_repair, repair_checkpoints
+from gcc.training.checkpoint.store import CheckpointStore, Head, store_for
 from gcc.training.config import DECAYING, ConfigError, TrainConfig, duration_in_batches, signed_values
 from gcc.training.ranks import node_rank, world_size
 from gcc.training.run_folder import (
@@ -42,13 +43,8 @@ from gcc.training.run_folder import (
     Refusal,
     RunLock,
     check_run_folder,
-    checkpoint_step,
-    ckpt_dir,
     file_digest,
     identity,
-    is_complete,
-    plan_repair,
-    repair_checkpoints,
     set_aside,
     stored_record,
     what_a_restart_loses,

@@ -12,11 +12,10 @@ the schedule gcc has always had. Pass it to the Trainer with `step_schedulers_ev
 
 from __future__ import annotations
 
-import types
-import warnings
+from collections.abc import Callable
 
 import torch
-from composer.core import Time, Timestamp
+from composer.core import Time
 from composer.optim import (
     ComposerScheduler,
     ConstantWithWarmupScheduler,
@@ -25,26 +24,30 @@ from composer.optim import (
 )
 from torch.optim.lr_scheduler import LambdaLR
 
+from gcc.compat.composer import ZERO_WARMUP, ignore_warning, scheduler_at
+
+# Composer's scheduler of each `scheduler.name` (gcc/training/sections.py `SchedulerName`: its choices, which a
+# test holds equal to these), from the warmup (a Composer time) and alpha_f
+SCHEDULERS: dict[str, Callable[[str, float], ComposerScheduler]] = {
+    "constant_with_warmup": lambda warmup, alpha_f: ConstantWithWarmupScheduler(t_warmup=warmup),
+    "cosine_with_warmup": lambda warmup, alpha_f: CosineAnnealingWithWarmupScheduler(t_warmup=warmup, alpha_f=alpha_f),
+    "linear_decay_with_warmup": lambda warmup, alpha_f: LinearWithWarmupScheduler(t_warmup=warmup, alpha_f=alpha_f),
+}
+
 
 def composer_scheduler(name: str, t_warmup: int, alpha_f: float = 0.0) -> ComposerScheduler:
     """Composer's scheduler of that name (the yaml's `scheduler.name`), warming up over `t_warmup` batches and
     running to max_duration (its `t_max`, "1dur")."""
-    warmup = f"{t_warmup}ba"
-    if name == "constant_with_warmup":
-        return ConstantWithWarmupScheduler(t_warmup=warmup)
-    if name == "cosine_with_warmup":
-        return CosineAnnealingWithWarmupScheduler(t_warmup=warmup, alpha_f=alpha_f)
-    if name == "linear_decay_with_warmup":
-        return LinearWithWarmupScheduler(t_warmup=warmup, alpha_f=alpha_f)
-    raise ValueError(f"scheduler.name: unknown scheduler {name!r}")
+    if name not in SCHEDULERS:
+        raise ValueError(f"scheduler.name: unknown scheduler {name!r}")
+    return SCHEDULERS[name](f"{t_warmup}ba", alpha_f)
 
 
 def step_scheduler(optimizer: torch.optim.Optimizer, scheduler: ComposerScheduler, max_steps: int) -> LambdaLR:
     """A LambdaLR giving optimizer step s (1-based) Composer's `scheduler` at batch s of a `max_steps`-batch run
     (the module's docstring says why not Composer's own stepping)."""
     max_duration = Time.from_timestring(f"{max_steps}ba")
-    # Composer warns at every call that a warmup of 0 may be a fraction of the duration; gcc's is a batch count
-    warnings.filterwarnings("ignore", message="The warmup duration is 0", category=UserWarning)
+    ignore_warning(ZERO_WARMUP)  # Composer's warning that a warmup of 0 may be a fraction of the duration
 
     def multiplier(done: int) -> float:  # LambdaLR passes the number of steps already taken
         return lr_factor(scheduler, done + 1, max_duration)
@@ -57,8 +60,7 @@ def lr_factor(scheduler: ComposerScheduler, step: int, max_duration: Time | int)
     `scheduler` at batch `step` (also what a changed horizon would do to a resumed run: gcc/training/run_start.py)."""
     if isinstance(max_duration, int):
         max_duration = Time.from_timestring(f"{max_duration}ba")
-    at = types.SimpleNamespace(timestamp=Timestamp(batch=step), max_duration=max_duration, dataloader_len=None)
-    return float(scheduler(at))  # the parts of State a scheduler counting batches reads
+    return scheduler_at(scheduler, step, max_duration)
 
 
 def trainer_schedule_kwargs(optimizer: torch.optim.Optimizer, scheduler: ComposerScheduler, max_steps: int) -> dict:

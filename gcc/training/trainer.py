@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -29,7 +28,7 @@ from composer.devices import DeviceCPU, DeviceGPU
 from composer.utils import dist
 
 from gcc import exit_codes
-from gcc.compat.composer import run_after_checkpoint_saver
+from gcc.compat.composer import NO_BATCHES, ignore_warning, run_after_checkpoint_saver
 from gcc.compat.torch import peer_gone
 from gcc.errors import RELAUNCH, Refusal, exit_for, launch_verdict
 from gcc.model.dit import count_params
@@ -38,13 +37,14 @@ from gcc.training import builders as B
 from gcc.training.batch_change import continue_after_change
 from gcc.training.callbacks import NonFiniteLoss, PreemptedBeforeFirstStep
 from gcc.training.callbacks.train_stats import peak_rss_gb
-from gcc.training.checkpoint_store import TakenOver
+from gcc.training.checkpoint.files import repair_checkpoints
+from gcc.training.checkpoint.store import TakenOver
 from gcc.training.config import ConfigError, resolve_duration
 from gcc.training.console import ALL_RANKS
 from gcc.training.ending import PeerGone, end
 from gcc.training.peer_fault import announce, peer_fault
 from gcc.training.ranks import local_world_size, rank, world_size
-from gcc.training.run_folder import RunLock, repair_checkpoints
+from gcc.training.run_folder import RunLock
 from gcc.training.run_start import agree_on_start, fetch_on_this_node, steps_per_epoch, train_clips
 from gcc.workers import start_resource_tracker
 
@@ -138,8 +138,7 @@ def _run(cfg) -> int:
     if resumed:
         logger.info(f"checkpoint loaded: trainer ready in {time.time() - t_build:.1f} s")
         continue_after_change(trainer, parts.global_batch, Path(cfg.run_dir), start.store)
-        # a run resumed at an epoch's end trains no batch of that epoch, and Composer warns about it
-        warnings.filterwarnings("ignore", message="No batches were trained for global rank", category=UserWarning)
+        ignore_warning(NO_BATCHES)  # a run resumed at an epoch's end trains no batch of that epoch
     else:
         B.load_initial_weights(model.dit, cfg)
     logger.info(

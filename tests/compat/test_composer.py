@@ -4,6 +4,7 @@ engine, with validation, checkpoint and FIT_END events: tests/model/test_objecti
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -110,3 +111,76 @@ def test_a_sharded_checkpoint_without_a_callbacks_state_still_loads(tmp_path):
     with pytest.raises(dcp.api.CheckpointException) as refused:
         checkpoint.dist_cp_load({"state": {"model": {"v": torch.zeros(2)}}}, dcp.FileSystemReader(str(tmp_path)))
     assert "Missing key in checkpoint state_dict: state.model.v" in "".join(map(str, refused.value.failures.values()))
+
+
+def test_a_deferring_saver_writes_what_composer_writes_under_composers_name(tmp_path, monkeypatch):
+    """`checkpoint_state` is what Composer's own save builds before it writes (the same file name, the same keys of
+    the same state); every save goes through `save`; the subclass's state is keyed by Composer's name."""
+    from gcc.compat.composer import DeferringCheckpointSaver, checkpoint_state, use_checkpoint_saver
+
+    seen = []
+
+    class Recording(DeferringCheckpointSaver):
+        def save(self, state, logger):
+            name, state_dict = checkpoint_state(self, state)
+            seen.append((name, state_dict, int(self.last_checkpoint_batch)))
+            self.composer_save(state, logger)
+
+    monkeypatch.chdir(tmp_path)
+    trainer = _trainer(tmp_path, save_folder=str(tmp_path / "ckpt"), save_interval="1ba")
+    use_checkpoint_saver(trainer, Recording)
+    assert Recording.__qualname__ == CheckpointSaver.__qualname__
+    assert CheckpointSaver.__qualname__ in trainer.state.state_dict()["callbacks"]
+    trainer.fit()
+    trainer.close()
+    assert [(b, Path(n).name) for n, _, b in seen] == [(1, "ep0-ba1-rank0.pt"), (2, "ep0-ba2-rank0.pt")]
+    for name, state_dict, _ in seen:
+        written = torch.load(name, map_location="cpu", weights_only=False)
+        assert set(written) == set(state_dict) == {"state", "rng"}
+        assert set(written["state"]) == set(state_dict["state"])
+        assert written["state"]["timestamp"] == state_dict["state"]["timestamp"]
+
+
+@pytest.mark.parametrize(
+    "module, name",
+    [
+        ("composer.optim.scheduler", "ZERO_WARMUP"),
+        ("composer.trainer.trainer", "NO_BATCHES"),
+        ("composer.core.state", "NOT_IN_STATE"),
+    ],
+)
+def test_the_warnings_gcc_turns_off_are_still_composers(module, name):
+    """Each text gcc turns a warning of Composer's off by is still in the module that warns it (a changed text
+    would let the warning through: noisy, not wrong), and `ignore_warning` turns off that warning and no other."""
+    import importlib
+    import inspect
+    import warnings
+
+    from gcc.compat import composer as adapter
+
+    text = getattr(adapter, name)
+    said = text.split("{}")[-1].strip()
+    assert said in " ".join(inspect.getsource(importlib.import_module(module)).split())
+    warned = text.format("Widget") + ". Its state will not be restored."
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        adapter.ignore_warning(text.format("Widget"))
+        warnings.warn(warned, UserWarning, stacklevel=1)
+        warnings.warn("another warning", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["another warning"]
+
+
+def test_a_scheduler_asked_without_a_trainer_gives_what_it_gives_the_trainers_state(tmp_path, monkeypatch):
+    from composer.core import Timestamp
+    from composer.optim import CosineAnnealingWithWarmupScheduler, LinearWithWarmupScheduler
+
+    from gcc.compat.composer import scheduler_at
+
+    monkeypatch.chdir(tmp_path)
+    trainer = _trainer(tmp_path)
+    trainer.state.max_duration = "40ba"
+    for scheduler in (CosineAnnealingWithWarmupScheduler("5ba", 0.1), LinearWithWarmupScheduler("5ba", 0.2)):
+        for batch in (0, 3, 5, 17, 40):
+            trainer.state.timestamp = Timestamp(batch=batch)
+            assert scheduler_at(scheduler, batch, trainer.state.max_duration) == float(scheduler(trainer.state))
+    trainer.close()

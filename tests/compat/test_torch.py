@@ -120,3 +120,21 @@ def test_gradients_need_no_hook_on_one_rank(one_rank_group):
     model = torch.nn.Sequential(torch.nn.Linear(4, 4))
     fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
     assert gloo_gradients_as_means(model) == 0
+
+
+def test_a_failed_collective_is_told_from_a_failed_write(tmp_path, monkeypatch):
+    """torch's own type for a collective's failure, and gloo's plain RuntimeErrors by their words; a write's error
+    is none of them, so that on a nearly full disk it is a disk-full (gcc/errors.py) and a dead peer is not."""
+    from gcc import errors
+    from gcc.compat.torch import collective_failed
+
+    assert issubclass(tdist.DistBackendError, tdist.DistError)  # NCCL's (and the store's) errors are typed
+    assert collective_failed(tdist.DistBackendError("NCCL error in: ..., unhandled system error"))
+    assert collective_failed(RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]"))
+    assert not collective_failed(RuntimeError("PytorchStreamWriter failed writing file data/3: file write failed"))
+    assert not collective_failed(ValueError("gloo"))
+    monkeypatch.setattr(errors, "NEARLY_FULL_BYTES", 1 << 62)  # every disk is nearly full now
+    write = RuntimeError("PytorchStreamWriter failed writing file data/3: file write failed")
+    assert isinstance(errors.disk_full(write, tmp_path, "here"), errors.DiskFull)
+    peer = RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]")
+    assert errors.disk_full(peer, tmp_path, "here") is None

@@ -45,7 +45,7 @@ def test_the_csv_logger_never_waits_on_a_fifo(tmp_path):
 
 
 def test_a_run_record_nested_beyond_the_limit_is_a_refusal(tmp_path):
-    from gcc.training.checkpoint_store import CheckpointStore
+    from gcc.training.checkpoint.store import CheckpointStore
 
     prefix = tmp_path / "prefix"
     prefix.mkdir()

@@ -19,6 +19,7 @@ from safetensors import safe_open
 
 from gcc.data import convert as C
 from gcc.data.batch import gc_collate
+from gcc.data.config import DataConfig
 from gcc.data.dataset import Dropouts, GcStreamingDataset, build_dataloader
 from gcc.data.shards import MANIFEST
 from gcc.errors import BadInput
@@ -455,3 +456,13 @@ def test_releasing_orphaned_shared_memory_spares_live_datasets(shards, tmp_path)
     shutil.rmtree(gone_cache)
     assert release_stale_shm() >= 1
     assert run_epochs(live, workers=1)  # its shared memory is intact
+
+
+def test_the_loaders_default_dropouts_are_the_configs():
+    """The v10 rates are stated once (gcc/data/config.py): the loader's defaults are the config's, and a config's
+    values reach the loader each in its own place (a swap of two rates fails here)."""
+    assert Dropouts() == Dropouts.of(DataConfig()) == Dropouts(0.1, 0.05, 0.5, "frame0", 0.4)
+    data = DataConfig(
+        text_dropout=0.11, cond_dropout=0.22, mask_p=0.33, mask_calibration="cap", max_frame_coverage=0.44
+    )
+    assert Dropouts.of(data) == Dropouts(text=0.11, cond=0.22, mask=0.33, calibration="cap", max_frame_coverage=0.44)

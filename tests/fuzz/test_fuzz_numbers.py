@@ -145,7 +145,8 @@ def test_a_name_that_holds_a_step_is_read_only_in_ascii_digits(scratch, names):
     Composer would read as a step is refused before the run starts."""
     from gcc.tools.compare import export_steps
     from gcc.training.callbacks.samples import rotate_samples
-    from gcc.training.run_folder import Refusal, check_run_folder, list_checkpoints, repair_checkpoints
+    from gcc.training.checkpoint.files import list_checkpoints, repair_checkpoints
+    from gcc.training.run_folder import Refusal, check_run_folder
 
     run = Path(tempfile.mkdtemp(dir=scratch))
     (run / "checkpoints").mkdir()

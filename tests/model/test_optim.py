@@ -7,8 +7,9 @@ import pytest
 import torch
 from _gc_helpers import tiny_dit
 
+from gcc.model.config import OptimizerConfig
 from gcc.model.dit import COND_PREFIX
-from gcc.model.optim import BETAS, build_optimizer, param_groups
+from gcc.model.optim import build_optimizer, param_groups
 
 
 @pytest.mark.parametrize("prefix", ["", "dit."])
@@ -35,8 +36,11 @@ def test_a_model_without_the_condition_is_refused():
 
 
 def test_adamw_with_the_betas_and_eps():
+    """Without a config, the config's defaults (stated once: `OptimizerConfig`)."""
     opt = build_optimizer(tiny_dit(), 1e-5, 1e-4)
-    assert isinstance(opt, torch.optim.AdamW) and opt.defaults["betas"] == BETAS and opt.defaults["eps"] == 1e-8
+    defaults = OptimizerConfig()
+    assert isinstance(opt, torch.optim.AdamW) and list(opt.defaults["betas"]) == defaults.betas == [0.9, 0.999]
+    assert opt.defaults["eps"] == defaults.eps == 1e-8 and opt.defaults["weight_decay"] == defaults.weight_decay
     assert [g["lr"] for g in opt.param_groups] == [1e-5, 1e-4]
     opt = build_optimizer(tiny_dit(), 1e-5, 1e-4, betas=(0.8, 0.95), eps=1e-6)
     assert (opt.defaults["betas"], opt.defaults["eps"]) == ((0.8, 0.95), 1e-6)

@@ -9,7 +9,8 @@ import pytest
 import torch
 from _gc_helpers import make_batch, randomize_cond, tiny_dit
 
-from gcc.sampling.sampler import WAN_SHIFT, clip_noise, make_sampling_scheduler, sample_latents
+from gcc.model.config import WAN_SHIFT
+from gcc.sampling.sampler import clip_noise, make_sampling_scheduler, sample_latents
 
 SHAPE = (48, 3, 4, 4)  # [C, T, h, w] of make_batch's tiny clip
 

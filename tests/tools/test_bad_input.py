@@ -376,7 +376,7 @@ CASES: dict[str, Case] = {
         lambda w: (w.train(f"model.vae_path={w.folder('vae')}"), ["model.vae_path", "is a folder, expected a file"]),
     ),
     "train-sample-steps-zero": ("gcc.train", 2, lambda w: (w.train("sample_steps=0"), ["sample_steps", ">= 1"])),
-    # ---- the yaml loader is bounded (gcc/training/config.py _BoundedLoader): refused naming the key path ----------
+    # ---- the yaml loader is bounded (gcc/yaml_reader.py BoundedLoader): refused naming the key path ----------
     "train-yaml-int-key": (
         "gcc.train",
         2,

@@ -1,4 +1,4 @@
-"""The background checkpoint writer (gcc/training/async_checkpoint.py), in process: the staged copy is the step's state
+"""The background checkpoint writer (gcc/training/checkpoint/background.py), in process: the staged copy is the step's state
 whatever training does next; a write is complete or absent under its name; the ranks' agreement decides when it
 is committed; a failed write raises on the main thread and leaves nothing; the relaunch's repair removes an
 unfinished write. The end-to-end proof (a SIGKILL during a write resumes from the checkpoint before it, exactly) is
@@ -16,9 +16,9 @@ import torch
 
 from gcc import exit_codes
 from gcc.errors import DiskFull
-from gcc.training.async_checkpoint import CheckpointWrites, HostStaging
 from gcc.training.callbacks.step_sync import StepSync
-from gcc.training.run_folder import ckpt_dir, point_latest, repair_checkpoints
+from gcc.training.checkpoint.background import CheckpointWrites, HostStaging
+from gcc.training.checkpoint.files import ckpt_dir, point_latest, repair_checkpoints
 
 
 def _state(w: torch.Tensor, batch: int) -> dict:

@@ -1,4 +1,4 @@
-"""The remote side of `save_folder: s3://...` (gcc/training/checkpoint_store.py) against a real S3 server on
+"""The remote side of `save_folder: s3://...` (gcc/training/checkpoint/store.py) against a real S3 server on
 loopback (moto): the commit log's head (owner + committed checkpoint + manifest, written conditionally), the guard
 between two launches and its races, the repair of uploads cut short and the refusals that replace deletions,
 rotation, the keys read from the prefix, and the download into a run folder. The end-to-end runs are in
@@ -14,8 +14,9 @@ import zipfile
 import pytest
 
 from gcc import inputs, storage
-from gcc.training.checkpoint_store import CheckpointStore, TakenOver
-from gcc.training.run_folder import LATEST, Refusal, ckpt_dir, is_complete, latest_checkpoint
+from gcc.training.checkpoint.files import LATEST, ckpt_dir, is_complete, latest_checkpoint
+from gcc.training.checkpoint.store import CheckpointStore, TakenOver
+from gcc.training.run_folder import Refusal
 
 
 def ddp_file(path, payload: bytes = b"weights"):

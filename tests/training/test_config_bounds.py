@@ -1,7 +1,7 @@
 """Every config field that sizes work has a range (gcc/training/config.py: declared with the field, collected in
 BOUNDS; MODEL_BOUNDS): a value beyond it is refused naming the field and the range, before anything is built
 (`model.overrides.num_layers=100000000` built 10^8 blocks on the meta device: the launch hung). The yaml and the overrides are read by a bounded loader
-(`_BoundedLoader`); its cases through the trainer's entry are in tests/tools/test_bad_input.py."""
+(`gcc.yaml_reader.BoundedLoader`); its cases through the trainer's entry are in tests/tools/test_bad_input.py."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from gcc.training.config import (
     MAX_VAL_TIMESTEPS,
     MODEL_BOUNDS,
     ConfigError,
-    check_inputs,
     load_config,
     parse_override,
 )
+from gcc.training.input_checks import check_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 YAML = ROOT / "yamls" / "tiny_cpu.yaml"

@@ -1,6 +1,6 @@
 """Each config field declares its role next to it (gcc/training/config.py `setting`, `role`): part of the run's
 identity or not, exported or not, its range, whether it is a path; its allowed values are its Literal type. The run
-signature (launch.run_signature), the export metadata (builders.export_metadata), CHOICES, BOUNDS and PATH_KEYS are
+signature (run_start.run_signature), the export metadata (builders.export_metadata), CHOICES, BOUNDS and PATH_KEYS are
 derived from these. The signature and the export metadata of a config are pinned here to what gcc wrote before the
 roles were declared: a run.json recorded then must still match, or every resume would be refused (exit 3)."""
 
@@ -19,19 +19,16 @@ from gcc.errors import Refusal
 from gcc.model import attention, block_wrap
 from gcc.model.export import GC_META, META_DEFAULTS, META_KEYS, gc_metadata
 from gcc.provenance import Provenance
+from gcc.settings import ROLE, roles, section_of, setting
 from gcc.training.builders import export_metadata
 from gcc.training.config import (
     BOUNDS,
     CHOICES,
     PATH_KEYS,
-    ROLE,
     ROLES,
     ConfigError,
     TrainConfig,
-    _section,
     load_config,
-    roles,
-    setting,
 )
 from gcc.training.run_folder import check_identity
 from gcc.training.run_start import RunStart, run_signature
@@ -44,7 +41,7 @@ def _sections(cls: type) -> list[type]:
     """`cls` and every config dataclass under it (an optional section's too: `Section | None`)."""
     hints = typing.get_type_hints(cls)
     return [cls] + [
-        s for f in dataclasses.fields(cls) if _section(hints[f.name]) for s in _sections(_section(hints[f.name]))
+        s for f in dataclasses.fields(cls) if section_of(hints[f.name]) for s in _sections(section_of(hints[f.name]))
     ]
 
 
@@ -66,7 +63,7 @@ def test_every_field_of_every_config_dataclass_declares_its_role():
     for cls in sections:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            if _section(hints[f.name]):
+            if section_of(hints[f.name]):
                 continue  # a section: its own fields declare
             values += 1
             role = f.metadata.get(ROLE)
@@ -140,7 +137,7 @@ def _pinned_config(tmp_path: Path, old_keys: bool = False, *more: str) -> tuple[
 
 
 def test_the_run_signature_is_the_one_recorded_before_the_roles(tmp_path):
-    """The keys and values launch.run_signature gave this config before the fields declared their roles (computed
+    """The keys and values run_start.run_signature gave this config before the fields declared their roles (computed
     once from that code): an existing run.json must still match."""
     cfg, wan, init = _pinned_config(tmp_path)
     index = (wan / "diffusion_pytorch_model.safetensors.index.json").read_bytes()
@@ -182,7 +179,7 @@ def test_the_run_signature_is_the_one_recorded_before_the_roles(tmp_path):
 
 def test_each_identity_field_is_in_the_signature_and_nothing_else_is(tmp_path):
     """A field declared identity=True is signed under its key, one that declares a signature key under that key
-    (a path: what launch.run_signature computes to identify it); a field signed only off its default
+    (a path: what run_start.run_signature computes to identify it); a field signed only off its default
     (sign_default=False) is not, at its default."""
     cfg, _, _ = _pinned_config(tmp_path)
     plain = {key for key, role in ROLES.items() if role.identity is True and role.sign_default}

@@ -20,6 +20,13 @@ from hostile import examples
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gcc.training.checkpoint.files import (
+    checkpoint_step,
+    latest_checkpoint,
+    list_checkpoints,
+    repair_checkpoints,
+    rotate_checkpoints,
+)
 from gcc.training.config import ConfigError, load_config
 from gcc.training.csv_logger import CSVLogger
 from gcc.training.run_folder import (
@@ -27,11 +34,6 @@ from gcc.training.run_folder import (
     RunLock,
     check_identity,
     check_run_folder,
-    checkpoint_step,
-    latest_checkpoint,
-    list_checkpoints,
-    repair_checkpoints,
-    rotate_checkpoints,
     what_a_restart_loses,
     why_not_remade,
 )

@@ -16,7 +16,7 @@ from _launch import WORKER, exact, finish, launch, ok, rows, start_bg, stopped_c
 
 from gcc.data import convert as C
 from gcc.synth.world import make_prepared
-from gcc.training.run_folder import checkpoint_step
+from gcc.training.checkpoint.files import checkpoint_step
 
 SHARD = "train/chunk_00001/shard.00000.mds"
 

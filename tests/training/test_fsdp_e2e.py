@@ -37,7 +37,7 @@ from _launch import (
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gcc.synth.wan_layout import write_wan_dit
-from gcc.training.run_folder import checkpoint_step
+from gcc.training.checkpoint.files import checkpoint_step
 
 pytestmark = pytest.mark.slow
 FSDP = "parallelism=fsdp"

@@ -258,7 +258,7 @@ def test_the_prefix_record_is_copied_into_a_fresh_run_folder_only_by_a_launch_th
     """A run folder with no run.json takes the checkpoint prefix's (a fresh machine): not when the launch is then
     refused (another run's signature), and once it passes, as the prefix holds it with this launch appended to its
     launch history, in both."""
-    from gcc.training.checkpoint_store import CheckpointStore
+    from gcc.training.checkpoint.store import CheckpointStore
 
     prefix = f"{s3_bucket}/run"
     _, lock = _prepare(_cfg(tmp_path / "first", e2e_shards, f"save_folder={prefix}"))

@@ -20,8 +20,8 @@ import torch
 from _launch import WORKER, exact, export_tensors, finish, launch, ok, rows, start_bg, stopped_copy, wait_for
 
 from gcc import storage
-from gcc.training.checkpoint_store import CheckpointStore
-from gcc.training.run_folder import checkpoint_step
+from gcc.training.checkpoint.files import checkpoint_step
+from gcc.training.checkpoint.store import CheckpointStore
 
 pytestmark = pytest.mark.slow
 

@@ -67,3 +67,22 @@ def test_the_trainer_steps_the_schedule_every_batch():
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     kw = trainer_schedule_kwargs(opt, composer_scheduler("constant_with_warmup", 4), 10)
     assert kw["step_schedulers_every_batch"] is True and opt.param_groups[0]["lr"] == pytest.approx(0.25)
+
+
+def test_every_scheduler_name_the_config_accepts_is_built_and_no_other():
+    """The names are stated once, as the config's choices (`SchedulerName`): the table that builds them holds
+    exactly those, the decaying ones among them, and a name outside them is refused naming the key."""
+    import typing
+
+    from gcc.training.config import CHOICES
+    from gcc.training.schedule import SCHEDULERS
+    from gcc.training.sections import DECAYING, SchedulerName
+
+    assert list(SCHEDULERS) == list(typing.get_args(SchedulerName)) == list(CHOICES["scheduler.name"])
+    assert set(DECAYING) < set(SCHEDULERS)
+    at_end = {name: _rates(name, 2, 10, alpha_f=0.25)[-1][0] for name in SCHEDULERS}
+    assert at_end["constant_with_warmup"] == 1.0  # each name builds its own kind: they differ at the end
+    assert at_end["linear_decay_with_warmup"] == pytest.approx(0.25 + 0.75 * (1 / 8))
+    assert 0.25 < at_end["cosine_with_warmup"] < at_end["linear_decay_with_warmup"]
+    with pytest.raises(ValueError, match="scheduler.name: unknown scheduler 'step'"):
+        composer_scheduler("step", 0)

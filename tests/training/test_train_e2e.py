@@ -45,8 +45,8 @@ from gcc.data import convert as C
 from gcc.launch_command import gcc_launch
 from gcc.provenance import this_code
 from gcc.tools.compare import main as compare_main
+from gcc.training.checkpoint.files import checkpoint_step
 from gcc.training.config import RENAMED
-from gcc.training.run_folder import checkpoint_step
 
 pytestmark = pytest.mark.slow
 

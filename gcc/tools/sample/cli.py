@@ -33,6 +33,7 @@ from tqdm import tqdm
 from gcc.cli import ToolParser, fail, folder_problem, run_tool
 from gcc.geometry import Geometry
 from gcc.inputs import shown
+from gcc.model.config import WAN_SHIFT
 from gcc.names import UnsafeName, check_component
 from gcc.sampling.media import FPS, write_json
 from gcc.sampling.sampler import clip_noise, sample_latents, sync
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     sel.add_argument("--clip_ids", help="a,b,c or @file")
     sel.add_argument("--n", type=int, help="N val clips (drop=false), round-robin over runs")
     ap.add_argument("--steps", type=int, default=50, help="denoising steps (FlowMatchScheduler, Wan's schedule)")
-    ap.add_argument("--shift", type=float, default=5.0, help="the schedule's sigma shift (Wan2.2 TI2V uses 5)")
+    ap.add_argument("--shift", type=float, default=WAN_SHIFT, help="the schedule's sigma shift (Wan2.2 TI2V uses 5)")
     ap.add_argument("--cfg", type=float, default=1.0, help="text guidance scale (uncond = NULL_PROMPT cells)")
     ap.add_argument("--sem_cfg", type=float, default=1.0, help="semantic guidance scale (uncond = ids all 255)")
     ap.add_argument(

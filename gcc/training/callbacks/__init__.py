@@ -17,10 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from composer.core import Callback
 
-from gcc.training.async_checkpoint import CheckpointWrites
 from gcc.training.batch_change import GlobalBatchRecord
-from gcc.training.callbacks.checkpoint_rotation import CheckpointRotation, SaveClock
-from gcc.training.callbacks.checkpoint_upload import CheckpointUpload
 from gcc.training.callbacks.console_log import ConsoleLog, console_lines_wanted
 from gcc.training.callbacks.ema import Ema, build_ema
 from gcc.training.callbacks.export import Export
@@ -32,6 +29,9 @@ from gcc.training.callbacks.step_deadline import StepDeadline, writes_at
 from gcc.training.callbacks.step_sync import StepSync
 from gcc.training.callbacks.train_stats import TRAIN_COLUMNS, TrainStats
 from gcc.training.callbacks.validation import VAL_COLUMNS, ValidateAtStart, ValidationLog
+from gcc.training.checkpoint.background import CheckpointWrites
+from gcc.training.checkpoint.rotation import CheckpointRotation, SaveClock
+from gcc.training.checkpoint.upload import CheckpointUpload
 from gcc.training.composer_callbacks import COMPOSER_CALLBACKS, build_composer_callback
 
 if TYPE_CHECKING:

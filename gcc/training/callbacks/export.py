@@ -20,7 +20,7 @@ from gcc.model.export import EXPORT_DTYPE, save_gc
 from gcc.model.fsdp import full_state_dict
 from gcc.training.callbacks.ema import Ema
 from gcc.training.callbacks.preemption import Preemption
-from gcc.training.checkpoint_store import CheckpointStore, TakenOver
+from gcc.training.checkpoint.store import CheckpointStore, TakenOver
 
 log = logging.getLogger(__name__)  # not `logger`: Composer passes its Logger under that name
 

@@ -1,4 +1,4 @@
-"""CheckpointRotation (gcc/training/callbacks/checkpoint_rotation.py): after each of Composer's saves, keep the
+"""CheckpointRotation (gcc/training/checkpoint/rotation.py): after each of Composer's saves, keep the
 `save_num_checkpoints_to_keep` newest checkpoints up to `latest`, those of earlier launches included (Composer's own rotation
 only knows this process's saves), never one newer than `latest`; and log what each new save cost, once:
 `checkpoint ep0-ba6-rank0.pt: 0.0 s, 1.2e-06 GB`."""
@@ -12,10 +12,10 @@ from composer.callbacks import CheckpointSaver
 from composer.core import Timestamp
 
 from gcc.training.callbacks import CheckpointRotation
+from gcc.training.checkpoint.files import ckpt_dir, disk_gb, latest_checkpoint, point_latest
 from gcc.training.config import TrainConfig
-from gcc.training.run_folder import ckpt_dir, disk_gb, latest_checkpoint, point_latest
 
-LOGGER = "gcc.training.callbacks.checkpoint_rotation"
+LOGGER = "gcc.training.checkpoint.rotation"
 
 
 def saver(run_dir, every: int) -> CheckpointSaver:

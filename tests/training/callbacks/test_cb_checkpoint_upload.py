@@ -1,4 +1,4 @@
-"""CheckpointUpload (gcc/training/callbacks/checkpoint_upload.py), against a real S3 server on loopback (moto): after
+"""CheckpointUpload (gcc/training/checkpoint/upload.py), against a real S3 server on loopback (moto): after
 each checkpoint Composer's CheckpointSaver writes, the launch that owns `save_folder` uploads it, commits it (the
 head names it with each file's size and sha256) and rotates the remote checkpoints to `save_num_checkpoints_to_keep`; steps
 without a save upload nothing, and a launch that lost the prefix to another raises TakenOver and uploads nothing."""
@@ -13,11 +13,11 @@ from composer.callbacks import CheckpointSaver
 
 from gcc import storage
 from gcc.training.callbacks import CheckpointUpload
-from gcc.training.checkpoint_store import CheckpointStore, TakenOver
+from gcc.training.checkpoint.files import ckpt_dir
+from gcc.training.checkpoint.store import CheckpointStore, TakenOver
 from gcc.training.config import TrainConfig
-from gcc.training.run_folder import ckpt_dir
 
-LOGGER = "gcc.training.callbacks.checkpoint_upload"
+LOGGER = "gcc.training.checkpoint.upload"
 
 
 def launch_with_upload(store: CheckpointStore, launch: str, run_dir: Path, every: int = 3, max_steps: int = 100):

@@ -15,7 +15,7 @@ from gcc.model.dit import build_gc_dit
 from gcc.model.export import check_gc_ckpt
 from gcc.training.builders import export_metadata
 from gcc.training.callbacks import Ema, Export, Preemption, StepSync
-from gcc.training.checkpoint_store import CheckpointStore, TakenOver
+from gcc.training.checkpoint.store import CheckpointStore, TakenOver
 from gcc.training.config import TrainConfig
 from gcc.training.run_start import RunStart
 

@@ -15,8 +15,8 @@ from composer.core import Callback, Event
 
 from gcc.training.callbacks import StepDeadline
 from gcc.training.callbacks.step_deadline import FACTOR, WARMUP, WINDOW, writes_at
+from gcc.training.checkpoint.files import ckpt_dir
 from gcc.training.config import TrainConfig
-from gcc.training.run_folder import ckpt_dir
 from gcc.training.watchdog import StallWatchdog
 
 

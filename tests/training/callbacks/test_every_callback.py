@@ -17,9 +17,9 @@ import gcc.training.callbacks as callbacks_package
 from gcc.data.batch import gc_collate
 from gcc.training import builders as B
 from gcc.training.callbacks import CALLBACKS, CallbackContext, Entry, build_all
-from gcc.training.checkpoint_store import CheckpointStore
+from gcc.training.checkpoint.files import ckpt_dir
+from gcc.training.checkpoint.store import CheckpointStore
 from gcc.training.config import load_config
-from gcc.training.run_folder import ckpt_dir
 from gcc.training.run_start import RunStart
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -41,19 +41,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as torch_dist
 import torch.distributed.checkpoint as dcp
-from composer.callbacks import CheckpointSaver
 from composer.core import Callback, State
 from composer.loggers import Logger
-from composer.utils import checkpoint, dist, reproducibility
+from composer.utils import dist
 from torch.distributed.tensor import DTensor
 
+from gcc.compat.composer import DeferringCheckpointSaver, checkpoint_state
 from gcc.compat.torch import copy_state_into, host_state_like, same_layout
 from gcc.storage import atomic_path
-from gcc.training.run_folder import point_latest
+from gcc.training.checkpoint.files import point_latest
 
 if TYPE_CHECKING:  # the callbacks' table builds CheckpointWrites: no import of the package from here
-    from gcc.training.callbacks.checkpoint_rotation import SaveClock
     from gcc.training.callbacks.step_sync import StepSync
+    from gcc.training.checkpoint.rotation import SaveClock
 
 log = logging.getLogger(__name__)  # not `logger`: Composer passes its Logger under that name
 
@@ -227,7 +227,7 @@ class CheckpointWrites(Callback):
             self._pool = None
 
 
-class AsyncCheckpointSaver(CheckpointSaver):
+class AsyncCheckpointSaver(DeferringCheckpointSaver):
     """Composer's CheckpointSaver whose periodic saves go through `CheckpointWrites` (the builder switches the
     Trainer's saver to this class: gcc/compat/composer.py `use_checkpoint_saver`). Composer's own save serves the
     end of training, a preemption (the run ends: nothing would overlap the write) and `save_async: false`."""
@@ -249,26 +249,20 @@ class AsyncCheckpointSaver(CheckpointSaver):
         self.clock.saved(write.batch, write.seconds)
         self.committed.append(write.batch)
 
-    def _save_checkpoint(self, state: State, logger: Logger) -> None:
+    def save(self, state: State, logger: Logger) -> None:
         if self.writes.pending is not None:  # at most one write in flight
             self._commit(self.writes.finish())
         t0 = time.perf_counter()
         elapsed = state.get_elapsed_duration()
         if not self.writes.enabled or self.weights_only or self.ignore_keys or (elapsed is not None and elapsed >= 1):
-            super()._save_checkpoint(state, logger)
+            self.composer_save(state, logger)
             self.clock.saved(int(state.timestamp.batch), time.perf_counter() - t0)
             self.committed.append(int(state.timestamp.batch))
             return
-        # Composer's `_save_checkpoint` and `checkpoint._save_checkpoint` up to the write, the same names and state
-        self.last_checkpoint_batch = state.timestamp.batch
-        save_filename = checkpoint.get_save_filename(state, self.filename.format(state, keep_placeholders=True))
-        self.all_saved_checkpoints_to_timestamp[save_filename] = state.timestamp
-        state_dict = {"state": state.state_dict(), "rng": reproducibility.get_rng_state()}
+        save_filename, state_dict = checkpoint_state(self, state)
         path = Path(save_filename)
         batch = int(state.timestamp.batch)
         if state.fsdp_sharded_state_dict_enabled:
-            if dist.get_global_rank() > 0:
-                state_dict.pop("rng")  # rank 0 saves the RNG of every rank
             assert state.fsdp_config is not None
             planner = state.fsdp_config.save_planner or dcp.DefaultSavePlanner(dedup_save_to_lowest_rank=True)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -279,9 +273,3 @@ class AsyncCheckpointSaver(CheckpointSaver):
             self.writes.start(path.name, save_filename, batch, self.writes.write_file(staged, path, batch), t0)
         else:
             self.writes.start(path.name, None, batch, None, t0)
-
-
-# A checkpoint keys each callback's state by its class's `__qualname__` (Composer's `State.state_dict`), and a
-# sharded load wants every key the loading Trainer's callbacks have: the subclass writes and reads its state under
-# Composer's name, so its checkpoints are Composer's, whichever `save_async` wrote them or reads them.
-AsyncCheckpointSaver.__qualname__ = CheckpointSaver.__qualname__

@@ -12,13 +12,8 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
-from gcc.training.run_folder import (
-    checkpoint_step,
-    disk_gb,
-    latest_checkpoint,
-    record_first_checkpoint,
-    rotate_checkpoints,
-)
+from gcc.training.checkpoint.files import checkpoint_step, disk_gb, latest_checkpoint, rotate_checkpoints
+from gcc.training.run_folder import record_first_checkpoint
 
 log = logging.getLogger(__name__)  # not `logger`: Composer passes its Logger under that name
 
@@ -37,7 +32,7 @@ class SaveClock(Callback):
 
     def saved(self, step: int, seconds: float | None = None) -> float:
         """The checkpoint of `step` is complete: its save's time, recorded once: `seconds` from the saver (a
-        background write's counts from its staging to the end of its write: gcc/training/async_checkpoint.py), or
+        background write's counts from its staging to the end of its write: gcc/training/checkpoint/background.py), or
         else the time since this step's BATCH_CHECKPOINT."""
         if step not in self.seconds:
             self.seconds[step] = seconds if seconds is not None else time.perf_counter() - self.t0

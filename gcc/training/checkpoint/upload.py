@@ -1,5 +1,5 @@
 """After each checkpoint Composer writes, put it under `save_folder: s3://...` and commit it
-(gcc/training/checkpoint_store.py): rank 0 checks that this launch still owns the prefix (every rank learns the verdict:
+(gcc/training/checkpoint/store.py): rank 0 checks that this launch still owns the prefix (every rank learns the verdict:
 a launch that lost the prefix uploads nothing more), every rank uploads the files it wrote with their size and sha256,
 and rank 0 commits them (the head names the checkpoint and its manifest, a write conditional on the head it checked)
 and rotates the remote checkpoints. Every rank learns that verdict too, so a launch that lost the prefix to another
@@ -7,7 +7,7 @@ stops on all ranks at the same step (`TakenOver`, exit code 3).
 
 The upload is synchronous: the next step starts once the checkpoint is safe remotely, and a preemption's
 checkpoint is uploaded within `preemption_grace_s`. A checkpoint written in the background (`save_async`) is uploaded
-once its write is complete and committed, at a later step (gcc/training/async_checkpoint.py).
+once its write is complete and committed, at a later step (gcc/training/checkpoint/background.py).
 """
 
 from __future__ import annotations
@@ -23,16 +23,9 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
-from gcc.training.checkpoint_store import CheckpointStore, TakenOver, checkpoint_of
-from gcc.training.run_folder import (
-    DCP_METADATA,
-    Refusal,
-    checkpoint_step,
-    ckpt_dir,
-    list_checkpoints,
-    remove_checkpoint,
-    to_rotate,
-)
+from gcc.training.checkpoint.files import checkpoint_step, ckpt_dir, list_checkpoints, remove_checkpoint, to_rotate
+from gcc.training.checkpoint.store import CheckpointStore, TakenOver, checkpoint_of
+from gcc.training.run_folder import DCP_METADATA, Refusal
 
 log = logging.getLogger(__name__)  # not `logger`: Composer passes its Logger under that name
 
@@ -66,7 +59,7 @@ class CheckpointUpload(Callback):
 
     def _committed(self) -> list[int]:
         """The batches of the checkpoints written completely so far, the same on every rank: the run's saver's
-        record (a background write completes steps after its save: gcc/training/async_checkpoint.py), else
+        record (a background write completes steps after its save: gcc/training/checkpoint/background.py), else
         Composer's last save."""
         assert self.saver is not None  # set at fit_start
         committed = getattr(self.saver, "committed", None)

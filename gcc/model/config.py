@@ -1,0 +1,138 @@
+"""The model's config sections, declared beside the model: `model:` (the preset, the condition, checkpointing,
+compilation, attention), `optimizer:` (gcc/model/optim.py) and `fsdp:` (gcc/model/fsdp.py). Each field's role and
+range with it (gcc/settings.py); gcc/training/config.py loads and checks them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gcc.settings import NON_NEGATIVE, Range, role, setting
+
+# the sigma shift of Wan2.2 TI2V's flow-matching schedule: training's (gcc/model/flow.py) and sampling's
+# (gcc/sampling/sampler.py, gcc-sample --shift)
+WAN_SHIFT = 5.0
+
+
+@dataclass
+class ModelConfig:
+    preset: Literal["ti2v-5b", "wide", "tiny", "tiny-p1"] = setting(
+        "ti2v-5b",
+        identity=True,
+        exported=False,
+        doc="gcc.model.dit preset: ti2v-5b | wide (its width, 2 blocks) | tiny | tiny-p1 (tiny, one token per latent cell)",
+    )
+    overrides: dict = field(
+        default_factory=dict,
+        metadata=role(
+            identity=True,
+            exported=False,
+            doc="preset fields to change (e.g. tiny's text_dim; docs/model.md); signed as sorted JSON",
+        ),
+    )
+    # signed by the sha256 of its index file (so a copy elsewhere is the same run)
+    model_dir: str = setting(
+        "",
+        identity="model.base_weights",
+        exported=True,
+        path=True,
+        doc='base Wan2.2-TI2V-5B weights (sharded safetensors as published); "" = random init (tiny/CPU only)',
+    )
+    # signed by its digest; its export metadata entry is the lineage's (builders.export_metadata)
+    init_ckpt: str = setting(
+        "",
+        identity="model.init_ckpt",
+        exported=False,
+        path=True,
+        doc="warm start: a gc25d export (same vocab) or a plain Wan export",
+    )
+    # signed by its real path
+    legacy_zero_ckpt: str = setting(
+        "",
+        identity="model.legacy_zero_ckpt",
+        exported=False,
+        path=True,
+        doc="warm start from a DeepSpeed ZeRO checkpoint folder (needs the `legacy` extra)",
+    )
+    vae_path: str = setting(
+        "",
+        identity=False,
+        exported=False,
+        path=True,
+        doc='the Wan2.2 VAE (Wan2.2_VAE.pth) that decodes the samples during training on real data; "" = a latent '
+        "preview (gcc-synth data has its own decoder)",
+    )
+    vocab: Literal["parts", "ids"] = setting(
+        "parts", identity=True, exported=True, doc="the semantic condition's vocabulary: parts | ids"
+    )
+    first_frame_cond: bool = setting(
+        True, identity=True, exported=True, doc="condition on the clean first frame (image-to-video)"
+    )
+    activation_checkpointing: Literal["block", "selective", "none"] = setting(
+        "block",
+        identity=False,
+        exported=False,
+        doc="per DiT block: block (recompute it whole in backward) | selective (keep its attention outputs, "
+        "recompute the rest) | none (docs/performance.md, Memory)",
+    )
+    compile: bool = setting(
+        False,
+        identity=False,
+        exported=False,
+        doc="torch.compile each DiT block (after activation checkpointing, before FSDP2; docs/performance.md, "
+        "Compiled blocks)",
+    )
+    attention: Literal["auto", "flash3", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math"] = setting(
+        "auto",
+        identity=False,
+        exported=False,
+        doc="the attention kernel: auto (FlashAttention 3 if installed on a Hopper GPU, else PyTorch SDPA's backends "
+        "in order flash, cudnn, efficient, math) | flash3 | sdpa_<backend> first (docs/performance.md, Attention)",
+    )
+
+
+@dataclass
+class OptimizerConfig:
+    """Composer's `optimizer:` section: AdamW with two parameter groups, the DiT at `lr` and gc_sem_cond at
+    `cond_lr` (gcc/model/optim.py). Signed under the keys runs recorded before the section had this name."""
+
+    name: Literal["adamw"] = setting(
+        "adamw", identity=True, sign_default=False, exported=False, doc="adamw (the only one gcc trains with)"
+    )
+    lr: float = setting(
+        1e-5, identity="optim.lr", exported=True, bounds=NON_NEGATIVE, doc="learning rate of the DiT's parameters"
+    )
+    cond_lr: float = setting(
+        1e-4,
+        identity="optim.cond_lr",
+        exported=True,
+        bounds=NON_NEGATIVE,
+        doc="learning rate of the gc_sem_cond parameters (the condition path, zero-initialised)",
+    )
+    weight_decay: float = setting(
+        0.01, identity="optim.weight_decay", exported=True, bounds=NON_NEGATIVE, doc="AdamW's weight decay"
+    )
+    betas: list = field(
+        default_factory=lambda: [0.9, 0.999],
+        metadata=role(identity="optim.betas", exported=False, doc="AdamW's betas: two numbers in [0, 1)"),
+    )
+    eps: float = setting(
+        1e-8,
+        identity=True,
+        sign_default=False,
+        exported=False,
+        bounds=Range(0.0, 1.0, exclusive=True),
+        doc="AdamW's eps",
+    )
+
+
+@dataclass
+class FsdpConfig:
+    # docs/performance.md has both
+    reshard_after_forward: bool = setting(
+        True,
+        identity=False,
+        exported=False,
+        doc="true: ZeRO-3-like (a block's parameters are gathered again for its backward: ~8 GB less per GPU at 5B, "
+        "one more all-gather per block); false: ZeRO-2-like (they stay gathered from forward to backward)",
+    )
