@@ -29,6 +29,8 @@ TESTED_IN = {
     "yaml_reader.py": ["training/test_config_names.py"],
     "storage.py": ["test_storage_writes.py", "data/test_bounded_reads.py", "training/test_checkpoint_store.py"],
     "synth/decode.py": ["synth/test_synth.py", "sampling/test_decoders.py"],
+    "synth/render.py": ["synth/test_synth.py"],
+    "synth/scene.py": ["synth/test_synth.py"],
     "synth/world.py": ["synth/test_synth.py"],
     "tools/demo.py": ["tools/test_plot.py", "tools/test_sample.py"],
     "tools/inspect_ckpt.py": ["model/test_export.py", "test_provenance.py"],

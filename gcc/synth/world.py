@@ -46,7 +46,6 @@ import tarfile
 import time
 import zipfile
 import zlib
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +55,10 @@ from PIL import Image
 from gcc import inputs, vocab
 from gcc.cli import ToolParser, folder_problem, run_tool
 from gcc.errors import BadInput
-from gcc.geometry import LATENT_C, Cameras, Geometry, ground_points, latent_frame_spans, rotation_axes
+from gcc.geometry import LATENT_C, Cameras, Geometry, ground_points, latent_frame_spans
 from gcc.storage import atomic_write
+from gcc.synth.render import render_clip, rgb_frame
+from gcc.synth.scene import BOSS_CAPSULES, PLAYER_CAPSULES, ClipScene, World, capsules_at
 from gcc.synth.wan_layout import PRESETS as WAN_PRESETS
 from gcc.synth.wan_layout import write_model_folder
 
@@ -65,7 +66,6 @@ CLIPS_PER_RUN = 4
 GLOBAL_SEED = 20250101  # CLASS_PROJ and text vectors: fixed whatever --seed is
 TEXT_SCALE = 0.5
 NOISE_SCALE = 0.05
-CELL_CM = 400.0  # static region size
 # the marker of data made here: gcc-sample decodes such data with gcc.synth.decode, no VAE (docs/sample.md)
 MARKER = "synth.json"
 LAYOUT = ("index", "latents", "sem", "meta", "text", "raw", MARKER, "READY")
@@ -118,76 +118,6 @@ def ground_z_kind(i: int) -> str:
 def run_location(r: int) -> tuple[str, str]:
     """(subset, scene) of run r."""
     return ("synth_" + ("desert", "forest")[r % 2], f"scene{(r // 2) % 3}")
-
-
-# ---- the world -----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class World:
-    """Static classes painted on the ground: a domain-warped grid of CELL_CM cells."""
-
-    table: np.ndarray  # [64, 64] uint8 class of each cell (mod 64: the pattern repeats every 256 m)
-    warp_amp: float
-    warp_freq: tuple[float, float]
-    warp_phase: tuple[float, float]
-
-
-def world_class(world: World, xy: np.ndarray) -> np.ndarray:
-    """World XY [..., 2] (cm) -> static class 0..5 (uint8); NaN points -> 6 (sky)."""
-    xy = np.asarray(xy, dtype=np.float64)
-    x, y = xy[..., 0], xy[..., 1]
-    fa, fb = world.warp_freq
-    pa, pb = world.warp_phase
-    finite = np.isfinite(x) & np.isfinite(y)
-    x0, y0 = np.where(finite, x, 0.0), np.where(finite, y, 0.0)
-    qx = x0 + world.warp_amp * np.sin(y0 * fa + pa)
-    qy = y0 + world.warp_amp * np.sin(x0 * fb + pb)
-    ix = np.floor(qx / CELL_CM).astype(np.int64) & 63
-    iy = np.floor(qy / CELL_CM).astype(np.int64) & 63
-    return np.where(finite, world.table[ix, iy], np.uint8(6)).astype(np.uint8)
-
-
-# Characters: (part id, A, B, radius) in local cm, facing +X, Z up from the ground.
-PLAYER_CAPSULES = (
-    (13, (0, -25, 40), (0, -25, 150), 32),
-    (13, (0, 25, 40), (0, 25, 150), 32),  # legs
-    (11, (0, 0, 170), (0, 0, 260), 55),  # torso
-    (10, (0, 0, 315), (0, 0, 330), 40),  # head
-    (12, (0, -110, 255), (0, 110, 255), 26),  # arms
-    (14, (-55, 0, 130), (-55, 0, 265), 35),  # cape
-    (15, (40, 110, 200), (160, 110, 360), 20),  # weapon
-)
-BOSS_CAPSULES = (
-    (19, (0, -60, 70), (0, -60, 260), 65),
-    (19, (0, 60, 70), (0, 60, 260), 65),  # legs
-    (17, (0, 0, 310), (0, 0, 480), 110),  # torso
-    (16, (70, 0, 570), (100, 0, 590), 70),  # head
-    (18, (0, -200, 450), (0, 200, 450), 45),  # arms
-    (20, (-110, 0, 220), (-380, 0, 70), 50),  # tail
-    (21, (70, 200, 380), (230, 200, 680), 35),  # weapon
-)
-
-
-@dataclass
-class ClipScene:
-    index: int
-    gz: float
-    world: World
-    meta: dict[str, Any]
-    cameras: Cameras
-    capsules: list[np.ndarray] = field(default_factory=list)  # per frame [K, 8]: A(3) B(3) r id
-    context_keys: list[str] = field(default_factory=list)
-
-
-def _capsules_at(parts, pos: np.ndarray, heading_deg: float, gz: float, scale: float) -> np.ndarray:
-    c, s = math.cos(math.radians(heading_deg)), math.sin(math.radians(heading_deg))
-    rot = np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
-    base = np.array([pos[0], pos[1], gz])
-    rows = []
-    for pid, a, b, r in parts:
-        wa = base + rot @ (np.array(a, dtype=np.float64) * scale)
-        wb = base + rot @ (np.array(b, dtype=np.float64) * scale)
-        rows.append([*wa, *wb, r * scale, pid])
-    return np.array(rows, dtype=np.float64)
 
 
 def make_scene(seed: int, i: int, geometry: str | Geometry) -> ClipScene:
@@ -274,7 +204,7 @@ def make_scene(seed: int, i: int, geometry: str | Geometry) -> ClipScene:
             -1,
         )
         tracks.append((parts, scale, centre + off, head0 + spin * s))
-    capsules = [np.concatenate([_capsules_at(p, pos[f], hd[f], gz, sc) for p, sc, pos, hd in tracks]) for f in range(F)]
+    capsules = [np.concatenate([capsules_at(p, pos[f], hd[f], gz, sc) for p, sc, pos, hd in tracks]) for f in range(F)]
 
     # text cells: one key per latent frame, sometimes changing mid-clip
     key0 = PROMPT_KEYS[int(rng.integers(len(PROMPT_KEYS)))]
@@ -283,161 +213,6 @@ def make_scene(seed: int, i: int, geometry: str | Geometry) -> ClipScene:
         key1 = PROMPT_KEYS[(PROMPT_KEYS.index(key0) + 1 + int(rng.integers(len(PROMPT_KEYS) - 1))) % len(PROMPT_KEYS)]
         keys = [key0] * ((g.T + 1) // 2) + [key1] * (g.T - (g.T + 1) // 2)
     return ClipScene(index=i, gz=gz, world=world, meta=meta, cameras=cams, capsules=capsules, context_keys=keys)
-
-
-# ---- rendering -----------------------------------------------------------------------------------------
-_LIGHT = np.array([0.35, 0.25, 0.9]) / np.linalg.norm([0.35, 0.25, 0.9])
-
-
-def _ray_capsules(o: np.ndarray, d: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rays o, d [P, 3] (d unit) vs capsules [K, 8] -> nearest positive hit distance [P] (inf = none) and
-    capsule index [P]. Inigo Quilez's capsule intersection, vectorised over capsules x rays."""
-    ox, oy, oz = (o[None, :, n] for n in range(3))
-    dx, dy, dz = (d[None, :, n] for n in range(3))
-    ax, ay, az, bx, by, bz, r = (caps[:, n, None] for n in range(7))
-    bax, bay, baz = bx - ax, by - ay, bz - az
-    oax, oay, oaz = ox - ax, oy - ay, oz - az
-    baba = bax * bax + bay * bay + baz * baz
-    bard = bax * dx + bay * dy + baz * dz
-    baoa = bax * oax + bay * oay + baz * oaz
-    rdoa = dx * oax + dy * oay + dz * oaz
-    oaoa = oax * oax + oay * oay + oaz * oaz
-    a = baba - bard * bard
-    b = baba * rdoa - baoa * bard
-    c = baba * oaoa - baoa * baoa - r * r * baba
-    h = b * b - a * c
-    with np.errstate(invalid="ignore", divide="ignore"):
-        t_body = (-b - np.sqrt(h)) / a
-        y = baoa + t_body * bard
-        body = (h >= 0) & (a > 1e-12) & (y > 0) & (y < baba)
-        low = y <= 0  # the cap on A's side, else B's
-        ocx, ocy, ocz = np.where(low, oax, ox - bx), np.where(low, oay, oy - by), np.where(low, oaz, oz - bz)
-        b2 = dx * ocx + dy * ocy + dz * ocz
-        h2 = b2 * b2 - (ocx * ocx + ocy * ocy + ocz * ocz - r * r)
-        t_cap = -b2 - np.sqrt(h2)
-    t = np.where(body, t_body, np.where(h2 > 0, t_cap, np.inf))
-    t = np.where(t > 0, t, np.inf)
-    k = np.argmin(t, 0)
-    return t[k, np.arange(t.shape[1])], k
-
-
-def _axis_offsets(cam: Cameras, u0: int, u1: int, v0: int, v1: int):
-    """Image-plane offsets of one camera's pixel columns u0..u1-1 [nu, 3] and rows v0..v1-1 [nv, 3] (as in
-    `Cameras.rays`: right * ndc_x * half_w and up * ndc_y * half_h), plus its location and forward axis."""
-    us, vs = np.arange(u0, u1, dtype=np.float64), np.arange(v0, v1, dtype=np.float64)
-    ndc_x = cam.dst_to_ndc(np.stack([us, np.zeros_like(us)], -1))[:, 0]
-    ndc_y = cam.dst_to_ndc(np.stack([np.zeros_like(vs), vs], -1))[:, 1]
-    fwd, right, up = rotation_axes(cam.rotation)[0]
-    half_w, half_h = (float(e[0]) for e in cam.image_plane_half_extents())
-    return right[None, :] * (ndc_x * half_w)[:, None], up[None, :] * (ndc_y * half_h)[:, None], cam.location[0], fwd
-
-
-def _ground_hits(cam: Cameras, gz: float) -> np.ndarray:
-    """`ground_points` of every dst pixel of one camera, [H*W, 2] (NaN = miss), computed per row and column
-    (the ray offsets are separable in u and v; the ray's length cancels in the hit point)."""
-    H, W = cam.dst_hw
-    cols, rows, loc, fwd = _axis_offsets(cam, 0, W, 0, H)
-    grid = [rows[:, None, k] + cols[None, :, k] for k in range(3)]  # [H, W] per world axis
-    if cam.orthographic[0]:
-        o = [loc[k] + grid[k] for k in range(3)]
-        d = [np.full((1, 1), fwd[k]) for k in range(3)]
-    else:
-        o = [np.full((1, 1), loc[k]) for k in range(3)]
-        d = [fwd[k] + grid[k] for k in range(3)]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = (gz - o[2]) / d[2]
-        hit = np.isfinite(t) & (t > 0) & (np.abs(d[2]) > 1e-12)
-        x = np.where(hit, o[0] + d[0] * t, np.nan)
-        y = np.where(hit, o[1] + d[1] * t, np.nan)
-    return np.stack([x.ravel(), y.ravel()], -1)
-
-
-def _block_rays(cam: Cameras, u0: int, u1: int, v0: int, v1: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rays of one camera through the dst pixel block rows v0..v1-1 x cols u0..u1-1 (row-major): origins and
-    unit directions [n, 3], as `Cameras.rays` computes them, evaluated per row and column."""
-    cols, rows, loc, fwd = _axis_offsets(cam, u0, u1, v0, v1)
-    offs = (rows[:, None, :] + cols[None, :, :]).reshape(-1, 3)
-    if cam.orthographic[0]:
-        return loc + offs, np.broadcast_to(fwd, offs.shape)
-    d = fwd + offs
-    return np.broadcast_to(loc, offs.shape), d / np.sqrt(np.einsum("pk,pk->p", d, d))[:, None]
-
-
-def _char_block(cam: Cameras, caps: np.ndarray) -> tuple[int, int, int, int] | None:
-    """The dst pixel block (u0, u1, v0, v1) that may see the capsules: the projection of their 3D bounding
-    box (whole frame when a corner is behind the camera), clipped to the frame; None when off screen."""
-    H, W = cam.dst_hw
-    lo = np.minimum(caps[:, 0:3], caps[:, 3:6]).min(0) - caps[:, 6].max()
-    hi = np.maximum(caps[:, 0:3], caps[:, 3:6]).max(0) + caps[:, 6].max()
-    corners = np.array([[x, y, z] for x in (lo[0], hi[0]) for y in (lo[1], hi[1]) for z in (lo[2], hi[2])])
-    uv = cam.project(corners)[0][0]
-    if not np.all(np.isfinite(uv)):
-        return 0, W, 0, H
-    u0, v0 = (max(0, int(np.floor(x)) - 2) for x in uv.min(0))
-    u1, v1 = (int(np.ceil(x)) + 2 for x in uv.max(0))
-    u1, v1 = min(W, u1), min(H, v1)
-    return (u0, u1, v0, v1) if (u1 > u0 and v1 > v0) else None
-
-
-def render_frame(scene: ClipScene, f: int) -> tuple[np.ndarray, np.ndarray]:
-    """Frame f at dst_hw: sem ids uint8 [H, W] and a shade factor float32 [H, W]."""
-    H, W = scene.cameras.dst_hw
-    cam = scene.cameras[f]
-    gxy = _ground_hits(cam, scene.gz)
-    hitg = np.isfinite(gxy[:, 0])
-    ids = world_class(scene.world, gxy).reshape(H, W)
-    # light world-anchored texture on the ground, flat sky
-    with np.errstate(invalid="ignore"):
-        chk = (np.floor(gxy[:, 0] / 150.0) + np.floor(gxy[:, 1] / 150.0)) % 2
-    shade = np.where(hitg, 0.88 + 0.12 * np.nan_to_num(chk), 1.0).astype(np.float32).reshape(H, W)
-    tchar = np.full((H, W), np.inf)  # nearest character hit so far (characters may overlap on screen)
-    caps_all = scene.capsules[f]
-    # characters: big frames test each capsule in its own screen block, small ones each character's block
-    groups = (
-        [caps_all[n : n + 1] for n in range(len(caps_all))]
-        if H * W > 65536
-        else [caps_all[caps_all[:, 7] < 16], caps_all[caps_all[:, 7] >= 16]]
-    )  # player, boss
-    for group in groups:
-        blk = _char_block(cam, group) if len(group) else None
-        if blk is None:
-            continue
-        u0, u1, v0, v1 = blk
-        bo, bd = _block_rays(cam, u0, u1, v0, v1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            tg = (scene.gz - bo[:, 2]) / bd[:, 2]
-        tg = np.where(np.isfinite(tg) & (tg > 0), tg, np.inf)  # the ground, along the unit ray
-        tc, k = _ray_capsules(bo, bd, group)
-        hit = tc < np.minimum(tg, tchar[v0:v1, u0:u1].ravel())
-        if not hit.any():
-            continue
-        hk, ht = k[hit], tc[hit]
-        p = bo[hit] + bd[hit] * ht[:, None]
-        a, b, r = group[hk, 0:3], group[hk, 3:6], group[hk, 6]
-        ba = b - a
-        u = np.clip(np.einsum("pk,pk->p", p - a, ba) / np.einsum("pk,pk->p", ba, ba), 0.0, 1.0)
-        n = (p - (a + ba * u[:, None])) / r[:, None]
-        lam = np.clip(n @ _LIGHT, 0.0, 1.0)
-        for arr, val in ((ids, group[hk, 7].astype(np.uint8)), (shade, 0.55 + 0.45 * lam), (tchar, ht)):
-            blkv = arr[v0:v1, u0:u1].reshape(-1).copy()
-            blkv[hit] = val
-            arr[v0:v1, u0:u1] = blkv.reshape(v1 - v0, u1 - u0)
-    return ids, shade
-
-
-def render_clip(scene: ClipScene) -> tuple[np.ndarray, np.ndarray]:
-    """All frames: ids uint8 [F, H, W], shade float32 [F, H, W]."""
-    out = [render_frame(scene, f) for f in range(len(scene.cameras))]
-    return np.stack([o[0] for o in out]), np.stack([o[1] for o in out])
-
-
-def rgb_frame(ids: np.ndarray, shade: np.ndarray, src_hw: tuple[int, int]) -> np.ndarray:
-    """Palette colour x shade at dst, bilinearly resized to src_hw: uint8 [h, w, 3]."""
-    rgb = (vocab.PALETTE["parts"][ids] * shade[..., None]).astype(np.uint8)  # no UNKNOWN in the world
-    img = Image.fromarray(rgb)
-    if img.size != (src_hw[1], src_hw[0]):
-        img = img.resize((src_hw[1], src_hw[0]), Image.Resampling.BILINEAR)
-    return np.asarray(img)
 
 
 # ---- latents -------------------------------------------------------------------------------------------

@@ -18,7 +18,9 @@ from safetensors.torch import load_file
 from gcc import vocab
 from gcc.geometry import Cameras, ground_points, pixel_grid
 from gcc.synth import decode as synth_decode
+from gcc.synth import scene as synth_scene
 from gcc.synth import world as synth
+from gcc.synth.render import render_frame
 
 TINY = synth.GEOMETRIES["tiny"]
 ROW_FIELDS = ["clip_id", "run", "subset", "scene", "split", "drop", "context_keys"]
@@ -279,7 +281,7 @@ def test_world_anchored_statics(prepared_tiny):
             xy = ground_points(cams[f], pix, gz)[0]
             sem = ids[f].ravel()
             static = sem <= vocab.STATIC_MAX
-            expect = synth.world_class(world, xy)
+            expect = synth_scene.world_class(world, xy)
             agree = np.mean(sem[static] == expect[static])
             assert agree > 0.999, (cid, f, agree)
             assert np.array_equal(sem[static] == 6, np.isnan(xy[static, 0])), (cid, f)
@@ -292,10 +294,10 @@ def test_world_class_is_world_anchored():
     world = synth.make_scene(0, 0, "tiny").world
     rng = np.random.default_rng(0)
     xy = rng.uniform(-5000, 5000, size=(1000, 2))
-    c = synth.world_class(world, xy)
-    assert np.array_equal(c, synth.world_class(world, xy.copy()))
+    c = synth_scene.world_class(world, xy)
+    assert np.array_equal(c, synth_scene.world_class(world, xy.copy()))
     assert set(np.unique(c).tolist()) == set(range(6))
-    assert synth.world_class(world, np.array([[np.nan, np.nan]]))[0] == 6
+    assert synth_scene.world_class(world, np.array([[np.nan, np.nan]]))[0] == 6
 
 
 def test_characters_move(prepared_tiny):
@@ -306,6 +308,8 @@ def test_characters_move(prepared_tiny):
     moved = np.linalg.norm(scene.capsules[-1][:, :2] - scene.capsules[0][:, :2], axis=-1)
     assert moved.min() > 50  # every capsule moves in the world (cm)
     assert np.isfinite(first).all() and np.isfinite(last).all()
+    drawn, shade = render_frame(scene, len(ids) - 1)  # the stored ids are the scene's, drawn again
+    assert np.array_equal(drawn, ids[-1]) and drawn.shape == shade.shape
 
 
 # ---- latents carry the semantic signal -----------------------------------------------------------------
