@@ -210,42 +210,6 @@ def test_the_trainer_stops_on_a_fault_with_its_own_words(tmp_path):
     assert as_fault(RuntimeError("Connection closed by peer"), str(tmp_path)) is None
 
 
-@pytest.mark.parametrize("error", ["Refusal", "ConfigError"])
-def test_every_rank_raises_rank_0s_verdict(error, monkeypatch):
-    """`agree_on_start` returns rank 0's RunStart or raises its Refusal or ConfigError, with its message, on every
-    rank (the broadcast stands in for the process group)."""
-    from gcc.training import launch
-
-    cls = {"Refusal": launch.Refusal, "ConfigError": launch.ConfigError}[error]
-    broadcast = []
-
-    def prepare_run(cfg, lock):
-        raise cls("data /d: the train split has no clips")
-
-    monkeypatch.setattr(launch, "prepare_run", prepare_run)
-    monkeypatch.setattr(launch.dist, "broadcast_object_list", lambda verdict, src: broadcast.append(list(verdict)))
-    monkeypatch.setattr(launch.dist, "get_global_rank", lambda: 0)
-    with pytest.raises(cls, match="^data /d: the train split has no clips$"):
-        launch.agree_on_start(None, None)
-    # another rank: what rank 0 broadcast, raised alike
-    monkeypatch.setattr(launch.dist, "get_global_rank", lambda: 1)
-    monkeypatch.setattr(
-        launch.dist, "broadcast_object_list", lambda verdict, src: verdict.__setitem__(0, broadcast[0][0])
-    )
-    with pytest.raises(cls, match="^data /d: the train split has no clips$"):
-        launch.agree_on_start(None, None)
-
-
-def test_every_rank_gets_rank_0s_run_start(monkeypatch):
-    from gcc.training import launch
-
-    start = launch.RunStart({}, {}, "", None, "", None)
-    monkeypatch.setattr(launch, "prepare_run", lambda cfg, lock: start)
-    monkeypatch.setattr(launch.dist, "get_global_rank", lambda: 0)
-    monkeypatch.setattr(launch.dist, "broadcast_object_list", lambda verdict, src: None)
-    assert launch.agree_on_start(None, None) is start
-
-
 def test_data_the_launch_cannot_parse_is_refused_naming_it(tmp_path, monkeypatch):
     """The one place the launch reads data before training turns the reader's BadInput into a Refusal (exit 3)
     with the reader's message; BadInput itself is exit 2 everywhere."""

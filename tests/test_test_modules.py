@@ -18,7 +18,6 @@ TESTED_IN = {
     "compat/loggers.py": ["compat/test_wandb_mlflow_contract.py"],
     "data/batch.py": ["data/test_data.py", "data/test_loader_paths.py", "model/test_flops.py"],
     "data/dataset.py": ["data/test_data.py", "data/test_loader_paths.py"],
-    "data/sample_rng.py": ["data/test_mask.py"],
     "data/shards.py": ["data/test_data.py", "data/test_trust_data.py", "data/test_layout.py"],
     "model/dit.py": ["model/test_model.py"],
     "model/fsdp.py": ["model/test_model_fsdp.py"],  # two ranks under FSDP2
@@ -33,7 +32,6 @@ TESTED_IN = {
     "tools/sample/errors.py": ["tools/test_sample.py"],
     "tools/sample/sources.py": ["tools/test_sample.py"],
     "training/batch_change.py": ["training/test_config_runfolder.py", "training/test_train_e2e.py"],
-    "training/builders.py": ["training/callbacks/test_every_callback.py", "training/test_train_e2e.py"],
     "training/callbacks/__init__.py": ["training/callbacks/test_every_callback.py"],
     "training/composer_options.py": ["training/test_composer_callbacks.py", "training/test_loggers.py"],
     "training/signature.py": ["training/test_config_roles.py"],
@@ -46,7 +44,6 @@ TESTED_IN = {
     "training/csv_logger.py": ["training/test_config_runfolder.py"],
     "training/output_capture.py": ["training/test_run_log.py"],
     "training/entry.py": ["training/test_launch_writes.py", "tools/test_bad_input.py", "training/test_config_names.py"],
-    "training/launch.py": ["training/test_config_roles.py", "test_errors.py", "training/test_trust_run.py"],
     "training/peer_fault.py": ["training/test_ending.py", "training/test_faults.py"],
     "training/run_folder.py": ["training/test_checkpoint_store.py", "training/test_config_runfolder.py"],
     "training/trainer.py": ["training/test_train_e2e.py", "test_errors.py"],

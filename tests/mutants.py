@@ -1,0 +1,194 @@
+"""Mutation testing of the core (`make mutants MODULE=gcc/data/mask.py`, docs/mutation.md): mutmut (pinned in the
+`dev` extra) changes one module a mutant at a time (an operator, a constant, a comparison, an argument dropped) and
+runs the tests that cover it; a mutant no test fails on "survived": a bug the suite would let through.
+
+`MODULES` is the one table: each core module, the tests that prove it (a fast selection: mutmut runs, for every
+mutant, the ones of them that reach the mutated function) and, where only part of a module is in scope, the
+functions mutated. The run happens in a scratch copy of the repository (`runs/mutants/<module>/`, its own mutmut
+configuration, nothing in the checkout changes), one mutant at a time (the machine is shared), and ends with the
+count per outcome and the surviving mutants that docs/mutation.md does not list as equivalent; mutmut's own `mutmut
+show NAME` (run in that folder) prints a mutant's diff. Not part of `make test`: a module takes minutes to an hour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "mutation.md"
+# what the copy holds besides gcc/ (which mutmut copies, mutated) and tests/: what the selected tests read
+ALSO_COPY = ["convert_data", "yamls", "docs", "bench", "examples", "README.md", "CHANGELOG.md", "Makefile"]
+
+
+@dataclass(frozen=True)
+class Target:
+    tests: tuple[str, ...]  # pytest arguments: files, node ids, `-m` expressions
+    functions: tuple[str, ...] = ()  # mutmut's names of the functions in scope (globs); empty: the whole module
+
+
+MODULES: dict[str, Target] = {
+    "gcc/data/sample_rng.py": Target(("tests/data/test_mask.py", "tests/data/test_sample_draws.py")),
+    # the sample path: the draws applied, the dropped text and condition, the mask, the seeded subset
+    "gcc/data/dataset.py": Target(
+        ("tests/data/test_data.py", "tests/data/test_sample_draws.py", "-m", "not slow"),
+        ("*make_sample*", "*get_item*", "*subset_ids*", "*round_robin_by_run*", "*Dropouts*"),
+    ),
+    "gcc/data/mask.py": Target(("tests/data/test_mask.py", "tests/data/test_mask_grid.py")),
+    "gcc/training/builders.py": Target(
+        (
+            "tests/training/test_builders.py",
+            "tests/training/callbacks/test_every_callback.py",
+            "tests/training/callbacks/test_cb_validation.py",
+            "tests/training/test_config_roles.py",
+        ),
+        (
+            "*dropouts*",
+            "*build_train_loader*",
+            "*select_val_ids*",
+            "*ValClips*",
+            "*build_val_loader*",
+            "*export_metadata*",
+            "*samples_in*",
+            "*build_evaluators*",
+            "*parallelism_config*",
+            "*resolved_config*",
+        ),
+    ),
+    "gcc/training/launch.py": Target(
+        (
+            "tests/training/test_launch_verdict.py",
+            "tests/test_errors.py",
+            "tests/training/test_config_roles.py",
+            "tests/training/test_trust_run.py",
+        )
+    ),
+    "gcc/training/callbacks/step_sync.py": Target(("tests/training/callbacks/test_cb_step_sync.py",)),
+    "gcc/training/callbacks/preemption.py": Target(("tests/training/callbacks/test_cb_preemption.py",)),
+    "gcc/training/async_checkpoint.py": Target(("tests/training/test_async_checkpoint.py",)),
+    "gcc/model/objective.py": Target(("tests/model/test_objective.py", "tests/model/test_flow.py")),
+    "gcc/model/flow.py": Target(("tests/model/test_flow.py", "tests/model/test_objective.py")),
+    "gcc/redact.py": Target(("tests/test_redact.py",)),
+    "gcc/inputs.py": Target(("tests/test_inputs.py",)),
+    # the fields' roles and the run signature they make
+    "gcc/training/config.py": Target(
+        ("tests/training/test_config_roles.py", "tests/training/test_config_bounds.py"),
+        (
+            "*Range*",
+            "*Role*",
+            "*x_role_*",
+            "*x_setting_*",
+            "*x_roles_*",
+            "*signature_key_name*",
+            "*signed_values*",
+            "*x__default_*",
+            "*exported_values*",
+        ),
+    ),
+}
+
+
+def mutant_prefix(module: str) -> str:
+    """mutmut's names of a module's mutants start with its dotted path: gcc.data.mask.x_fn__mutmut_3."""
+    return module.removesuffix(".py").replace("/", ".") + "."
+
+
+def equivalent(module: str) -> dict[str, str]:
+    """docs/mutation.md's surviving mutants judged equivalent to the code (a line `- \\`NAME\\`: reason` each)."""
+    found = re.findall(r"^- `([^`]+)`: (.+)$", DOC.read_text(), re.M) if DOC.is_file() else []
+    return {name: why for name, why in found if name.startswith(mutant_prefix(module))}
+
+
+def config(module: str, target: Target) -> str:
+    """The copy's [tool.mutmut] section (appended to its pyproject.toml)."""
+
+    def toml_list(xs) -> str:
+        return "[" + ", ".join(f'"{x}"' for x in xs) + "]"
+
+    return (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["gcc"]\n'
+        f"only_mutate = {toml_list([module])}\n"
+        f"also_copy = {toml_list(ALSO_COPY)}\n"
+        f"pytest_add_cli_args_test_selection = {toml_list(target.tests)}\n"
+        # no xdist, no cache; a launch of the selected tests stops at its own timeout
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "no:xdist", "-W", "ignore"]\n'
+        # torch in the tests: each mutant's process is forked from a server that has not run them (fork-safe)
+        'process_isolation = "forkserver"\n'
+    )
+
+
+def prepare(module: str, target: Target, work: Path, rev: str | None = None) -> tuple[str, ...]:
+    """`work`: the checkout's files mutmut reads (gcc/, tests/, pyproject.toml with the section), anew each run;
+    with `rev`, the repository's tree at that commit (`git archive`: the score before a change). Returns the test
+    selection, less the files that tree does not have (a test module added since)."""
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    if rev:
+        tree = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(work)], input=tree, check=True)
+    else:
+        ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+        for name in ["gcc", "tests", "pyproject.toml", *ALSO_COPY]:
+            src = ROOT / name
+            if src.is_dir():
+                shutil.copytree(src, work / name, ignore=ignore)
+            elif src.is_file():
+                shutil.copy2(src, work / name)
+    tests = tuple(t for t in target.tests if not t.startswith("tests/") or (work / t.split("::")[0]).exists())
+    selected = Target(tests, target.functions)
+    with open(work / "pyproject.toml", "a") as f:
+        f.write(config(module, selected))
+    return tests
+
+
+def results(work: Path, mutmut: str) -> dict[str, str]:
+    """Each mutant's outcome, by mutmut's `results --all` (killed, survived, no tests, timeout, ...)."""
+    out = subprocess.run([mutmut, "results", "--all", "true"], cwd=work, capture_output=True, text=True, check=True)
+    return dict(re.findall(r"^\s+(\S+): (.+)$", out.stdout, re.M))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("module", choices=sorted(MODULES), help="the module, as a path under the checkout")
+    p.add_argument("--work", type=Path, default=None, help="the scratch folder (runs/mutants/<module>)")
+    p.add_argument("--rev", default=None, help="mutate and test the tree of this commit instead (a score before)")
+    args = p.parse_args(argv)
+    target = MODULES[args.module]
+    work = args.work or ROOT / "runs" / "mutants" / args.module.removesuffix(".py").replace("/", ".")
+    mutmut = str(Path(sys.executable).with_name("mutmut"))
+    tests = prepare(args.module, target, work, args.rev)
+    print(f"{args.module}{f' at {args.rev}' if args.rev else ''}: tests {' '.join(tests)}", flush=True)
+    prefix = mutant_prefix(args.module)
+    names = [prefix + f for f in target.functions] if target.functions else [prefix + "*"]
+    run = subprocess.run([mutmut, "run", "--max-children", "1", *names], cwd=work)
+    if run.returncode != 0:
+        return run.returncode
+    got = results(work, mutmut)
+    if target.functions:  # mutmut generates every function's mutants; only those in scope ran
+        got = {
+            k: v
+            for k, v in got.items()
+            if any(re.fullmatch(re.escape(prefix) + n.replace("*", ".*"), k) for n in target.functions)
+        }
+    counts = Counter(got.values())
+    judged = equivalent(args.module)
+    open_ = sorted(k for k, v in got.items() if v != "killed" and k not in judged)
+    live = len(got) - len([k for k in judged if k in got and got[k] != "killed"])
+    killed = counts.get("killed", 0)
+    print(f"\n{args.module}: {len(got)} mutants, {dict(counts)}")
+    print(f"equivalent (docs/mutation.md): {len(judged)}; score {killed}/{live} = {killed / max(live, 1):.1%}")
+    for k in open_:
+        print(f"  not killed: {k} ({got[k]})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
