@@ -203,6 +203,34 @@ def launch(
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
+def run_ranks(folder: Path, script: str, *args: str, n: int = 2, env: dict | None = None, timeout: float = 600):
+    """The Python source `script` run as `n` ranks by Composer's launcher, which gives each its rank and the
+    rendezvous (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: a port of its own choosing, none that a test picks and
+    hands over); the ranks print into `folder`. Returns (the launcher's exit code, what each rank printed: rank 0
+    beside the launcher's own lines). A launch still running after `timeout` fails with its stacks (`finish`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "rank_script.py"
+    path.write_text(script)
+    flags = ["-n", str(n), "--stdout", str(folder / "rank{rank}.out"), "--stderr", str(folder / "rank{rank}.err")]
+    p = subprocess.Popen(
+        [*LAUNCHER, *flags, str(path), *args],
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    with p:
+        out = finish(p, timeout)
+    ranks = [out] + [
+        "".join(
+            (folder / f"rank{r}.{ext}").read_text() for ext in ("out", "err") if (folder / f"rank{r}.{ext}").exists()
+        )
+        for r in range(1, n)
+    ]
+    return p.returncode, ranks
+
+
 def launch_logs(run_dir: Path) -> list[Path]:
     """The folders of what each `launch` of `run_dir` printed, oldest first: `launcher.out`/`launcher.err` (the
     launcher and rank 0), `rank<N>.out`/`rank<N>.err` (the other ranks)."""

@@ -6,14 +6,12 @@ from __future__ import annotations
 import _posixshmem
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import threading
 import uuid
 from pathlib import Path
 
 import pytest
+from _launch import run_ranks
 from streaming.base.dataset import StreamingDataset, _Iterator, _ShardState
 
 import gcc.compat.streaming  # noqa: F401  (installs its fixes)
@@ -55,35 +53,9 @@ def test_a_damaged_shard_met_by_a_download_thread_stops_every_rank_of_the_node_n
     for i in range(len(raw) // 2, len(raw) // 2 + 64):
         raw[i] ^= 0xFF
     bad.write_bytes(bytes(raw))
-    script = tmp_path / "rank.py"
-    script.write_text(RANK)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     cache = tmp_path / "cache" / uuid.uuid4().hex  # one node: one cache (Streaming keys its shared memory on it)
-    procs = []
-    for rank in range(2):
-        env = dict(
-            os.environ,
-            PYTHONPATH=str(ROOT),
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE="2",
-            LOCAL_WORLD_SIZE="2",
-            NODE_RANK="0",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-        )
-        cmd = [sys.executable, str(script), str(data), str(cache)]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=180)[0])
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        pytest.fail("a rank still waits for its loader 180 s after one of its shards was found damaged")
+    # a rank still waiting for its loader 180 s after one of its shards was found damaged: the failure shows where
+    _, outs = run_ranks(tmp_path / "ranks", RANK, str(data), str(cache), timeout=180)
     for rank, out in enumerate(outs):
         assert "ERROR DamagedData" in out and bad.name in out, f"rank {rank}: {out[-2000:]}"
 
