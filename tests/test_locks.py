@@ -20,7 +20,7 @@ def test_take_flock_is_now_or_never_and_the_refusal_names_the_live_holder(tmp_pa
     t0 = time.monotonic()
     with pytest.raises(LockHeld) as e:
         take_flock(path, "pid 2 on host-b")
-    assert time.monotonic() - t0 < 1.0  # no wait
+    assert time.monotonic() - t0 < 1.0  # no wait (a refusal takes about a millisecond: far under the bound)
     assert e.value.holder == "pid 1 on host-a, run r" and e.value.path == path
     assert str(e.value) == f"{path}: held by pid 1 on host-a, run r"
     assert path.read_text() == "pid 1 on host-a, run r\n"  # the refused one wrote nothing
@@ -37,7 +37,7 @@ def test_hold_flock_waits_at_most_its_timeout_then_names_the_holder(tmp_path):
         LockTimeout, match=r"Streaming's lock: .* has been held by pid 99 on elsewhere for more than 0 s"
     ):
         hold_flock(path, 0.3, "Streaming's lock")
-    assert 0.3 <= time.monotonic() - t0 < 3.0
+    assert 0.3 <= time.monotonic() - t0 < 10.0  # waited its timeout; the bound is 10× what it takes (≈0.3 s)
     os.close(fd)
     held = hold_flock(path, 0.3, "Streaming's lock")
     assert path.read_text() == f"pid {os.getpid()}\n"
