@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gcc import exit_codes
-from gcc.errors import BadInput, DamagedData, DiskFull, LockTimeout, Refusal, StorageUnavailable, exit_for
+from gcc.errors import BadInput, DamagedData, DiskFull, Refusal, StorageUnavailable, exit_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +27,6 @@ CODES = {
     "gcc.errors.StorageUnavailable": exit_codes.STORAGE,
     "gcc.errors.DiskFull": exit_codes.DISK,
     "gcc.errors.Refusal": exit_codes.REFUSED,
-    "gcc.errors.LockTimeout": exit_codes.STALLED,
     "gcc.storage.LinkRefused": exit_codes.CONFIG,
     "gcc.names.UnsafeName": exit_codes.CONFIG,
     "gcc.locks.LockHeld": exit_codes.REFUSED,
@@ -104,7 +103,6 @@ def test_every_error_class_of_gcc_has_its_documented_code():
             exit_codes.DATA,
             "damaged data: /d/train/shard.00000.mds: cut short",
         ),
-        (LockTimeout("/tmp/l.lock: held by pid 1"), exit_codes.STALLED, "/tmp/l.lock: held by pid 1"),
         (
             FileNotFoundError(errno.ENOENT, "No such file or directory", "/d/x.json"),
             exit_codes.CONFIG,
@@ -141,7 +139,6 @@ def test_every_error_class_of_gcc_has_its_documented_code():
         "storage",
         "disk",
         "damaged",
-        "lock-timeout",
         "enoent",
         "eisdir",
         "eloop",
