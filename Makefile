@@ -65,9 +65,10 @@ durations: $(STAMP)
 
 # mutation testing of one core module against the tests that cover it (the table: tests/mutants.py `MODULES`; the
 # scores and the mutants judged equivalent: docs/mutation.md), one mutant at a time in runs/mutants/<module>/; slow
-# (minutes to an hour a module), so not part of `make test`. `make mutants MODULE=gcc/data/mask.py`
+# (minutes to an hour a module), so not part of `make test`. `make mutants MODULE=gcc/data/mask.py`; after adding
+# tests, `MUTANTS_ARGS=--again` runs only the mutants the last run left alive
 mutants: $(STAMP)
-	$(BIN)/python tests/mutants.py $(MODULE)
+	$(BIN)/python tests/mutants.py $(MODULE) $(MUTANTS_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/convert.py
