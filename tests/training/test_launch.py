@@ -5,30 +5,18 @@ signature), tests/test_errors.py (refusals), tests/training/test_trust_run.py (t
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
-import torch.distributed as tdist
+from _launch import rank_0_here
 
 from gcc.training import launch
 
-ROOT = Path(__file__).resolve().parents[2]
-TIMEOUT = timedelta(seconds=120)
-
-# rank 1: joins the group through rank 0's store (its port on the command line), then asks for the verdict three
-# times, printing each; were it asked to decide, its own verdict would say so
+# rank 1 (in the group: tests/_launch.py `rank_0_here`): asks for the verdict three times, printing each; were it
+# asked to decide, its own verdict would say so
 RANK1 = """
-import json, sys
-from datetime import timedelta
-import torch.distributed as tdist
+import json
 from gcc.training import launch
 
-store = tdist.TCPStore("127.0.0.1", int(sys.argv[1]), 2, is_master=False, timeout=timedelta(seconds=120))
-tdist.init_process_group("gloo", store=store, rank=1, world_size=2, timeout=timedelta(seconds=120))
 launch.prepare_run = lambda cfg, lock: launch.RunStart({"decided by": 1}, {}, "", None, "", None, provenance=None)
 for _ in range(3):
     try:
@@ -46,18 +34,8 @@ VERDICTS = [
 
 @pytest.mark.slow  # starts rank 1's process
 def test_every_rank_gets_rank_0s_verdict(monkeypatch):
-    """Rank 0's RunStart is every rank's; rank 0's Refusal or ConfigError is raised on every rank with its message.
-    The store binds port 0 and gives rank 1 the port it got (no port picked beforehand)."""
-    store = tdist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
-    rank1 = subprocess.Popen(
-        [sys.executable, "-c", RANK1, str(store.port)],
-        env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        tdist.init_process_group("gloo", store=store, rank=0, world_size=2, timeout=TIMEOUT)
+    """Rank 0's RunStart is every rank's; rank 0's Refusal or ConfigError is raised on every rank with its message."""
+    with rank_0_here(RANK1) as rank1:
         for verdict in VERDICTS:
 
             def prepare_run(cfg, lock, verdict=verdict):
@@ -72,13 +50,7 @@ def test_every_rank_gets_rank_0s_verdict(monkeypatch):
                 assert str(raised.value) == str(verdict)
             else:
                 assert launch.agree_on_start(None, None).manifest == {"decided by": 0}
-        out, err = rank1.communicate(timeout=TIMEOUT.total_seconds())
-    finally:
-        if tdist.is_initialized():
-            tdist.destroy_process_group()
-        if rank1.poll() is None:
-            rank1.kill()
-            rank1.communicate()
+        out, err = rank1.communicate(timeout=120)
     assert rank1.returncode == 0, err[-3000:]
     assert [json.loads(line) for line in out.splitlines()] == [
         ["RunStart", {"decided by": 0}],
