@@ -39,6 +39,13 @@ def test_draws_are_deterministic_pure_functions_of_the_key():
         draw_sample(-1, 0, 0)
 
 
+@pytest.mark.parametrize("key", [(-1, 0, 0), (0, -1, 0), (0, 0, -1), (1.5, 0, 0), (0, 2.5, 0), (0, 0, 0.5)])
+def test_a_key_that_is_not_three_non_negative_integers_is_refused(key):
+    with pytest.raises(ValueError, match="non-negative integers"):
+        sample_rng(*key)
+    assert sample_rng(0, 0, 0).random() == np.random.default_rng([0, 0, 0]).random()  # 0 is a key like any
+
+
 def test_draw_rates_and_independence():
     n = 20000
     draws = [draw_sample(11, 2, i) for i in range(n)]
