@@ -5,6 +5,8 @@ signature), tests/test_errors.py (refusals), tests/training/test_trust_run.py (t
 from __future__ import annotations
 
 import json
+import math
+import re
 
 import pytest
 from _launch import rank_0_here
@@ -57,3 +59,72 @@ def test_every_rank_gets_rank_0s_verdict(monkeypatch):
         ["Refusal", str(VERDICTS[1])],
         ["ConfigError", str(VERDICTS[2])],
     ], err[-3000:]
+
+
+# ---- what the launch computes of the config and the data --------------------------------------------------------
+def _manifest(n: int, **more) -> dict:
+    return {"splits": {"train": {"clip_ids": [f"c{i}" for i in range(n)]}}, **more}
+
+
+def test_an_epoch_is_the_train_split_or_its_limit_in_whole_batches_per_rank():
+    assert [launch.train_clips(_manifest(10), limit) for limit in (None, 3, 10, 50)] == [10, 3, 10, 10]
+    # Streaming gives each rank ceil(n / world) samples; a rank's partial last batch is dropped
+    cases = [((10, 1, 2), 5), ((10, 3, 2), 2), ((7, 2, 1), 4), ((9, 2, 2), 2), ((8, 2, 2), 2), ((3, 4, 1), 1)]
+    assert [launch.steps_per_epoch(*args) for args, _ in cases] == [want for _, want in cases]
+
+
+def test_the_schedule_runs_over_max_duration_in_batches(tmp_path, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)  # one process
+    from gcc.training.config import load_config
+
+    def horizon(*overrides):
+        cfg = load_config(
+            None, ["loggers={}", "global_train_batch_size=4", "device_train_microbatch_size=2", *overrides]
+        )
+        return launch.schedule_horizon(cfg, _manifest(10))
+
+    assert horizon("max_duration=7") == 7
+    assert horizon("max_duration=3ep") == 3 * 2  # 10 clips in batches of 4: 2 an epoch
+    assert horizon("max_duration=3ep", "data.limit=5") == 3 * 1
+
+
+def _cosine(step: int, horizon: int, warmup: int) -> float:
+    """Composer's cosine_with_warmup, written out: past the warm-up, 0.5 (1 + cos(π · the share of the rest))."""
+    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / (horizon - warmup)))
+
+
+def test_a_decaying_schedules_new_length_is_refused_with_the_jump_it_would_make():
+    from gcc.training.config import load_config
+
+    cfg = load_config(None, ["loggers={}", "scheduler.name=cosine_with_warmup", "scheduler.t_warmup=10"])
+    said = launch.schedule_jump(cfg, {launch.SCHEDULE_HORIZON: 100}, 200, 49)
+    assert "max_duration 100 -> 200 batches changes the schedule: cosine_with_warmup decays" in said
+    factors = re.search(r"at step 50 the lr factor would jump from (\d+\.\d+) to (\d+\.\d+)", said)
+    assert factors, said
+    assert float(factors[1]) == pytest.approx(_cosine(50, 100, 10), abs=6e-4)
+    assert float(factors[2]) == pytest.approx(_cosine(50, 200, 10), abs=6e-4)
+    assert "relaunch with max_duration=100" in said
+    # nothing to say: the same length, no length recorded, a schedule that does not decay
+    assert launch.schedule_jump(cfg, {launch.SCHEDULE_HORIZON: 200}, 200, 49) == ""
+    assert launch.schedule_jump(cfg, {}, 200, 49) == ""
+    constant = load_config(None, ["loggers={}", "scheduler.t_warmup=10"])
+    assert launch.schedule_jump(constant, {launch.SCHEDULE_HORIZON: 100}, 200, 49) == ""
+    assert "at step 1 the lr factor" in launch.schedule_jump(cfg, {launch.SCHEDULE_HORIZON: 100}, 200, None)
+
+
+def test_the_datas_name_is_the_manifests_else_its_folders():
+    from gcc.training.config import TrainConfig
+
+    cfg = TrainConfig()
+    cfg.data.path = "s3://bucket/gc25d_v10_mds/"
+    assert launch.data_name(cfg, _manifest(1, name="v10")) == "v10"
+    assert launch.data_name(cfg, _manifest(1)) == "gc25d_v10_mds"
+
+
+def test_a_missing_warm_start_names_the_file_and_what_a_resume_would_do(tmp_path):
+    plain = "model.init_ckpt: /w/x.safetensors: not found (the warm start's weights)"
+    assert launch.missing_init_ckpt("/w/x.safetensors", tmp_path, None) == plain
+    assert launch.missing_init_ckpt("/w/x.safetensors", tmp_path, {"path": ""}) == plain
+    said = launch.missing_init_ckpt("/w/x.safetensors", tmp_path, {"path": "/w/old.safetensors"})
+    assert said.startswith(plain + f"; the run in {tmp_path} was warm-started from /w/old.safetensors")
+    assert said.endswith("so it resumes even when the file is gone")
