@@ -128,3 +128,46 @@ def test_a_missing_warm_start_names_the_file_and_what_a_resume_would_do(tmp_path
     said = launch.missing_init_ckpt("/w/x.safetensors", tmp_path, {"path": "/w/old.safetensors"})
     assert said.startswith(plain + f"; the run in {tmp_path} was warm-started from /w/old.safetensors")
     assert said.endswith("so it resumes even when the file is gone")
+
+
+def test_a_fresh_start_needs_its_weights_and_never_destroys_what_a_run_wrote(tmp_path):
+    """check_fresh_start: the weights a start from step 0 loads must exist (exit 2 naming the key); a prefix that
+    commits a checkpoint is refused; a run folder with what a run wrote is refused (autoresume off, or nothing to
+    resume from), started over when its run never committed a checkpoint, or with allow_existing."""
+    from gcc.training.checkpoint_store import Head
+    from gcc.training.config import ConfigError, TrainConfig
+    from gcc.training.run_folder import FIRST_CHECKPOINT
+
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = TrainConfig(run_dir=str(run))
+    assert launch.check_fresh_start(cfg, run, None) == ""  # nothing there: nothing to lose
+    for key, kind in (("init_ckpt", "file"), ("model_dir", "folder"), ("legacy_zero_ckpt", "folder")):
+        bad = TrainConfig(run_dir=str(run))
+        setattr(bad.model, key, str(tmp_path / "gone"))
+        with pytest.raises(ConfigError) as e:
+            launch.check_fresh_start(bad, run, None)
+        assert str(e.value) == (
+            f"model.{key}: {tmp_path / 'gone'}: no such {kind}; a start from step 0 loads its weights (a resume "
+            f"would not: {run} has no checkpoint)"
+        )
+    cfg.save_folder = "s3://b/run"
+    with pytest.raises(
+        launch.Refusal, match=r"^s3://b/run: commits ep0-ba6-rank0.pt of this run, but autoresume is off"
+    ):
+        launch.check_fresh_start(cfg, run, Head("l1", {}, "ep0-ba6-rank0.pt"))
+    assert launch.check_fresh_start(cfg, run, Head("l1", {}, None)) == ""  # claimed, nothing committed
+    (run / "step-6.safetensors").write_bytes(b"x")
+    lost = "1 export(s) (newest step-6.safetensors)"
+    cfg.autoresume = False
+    with pytest.raises(
+        launch.Refusal, match=rf"^{re.escape(str(run))}: holds {re.escape(lost)}, and autoresume is off"
+    ):
+        launch.check_fresh_start(cfg, run, None)
+    cfg.autoresume = True
+    with pytest.raises(launch.Refusal, match=r"it holds no checkpoint to resume from \(no run.json says which run"):
+        launch.check_fresh_start(cfg, run, None)
+    never = {"lineage": {FIRST_CHECKPOINT: None}}  # killed before its first checkpoint: started over
+    assert launch.check_fresh_start(cfg, run, None, record=never) == lost
+    cfg.allow_existing = True
+    assert launch.check_fresh_start(cfg, run, None) == ""
