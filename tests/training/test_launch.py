@@ -171,3 +171,26 @@ def test_a_fresh_start_needs_its_weights_and_never_destroys_what_a_run_wrote(tmp
     assert launch.check_fresh_start(cfg, run, None, record=never) == lost
     cfg.allow_existing = True
     assert launch.check_fresh_start(cfg, run, None) == ""
+
+
+def test_validation_is_off_when_either_its_interval_or_its_clips_are_0_and_the_cache_is_per_node(tmp_path, monkeypatch):
+    from gcc.training.config import TrainConfig
+
+    def cfg(**kw):
+        c = TrainConfig(run_dir=str(tmp_path / "run"))
+        for k, v in kw.items():
+            setattr(c, k, v)
+        return c
+
+    assert [launch.validates(cfg(eval_interval=e, val_n=n)) for e, n in ((1, 1), (0, 4), (6, 0), (0, 0))] == [
+        True,
+        False,
+        False,
+        False,
+    ]
+    monkeypatch.delenv("NODE_RANK", raising=False)
+    assert launch.cache_dir(cfg()) == tmp_path / "run" / "cache" / "node0"
+    monkeypatch.setenv("NODE_RANK", "3")
+    elsewhere = cfg()
+    elsewhere.data.cache_dir = str(tmp_path / "cache")
+    assert launch.cache_dir(elsewhere) == tmp_path / "cache" / "node3"
