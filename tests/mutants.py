@@ -187,9 +187,29 @@ def report(module: str, outcomes: dict[str, str]) -> None:
         print(f"  not killed: {k} ({outcomes[k]})")
 
 
+def print_table(rev: str) -> None:
+    """docs/mutation.md's rows: each module's mutants, killed before (its record at `rev`) and after (its record
+    now), equivalent, the score after; "–" where a record is missing."""
+    for module in MODULES:
+        work = ROOT / "runs" / "mutants" / module.removesuffix(".py").replace("/", ".")
+        kept = {}
+        for when, name in (("before", f"{work.name}.at-{rev}.json"), ("after", f"{work.name}.json")):
+            path = work.with_name(name)
+            kept[when] = json.loads(path.read_text())["outcomes"] if path.is_file() else None
+        after = kept["after"] or {}
+        judged = [k for k in equivalent(module) if after.get(k, "killed") != "killed"]
+        killed = {w: "–" if o is None else sum(v == "killed" for v in o.values()) for w, o in kept.items()}
+        n = len(after) or len(kept["before"] or {})
+        live = n - len(judged)
+        score = f"{killed['after'] / live:.0%}" if kept["after"] and live else "–"
+        scope = " (part)" if MODULES[module].functions else ""
+        print(f"| `{module}`{scope} | {n} | {killed['before']} | {killed['after']} | {len(judged)} | {score} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("module", choices=sorted(MODULES), help="the module, as a path under the checkout")
+    p.add_argument("module", nargs="?", choices=sorted(MODULES), help="the module, as a path under the checkout")
+    p.add_argument("--table", metavar="REV", help="print docs/mutation.md's score rows from the kept records instead")
     p.add_argument("--rev", default=None, help="mutate and test the tree of this commit instead (a score before)")
     p.add_argument(
         "--again",
@@ -198,6 +218,11 @@ def main(argv: list[str] | None = None) -> int:
         "itself unchanged): after tests were added",
     )
     args = p.parse_args(argv)
+    if args.table:
+        print_table(args.table)
+        return 0
+    if args.module is None:
+        p.error("name a module (or --table REV)")
     target = MODULES[args.module]
     work = ROOT / "runs" / "mutants" / args.module.removesuffix(".py").replace("/", ".")
     # each mutant's outcome, kept for `--again` (with --rev: the score before, kept apart)
