@@ -16,6 +16,7 @@ from gcc.training.config import (
     MAX_VAL_TIMESTEPS,
     MODEL_BOUNDS,
     ConfigError,
+    Range,
     check_inputs,
     load_config,
     parse_override,
@@ -172,3 +173,26 @@ def test_an_override_names_the_key_path_of_what_it_refuses():
         parse_override("loggers={mlflow: {tags: {true: 1}}}")
     with pytest.raises(ConfigError, match=r"optimizer.lr.0.0.….0.0.0: nested deeper than 64 levels"):
         parse_override("optimizer.lr=" + "[" * 5000 + "]" * 5000)
+
+
+@pytest.mark.parametrize(
+    "bounds, value, said",
+    [
+        (Range(1, 100), 1, None),
+        (Range(1, 100), 100, None),
+        (Range(1, 100), 0, "must be >= 1 and at most 100, got 0"),
+        (Range(1, 100), 101, "must be at most 100 (and >= 1), got 101"),
+        (Range(0, 10.0, unit=" seconds", exclusive=True), 1e-9, None),
+        (Range(0, 10.0, unit=" seconds", exclusive=True), 0, "must be > 0 seconds and at most 10 seconds, got 0"),
+        (Range(0, 10.0, unit=" seconds", exclusive=True), 10.5, "must be at most 10 seconds (and > 0), got 10.5"),
+        (Range(0.0), 1e30, None),
+        (Range(0.0), -1, "must be >= 0, got -1"),
+        (Range(0.0, unit=" s", exclusive=True), 0.0, "must be > 0 s, got 0.0"),
+        (Range(0.0, 1.0, said="in [0, 1]"), 1.0, None),
+        (Range(0.0, 1.0, said="in [0, 1]"), 1.5, "must be in [0, 1], got 1.5"),
+        (Range(0.0, 1.0, said="in [0, 1]"), -0.5, "must be in [0, 1], got -0.5"),
+        (Range(0, 2.5e6), 3e6, "must be at most 2.5e+06 (and >= 0), got 3000000.0"),
+    ],
+)
+def test_a_range_says_why_a_value_is_outside_it(bounds, value, said):
+    assert bounds.problem(value) == said
