@@ -416,3 +416,24 @@ def test_the_fault_hooks_are_a_test_only_section():
     )
     with pytest.raises(ConfigError, match=r"unknown key\(s\): inject_nonfinite_step"):
         load_config(None, ["inject_nonfinite_step=3"])
+
+
+@pytest.mark.parametrize(
+    "signed, named",
+    [
+        ("optim.lr", "optimizer.lr"),  # renamed since runs recorded it
+        ("optim.betas", "optimizer.betas"),
+        ("optim.warmup_steps", "scheduler.t_warmup"),
+        ("optim.grad_clip", "algorithms.gradient_clipping.clipping_threshold"),
+        ("data.manifest_sha256", "data.path (manifest sha256)"),  # what is signed of a path
+        ("model.base_weights", "model.model_dir (base weights)"),
+        ("scheduler.horizon", "max_duration (in batches: the decaying schedule's horizon)"),
+        ("seed", "seed"),  # signed under its own key
+        ("model.init_ckpt", "model.init_ckpt"),
+        ("no.such_key", "no.such_key"),
+    ],
+)
+def test_a_signature_key_is_named_as_the_config_names_it_now(signed, named):
+    from gcc.training.config import signature_key_name
+
+    assert signature_key_name(signed) == named
