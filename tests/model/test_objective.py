@@ -427,3 +427,40 @@ def test_val_metric_rows():
     assert rows[1]["gap_nulltext"] == pytest.approx(-2 / 3) and rows[1]["n"] == 3
     assert all(tuple(r) == VAL_ROW_FIELDS for r in rows)  # the declared fields, in the declared order
     assert m.compute().item() == pytest.approx((3.0 + 2.0) / 2)
+
+
+# rank 1 of the group (tests/_launch.py `rank_0_here`): its own clips' MSEs, then the synced rows
+VAL_RANK1 = """
+import json, torch
+from gcc.model.objective import GcValMSE
+
+m = GcValMSE([201.3, 500.6])
+m.update(torch.tensor([[5.0], [1.0]]), torch.tensor([[6.0], [1.0]]), torch.tensor([[5.0], [4.0]]))
+print(json.dumps(m.rows()), flush=True)
+"""
+
+
+@pytest.mark.slow  # starts rank 1's process
+def test_val_rows_are_the_mean_over_every_ranks_clips():
+    """In a real 2-process gloo group, each rank's clips' MSEs: both ranks' val_log rows are the means over all
+    three clips (computed here by hand)."""
+    import json
+
+    from _launch import rank_0_here
+
+    with rank_0_here(VAL_RANK1) as rank1:
+        m = GcValMSE([201.3, 500.6])
+        m.update(
+            torch.tensor([[1.0, 3.0], [2.0, 2.0]]),
+            torch.tensor([[2.0, 4.0], [2.0, 2.0]]),
+            torch.tensor([[1.5, 3.5], [1.0, 1.0]]),
+        )
+        rows = m.rows()
+        out, err = rank1.communicate(timeout=120)
+    assert rank1.returncode == 0, err[-3000:]
+    want = [
+        dict(timestep=201.3, mse=3.0, mse_uncond=4.0, mse_nulltext=10 / 3, gap_uncond=1.0, gap_nulltext=1 / 3, n=3),
+        dict(timestep=500.6, mse=5 / 3, mse_uncond=5 / 3, mse_nulltext=2.0, gap_uncond=0.0, gap_nulltext=1 / 3, n=3),
+    ]
+    for got in (rows, json.loads(out)):
+        assert got == [pytest.approx(w) for w in want]
