@@ -140,8 +140,8 @@ def config(module: str, target: Target) -> str:
         f"only_mutate = {toml_list([module])}\n"
         f"also_copy = {toml_list(ALSO_COPY)}\n"
         f"pytest_add_cli_args_test_selection = {toml_list(target.tests)}\n"
-        # no xdist, no cache; a launch of the selected tests stops at its own timeout
-        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "no:xdist", "-W", "ignore"]\n'
+        # one process (no `-n`: xdist stays loaded for its `worker_id`), no cache; warnings are not failures
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-W", "ignore"]\n'
         # torch in the tests: each mutant's process is forked from a server that has not run them (fork-safe)
         'process_isolation = "forkserver"\n'
     )
