@@ -20,10 +20,11 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from gcc import exit_codes, redact
-from gcc.errors import exit_for
-from gcc.inputs import printable
+from gcc.errors import BadInput, exit_for
+from gcc.inputs import parse_int, printable, shown
 from gcc.redact import redact_text
 from gcc.storage import userinfo_problem
 
@@ -130,10 +131,32 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+def _int(text: str) -> int:
+    """A flag's integer (`type=int`), read by `gcc.inputs.parse_int`: ASCII digits only."""
+    try:
+        return parse_int(text, "value")
+    except BadInput:
+        raise argparse.ArgumentTypeError(
+            f"invalid int value: {shown(repr(text), 60)} (expected ASCII digits)"
+        ) from None
+
+
+def _float(text: str) -> float:
+    """A flag's number (`type=float`): written in ASCII (float() alone reads other scripts' digits too)."""
+    try:
+        if text.isascii():
+            return float(text)
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"invalid float value: {shown(repr(text), 60)}")
+
+
 class ToolParser(argparse.ArgumentParser):
     """argparse's parser with the tools' conventions (module docstring). `renamed` maps a tool's old spellings to
     the current flags: an old one parses to the same value, with one line `<prog>: warning: OLD is now NEW` on
-    stderr, and is not shown by --help."""
+    stderr, and is not shown by --help. Its own errors (an unknown flag, a bad value) are one line as `fail`'s:
+    masked and escaped, since they quote the command line, which may hold a credential or a control character;
+    `type=int` and `type=float` read ASCII numbers only."""
 
     def __init__(
         self, prog: str, description: str, *, renamed: Mapping[str, str] | None = None, epilog: str = ""
@@ -145,6 +168,12 @@ class ToolParser(argparse.ArgumentParser):
             formatter_class=HelpFormatter,
         )
         self.renamed = dict(renamed or {})
+        self.register("type", int, _int)
+        self.register("type", float, _float)
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(exit_codes.CONFIG, f"{self.prog}: error: {printable(redact_text(message))}\n")
 
     def format_help(self) -> str:
         # the vocabulary's lines follow the tool's own epilog; computed here, when every flag has been added

@@ -14,10 +14,12 @@ a byte of data, and `decompress_zstd` inflates a frame with a cap on the output.
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import json
 import math
 import os
+import re
 import stat
 import zipfile
 from collections.abc import Iterator
@@ -37,6 +39,7 @@ CAPS = {
     "safetensors_header": 100 * MiB,  # safetensors' own limit on a header
     "npz": 4096 * MiB,  # the inflated size of all members of one npz
     "shard": 4096 * MiB,  # an MDS shard (its offsets are uint32); each is read at the size its index declares
+    "pth": 16384 * MiB,  # pickled weights (torch.save: the VAE's Wan2.2_VAE.pth, 2.8 GB as published)
 }
 # nesting of a json document or a yaml tree beyond which it is refused (Python's parsers recurse)
 MAX_DEPTH = 64
@@ -48,6 +51,11 @@ _KINDS = {
     stat.S_IFSOCK: "a socket",
     stat.S_IFDIR: "a folder",
 }
+
+
+def kind_of(mode: int) -> str:
+    """What a file of `mode` (st_mode) is, in a message's words: "a FIFO (named pipe)", "a folder", ..."""
+    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
 # what an OSError's errno means for the file it names, in the words of every message gcc prints about one
@@ -86,8 +94,7 @@ def open_regular(path: str | os.PathLike, kind: str, cap: int | None = None) -> 
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            what = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
-            raise BadInput(f"{path}: is {what}, expected a regular {kind} file")
+            raise BadInput(f"{path}: is {kind_of(st.st_mode)}, expected a regular {kind} file")
         if st.st_size > cap:
             raise BadInput(f"{path}: {_size_words(st.st_size)}, larger than a {kind} file may be ({_size_words(cap)})")
         yield fd, st.st_size
@@ -131,13 +138,59 @@ def read_text(path: str | os.PathLike, kind: str = "text", cap: int | None = Non
     return decode_text(read_bytes(path, kind, cap), str(path), f"a {kind} file")
 
 
+# ---- numbers ----------------------------------------------------------------------------------------------------
+
+# the most digits of one integer gcc reads from outside (a size, a step, an offset has at most 20): Python's own
+# limit (4300) is a ValueError, and converting a long one costs time quadratic in its length
+MAX_INT_DIGITS = 40
+_INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
+
+
+def parse_int(text: object, what: str, lo: int | None = None, hi: int | None = None) -> int:
+    """`text` as an integer in [lo, hi] written in ASCII digits (a sign, spaces around it), at most MAX_INT_DIGITS
+    of them: the one reader of every integer gcc takes from text (an environment variable, a file or folder name,
+    a CSV cell). A BadInput naming `what` and the range otherwise: `int()` alone also reads other scripts' digits
+    ('٣'), `str.isdigit()` takes '²' (which `int()` refuses) and 5000 digits are a ValueError."""
+    raw = text.strip() if isinstance(text, str) else ""
+    if _INTEGER.fullmatch(raw) and len(raw.lstrip("+-")) <= MAX_INT_DIGITS:
+        n = int(raw)
+        if (lo is None or n >= lo) and (hi is None or n <= hi):
+            return n
+    bounds = (
+        f" in [{lo}, {hi}]"
+        if lo is not None and hi is not None
+        else f" >= {lo}"
+        if lo is not None
+        else f" <= {hi}"
+        if hi is not None
+        else ""
+    )
+    raise BadInput(f"{what}={shown(repr(text), 60)}: expected an integer{bounds} in ASCII digits")
+
+
+def env_int(name: str, default: int, lo: int | None = None, hi: int | None = None) -> int:
+    """The environment variable `name` read by `parse_int` (in [lo, hi]); `default` when it is unset or empty."""
+    raw = os.environ.get(name, "")
+    return default if raw == "" else parse_int(raw, name, lo, hi)
+
+
+def _json_int(where: str, what: str, digits: str) -> int:
+    """A JSON document's integer (json's `parse_int`: its digits are ASCII), refused past MAX_INT_DIGITS digits."""
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise BadInput(
+            f"{where}: not {what}: an integer of {len(digits.lstrip('-'))} digits (at most {MAX_INT_DIGITS})"
+        )
+    return int(digits)
+
+
 def parse_json(text: str | bytes, where: str, what: str = "JSON") -> Any:
-    """`text` parsed as JSON, with nesting at most MAX_DEPTH; a BadInput naming `where` otherwise."""
+    """`text` parsed as JSON, with nesting at most MAX_DEPTH and integers of at most MAX_INT_DIGITS digits; a
+    BadInput naming `where` otherwise."""
     if isinstance(text, bytes):
         text = decode_text(text, where, what)
     _check_json_depth(text, where)
     try:
-        return json.loads(text)
+        return json.loads(text, parse_int=functools.partial(_json_int, where, what))
     except json.JSONDecodeError as e:
         raise BadInput(f"{where}: not valid {what} (line {e.lineno}, column {e.colno}: {e.msg})") from None
     except RecursionError:  # pragma: no cover - the depth check comes first
@@ -192,6 +245,20 @@ def open_text(path: str | os.PathLike, kind: str, cap: int | None = None) -> Ite
             raise BadInput(f"{path}: not a {kind} file (not UTF-8 text near byte {e.start})") from None
         finally:
             f.close()
+
+
+def read_lines(path: str | os.PathLike, kind: str, max_line: int) -> Iterator[tuple[int, str]]:
+    """(line number from 1, line without its line break) of `path` (`open_text`: a bounded regular file), one at a
+    time: a reader holds one line, never the file. A line longer than `max_line` characters is a BadInput naming the
+    file and the line, refused before more of it is read."""
+    with open_text(path, kind) as f:
+        for n in itertools.count(1):
+            line = f.readline(max_line + 1)
+            if not line:
+                return
+            if len(line) > max_line and not line.endswith("\n"):
+                raise BadInput(f"{path}:{n}: a line longer than {max_line} characters; not a {kind} file gcc reads")
+            yield n, line.rstrip("\r\n")
 
 
 # ---- formats that declare sizes inside them -------------------------------------------------------------------
@@ -280,6 +347,22 @@ def _tensor_entry(path, name: str, entry: Any, data_size: int) -> TensorEntry:
     return TensorEntry(dtype, tuple(shape), (begin, end))
 
 
+@contextmanager
+def open_zip(
+    path: str | os.PathLike, kind: str, what: str, cap: int | None = None
+) -> Iterator[tuple[zipfile.ZipFile, int]]:
+    """(the zip archive in `path`, the file's size): a regular file of its kind's cap (`open_regular`), refused as
+    BadInput "not <what>" when it is not a zip archive. Nothing is inflated: each member's declared sizes are the
+    caller's to check."""
+    with open_regular(path, kind, cap) as (fd, size), os.fdopen(os.dup(fd), "rb") as f:
+        try:
+            z = zipfile.ZipFile(f)
+        except (zipfile.BadZipFile, OSError, ValueError) as e:
+            raise BadInput(f"{path}: not {what} ({e})") from None
+        with z:
+            yield z, size
+
+
 def _npy_header_readers() -> dict:
     import numpy as np
 
@@ -296,40 +379,53 @@ def npy_members(path: str | os.PathLike, cap: int | None = None) -> dict[str, tu
     cap = CAPS["npz"] if cap is None else cap
     npy_headers = _npy_header_readers()
     members, total = {}, 0
-    with open_regular(path, "npz", cap=1 << 62) as (fd, _):
-        with os.fdopen(os.dup(fd), "rb") as f:
+    with open_zip(path, "npz", "an npz file", cap=1 << 62) as (z, _):
+        for info in z.infolist():
+            where = f"{path}: member {info.filename[:200]!r}"
+            if not info.filename.endswith(".npy"):
+                raise BadInput(f"{where}: not a .npy array")
             try:
-                z = zipfile.ZipFile(f)
-            except (zipfile.BadZipFile, OSError, ValueError) as e:
-                raise BadInput(f"{path}: not an npz file ({e})") from None
-            with z:
-                for info in z.infolist():
-                    where = f"{path}: member {info.filename[:200]!r}"
-                    if not info.filename.endswith(".npy"):
-                        raise BadInput(f"{where}: not a .npy array")
-                    try:
-                        with z.open(info) as m:
-                            version = np.lib.format.read_magic(m)
-                            read_header = npy_headers.get(version)
-                            if read_header is None:
-                                raise ValueError(f"npy format version {version} is not 1.0 or 2.0")
-                            shape, _, dtype = read_header(m)
-                            header_len = m.tell()
-                    except Exception as e:  # whatever the header holds, it is bad input
-                        raise BadInput(f"{where}: not a .npy array header ({type(e).__name__}: {e})") from None
-                    if dtype.hasobject:
-                        raise BadInput(f"{where}: holds Python objects (pickles), which are never loaded")
-                    nbytes = math.prod(shape) * dtype.itemsize
-                    if info.file_size != header_len + nbytes:
-                        raise BadInput(
-                            f"{where}: its header declares {dtype}{list(shape)} ({nbytes} bytes) but the member "
-                            f"inflates to {info.file_size - header_len}"
-                        )
-                    total += nbytes
-                    if total > cap:
-                        raise BadInput(f"{path}: its arrays add up to more than {_size_words(cap)}")
-                    members[info.filename[:-4]] = (tuple(shape), dtype)
+                with z.open(info) as m:
+                    version = np.lib.format.read_magic(m)
+                    read_header = npy_headers.get(version)
+                    if read_header is None:
+                        raise ValueError(f"npy format version {version} is not 1.0 or 2.0")
+                    shape, _, dtype = read_header(m)
+                    header_len = m.tell()
+            except Exception as e:  # whatever the header holds, it is bad input
+                raise BadInput(f"{where}: not a .npy array header ({type(e).__name__}: {e})") from None
+            if dtype.hasobject:
+                raise BadInput(f"{where}: holds Python objects (pickles), which are never loaded")
+            nbytes = math.prod(shape) * dtype.itemsize
+            if info.file_size != header_len + nbytes:
+                raise BadInput(
+                    f"{where}: its header declares {dtype}{list(shape)} ({nbytes} bytes) but the member "
+                    f"inflates to {info.file_size - header_len}"
+                )
+            total += nbytes
+            if total > cap:
+                raise BadInput(f"{path}: its arrays add up to more than {_size_words(cap)}")
+            members[info.filename[:-4]] = (tuple(shape), dtype)
     return members
+
+
+def check_pickled_weights(path: str | os.PathLike) -> None:
+    """A torch.save file (a zip: the pickle, one record per storage) checked before torch's loader reads it: every
+    record is stored as torch.save writes it, uncompressed, and its declared size is the size it takes in the file,
+    so what the loader allocates is bounded by the file (at most the cap of "pth"). A BadInput naming the file and
+    the record otherwise: a record that inflates (2 MB declaring 2 GB: a deflate bomb) is refused unread."""
+    with open_zip(path, "pth", "a torch.save file") as (z, size):
+        total = 0
+        for info in z.infolist():
+            where = f"{path}: record {shown(repr(info.filename), 120)}"
+            if info.compress_type != zipfile.ZIP_STORED or info.file_size != info.compress_size:
+                raise BadInput(
+                    f"{where}: compressed ({info.compress_size} bytes declaring {info.file_size}); torch.save "
+                    "stores its records as they are, so this is not a file it wrote"
+                )
+            total += info.file_size
+            if total > size:
+                raise BadInput(f"{where}: its records declare more bytes than the file's {size}")
 
 
 def decompress_zstd(data: bytes, cap: int, where: str) -> bytes:

@@ -6,11 +6,16 @@ launches. This module sits at the top of gcc/, beside gcc/train.py, so that benc
 loading torch or Composer (an argument list, nothing else).
 
 `main` is `gcc-launch` (`python -m gcc.launcher`): Composer's launcher with the same flags and the same ranks
-(their environment and streams are the launcher's own: gcc/compat/composer_launcher.py `start_ranks`), that ends
-quietly (docs/training.md, "How a launch ends"):
+(their environment and streams are the launcher's own: gcc/compat/composer_launcher.py `start_ranks`), that checks
+what it was given before it creates or starts anything and ends quietly (docs/training.md, "How a launch ends"):
 
-- gcc's trainer's config is checked before any rank starts, without loading torch: a bad one is its one line and
-  exit 2 within a second or two (`composer -n` answers it from every rank after their start);
+- its own command line and the environment Composer's launcher defaults to (`-n` from 1 to 1024, `WORLD_SIZE`,
+  ...: gcc/compat/composer_launcher.py `checked_launch`) are checked first, without loading Composer: a bad one is
+  one line `gcc-launch: error: ...` (masked, escaped) and exit 2;
+- gcc's trainer's command line and config are checked before any rank starts, without loading torch: a bad one is
+  its one line and exit 2 within a second or two (`composer -n` answers it from every rank after their start);
+  then Composer's own reading of the launch (`composer_args`: a layout it refuses is one line and exit 2), then
+  the run's train.log opened (a link, symbolic or hard, in its place: refused, exit 3), and only then the ranks;
 - the ranks are watched by gcc-launch itself (`watch`): a signal (SIGTERM, Ctrl-C) is passed on to them as SIGTERM,
   a preemption, and whatever still runs `CLEANUP_S` later is killed, as Composer's launcher does, but without its
   traceback, its "Waiting up to 30 seconds" and the empty blocks of every rank's output; a second Ctrl-C stops the
@@ -23,7 +28,8 @@ quietly (docs/training.md, "How a launch ends"):
 Its own lines also go to the run's `<run_dir>/train.log` (`<UTC time> launcher <stdout|stderr>: <line>`, masked):
 the ranks cannot take them, the launcher is another process, and the other ranks' output reaches it through files
 it deletes. train.log is opened as the ranks open it (gcc/training/console.py `open_log_file`). A training script
-other than gcc's, or a command line the launcher's parser does not read, runs as `composer` runs it.
+other than gcc's, or the trainer's --print_config, runs as `composer` runs it; --help and --version print
+Composer's own text.
 """
 
 from __future__ import annotations
@@ -107,49 +113,70 @@ def _is_gcc_trainer(script: str) -> bool:
     return path.resolve() == TRAIN_SCRIPT or (path.name == TRAIN_SCRIPT.name and path.parent.name == "gcc")
 
 
-def check_before_ranks(script_args: list[str], world: int | None):
-    """gcc's trainer's config (`script_args`: the yaml, then the overrides), checked as every rank checks it
-    (gcc/training/entry.py `checked_config`) before any rank starts: the config, or the exit code of its verdict
-    (its one line printed as a rank prints it), or None when there is nothing to check here (--print_config, no
-    yaml: the ranks answer those)."""
-    from gcc.errors import launch_verdict
-    from gcc.training.console import configure_logging
-    from gcc.training.entry import VERDICTS, checked_config
+def checked_run(launch):
+    """For a launch of gcc's trainer (`launch`: the launcher's reading of its command line, `launcher_args`), the
+    trainer's command line and config checked as every rank checks them (gcc/training/entry.py `checked_config`),
+    without loading torch or Composer and without creating anything: the config. None for another script, or for
+    the trainer's --print_config (nothing to check, no run). Raises the config's verdict (one of entry.py's
+    `VERDICTS`), or SystemExit for the trainer's usage error or --help (printed by its parser)."""
+    from gcc.compat.composer_launcher import world_size_of
+    from gcc.training.entry import build_parser, checked_config
 
-    positional = [a for a in script_args if not a.startswith("-")]
-    if not positional or any(a.startswith("-") for a in script_args):
+    if not _is_gcc_trainer(launch.training_script):
         return None
-    configure_logging("ERROR", 0)  # the verdict alone: a renamed key's warning is rank 0's to say
-    try:
-        return checked_config(positional[0], positional[1:], world)
-    except VERDICTS as e:
-        code, line = launch_verdict(e)
-        logging.getLogger("gcc.train").error(line)
-        return code
+    parser = build_parser()
+    args = parser.parse_args(launch.training_script_args)
+    if args.print_config:
+        return None
+    if args.yaml is None:
+        parser.error("the yaml is required (or --print_config)")
+    return checked_config(args.yaml, args.overrides, world_size_of(launch))
 
 
-def _open_run_log(run_dir: str) -> int | None:
-    """The run's train.log opened for appending (gcc/training/console.py `open_log_file`), or None when it cannot
-    be (a link, not a file: each rank refuses it, naming it)."""
+def _verdict(e: BaseException) -> int:
+    """The exit code of a verdict of gcc's (`gcc.errors.launch_verdict`), its one line printed as a rank prints it;
+    anything else is a bug and is raised again."""
+    from gcc.errors import launch_verdict
+
+    code, line = launch_verdict(e)
+    logging.getLogger("gcc.train").error(line)
+    return code
+
+
+def _open_run_log(run_dir: str) -> int:
+    """The run's train.log opened for appending (gcc/training/console.py `open_log_file`, which creates the run
+    folder). Raises its verdict when it cannot be: a Refusal for a link (symbolic or hard) or anything but a regular
+    file in its place, a ConfigError for a run folder that cannot be created."""
     from gcc.training.console import RUN_LOG, open_log_file
 
-    try:
-        return open_log_file(Path(run_dir) / RUN_LOG)
-    except Exception:
-        return None
+    return open_log_file(Path(run_dir) / RUN_LOG)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`gcc-launch [composer's flags] gcc/train.py <yaml> [overrides]` (module docstring): its exit code."""
-    from gcc.compat.composer_launcher import launcher_args, world_size_of
+    """`gcc-launch [composer's flags] gcc/train.py <yaml> [overrides]` (module docstring): its exit code. Its
+    command line, its environment and the config are checked before anything is created or started."""
+    from gcc import exit_codes, redact
+    from gcc.cli import fail
+    from gcc.compat.composer_launcher import checked_launch, composer_args
+    from gcc.errors import BadInput
+    from gcc.training.console import configure_logging
+    from gcc.training.entry import VERDICTS
 
+    redact.install()  # every line it logs or reports, tracebacks included, masked from here on
     args = sys.argv[1:] if argv is None else list(argv)
-    parsed = launcher_args(args)
+    try:
+        parsed = checked_launch(args)
+    except BadInput as e:
+        return fail("gcc-launch", str(e))
     cfg = None
-    if parsed is not None and _is_gcc_trainer(parsed.training_script):
-        cfg = check_before_ranks(parsed.training_script_args, world_size_of(parsed))
-        if isinstance(cfg, int):
-            return cfg
+    if parsed is not None:
+        configure_logging("ERROR", 0)  # a verdict alone: a renamed key's warning is rank 0's to say
+        try:
+            cfg = checked_run(parsed)
+        except SystemExit as e:  # the trainer's usage error (or its --help), printed by its parser
+            return e.code if isinstance(e.code, int) else exit_codes.CONFIG
+        except VERDICTS as e:
+            return _verdict(e)
     import gcc.compat.composer  # noqa: F401  (first: Composer loaded without the parts no process of a run uses)
 
     # isort: split
@@ -157,20 +184,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from gcc.training.output_capture import LogLines
 
-    if parsed is None:  # --help, --version or a usage error: the launcher's own words
+    if parsed is None:  # --help, --version: the launcher's own words
         sys.argv = [sys.argv[0], *args]
         return launcher.main()
-    run_dir = Path(cfg.run_dir) if cfg is not None else None
-    log_fd = _open_run_log(str(run_dir)) if run_dir is not None else None
-    if log_fd is None:
-        return run_ranks(args, None)
+    try:
+        launch = composer_args(args)
+    except BadInput as e:
+        return fail("gcc-launch", str(e))
+    if cfg is None:
+        return run_ranks(launch, None)
+    try:
+        log_fd = _open_run_log(cfg.run_dir)
+    except VERDICTS as e:
+        return _verdict(e)
     streams = sys.stdout, sys.stderr
     # the ranks inherit the launcher's fd 1 and fd 2, not these: local rank 0's output stays its own (and in
     # train.log through its own writer, gcc/training/output_capture.py), never twice
     tees = [_Tee(s, LogLines(log_fd, f"launcher {name}")) for s, name in zip(streams, ("stdout", "stderr"))]
     sys.stdout, sys.stderr = tees
     try:
-        return run_ranks(args, run_dir)
+        return run_ranks(launch, Path(cfg.run_dir))
     finally:
         for tee in tees:
             tee.lines.feed("", final=True)
@@ -178,9 +211,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.close(log_fd)
 
 
-def run_ranks(args: list[str], run_dir: Path | None) -> int:
-    """Start the ranks as Composer's launcher does, watch them to their end (`watch`), name a rank that crashed
-    (`crash_line`), and return the launch's exit code (`launch_code`)."""
+def run_ranks(launch, run_dir: Path | None) -> int:
+    """Start the ranks of the launcher's reading `launch` (`composer_args`) as Composer's launcher does, watch them
+    to their end (`watch`), name a rank that crashed (`crash_line`), and return the launch's exit code
+    (`launch_code`)."""
     from gcc import exit_codes
     from gcc.compat.composer_launcher import start_ranks
     from gcc.training.ending import LAUNCHER_NAMES_CRASHES
@@ -192,21 +226,24 @@ def run_ranks(args: list[str], run_dir: Path | None) -> int:
     for s in (signal.SIGINT, signal.SIGTERM):  # Composer's handlers (a SystemExit, its traceback) replaced
         signal.signal(s, lambda signum, frame: signals.append(signum))
     with tempfile.TemporaryDirectory() as logs:
-        parsed = None
+        started = True
         try:
-            parsed = start_ranks(args, logs, processes)
-        except Exception as e:  # a flag the launcher refuses (nproc < 1, ...): the ranks started so far end
+            start_ranks(launch, logs, processes)
+        except Exception as e:  # a rank that cannot be started (its command): the ranks started so far end
             print(f"gcc-launch: {type(e).__name__}: {e}", file=sys.stderr)
             signals.append(signal.SIGTERM)
+            started = False
         ended, killed = watch(processes, signals)
         code, rank = launch_code(ended, collateral=exit_codes.PEER_LOST)
+        if not started and code == 0:  # never a success
+            code = 1
         if rank is not None and (code not in said or rank in killed):
             why = (
                 f"did not end within {CLEANUP_S:g} s of the signal and was killed"
                 if rank in killed
                 else how_it_ended(ended[rank][0])
             )
-            print(f"gcc-launch: rank {rank} {why}: {crash_line(run_dir, rank, parsed)}", file=sys.stderr, flush=True)
+            print(f"gcc-launch: rank {rank} {why}: {crash_line(run_dir, rank, launch)}", file=sys.stderr, flush=True)
     return code
 
 
@@ -295,19 +332,43 @@ def how_it_ended(code: int | None) -> str:
     return f"exited with code {code}"
 
 
+# how much of the end of train.log (or of a rank's stderr file) a crashed rank's last words are looked for in: the
+# crash is at its end, and the file may hold a long run's every launch
+LAST_WORDS_BYTES = 4 << 20
+
+
+def tail_lines(path: Path, limit: int | None = None) -> list[str]:
+    """The lines of the last `limit` bytes (LAST_WORDS_BYTES) of the regular file `path` (the first, cut, left
+    out); [] for a file that cannot be read or is not a regular one (a FIFO's writer is never waited for:
+    `gcc.inputs.open_regular`)."""
+    from gcc.errors import BadInput
+    from gcc.inputs import open_regular
+
+    limit = LAST_WORDS_BYTES if limit is None else limit
+    try:
+        with open_regular(path, "text", cap=sys.maxsize) as (fd, size):
+            start = max(0, size - limit)
+            data = os.pread(fd, size - start, start)
+    except (BadInput, OSError):
+        return []
+    lines = data.decode("utf-8", "replace").splitlines()
+    return lines[1:] if start else lines
+
+
 def crash_line(run_dir: Path | None, rank: int, parsed) -> str:
     """The crashed rank's own last words: its 'Fatal Python error' line (a native crash), or the last line of its
     traceback (the error), or its last line, from this launch's part of train.log (or, without one, the rank's
-    stderr file); and where its whole output is."""
+    stderr file), their last LAST_WORDS_BYTES; and where its whole output is."""
     lines: list[str] = []
     where = ""
     if run_dir is not None and (run_dir / "train.log").is_file():
         from gcc.training.console import RUN_LOG
 
         log = run_dir / RUN_LOG
-        text = log.read_text(errors="replace").rsplit("==== launch ", 1)[-1]
+        tail = tail_lines(log)
+        starts = [i for i, ln in enumerate(tail) if "==== launch " in ln]
         tag = f" rank {rank} stderr: "
-        lines = [ln.split(tag, 1)[1] for ln in text.splitlines() if tag in ln]
+        lines = [ln.split(tag, 1)[1] for ln in tail[starts[-1] if starts else 0 :] if tag in ln]
         where = f"; its whole output is in {log}"
     elif parsed is not None and rank != 0:  # the rank's stderr file (local rank 0's went to the console)
         try:
@@ -318,9 +379,9 @@ def crash_line(run_dir: Path | None, rank: int, parsed) -> str:
                 local_world_size=parsed.nproc,
                 node_rank=parsed.node_rank,
             )
-            lines = Path(name).read_text(errors="replace").splitlines()
-        except (OSError, KeyError, IndexError, ValueError):
-            lines = []
+        except (KeyError, IndexError, ValueError):
+            name = None
+        lines = tail_lines(Path(name)) if name is not None else []
     return (last_words(lines) or "it printed nothing") + where
 
 

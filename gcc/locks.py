@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from gcc import exit_codes
+from gcc.storage import open_in_place
 
 
 class LockHeld(Exception):
@@ -21,9 +22,10 @@ class LockHeld(Exception):
 
 
 def open_lock_file(path: Path, mode: int = 0o600) -> int:
-    """The lock file `path` opened for reading and writing, created if missing, never through a link (a planted one
-    would make the holder truncate its target). OSError otherwise (ELOOP for a link)."""
-    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    """The lock file `path` opened for reading and writing, created if missing, never through a link, symbolic or
+    hard (a planted one would make the holder truncate its target): `gcc.storage.open_in_place`, whose LinkRefused
+    names it; another OSError as is."""
+    return open_in_place(path, os.O_RDWR, mode)
 
 
 def _holder(fd: int) -> str:

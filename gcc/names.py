@@ -23,7 +23,7 @@ from gcc.inputs import shown
 # one path component: starts with a letter, digit or underscore (never '.', so never '..' or a hidden file)
 COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=@-]{0,199}")
 # a shard of a convert_data split: MDS's own names, under the converter's chunk folders
-SHARD = re.compile(r"(chunk_\d{5}/)?shard\.\d{5}\.mds(\.zstd)?")
+SHARD = re.compile(r"(chunk_[0-9]{5}/)?shard\.[0-9]{5}\.mds(\.zstd)?")
 TEXT_KEY_MAX = 512
 
 

@@ -19,6 +19,7 @@ import sys
 import threading
 import traceback
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from gcc.inputs import printable
@@ -35,15 +36,29 @@ SECRET_KEY = re.compile(rf"(^|[_.-])({_WORDS})($|[_.-])|key$", re.I)
 # `X-Amz-Signature=`, `X-Amz-Credential=`; a name ending in key or token (wandb_key=, apikey=), not a key path's
 # last part alone (`dotted.key=value` in a usage line)
 _TEXT_KEY = re.compile(rf"(^|[_.-])({_WORDS}|sig|signature)($|[_.-])|(?<=[A-Za-z0-9_-])(key|token)$", re.I)
+# Every pattern is linear in its text: a match starts only where a name can (a lookbehind: at the start of a run of
+# the characters it is made of), and what it may scan from there is bounded where it could run on (a scheme, a
+# user:password), so that a line of 64 KiB of hostile text costs milliseconds, not minutes (gcc/training/
+# output_capture.py masks every line a rank prints).
+CREDENTIAL_MAX = 1024  # the longest user:password of a URL that is masked (longer ones are no credential)
 # scheme://user[:password]@ -> scheme://***@; a password may hold a '/' (an AWS secret key does): with a ':' in
 # the authority, everything up to the '@'
-USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)(?:[^/?#@\s]+|[^/?#@\s:]*:[^@\s]*)@")
+USERINFO = re.compile(
+    rf"(\b[A-Za-z][A-Za-z0-9+.-]{{0,31}}://)(?:[^/?#@\s]{{1,{CREDENTIAL_MAX}}}|[^/?#@\s:]{{0,{CREDENTIAL_MAX}}}:"
+    rf"[^@\s]{{0,{CREDENTIAL_MAX}}})@"
+)
 # user:password@host without a scheme (botocore echoes an s3:// URL's bucket so: 'KEY:SECRET@bucket')
-BARE_USERINFO = re.compile(r"(?<![\w.~%+:/-])[\w.~%+-]+:(?!//)[^\s@'\"]*@(?=[\w-])")
-# name=value, in a URL's query (?sig=..., &auth=...) or in free text (api_key=..., X-Amz-Credential=...)
-ASSIGNMENT = re.compile(r"(?<![\w.])([A-Za-z_][\w.-]*)=([^\s&#,;'\"]+)")
+BARE_USERINFO = re.compile(
+    rf"(?<![\w.~%+:/-])[\w.~%+-]{{1,{CREDENTIAL_MAX}}}:(?!//)[^\s@'\"]{{0,{CREDENTIAL_MAX}}}@(?=[\w-])"
+)
+# a name and what joins it to its value: name=value, name = value, name: value (a URL's query ?sig=..., free text,
+# an environment or a yaml line, --name=value) and --name value (a command line); a credential's value (_TEXT_KEY
+# names it) follows, bare or quoted (VALUE)
+KEY_VALUE = re.compile(r"(?<![\w.-])-{0,2}(?P<key>[A-Za-z_][\w.-]*)[ \t]*(?:=|:(?!//))[ \t]*")
+FLAG_VALUE = re.compile(r"(?<![\w-])--?(?P<key>[A-Za-z][\w-]*)[ \t]+(?=[^\s-])")
+VALUE = re.compile(r""""(?P<dq>[^"\n]*)"|'(?P<sq>[^'\n]*)'|(?P<bare>[^\s&#,;'"]+)""")
 # 'name': 'value' and "name": "value" (a dict's repr, JSON)
-QUOTED_PAIR = re.compile(r"""(['"])([\w.-]+)\1(\s*:\s*)(['"])(.*?)\4""")
+QUOTED_PAIR = re.compile(r"""(['"])([\w.-]+)\1([ \t]*:[ \t]*)(['"])(.*?)\4""")
 # an Authorization header's credentials, and a bearer token wherever it is written (the scheme's own spelling,
 # so that "the bearer of" stays)
 AUTHORIZATION = re.compile(r"""(\bauthorization['"]?\s*[:=]\s*['"]?(?:[A-Za-z][\w-]*\s+)?)[^\s'",}]+""", re.I)
@@ -54,23 +69,55 @@ def is_secret_key(key: object) -> bool:
     return isinstance(key, str) and bool(SECRET_KEY.search(key))
 
 
-def _mask_assignment(m: re.Match) -> str:
-    return f"{m[1]}={MASK}" if _TEXT_KEY.search(m[1]) and m[2] != MASK else m[0]
+def _named_values(pattern: re.Pattern, text: str) -> Iterator[tuple[int, int]]:
+    """The spans of the values that follow a credential's name (`pattern`: KEY_VALUE or FLAG_VALUE). The search goes
+    on after each name, not after its value: a value may hold the next name (`argv: --api_key=...`); a name inside a
+    value already masked is skipped (so that `token=token=...` is read once)."""
+    masked_to = 0
+    for m in pattern.finditer(text):
+        if m.start() < masked_to or not _TEXT_KEY.search(m["key"]):
+            continue
+        v = VALUE.match(text, m.end())
+        if v is None:
+            continue
+        group = next(g for g in ("dq", "sq", "bare") if v[g] is not None)
+        if v[group] not in ("", MASK):
+            yield v.span(group)
+            masked_to = v.end()
 
 
-def _mask_pair(m: re.Match) -> str:
-    if not _TEXT_KEY.search(m[2]) or m[5] in ("", MASK):
-        return m[0]
-    return f"{m[1]}{m[2]}{m[1]}{m[3]}{m[4]}{MASK}{m[4]}"
+def secret_spans(text: str) -> list[tuple[int, int]]:
+    """The spans of `text` that are credentials (what `redact_text` replaces by MASK), in order, none overlapping:
+    every pattern above is matched on the same text, so a span does not depend on what another one masked."""
+    found = [(m.end(1), m.end() - 1) for m in USERINFO.finditer(text)]
+    found += [(m.start(), m.end() - 1) for m in BARE_USERINFO.finditer(text)]
+    found += [*_named_values(KEY_VALUE, text), *_named_values(FLAG_VALUE, text)]
+    found += [m.span(5) for m in QUOTED_PAIR.finditer(text) if _TEXT_KEY.search(m[2]) and m[5] not in ("", MASK)]
+    found += [(m.end(1), m.end()) for pattern in (AUTHORIZATION, BEARER) for m in pattern.finditer(text)]
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(span for span in found if text[span[0] : span[1]] != MASK):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def redact_span(text: str, start: int, end: int) -> str:
+    """`text[start:end]` with its credentials masked, found in the whole of `text`: a credential that begins before
+    `start` or runs on past `end` is masked in this part too (a long line written in pieces, gcc/training/
+    output_capture.py: each piece is masked with the line around it)."""
+    out, at = [], start
+    for s, e in secret_spans(text):
+        if e > start and s < end:
+            out += [text[at : max(s, start)], MASK]
+            at = min(e, end)
+    out.append(text[at:end])
+    return "".join(out)
 
 
 def redact_text(text: str) -> str:
-    text = USERINFO.sub(rf"\1{MASK}@", text)
-    text = BARE_USERINFO.sub(f"{MASK}@", text)
-    text = ASSIGNMENT.sub(_mask_assignment, text)
-    text = QUOTED_PAIR.sub(_mask_pair, text)
-    text = AUTHORIZATION.sub(rf"\1{MASK}", text)
-    return BEARER.sub(rf"\1{MASK}", text)
+    return redact_span(text, 0, len(text))
 
 
 def redact(obj: Any) -> Any:

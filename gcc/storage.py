@@ -27,7 +27,6 @@ from pathlib import Path
 
 from gcc import inputs
 from gcc.errors import BadInput, StorageUnavailable, disk_full, is_unreachable
-from gcc.inputs import shown
 
 
 def fsync_dir(d: str | os.PathLike) -> None:
@@ -204,6 +203,56 @@ def atomic_copy(src: str | os.PathLike, path: str | os.PathLike, root: str | os.
         shutil.copyfileobj(source, f, 1 << 24)
 
 
+def _not_own_file(st: os.stat_result, folder: str | os.PathLike) -> str | None:
+    """Why a file with these stats must not be written in place (`open_in_place`): not a regular file, a file
+    with other names (a hard link: a write changes it under each of them), or a file of another user than this one
+    and the owner of its `folder` (a run folder's owner, when a teammate relaunches the run). None if it may."""
+    if not stat.S_ISREG(st.st_mode):
+        return f"{inputs.kind_of(st.st_mode)}, not a regular file"
+    if st.st_nlink != 1:
+        return f"a file with {st.st_nlink} names (hard links): a write would change it under the others too"
+    if st.st_uid != os.geteuid() and st.st_uid != os.stat(folder).st_uid:
+        return f"a file of another user (uid {st.st_uid}), not of this one ({os.geteuid()}) nor of its folder's"
+    return None
+
+
+def in_place_problem(path: str | os.PathLike) -> str | None:
+    """Why `path` cannot be written in place (`open_in_place`'s rule, checked without opening it: before a launch
+    writes anything): a symbolic link, or `_not_own_file`. None if it can, or if it does not exist."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link"
+    return _not_own_file(st, os.path.dirname(os.path.abspath(path)))
+
+
+def open_in_place(path: str | os.PathLike, flags: int, mode: int = 0o666) -> int:
+    """A file gcc writes in place rather than by `atomic_path` (appends to: train.log, a CSV log, a stacks file;
+    truncates: a lock file), opened with `flags` (O_CREAT added), never through a link: a symbolic link is not
+    followed (O_NOFOLLOW) and, once open, it must be a regular file with no other name, of this user or of its
+    folder's owner (`_not_own_file`), or LinkRefused names it. Opened without blocking: a FIFO is refused, not waited
+    on. Returns the descriptor (close-on-exec, blocking); another OSError of the open itself is raised as is."""
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise LinkRefused(f"{path}: a symbolic link, which gcc never writes through") from None
+        if e.errno == errno.ENXIO:  # a FIFO without a reader (O_NONBLOCK), a socket
+            raise LinkRefused(f"{path}: not a regular file (a FIFO or a socket)") from None
+        raise
+    try:
+        problem = _not_own_file(os.fstat(fd), os.path.dirname(os.path.abspath(path)))
+        if problem is not None:
+            raise LinkRefused(f"{path}: {problem}")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 NAME_MAX, PATH_MAX = 255, 4096  # bytes of one path component and of a whole path (Linux)
 
 
@@ -254,16 +303,10 @@ MAX_S3_ATTEMPTS = 100  # AWS_MAX_ATTEMPTS beyond this would make a store that do
 def s3_attempts() -> int:
     """botocore's attempts at each request: AWS_MAX_ATTEMPTS, else S3_MAX_ATTEMPTS. A value that is not an integer
     in [1, MAX_S3_ATTEMPTS] is a BadInput naming the variable."""
-    raw = os.environ.get("AWS_MAX_ATTEMPTS") or ""
-    if not raw:
-        return S3_MAX_ATTEMPTS
-    n = int(raw) if raw.strip().isdigit() and len(raw.strip()) <= 9 else 0
-    if not 1 <= n <= MAX_S3_ATTEMPTS:
-        raise BadInput(
-            f"AWS_MAX_ATTEMPTS={shown(raw, 40)!r}: expected a positive integer, at most {MAX_S3_ATTEMPTS} (the "
-            f"attempts at each S3 request; unset, {S3_MAX_ATTEMPTS})"
-        )
-    return n
+    try:
+        return inputs.env_int("AWS_MAX_ATTEMPTS", S3_MAX_ATTEMPTS, 1, MAX_S3_ATTEMPTS)
+    except BadInput as e:
+        raise BadInput(f"{e} (the attempts at each S3 request; unset, {S3_MAX_ATTEMPTS})") from None
 
 
 def userinfo_problem(url: str) -> str | None:
@@ -278,7 +321,7 @@ def userinfo_problem(url: str) -> str | None:
     authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
     port = authority.rpartition(":")[2] if ":" in authority else ""
     # a secret may hold a '/' (AWS's do): then the '@' lies past the authority, which keeps 'KEY:part-of-SECRET'
-    if "@" in authority or (":" in authority and (scheme.lower() == "s3" or not port.isdigit())):
+    if "@" in authority or (":" in authority and (scheme.lower() == "s3" or not re.fullmatch("[0-9]+", port))):
         return (
             "a URL with credentials in it (user:password@) is refused: set them in the environment "
             "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) or an AWS profile"

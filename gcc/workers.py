@@ -39,6 +39,7 @@ import threading
 from multiprocessing import forkserver, resource_tracker
 
 from gcc.compat.python import forkserver_pid, reap_forkserver, shm_name
+from gcc.inputs import env_int
 
 # a scheduler's (SIGTERM, SIGUSR1) and a terminal's Ctrl-C (SIGINT): each checkpoints and exits 0 (docs/training.md)
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
@@ -188,7 +189,7 @@ class LoaderWorkerInit:
         self.grace_s = float(grace_s)
         self.requester = os.getpid()  # the rank that builds the loader
         self.environ = dict(os.environ)  # the loader's builder's environment (see adopt_environ)
-        self.rank = int(self.environ.get("RANK", 0))
+        self.rank = env_int("RANK", 0, 0)  # checked at the launch's start (gcc/training/ranks.py)
         self._armed = False
 
     def __call__(self, worker_id: int) -> None:

@@ -170,17 +170,29 @@ class Launch(subprocess.Popen):
 
 
 def start_bg(
-    run_dir, shards, *overrides, n=2, launcher=(), prefix=(), pipe_stderr=False, direct=False, base=BASE, by=LAUNCHER
+    run_dir,
+    shards,
+    *overrides,
+    n=2,
+    launcher=(),
+    prefix=(),
+    pipe_stderr=False,
+    direct=False,
+    base=BASE,
+    by=LAUNCHER,
+    cwd=None,
 ) -> Launch:
     """A launch in its own process group, so a signal reaches the launcher and every rank, as on a cluster. Rank 0
     and the launcher print on the pipe (stdout; stderr apart with `pipe_stderr`), the other ranks into files.
-    `direct`: one rank without the launcher; `by`: the launcher (`cmd`)."""
+    `direct`: one rank without the launcher; `by`: the launcher (`cmd`); `cwd`: the folder it is started in (this
+    process's)."""
     n = 1 if direct else n
     flags = _rank_logs(Path(run_dir), launcher)
     shm_before = set(shm_prefixes(_node_cache(Path(run_dir), overrides)))
     p = Launch(
         cmd(run_dir, shards, *overrides, n=n, launcher=flags, prefix=prefix, direct=direct, base=base, by=by),
         env=env(),
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE if pipe_stderr else subprocess.STDOUT,
         text=True,
@@ -190,13 +202,11 @@ def start_bg(
     return p
 
 
-def launch(
-    run_dir, shards, *overrides, n=2, timeout=600, launcher=(), clean=True, direct=False, base=BASE, by=LAUNCHER
-) -> subprocess.CompletedProcess:
+def launch(run_dir, shards, *overrides, timeout=600, clean=True, **how) -> subprocess.CompletedProcess:
     """One launch to its end (a hang fails with every process's stacks: `finish`); what it printed, every rank's
-    ended cleanly (`clean`: `assert_clean_end`). `direct`: one rank without the launcher; `by`: the launcher
-    (`cmd`)."""
-    p = start_bg(run_dir, shards, *overrides, n=n, launcher=launcher, pipe_stderr=True, direct=direct, base=base, by=by)
+    ended cleanly (`clean`: `assert_clean_end`). `how`: `start_bg`'s (n, launcher, direct: one rank without the
+    launcher, base, by: the launcher, cwd: the folder it is started in)."""
+    p = start_bg(run_dir, shards, *overrides, pipe_stderr=True, **how)
     with p:
         out, err = finish(p, timeout, both=True, clean=clean)
     logs = Path(_flag(p.launcher, "--stderr")).parent
@@ -378,10 +388,11 @@ def finish(p: subprocess.Popen, timeout: float, both: bool = False, clean: bool 
     return (out, err) if both else out
 
 
-def stopped_copy(reference: Path, run_dir: Path, at: int = 9) -> Path:
+def stopped_copy(reference: Path, run_dir: Path, at: int = 9, dereferenced: bool = False) -> Path:
     """`run_dir`: the reference run as a launch killed while it wrote step 12's checkpoint leaves it (every row and
     export up to step 12 written, `latest` on step `at`'s checkpoint, none newer): a relaunch resumes from step
-    `at` and must give the reference's rows from there on. The reference keeps the checkpoints of steps 9 and 12."""
+    `at` and must give the reference's rows from there on. The reference keeps the checkpoints of steps 9 and 12.
+    `dereferenced`: copied as `cp -rL` or `rsync -L` copy it, `latest` a file holding the checkpoint's bytes."""
     from gcc.training.run_folder import checkpoint_step
 
     ignore = shutil.ignore_patterns("cache", "tensorboard", "samples", ".lock")
@@ -395,7 +406,10 @@ def stopped_copy(reference: Path, run_dir: Path, at: int = 9) -> Path:
             kept.append(p.name)
     assert len(kept) == 1, f"the reference has no checkpoint of step {at}: {sorted(q.name for q in ckpts.iterdir())}"
     (ckpts / "latest-rank0.pt").unlink()
-    os.symlink(kept[0], ckpts / "latest-rank0.pt")
+    if dereferenced:
+        shutil.copyfile(ckpts / kept[0], ckpts / "latest-rank0.pt")
+    else:
+        os.symlink(kept[0], ckpts / "latest-rank0.pt")
     return run_dir
 
 

@@ -124,10 +124,16 @@ def e2e_shards(shared):
 def reference(e2e_shards, shared):
     """One uninterrupted 12-step DDP run on 2 ranks (tests/_launch.py BASE, by the old key names: OLD_BASE) with a
     loader worker per rank, samples during training (SAMPLES) and the EMA (EMA), launched once for the session;
-    interrupted runs, mostly without any of these and by the new key names, must reproduce it."""
+    interrupted runs, mostly without any of these and by the new key names, must reproduce it. It is started in a
+    folder `cwd/` beside it that holds modules named gcc, multiprocessing, torch, ... (tests/hostile.py
+    `hostile_folder`), which none of its processes may import (tests/compat/test_python.py)."""
     from _launch import EMA, OLD_BASE, SAMPLES, WORKER, launch, ok
+    from hostile import hostile_folder
 
-    return shared("ref", lambda p: ok(launch(p / "run", e2e_shards, WORKER, *SAMPLES, EMA, base=OLD_BASE))) / "run"
+    def run(p: Path) -> None:
+        ok(launch(p / "run", e2e_shards, WORKER, *SAMPLES, EMA, base=OLD_BASE, cwd=hostile_folder(p / "cwd")))
+
+    return shared("ref", run) / "run"
 
 
 @pytest.fixture

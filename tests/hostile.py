@@ -19,6 +19,7 @@ import hashlib
 import io
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -142,6 +143,7 @@ class Outcome:
 def mains() -> dict[str, Callable[[list[str]], int]]:
     """Each program's main(argv), as its console script (pyproject.toml) or gcc/train.py calls it."""
     from gcc.data.convert import main as convert_main
+    from gcc.launcher import main as launch_main
     from gcc.synth.world import main as synth_main
     from gcc.tools.compare import main as compare_main
     from gcc.tools.inspect_ckpt import main as inspect_main
@@ -159,6 +161,7 @@ def mains() -> dict[str, Callable[[list[str]], int]]:
         "gcc-compare": compare_main,
         "gcc-maskstats": maskstats_main,
         "gcc-sample": sample_main,
+        "gcc-launch": launch_main,
     }
 
 
@@ -187,8 +190,10 @@ def run_entry(prog: str, argv: list[str], limit_s: float = TIME_LIMIT_S, cwd: Pa
 
 
 # the first words of an entry's answer to bad input: the tools' `<prog>: error: `, the trainer's verdicts
-# the trainer's command-line parser is named as the user runs it (argparse's `gcc/train.py: error: ...`)
-ALIASES = {"gcc.train": ("gcc.train", "gcc/train.py")}
+# the trainer's command-line parser is named as the user runs it (argparse's `gcc/train.py: error: ...`); gcc-launch
+# answers its own flags and environment as `gcc-launch: error: ...` and the trainer's config as a rank does
+# (`gcc.train: config error: ...`, before any rank starts: gcc/launcher.py)
+ALIASES = {"gcc.train": ("gcc.train", "gcc/train.py"), "gcc-launch": ("gcc-launch", "gcc.train", "gcc/train.py")}
 VERDICTS = ("error: ", "config error: ", "refused: ", "damaged data: ", "storage unavailable: ", "disk full: ")
 
 
@@ -272,3 +277,89 @@ def peak_allocated(call: Callable) -> tuple[int, BaseException | None]:
         return tracemalloc.get_traced_memory()[1] - base, error
     finally:
         tracemalloc.stop()
+
+
+# the top-level names a Python process gcc starts imports first (its helpers import multiprocessing, gcc and what
+# gcc.data.dataset loads; convert_data is a package of this project too)
+HOSTILE_MODULES = ("gcc", "convert_data", "multiprocessing", "torch", "streaming", "composer")
+
+
+def hostile_folder(folder: Path, names: tuple[str, ...] = HOSTILE_MODULES, package: bool = True) -> Path:
+    """`folder` holding a module of each of `names` (a package `<name>/__init__.py`, or `<name>.py`) whose import
+    leaves a file `RAN-<name>-<pid>` in `folder`: a process started in `folder` that imports from its working
+    directory (as `python -m` and `python -c` do) leaves one (`ran_in`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        code = f"import os\nopen(os.path.join({str(folder)!r}, f'RAN-{name}-{{os.getpid()}}'), 'w').close()\n"
+        if package:
+            (folder / name).mkdir(exist_ok=True)
+            (folder / name / "__init__.py").write_text(code)
+        else:
+            (folder / f"{name}.py").write_text(code)
+    return folder
+
+
+def ran_in(folder: Path) -> list[str]:
+    """What `hostile_folder`'s modules left in `folder`: the modules that were imported from it, and by which pid."""
+    return sorted(p.name for p in folder.glob("RAN-*"))
+
+
+def peak_rss(argv: list[str], timeout_s: float = 600, **kwargs) -> tuple[int, str, int]:
+    """`argv` run as a process to its end: (exit code, what it printed on stderr, the most memory it held: its peak
+    resident set in bytes, which the kernel reports for the process when it is reaped, `wait4`)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryFile() as err:
+        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, **kwargs)
+        with time_limit(timeout_s):
+            _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+        err.seek(0)
+        return p.returncode, err.read().decode(errors="replace"), usage.ru_maxrss * 1024
+
+
+# what a file a writer opens in place may be: its own file, or what was planted there (a hard link to a file
+# elsewhere, which O_NOFOLLOW does not stop; a symbolic link; a FIFO; a file of another user)
+PLANTED = ("own", "hard link", "symbolic link", "fifo", "another user's")
+
+
+def plant(path: Path, kind: str, victim: Path, names: int = 2) -> None:
+    """`path` made a `kind` of PLANTED for the file `victim` ("own": a copy of it; "hard link": `victim` then has
+    `names` names; "another user's": a copy owned by uid 4321, which only root can make)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    if kind == "hard link":
+        for i in range(names - 1):
+            os.link(victim, path if i == 0 else path.with_name(f"{path.name}.other{i}"))
+    elif kind == "symbolic link":
+        path.symlink_to(victim)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        shutil.copyfile(victim, path)
+        if kind == "another user's":
+            os.chown(path, 4321, 4321)
+
+
+def write_logs(run: Path, rows: int, seed: int = 0) -> int:
+    """A run folder's train_log.csv (the trainer's columns, `rows` rows of generated numbers) and val_log.csv (a
+    quarter as many rows, three timesteps a step): their bytes."""
+    import csv
+    import random
+
+    from gcc.training.columns import TRAIN_COLUMNS, VAL_COLUMNS
+
+    rng = random.Random(seed)
+    run.mkdir(parents=True, exist_ok=True)
+    with open(run / "train_log.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(TRAIN_COLUMNS)
+        for step in range(1, rows + 1):
+            w.writerow([step, *(repr(rng.random()) for _ in TRAIN_COLUMNS[1:-1]), "c1;c2;c3;c4"])
+    with open(run / "val_log.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(VAL_COLUMNS)
+        for i in range(rows // 4):
+            w.writerow([i // 3 * 10, (200.5, 500.5, 800.5)[i % 3], *(repr(rng.random()) for _ in VAL_COLUMNS[2:])])
+    return sum((run / n).stat().st_size for n in ("train_log.csv", "val_log.csv"))

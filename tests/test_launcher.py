@@ -39,20 +39,47 @@ def test_another_launcher_or_none():
     assert train_command("x.yaml", "a=1", n=None) == [sys.executable, str(TRAIN_SCRIPT), "x.yaml", "a=1"]
 
 
+def _launch(*script_args: str, flags: tuple[str, ...] = ("-n", "1")):
+    """The launcher's reading of `gcc-launch <flags> gcc/train.py <script_args>` (gcc/compat/composer_launcher.py)."""
+    from gcc.compat.composer_launcher import launcher_args
+
+    return launcher_args([*flags, str(TRAIN_SCRIPT), *script_args])
+
+
 def test_gcc_launch_tees_its_own_lines_into_the_runs_train_log_and_leaves_the_console_as_it_was(tmp_path):
     """`gcc-launch`'s streams (gcc/launcher.py `main`): the console gets what the launcher writes, unchanged; the
-    run's train.log its lines, masked. A train.log that cannot be opened (a link): none, the ranks refuse it."""
+    run's train.log its lines, masked. The trainer's command line and config are checked first, as every rank checks
+    them, and nothing is created before they pass; no run to name (--print_config, another script): no train.log,
+    the launcher runs as `composer` does. A train.log that cannot be opened (a link) is refused before any rank
+    starts."""
     import io
 
-    from gcc.launcher import _open_run_log, _Tee
+    import pytest
+
+    from gcc.compat.composer_launcher import launcher_args
+    from gcc.errors import Refusal
+    from gcc.launcher import _open_run_log, _Tee, checked_run
+    from gcc.training.config import ConfigError
     from gcc.training.output_capture import LogLines
 
+    yaml = str(ROOT / "yamls" / "tiny_cpu.yaml")
+
     run_dir = tmp_path / "run"
+    assert checked_run(_launch(yaml, f"run_dir={run_dir}", "--print_config")) is None
+    assert checked_run(launcher_args(["-n", "1", "other.py", yaml, f"run_dir={run_dir}"])) is None
+    with pytest.raises(ConfigError, match="no_such"):
+        checked_run(_launch(yaml, f"run_dir={run_dir}", "no_such=1"))
+    with pytest.raises(SystemExit):
+        checked_run(_launch())  # no yaml: the trainer's usage error, printed by its parser
+    assert not run_dir.exists()
+    cfg = checked_run(_launch(yaml, f"run_dir={run_dir}"))
     run_dir.mkdir()
     (run_dir / "train.log").symlink_to(tmp_path / "elsewhere")
-    assert _open_run_log(str(run_dir)) is None and not (tmp_path / "elsewhere").exists()
+    with pytest.raises(Refusal, match=r"train\.log"):
+        _open_run_log(cfg.run_dir)
+    assert not (tmp_path / "elsewhere").exists()
     (run_dir / "train.log").unlink()
-    fd = _open_run_log(str(run_dir))
+    fd = _open_run_log(cfg.run_dir)
     assert fd is not None
     console = io.StringIO()
     tee = _Tee(console, LogLines(fd, "launcher stderr"))
@@ -137,3 +164,58 @@ def test_a_crashed_ranks_own_last_words():
         "Fatal Python error: Segmentation fault"
     )
     assert last_words(["first", "last\x1b[2J", "  "]) == "last\\x1b[2J" and last_words([]) == ""
+
+
+def test_a_crashed_ranks_last_words_are_read_from_the_end_of_its_output_never_from_a_fifo(tmp_path, monkeypatch):
+    """gcc-launch looks for a crashed rank's last words in the end of train.log (this launch's part: a long run's
+    earlier launches are not read) or of the rank's stderr file, a bounded read; a FIFO in place of that file is
+    never waited on."""
+    from types import SimpleNamespace
+
+    from gcc import launcher
+
+    monkeypatch.setattr(launcher, "LAST_WORDS_BYTES", 4096)
+    log = tmp_path / "train.log"
+    old = "t rank 1 stderr: ValueError: an earlier launch's\n"
+    filler = "".join(f"t rank 0 stdout: line {i}\n" for i in range(2000))  # far past the bytes read
+    log.write_text(
+        f"==== launch 1\n{old}{filler}==== launch 2\nt rank 1 stderr: RuntimeError: this one\n{filler[:1000]}"
+    )
+    assert launcher.crash_line(tmp_path, 1, None) == f"RuntimeError: this one; its whole output is in {log}"
+    log.write_text(f"==== launch 1\n{old}==== launch 2\nt rank 0 stdout: x\n")  # this launch's part alone
+    assert launcher.crash_line(tmp_path, 1, None) == f"it printed nothing; its whole output is in {log}"
+    fifo = tmp_path / "rank1.stderr.txt"
+    os.mkfifo(fifo)
+    files = str(tmp_path / "rank{rank}.stderr.txt")
+    parsed = SimpleNamespace(stderr=files, world_size=2, base_rank=0, nproc=2, node_rank=0)
+    assert launcher.crash_line(None, 1, parsed) == "it printed nothing"
+
+
+def test_gcc_launch_checks_its_flags_and_environment_without_composer(monkeypatch):
+    """gcc-launch's own command line and the environment Composer's launcher defaults to, checked before Composer
+    loads (gcc/compat/composer_launcher.py `checked_launch`): each integer in ASCII digits and in its range (a
+    `--world_size 0` was a ZeroDivisionError in the config's check), a usage error in argparse's words; --help and
+    --version left to Composer's launcher (None)."""
+    import pytest
+
+    from gcc.compat.composer_launcher import checked_launch
+    from gcc.errors import BadInput
+
+    script = [str(TRAIN_SCRIPT), "x.yaml"]
+    assert checked_launch(["-n", "2", "--world_size", "4", "--node_rank", "1", *script]).world_size == 4
+    assert checked_launch(["--help"]) is None and checked_launch(["--version"]) is None
+    for flags, said in [
+        (["-n", "0"], "-n 0: The nproc must be 1 or greater"),
+        (["-n", "2000"], "at most 1024"),
+        (["-n", "٣"], "argument -n/--nproc: invalid int value: '٣'"),
+        (["--world_size", "0"], "--world_size='0': expected an integer in [1, 1048576]"),
+        (["--master_port", "65536"], "--master_port='65536'"),
+        (["--base_rank", "-1"], "--base_rank='-1'"),
+        (["-n"], "argument -n/--nproc: expected one argument"),
+    ]:
+        with pytest.raises(BadInput) as e:
+            checked_launch([*flags, *script] if flags != ["-n"] else flags)
+        assert said in str(e.value), (flags, str(e.value))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "²")
+    with pytest.raises(BadInput, match="LOCAL_WORLD_SIZE='²'"):
+        checked_launch(script)

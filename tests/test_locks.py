@@ -9,6 +9,7 @@ import time
 import pytest
 
 from gcc.locks import LockHeld, open_lock_file, take_flock
+from gcc.storage import LinkRefused
 
 
 def test_take_flock_is_now_or_never_and_the_refusal_names_the_live_holder(tmp_path):
@@ -27,12 +28,15 @@ def test_take_flock_is_now_or_never_and_the_refusal_names_the_live_holder(tmp_pa
     assert path.read_text() == "pid 3\n"
 
 
-def test_a_lock_file_is_never_opened_through_a_link(tmp_path):
+@pytest.mark.parametrize("link", ["symbolic", "hard"])
+def test_a_lock_file_is_never_opened_through_a_link(tmp_path, link):
+    """A hard link too: O_NOFOLLOW stops a symbolic link only, and the holder would truncate the file's other name."""
     target = tmp_path / "victim"
     target.write_text("keep me")
-    (tmp_path / ".lock").symlink_to(target)
-    with pytest.raises(OSError):
+    (tmp_path / ".lock").symlink_to(target) if link == "symbolic" else os.link(target, tmp_path / ".lock")
+    said = "a symbolic link" if link == "symbolic" else "a file with 2 names"
+    with pytest.raises(LinkRefused, match=f"{tmp_path / '.lock'}: {said}"):
         open_lock_file(tmp_path / ".lock")
-    with pytest.raises(OSError):
+    with pytest.raises(LinkRefused, match=said):
         take_flock(tmp_path / ".lock", "pid 1")
     assert target.read_text() == "keep me"

@@ -145,3 +145,8 @@ def stand_ins(names: Iterable[str], absent: Iterable[str] = ()) -> Iterator[None
         for name, module in placed.items():
             if name in sys.modules and sys.modules[name] is module:
                 del sys.modules[name]
+
+
+# every process that loads a library adapter may start multiprocessing's helpers (Streaming's shared memory starts the
+# resource tracker; gcc/workers.py the forkserver): they import nothing from the working directory (gcc/compat/python.py)
+from gcc.compat import python as _python  # noqa: F401  (after `stop`, which it uses)

@@ -17,7 +17,8 @@
   `checkpoint.dist_cp_load`, which `load_sharded_checkpoint` calls with the template `{"state": state.state_dict(),
   "rng": ...}`; DCP's default planner refuses a template key the checkpoint lacks).
 - `CHECKPOINT_RE`, `LATEST_LINK`: the names Composer gives checkpoints with its default `save_filename` and
-  `save_latest_filename` (rank 0's file; an FSDP sharded checkpoint is a folder of that name without the suffix).
+  `save_latest_filename` (rank 0's file; an FSDP sharded checkpoint is a folder of that name without the suffix);
+  `COMPOSER_READS_AS_CHECKPOINT`, what its save folder's check reads as one of them.
 - `LocalTensorboardLogger`: Composer's TensorboardLogger with one event file per launch (overrides its `_flush`);
   `write_summary` writes one event holding several values, through torch's private file writer (gcc's loggers
   write their scalars and the training samples with it: gcc/training/loggers.py).
@@ -111,7 +112,13 @@ def load_callback_state_it_has(load):
 
 checkpoint.dist_cp_load = load_callback_state_it_has(checkpoint.dist_cp_load)
 
-CHECKPOINT_RE = re.compile(r"^ep(\d+)-ba(\d+)(-rank0\.pt)?$")  # a DDP checkpoint file or an FSDP (DCP) folder
+# a DDP checkpoint file or an FSDP (DCP) folder: ASCII digits, at most 18 (a step never has more), and nothing after
+# (\Z: `$` would also match before a final newline)
+CHECKPOINT_RE = re.compile(r"^ep([0-9]{1,18})-ba([0-9]{1,18})(-rank0\.pt)?\Z")
+# what Composer's check of its save folder takes for one of its checkpoints (`ensure_folder_has_no_conflicting_files`:
+# `\d` of any script, `$` before a final newline) and refuses with a FileExistsError when it seems newer than the
+# step resumed: a name it reads so and CHECKPOINT_RE does not (ep٣-ba٣-rank0.pt) is refused before the Trainer starts
+COMPOSER_READS_AS_CHECKPOINT = re.compile(r"^ep\d+-ba\d+(-rank0\.pt)?$")
 LATEST_LINK = "latest-rank0.pt"
 
 

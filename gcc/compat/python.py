@@ -6,13 +6,16 @@
   (`_name`, with its leading slash).
 - `run_exit_handlers`: the `atexit` handlers run now, as interpreter shutdown would run them
   (`atexit._run_exitfuncs`), so that a process can then leave through `os._exit` (gcc/training/ending.py).
+- `helper_flags`: the interpreter flags of every Python process multiprocessing starts (the forkserver, the resource
+  tracker, a spawned child: `python <flags> -c ...`), which it reads from `util._args_from_interpreter_flags()` at
+  each start; once this module is imported they hold `-P` (below).
 """
 
 from __future__ import annotations
 
 import atexit
 import sys
-from multiprocessing import forkserver
+from multiprocessing import forkserver, util
 
 from gcc.compat import stop
 
@@ -39,3 +42,30 @@ def run_exit_handlers() -> None:
     tests/compat/test_python.py checks both in a child process (in the test's own process it would run the test
     runner's handlers)."""
     atexit._run_exitfuncs()
+
+
+def helper_flags() -> list[str]:
+    """The interpreter flags of a Python process gcc starts, `-P` among them (Python 3.11's safe path): `python -c`
+    and `python -m` would otherwise put the working directory first on the process's sys.path, and a folder `gcc/`
+    or `multiprocessing/` there would be imported and run. gcc's own helper (gcc/training/output_capture.py) is
+    started with these; multiprocessing's get them through `_safe_path_helpers`."""
+    return util._args_from_interpreter_flags()  # type: ignore[attr-defined]  # private, verified with VERIFIED
+
+
+def _safe_path_helpers() -> None:
+    """`-P` added to the flags multiprocessing starts its processes with. Relies on its start methods (forkserver,
+    spawn) and its resource tracker reading `multiprocessing.util._args_from_interpreter_flags()` at each start
+    (verified with CPython 3.11; tests/compat/test_python.py checks it)."""
+    flags = util._args_from_interpreter_flags  # type: ignore[attr-defined]  # private, verified with VERIFIED
+    if getattr(flags, "safe_path", False):
+        return
+
+    def with_safe_path() -> list[str]:
+        found = flags()
+        return found if "-P" in found else [*found, "-P"]
+
+    with_safe_path.safe_path = True  # type: ignore[attr-defined]  # a marker: mypy has no function attributes
+    util._args_from_interpreter_flags = with_safe_path  # type: ignore[attr-defined]
+
+
+_safe_path_helpers()

@@ -5,6 +5,7 @@ converter, `gcc.tools.sample` and the tests. Every error is a `BadInput` naming 
 from __future__ import annotations
 
 import math
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -42,47 +43,75 @@ def read_text(path: Path, what: str = "", kind: str = "text", cap: int | None = 
         raise BadInput(f"{what}{e}") from None
 
 
+# a row of clips.jsonl: at most this long, its context keys at most this many (a clip has one per latent frame)
+MAX_INDEX_LINE = 64 * 1024
+MAX_CONTEXT_KEYS = 1024
+# the errors of an index said at most: reading stops there (a file of a million bad lines is one message, in a moment)
+MAX_ERRORS = 20
+
+
 def read_index(src: Path) -> list[dict[str, Any]]:
+    """The rows of `src/index/clips.jsonl`, each checked (fields, types, names, split), read line by line: what is
+    held is the rows kept (their INDEX_FIELDS alone) and at most MAX_ERRORS messages, never the file. BadInput
+    naming each bad line and field, all of them, or the first MAX_ERRORS (the file is not read further)."""
     path = src / "index" / "clips.jsonl"
     if not path.exists():
         raise BadInput(f"{path}: missing (expected one JSON row per clip)")
-    rows, errors = [], []
-    for n, line in enumerate(read_text(path, kind="jsonl").splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{n}"
-        try:
-            row = inputs.parse_json(line, where)
-        except BadInput as e:
-            errors.append(str(e))
-            continue
-        if not isinstance(row, dict):
-            errors.append(f"{where}: expected a JSON object, got {type(row).__name__}")
-            continue
-        for name, typ in INDEX_FIELDS.items():
-            if name not in row:
-                errors.append(f"{where} (clip {row.get('clip_id', '?')}): field '{name}' missing")
-            elif not isinstance(row[name], typ):
-                errors.append(
-                    f"{where} (clip {row.get('clip_id', '?')}): field '{name}' must be "
-                    f"{typ.__name__}, got {type(row[name]).__name__}"
-                )
-        if row.get("split") not in SPLITS and isinstance(row.get("split"), str):
-            errors.append(
-                f"{where} (clip {row.get('clip_id')}): field 'split' must be one of {SPLITS}, got {row['split']!r}"
-            )
-        if isinstance(row.get("context_keys"), list) and not all(isinstance(k, str) for k in row["context_keys"]):
-            errors.append(f"{where} (clip {row.get('clip_id')}): field 'context_keys' must be a list of str")
-        for name in NAME_FIELDS:
-            if isinstance(row.get(name), str):
-                try:
-                    check_component(row[name], f"field '{name}'")
-                except UnsafeName as e:
-                    errors.append(f"{where}: {e}")
-        rows.append(row)
+    rows: list[dict[str, Any]] = []
+    errors: list[str] = []
+    for n, line in inputs.read_lines(path, "jsonl", MAX_INDEX_LINE):
+        if line.strip():
+            row = _index_row(line, f"{path}:{n}", errors.append)
+            if row is not None:
+                rows.append(row)
+        if len(errors) >= MAX_ERRORS:
+            errors.append(f"(the first {len(errors)} errors: {path} was not read further)")
+            break
     if errors:
         raise BadInput("\n".join(errors))
     return rows
+
+
+def _index_row(line: str, where: str, error) -> dict[str, Any] | None:
+    """One row of clips.jsonl checked, each problem said through `error`: its INDEX_FIELDS (context keys interned:
+    clips share them), or None when it has a problem."""
+    try:
+        row = inputs.parse_json(line, where)
+    except BadInput as e:
+        error(str(e))
+        return None
+    if not isinstance(row, dict):
+        error(f"{where}: expected a JSON object, got {type(row).__name__}")
+        return None
+    clip = inputs.shown(row.get("clip_id", "?"), 80)
+    problems = 0
+
+    def bad(message: str) -> None:
+        nonlocal problems
+        problems += 1
+        error(message)
+
+    for name, typ in INDEX_FIELDS.items():
+        if name not in row:
+            bad(f"{where} (clip {clip}): field '{name}' missing")
+        elif not isinstance(row[name], typ):
+            bad(f"{where} (clip {clip}): field '{name}' must be {typ.__name__}, got {type(row[name]).__name__}")
+    if row.get("split") not in SPLITS and isinstance(row.get("split"), str):
+        bad(f"{where} (clip {clip}): field 'split' must be one of {SPLITS}, got {inputs.shown(repr(row['split']), 40)}")
+    keys = row.get("context_keys")
+    if isinstance(keys, list) and not (len(keys) <= MAX_CONTEXT_KEYS and all(isinstance(k, str) for k in keys)):
+        bad(f"{where} (clip {clip}): field 'context_keys' must be a list of at most {MAX_CONTEXT_KEYS} str")
+    for name in NAME_FIELDS:
+        if isinstance(row.get(name), str):
+            try:
+                check_component(row[name], f"field '{name}'")
+            except UnsafeName as e:
+                bad(f"{where}: {e}")
+    if problems:
+        return None
+    kept = {name: row[name] for name in INDEX_FIELDS}
+    kept["context_keys"] = [sys.intern(k) for k in keys]  # type: ignore[union-attr]  # checked above
+    return kept
 
 
 def check_splits(rows: list[dict[str, Any]]) -> None:

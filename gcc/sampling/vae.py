@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from gcc.errors import BadInput
+from gcc.inputs import check_pickled_weights
 
 
 class VaeError(BadInput):
@@ -51,12 +52,16 @@ def load_vae(path: str | os.PathLike, device: str | torch.device = "cpu", dtype:
 
     path = str(path)
     try:
+        if not path.endswith(".safetensors"):  # pickled weights: the records' sizes checked before torch reads them
+            check_pickled_weights(path)
         sd = WanVideoVAEStateDictConverter(load_state_dict(path))
         z_dim = int(sd["model.conv2.weight"].shape[0])
         dim = int(sd["model.encoder.conv1.weight"].shape[0])
         dec_dim = int(sd["model.decoder.conv1.weight"].shape[0]) // 4
     except KeyError as e:
         raise VaeError(f"{path}: not a Wan2.2 VAE state dict (no {e})") from None
+    except BadInput as e:
+        raise VaeError(str(e)) from None
     except Exception as e:
         raise VaeError(f"{path}: cannot be read as a VAE state dict: {e}") from None
     with skip_model_initialization():

@@ -29,6 +29,7 @@ import argparse
 import csv
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ from safetensors import SafetensorError, safe_open
 from gcc import exit_codes
 from gcc.cli import ToolParser, run_tool
 from gcc.errors import BadInput
-from gcc.inputs import load_json_object, open_text, safetensors_header, shown
+from gcc.inputs import load_json_object, open_text, parse_int, safetensors_header, shown
 from gcc.training.columns import EXACT_TRAIN, EXACT_VAL
 from gcc.training.signature import diff_signatures
 
@@ -53,17 +54,23 @@ class Difference:
     what: str  # where and how, e.g. "train_log.csv step 7: loss 0.25 (RUN_A) != 0.26 (RUN_B)"
 
 
-def read_log(run_dir: Path, name: str, columns: list[str], required: bool) -> dict[tuple, dict[str, str]] | None:
-    """A log's rows by key ((step,) in train_log, (step, timestep) in val_log); None when an optional log is
-    missing. BadInput when the file is not a log the trainer wrote: a missing column, a row of another length, a
-    step that is not an integer, a key twice (a relaunch's log holds each step once)."""
+# the cells of one row that are compared, held as one string (a tuple of strings or a dict of them costs 5-40x the
+# file): joined by NUL, which no cell of a log gcc wrote holds
+SEP = "\0"
+
+
+def read_log(run_dir: Path, name: str, columns: list[str], required: bool) -> dict[tuple, str] | None:
+    """A log's rows by key ((step,) in train_log, (step, timestep) in val_log), each row its cells of `columns`
+    joined by SEP; None when an optional log is missing. BadInput when the file is not a log the trainer wrote: a
+    missing column, a row of another length, a step that is not an integer, a key twice (a relaunch's log holds
+    each step once), a NUL character."""
     path = run_dir / f"{name}.csv"
     if not os.path.lexists(path):
         if required:
             raise BadInput(f"{path}: not found; is {run_dir} a run folder?")
         return None
     key_columns = ["step"] if name == "train_log" else ["step", "timestep"]
-    rows: dict[tuple, dict[str, str]] = {}
+    rows: dict[tuple, str] = {}
     try:
         # a regular file of bounded size, never a FIFO or a device (docs/training.md, "Trust and safety")
         with open_text(path, "csv") as f:
@@ -75,17 +82,18 @@ def read_log(run_dir: Path, name: str, columns: list[str], required: bool) -> di
                     f"{path}: no {', '.join(map(repr, missing[:4]))} column(s); not a {name}.csv that "
                     f"gcc/train.py wrote"
                 )
+            where = [header.index(c) for c in columns]
+            keys = [header.index(c) for c in key_columns]
             for line, values in enumerate(reader, 2):
                 if len(values) != len(header):
                     raise BadInput(f"{path}:{line}: {len(values)} fields, the header has {len(header)}")
-                row = dict(zip(header, values))
-                try:
-                    step = int(row["step"])
-                except ValueError:
-                    raise BadInput(f"{path}:{line}: step {row['step'][:40]!r} is not an integer") from None
-                key = (step, *(row[c] for c in key_columns[1:]))
+                step = parse_int(values[keys[0]], f"{path}:{line}: step")
+                key = (step, *(values[i] for i in keys[1:]))
                 if key in rows:
                     raise BadInput(f"{path}:{line}: a second row of {_where(key)}; a run's log holds each once")
+                row = SEP.join(values[i] for i in where)
+                if row.count(SEP) != len(where) - 1:
+                    raise BadInput(f"{path}:{line}: a NUL character in a cell; not a log that gcc/train.py wrote")
                 rows[key] = row
     except csv.Error as e:
         raise BadInput(f"{path}: not a CSV log that gcc/train.py wrote ({e})") from None
@@ -116,13 +124,12 @@ def diff_log(
         if k not in a or k not in b:
             out.append(Difference(k[0], f"{name}.csv {_where(k)}: only in {'RUN_A' if k in a else 'RUN_B'}"))
             continue
-        for c in columns:
-            if not _same(c, a[k][c], b[k][c], rtol):
+        if a[k] == b[k]:
+            continue
+        for c, x, y in zip(columns, a[k].split(SEP), b[k].split(SEP)):
+            if not _same(c, x, y, rtol):
                 out.append(
-                    Difference(
-                        k[0],
-                        f"{name}.csv {_where(k)}: {c} {shown(a[k][c], 80)} (RUN_A) != {shown(b[k][c], 80)} (RUN_B)",
-                    )
+                    Difference(k[0], f"{name}.csv {_where(k)}: {c} {shown(x, 80)} (RUN_A) != {shown(y, 80)} (RUN_B)")
                 )
                 break
     return sum(lo <= k[0] <= hi for k in a), out
@@ -139,9 +146,9 @@ def export_steps(run_dir: Path, kind: str = "") -> dict[int, Path]:
     """The exports `step-N{kind}.safetensors` of a run folder by N (the trainer's names; anything else is ignored)."""
     out = {}
     for p in run_dir.glob(f"step-*{kind}.safetensors"):
-        n = p.name[len("step-") : -len(f"{kind}.safetensors")]
-        if n.isdigit() and str(int(n)) == n:
-            out[int(n)] = p
+        m = re.fullmatch(rf"step-(0|[1-9][0-9]{{0,17}}){re.escape(kind)}\.safetensors", p.name)
+        if m is not None:
+            out[int(m[1])] = p
     return out
 
 

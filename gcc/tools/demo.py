@@ -304,7 +304,14 @@ def main(argv=None) -> int:
     if sheets:
         print(f"  samples:     {sheets[0]}   (contact sheet: GT classes | generated classes | condition)")
         print(f"               one PNG + mp4 per clip in {', '.join(f'{p.parent}/' for p in sheets)}")
-    rounds = sorted((p for p in (run_dir / "samples").glob("step-*") if p.is_dir()), key=lambda p: int(p.name[5:]))
+    from gcc.training.callbacks.samples import STEP_FOLDER  # imports torch: only here, at the end
+
+    found = {
+        int(m[1]): p
+        for p in (run_dir / "samples").glob("step-*")
+        if p.is_dir() and (m := STEP_FOLDER.fullmatch(p.name))
+    }
+    rounds = [found[s] for s in sorted(found)]
     if rounds:
         print(
             f"  training samples: {run_dir / 'samples'}/step-{{{','.join(p.name[5:] for p in rounds)}}}/  (per clip: "

@@ -22,7 +22,7 @@ import collections
 import math
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from gcc.cli import ToolParser, fail, input_file_problem
 from gcc.errors import BadInput
 from gcc.inputs import load_json_object, safetensors_header, shown
 from gcc.provenance import Provenance
-from gcc.tools.plot import read_rows, run_events
+from gcc.tools.plot import read_columns, run_events
 from gcc.vocab import VOCABS
 
 PROG = "gcc-inspect"
@@ -110,8 +110,8 @@ def inspect_run(path: str) -> int:
     print(f"run        {shown(path)}")
     print(f"data.limit {'null (the whole train split)' if limit is None else shown(limit)}")
     try:
-        train = read_rows(run / "train_log.csv")
-        val = read_rows(run / "val_log.csv", ("step", "timestep"))
+        train = read_columns(run / "train_log.csv", ("step",))["step"]
+        val = read_columns(run / "val_log.csv", ("step", "timestep"), ("mse",))
         resumes, changes = run_events(run)
     except BadInput as e:
         return fail(PROG, str(e))
@@ -148,21 +148,22 @@ def inspect_run(path: str) -> int:
     return 0
 
 
-def progress(train: list[dict[str, float]], total: Any) -> str:
-    """`12 of 40 (train_log.csv): not done` / `... done`: the run's last logged step against its max_duration (the
-    latest launch's config.json, in batches)."""
-    last = int(train[-1]["step"]) if train else 0
+def progress(steps: Sequence[float], total: Any) -> str:
+    """`12 of 40 (train_log.csv): not done` / `... done`: the run's last logged step (`steps`: train_log.csv's step
+    column) against its max_duration (the latest launch's config.json, in batches)."""
+    last = int(steps[-1]) if steps else 0
     if not isinstance(total, int) or isinstance(total, bool):
         return f"{last} (train_log.csv; max_duration not recorded: no config.json)"
     return f"{last} of {total} (train_log.csv): {'done' if last >= total else 'not done'}"
 
 
-def best_validation(val: list[dict[str, float]]) -> str:
-    """The validation of the lowest mse (its mean over the val timesteps), and the last one."""
+def best_validation(val: Mapping[str, Sequence[float]]) -> str:
+    """The validation of the lowest mse (its mean over the val timesteps), and the last one (`val`: val_log.csv's
+    columns step and mse, `gcc.tools.plot.read_columns`)."""
     by_step: dict[int, list[float]] = collections.defaultdict(list)
-    for r in val:
-        if "mse" in r:
-            by_step[int(r["step"])].append(r["mse"])
+    for step, mse in zip(val["step"], val["mse"]):
+        if not math.isnan(mse):  # a cell that is not a number
+            by_step[int(step)].append(mse)
     if not by_step:
         return "none yet (val_log.csv)"
     mean = {s: sum(v) / len(v) for s, v in by_step.items()}

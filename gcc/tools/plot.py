@@ -16,7 +16,9 @@ import csv
 import math
 import os
 import sys
+from array import array
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,50 +29,64 @@ from gcc.storage import atomic_path
 from gcc.training.columns import STEP_STATS
 
 
-def read_rows(path: Path, needs: tuple[str, ...] = ("step",)) -> list[dict[str, float]]:
-    """The CSV's rows as floats (text columns such as `clips` dropped); [] when the file is missing. The last row
-    without a number in each of `needs` (a run is writing it) is left out; a file that is not such a CSV (no
-    `needs` columns in its header, not UTF-8 text, an earlier row without a number in one of `needs`, an inf or
-    nan there in any row) is BadInput naming it, the row and the column, the cell shown escaped
-    (`gcc.inputs.shown`)."""
+def _number(cells: list[str], i: int | None) -> float | None:
+    """The cell `i` of a row as a float (inf and nan included); None when it is not a number or not there."""
+    if i is None or i >= len(cells):
+        return None
+    try:
+        return float(cells[i])
+    except ValueError:
+        return None
+
+
+def read_columns(path: Path, needs: tuple[str, ...], wanted: tuple[str, ...] = ()) -> dict[str, array]:
+    """The CSV's columns `needs` and `wanted` as arrays of floats, one entry per row, nan where a cell is not a number
+    or the header lacks the column; all empty when the file is missing. Streamed: what is held is 8 bytes a cell of
+    those columns, never the rows' text. The last row without a number in each of `needs` (a run is writing it) is
+    left out; a file that is not such a CSV (no `needs` columns in its header, not UTF-8 text, an earlier row
+    without a number in one of `needs`, an inf or nan there in any row) is BadInput naming it, the row and the
+    column, the cell shown escaped (`gcc.inputs.shown`)."""
+    columns = {c: array("d") for c in dict.fromkeys((*needs, *wanted))}
     if not os.path.lexists(path):
-        return []
-    out, partial = [], None
+        return columns
+    partial = None
     try:
         # a regular file of bounded size, never a FIFO or a device (docs/training.md, "Trust and safety")
         with open_text(path, "csv") as f:
-            reader = csv.DictReader(f)
-            missing = [c for c in needs if c not in (reader.fieldnames or [])]
+            reader = csv.reader(f)
+            header = next(reader, [])
+            missing = [c for c in needs if c not in header]
             if missing:
                 raise BadInput(
                     f"{path}: no {', '.join(repr(c) for c in missing)} column(s) (header: "
-                    f"{shown(repr(','.join(reader.fieldnames or [])))}); not a log that gcc/train.py wrote"
+                    f"{shown(repr(','.join(header)))}); not a log that gcc/train.py wrote"
                 )
-            for line, r in enumerate(reader, 2):  # the header is line 1
+            where = {c: header.index(c) if c in header else None for c in columns}
+            for line, cells in enumerate(reader, 2):  # the header is line 1
                 if partial is not None:  # not the last row: the file is not a log the trainer wrote
                     raise BadInput(partial)
-                row = {}
-                for k, v in r.items():
-                    try:
-                        row[k] = float(v)
-                    except (TypeError, ValueError):
-                        continue
-                for c in needs:
-                    if c in row and not math.isfinite(row[c]):  # a number no step or timestep is: never partial
-                        raise BadInput(f"{path}:{line}: column {c!r} is {row[c]}, expected a finite number")
-                bad = next((c for c in needs if c not in row), None)
+                row = {c: _number(cells, i) for c, i in where.items()}
+                for c in needs:  # a number no step or timestep is: never partial
+                    x = row[c]
+                    if x is not None and not math.isfinite(x):
+                        raise BadInput(f"{path}:{line}: column {c!r} is {x}, expected a finite number")
+                bad = next((c for c in needs if row[c] is None), None)
                 if bad is None:
-                    out.append(row)
+                    for c, values in columns.items():
+                        x = row[c]
+                        values.append(math.nan if x is None else x)
                 else:
-                    partial = f"{path}:{line}: column {bad!r} is {shown(repr(r[bad]), 80)}, expected a number"
+                    at = where[bad]  # in the header: `bad` is one of `needs`
+                    cell = cells[at] if at is not None and at < len(cells) else None
+                    partial = f"{path}:{line}: column {bad!r} is {shown(repr(cell), 80)}, expected a number"
     except OSError as e:
         raise BadInput(os_error_message(e)) from None
     except csv.Error as e:
         raise BadInput(f"{path}: not a CSV log that gcc/train.py wrote ({e})") from None
-    return out
+    return columns
 
 
-def smooth(values: list[float], weight: float) -> list[float]:
+def smooth(values: Sequence[float], weight: float) -> list[float]:
     """TensorBoard's smoothing: an exponential moving average, debiased so the first points are not pulled to 0."""
     out, avg = [], 0.0
     for i, v in enumerate(values, 1):
@@ -79,13 +95,19 @@ def smooth(values: list[float], weight: float) -> list[float]:
     return out
 
 
+# the columns gcc-plot draws, besides `step` (and `timestep` in val_log.csv)
+TRAIN_COLUMNS = ("loss", "lr", "cond_lr", "grad_norm", *(st.name for st in STEP_STATS if st.plot))
+VAL_COLUMNS = ("mse", "gap_uncond", "gap_nulltext")
+
+
 @dataclass(frozen=True)
 class Run:
-    """What gcc-plot draws of one run folder: its rows and the events its run.json records."""
+    """What gcc-plot draws of one run folder: its logs' columns (`read_columns`: floats, never the rows' text) and
+    the events its run.json records."""
 
     folder: Path
-    train: list[dict[str, float]]
-    val: list[dict[str, float]]
+    train: dict[str, array]  # train_log.csv: step and TRAIN_COLUMNS
+    val: dict[str, array]  # val_log.csv: step, timestep and VAL_COLUMNS
     resumes: list[int]  # the steps launches resumed from (run.json's launches: `from_step` > 0)
     batch_changes: list[tuple[int, int, int]]  # (step, old, new) global batch changes (run.json's lineage)
 
@@ -111,10 +133,11 @@ def run_events(run_dir: Path) -> tuple[list[int], list[tuple[int, int, int]]]:
 
 
 def read_run(run_dir: Path) -> Run:
-    train = read_rows(run_dir / "train_log.csv")
-    if not train:
+    train = read_columns(run_dir / "train_log.csv", ("step",), TRAIN_COLUMNS)
+    if not train["step"]:
         raise BadInput(f"{run_dir / 'train_log.csv'}: no train rows to plot (is {run_dir} a run folder?)")
-    return Run(run_dir, train, read_rows(run_dir / "val_log.csv", ("step", "timestep")), *run_events(run_dir))
+    val = read_columns(run_dir / "val_log.csv", ("step", "timestep"), VAL_COLUMNS)
+    return Run(run_dir, train, val, *run_events(run_dir))
 
 
 def plot_runs(run_dirs: list[Path], out: Path, smoothing: float = 0.9) -> list[tuple[str, str, int]]:
@@ -135,31 +158,29 @@ def plot_runs(run_dirs: list[Path], out: Path, smoothing: float = 0.9) -> list[t
     for n, run in enumerate(runs):
         color, name = f"C{n}", run.folder.name
         label = "" if one else f"{name}: "
-        step = [r["step"] for r in run.train]
-
-        def col(key: str, rows: list[dict[str, float]] = run.train) -> list[float]:
-            return [r.get(key, math.nan) for r in rows]
-
+        train, val = run.train, run.val
+        step = train["step"]
         ax = axes[0, 0]
         if one:
-            ax.plot(step, col("loss"), color=color, alpha=0.3, lw=0.8, label="loss")
-        ax.plot(step, smooth(col("loss"), smoothing), color=color, lw=1.6, label=f"{label}smoothed ({smoothing:g})")
-        axes[0, 1].plot(step, col("lr"), color=color, label=f"{label}lr")
-        axes[0, 1].plot(step, col("cond_lr"), color=color, ls="--", label=f"{label}cond_lr")
-        axes[0, 2].plot(step, col("grad_norm"), color=color, lw=0.9, label=f"{label}grad_norm (before clipping)")
+            ax.plot(step, train["loss"], color=color, alpha=0.3, lw=0.8, label="loss")
+        ax.plot(step, smooth(train["loss"], smoothing), color=color, lw=1.6, label=f"{label}smoothed ({smoothing:g})")
+        axes[0, 1].plot(step, train["lr"], color=color, label=f"{label}lr")
+        axes[0, 1].plot(step, train["cond_lr"], color=color, ls="--", label=f"{label}cond_lr")
+        axes[0, 2].plot(step, train["grad_norm"], color=color, lw=0.9, label=f"{label}grad_norm (before clipping)")
         for st, ls in zip(plotted, ("-", "--", ":", "-.")):
-            axes[0, 3].plot(step, col(st.name), color=color if not one else None, ls=ls, label=f"{label}{st.plot}")
-        by_t: dict[float, list[dict]] = defaultdict(list)
-        for r in run.val:
-            by_t[r["timestep"]].append(r)
-        for ax, key in zip(axes[1, :3], ("mse", "gap_uncond", "gap_nulltext")):
+            axes[0, 3].plot(step, train[st.name], color=color if not one else None, ls=ls, label=f"{label}{st.plot}")
+        by_t: dict[float, list[int]] = defaultdict(list)  # the val rows of each timestep
+        for i, t in enumerate(val["timestep"]):
+            by_t[t].append(i)
+        for ax, key in zip(axes[1, :3], VAL_COLUMNS):
             if one:
                 for t, rows in sorted(by_t.items()):
-                    ax.plot([r["step"] for r in rows], col(key, rows), marker="o", ms=3, label=f"t={t:.1f}")
-            elif run.val:
+                    xs, ys = [val["step"][i] for i in rows], [val[key][i] for i in rows]
+                    ax.plot(xs, ys, marker="o", ms=3, label=f"t={t:.1f}")
+            elif by_t:
                 by_step: dict[float, list[float]] = defaultdict(list)
-                for r in run.val:
-                    by_step[r["step"]].append(r.get(key, math.nan))
+                for s, x in zip(val["step"], val[key]):
+                    by_step[s].append(x)
                 steps = sorted(by_step)
                 means = [sum(by_step[s]) / len(by_step[s]) for s in steps]
                 ax.plot(steps, means, marker="o", ms=3, color=color, label=f"{name} (mean over timesteps)")
@@ -177,14 +198,15 @@ def plot_runs(run_dirs: list[Path], out: Path, smoothing: float = 0.9) -> list[t
     axes[0, 1].set_title("learning rate")
     axes[0, 2].set_title("grad_norm")
     axes[0, 3].set_title(" and ".join(st.name for st in plotted))
-    any_val = any(run.val for run in runs)
-    for ax, key in zip(axes[1, :3], ("mse", "gap_uncond", "gap_nulltext")):
+    any_val = any(run.val["step"] for run in runs)
+    for ax, key in zip(axes[1, :3], VAL_COLUMNS):
         if key.startswith("gap"):
             ax.axhline(0.0, color="gray", lw=0.8, ls=":")
         ax.set_title(f"val {key}" + ("" if any_val else " (no validation yet)"))
     axes[1, 3].axis("off")
     notes = [
-        f"{run.folder}\n  steps {int(run.train[0]['step'])}..{int(run.train[-1]['step'])}, {len(run.val)} val rows"
+        f"{run.folder}\n  steps {int(run.train['step'][0])}..{int(run.train['step'][-1])}, "
+        f"{len(run.val['step'])} val rows"
         + (f"\n  resumed at {', '.join(map(str, run.resumes))}" if run.resumes else "")
         + "".join(f"\n  global batch {old} -> {new} at {at}" for at, old, new in run.batch_changes)
         for run in runs

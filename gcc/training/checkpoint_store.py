@@ -59,8 +59,8 @@ HEAD_FORMAT = 1
 PROBE_OBJECT = "write-probe"
 CLAIM_ATTEMPTS = 5
 # the only objects a checkpoint has, relative to <prefix>/checkpoints: ASCII digits only, no other path
-KEY_RE = re.compile(r"(ep[0-9]+-ba[0-9]+)(-rank0\.pt|/__[0-9]+_0\.distcp|/\.metadata)")
-NAME_RE = re.compile(r"ep[0-9]+-ba[0-9]+(-rank0\.pt)?")
+KEY_RE = re.compile(r"(ep[0-9]{1,18}-ba[0-9]{1,18})(-rank0\.pt|/__[0-9]{1,9}_0\.distcp|/\.metadata)")
+NAME_RE = re.compile(r"ep[0-9]{1,18}-ba[0-9]{1,18}(-rank0\.pt)?")
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 KEY_SHAPES = "ep{E}-ba{B}-rank0.pt, ep{E}-ba{B}/__{R}_0.distcp or ep{E}-ba{B}/.metadata"
 

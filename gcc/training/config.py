@@ -34,7 +34,7 @@ from safetensors import SafetensorError
 from gcc import exit_codes, storage
 from gcc.cli import folder_problem, input_file_problem
 from gcc.errors import BadInput
-from gcc.inputs import MAX_DEPTH, read_text, shown
+from gcc.inputs import MAX_DEPTH, MAX_INT_DIGITS, read_text, shown
 from gcc.redact import redact, redact_text
 from gcc.workers import PREEMPTION_GRACE_S
 
@@ -891,7 +891,7 @@ def _build(cls, data: dict, prefix: str = ""):
     return cls(**kwargs)
 
 
-_TIME = re.compile(r"(\d{1,18})\s*([a-z]+)")  # 18 digits: beyond any bound, short of Python's int limit
+_TIME = re.compile(r"([0-9]{1,18})\s*([a-z]+)")  # 18 digits: beyond any bound, short of Python's int limit
 COMPOSER_UNITS = ("ba", "ep", "sp", "tok", "dur", "sec", "iter")  # what a Composer time string may end with
 
 
@@ -1015,6 +1015,21 @@ class _BoundedLoader(yaml.SafeLoader):
         if len(path) + levels > MAX_DEPTH:
             raise self._refuse(path, f"nested deeper than {MAX_DEPTH} levels (aliases expanded)")
         return values, levels
+
+    def construct_yaml_int(self, node):
+        """An integer of at most MAX_INT_DIGITS digits (gcc.inputs.parse_int's rule); a longer one is refused
+        naming its place (PyYAML's int() would fail past 4300 digits with a ValueError)."""
+        digits = sum(c.isalnum() for c in str(node.value))
+        if digits > MAX_INT_DIGITS:
+            mark = node.start_mark
+            raise ConfigError(
+                f"{self.where}: line {mark.line + 1}, column {mark.column + 1}: an integer of {digits} digits "
+                f"(at most {MAX_INT_DIGITS}): {shown(node.value, 40)}"
+            )
+        return super().construct_yaml_int(node)
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
 
 
 def _load_yaml(text: str, where: str, invalid: str, root: tuple[str, ...] = ()) -> Any:

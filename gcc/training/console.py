@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import stat
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import TextIO
 from gcc.errors import Refusal
 from gcc.provenance import this_code
 from gcc.redact import RedactingFilter
+from gcc.storage import LinkRefused, open_in_place
 from gcc.training import output_capture
 from gcc.training.config import ConfigError
 
@@ -170,25 +170,19 @@ def launch_header(world: int) -> str:
 
 def open_log_file(path: Path) -> int:
     """`path` (a train.log) opened for appending, created with the user's umask (its folder, the run folder, too),
-    never through a link: a write-only fd (O_APPEND, close-on-exec). Anything but a regular file there is a Refusal
-    naming it, a run folder that cannot be created a ConfigError."""
+    never through a link, symbolic or hard (`gcc.storage.open_in_place`): a write-only fd (O_APPEND, close-on-exec).
+    Anything but a regular file of its own there is a Refusal naming it, a run folder that cannot be created a
+    ConfigError."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"run_dir: {path.parent}: cannot be created ({e.strerror})") from None
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO: no wait
-    try:
-        fd = os.open(path, flags, 0o666)
+    try:  # never through a link, symbolic or hard; a FIFO is refused, not waited on
+        return open_in_place(path, os.O_WRONLY | os.O_APPEND)
+    except LinkRefused as e:
+        raise Refusal(f"{e}; it is the run's log: move it away and relaunch") from None
     except OSError as e:
-        raise Refusal(
-            f"{path}: cannot be opened as the run's log ({e.strerror}; a symbolic link or not a file?); "
-            f"remove it and relaunch"
-        ) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise Refusal(f"{path}: not a regular file; remove it and relaunch")
-    os.set_blocking(fd, True)
-    return fd
+        raise Refusal(f"{path}: cannot be opened as the run's log ({e.strerror}); remove it and relaunch") from None
 
 
 def open_run_log(run_dir: str | Path, rank: int, world: int, capture_output: bool = False) -> Path:

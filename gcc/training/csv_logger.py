@@ -26,7 +26,7 @@ from composer.loggers import Logger, LoggerDestination
 from composer.utils import dist
 
 from gcc import inputs
-from gcc.storage import atomic_write
+from gcc.storage import atomic_write, open_in_place
 
 log = logging.getLogger(__name__)  # not `logger`: Composer passes its Logger under that name
 
@@ -105,5 +105,6 @@ class CSVLogger(LoggerDestination):
             self._prepare(name)
         if columns != self.tables[name]:
             raise ValueError(f"{name}: logged columns {columns} differ from the declared {self.tables[name]}")
-        with open(self._path(name), "a", newline="") as f:
+        # appended in place: never through a link, symbolic or hard (gcc.storage.open_in_place)
+        with open(open_in_place(self._path(name), os.O_WRONLY | os.O_APPEND), "a", newline="") as f:
             csv.writer(f).writerows([[_fmt(v) for v in r] for r in rows])

@@ -28,6 +28,7 @@ from typing import NoReturn
 from gcc import exit_codes
 from gcc.compat.composer_launcher import let_rank0_exit_first
 from gcc.compat.python import run_exit_handlers
+from gcc.errors import BadInput
 from gcc.redact import redact_text
 from gcc.training import output_capture
 from gcc.training.console import ALL_RANKS, RUN_LOG_ONLY
@@ -190,7 +191,11 @@ def wait_for_rank0(code: int) -> None:
     launcher's SIGTERM ends this rank at once (the handlers a run installed would only note it, and the launcher
     would wait out its 30 s before its SIGKILL), through the orderly exit (`exit_process`), so that the finalizers
     release this rank's semaphores and shared memory."""
-    if code in exit_codes.TOGETHER and rank() != 0 and world_size() > 1:
+    try:
+        others = rank() != 0 and world_size() > 1
+    except BadInput:  # not a launcher's environment (the launch's verdict named it): no rank 0 to wait for
+        return
+    if code in exit_codes.TOGETHER and others:
         let_rank0_exit_first(code, PREEMPTION_SIGNALS)
 
 

@@ -14,6 +14,7 @@ from gcc import exit_codes, redact
 from gcc.cli import ToolParser
 from gcc.errors import BadInput, Refusal, StorageUnavailable, launch_verdict
 from gcc.redact import secret_keys
+from gcc.training import ranks
 from gcc.training.config import ConfigError, TrainConfig, check_inputs, describe, load_config, to_dict
 from gcc.training.console import configure_logging, open_run_log
 from gcc.training.ending import code_of, exit_process, wait_for_rank0
@@ -60,6 +61,13 @@ def prepare(argv: list[str] | None, capture_output: bool = False) -> TrainConfig
     prints from then on, gcc/training/output_capture.py). The config, or the exit code of the verdict (already
     logged)."""
     redact.install()  # every line this rank logs or reports, tracebacks included, masked from here on
+    try:  # the launcher's environment first: everything after reads it (as torch and Composer will)
+        ranks.check()
+    except BadInput as e:
+        configure_logging("INFO", 0)
+        code, line = launch_verdict(e)
+        logger.error(line)
+        return code
     configure_logging("INFO", rank())
     p = build_parser()
     args = p.parse_args(argv)
@@ -81,8 +89,8 @@ def prepare(argv: list[str] | None, capture_output: bool = False) -> TrainConfig
         return code
     for key in secret_keys(to_dict(cfg)):
         logger.warning(
-            f"{key}: holds a credential; gcc masks it in its own files and logs, but the yaml or the "
-            f"command line, and the library it is passed to, may keep it: set it through the "
+            f"{key} holds a credential, which gcc masks in its own files and logs; the yaml or the "
+            f"command line, and the library it is passed to, may keep it. Set it through the "
             f'environment instead (docs/training.md, "Trust and safety")'
         )
     return cfg

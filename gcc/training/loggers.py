@@ -32,6 +32,7 @@ from composer.loggers import MLFlowLogger, WandBLogger
 from gcc.compat.composer import LocalTensorboardLogger
 from gcc.compat.loggers import allow_mlflow_file_store, check_installed, mlflow_run, wandb_for_composer
 from gcc.training.composer_options import option_problems
+from gcc.training.config import STEPS, Range
 from gcc.training.csv_logger import CSVLogger
 
 # Composer logs the step's total loss and each evaluator's metrics itself; gcc logs the same values under its own names
@@ -142,10 +143,17 @@ def _wandb(run_dir: Path, kw: dict[str, Any]) -> TablelessWandBLogger:
     return TablelessWandBLogger(**{"name": run_dir.name, **kw, "init_kwargs": init})
 
 
+# MLflow's HTTP requests, unless the environment sets them: its defaults (7 retries, 120 s each, backoff doubling from
+# 2 s) take ~255 s to report a server that does not answer; these take at most ~40 s (3 tries of 10 s, 6 s between)
+MLFLOW_REQUESTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
 def _mlflow(run_dir: Path, kw: dict[str, Any]) -> TablelessMLFlowLogger:
     uri = str(
         kw.pop("tracking_uri", None) or os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / "mlruns").resolve().as_uri()
     )
+    for name, value in MLFLOW_REQUESTS.items():
+        os.environ.setdefault(name, value)
     if uri.startswith("file:"):  # a local run folder has no database
         allow_mlflow_file_store()
     return TablelessMLFlowLogger(
@@ -157,13 +165,25 @@ class LoggerKind(NamedTuple):
     # Composer's logger: its arguments are the options the yaml may set (`check_logger_options`)
     composer_class: type[Any]
     build: Callable[[Path, dict[str, Any]], Any]  # gcc's logger for a run folder, from those options (`build_loggers`)
+    # the range of each numeric argument (every one has a range: tests/training/test_loggers.py), checked with the
+    # config: Composer's class takes values that fail later, in the run (a flush_interval of 0 divides by zero at
+    # the first step)
+    bounds: dict[str, Range]
 
 
 # every logger the yaml may name, in one place
 LOGGERS: dict[str, LoggerKind] = {
-    "tensorboard": LoggerKind(LocalTensorboardLogger, _tensorboard),
-    "wandb": LoggerKind(WandBLogger, _wandb),
-    "mlflow": LoggerKind(MLFlowLogger, _mlflow),
+    "tensorboard": LoggerKind(LocalTensorboardLogger, _tensorboard, {"flush_interval": Range(1, STEPS)}),
+    "wandb": LoggerKind(WandBLogger, _wandb, {}),
+    "mlflow": LoggerKind(
+        MLFlowLogger,
+        _mlflow,
+        {
+            "flush_interval": Range(0, STEPS),
+            "logging_buffer_seconds": Range(0, 3600, " s"),
+            "log_duplicated_metric_every_n_steps": Range(0, STEPS),
+        },
+    ),
 }
 
 

@@ -39,11 +39,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gcc.compat.python import helper_flags
 from gcc.inputs import printable
-from gcc.redact import redact_text
+from gcc.redact import redact_span
 
 # a line longer than this (a progress bar redrawn with \r for hours, a dump without newlines) is written in pieces
 MAX_LINE = 64 * 1024
+# how much of a long line around each cut its masking reads (a credential that a cut runs through)
+CONTEXT = 64 * 1024
 # how long a rank waits for the writer to catch up before it goes on without (a console that blocks it)
 DRAIN_S = 5.0
 # the signals that stop a launch: the writer outlives them, to write the rank's last lines
@@ -56,10 +59,10 @@ STREAMS = ((1, "stdout"), (2, "stderr"))
 CONTROL_SEQUENCE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[ -/]*[0-~])")
 
 
-def plain(line: str) -> str:
-    """A line as train.log keeps it: its terminal control sequences removed, what a terminal last shows of a line
-    redrawn with carriage returns, masked for credentials, other control characters escaped."""
-    return printable(redact_text(CONTROL_SEQUENCE.sub("", line).rstrip("\r").rsplit("\r", 1)[-1]))
+def plain(piece: str) -> str:
+    """A piece of a line (masked already: `_pieces`) as train.log keeps it: its terminal control sequences removed,
+    what a terminal last shows of a line redrawn with carriage returns, other control characters escaped."""
+    return printable(CONTROL_SEQUENCE.sub("", piece).rstrip("\r").rsplit("\r", 1)[-1])
 
 
 def append(fd: int, text: str) -> None:
@@ -73,30 +76,52 @@ def utc_now() -> str:
 
 class LogLines:
     """The text of one stream, cut into train.log's lines: `<UTC time> <source>: <line>`, masked. A line redrawn
-    with carriage returns (a progress bar) is written as a terminal last shows it. A write that fails (a full or gone
-    disk) stops the lines of this stream and says so once on `complain`; the console is not affected."""
+    with carriage returns (a progress bar) is written as a terminal last shows it, without a terminal's control
+    sequences (CONTROL_SEQUENCE: colours, cursor moves; a line of them alone is dropped: `plain`). A line longer
+    than MAX_LINE is written in pieces of MAX_LINE, each masked with up to CONTEXT characters of the line before and
+    after it (`gcc.redact.redact_span`): a credential that a cut runs through is masked on both sides of it. A
+    write that fails (a full or gone disk) stops the lines of this stream and says so once on `complain`; the
+    console is not affected."""
 
     def __init__(self, fd: int, source: str, complain: Callable[[str], object] | None = None):
         self.fd, self.source, self.complain = fd, source, complain
-        self.pending = ""
+        # the line so far, in the parts it came in (joined only when there is something to write: a writer that
+        # prints a byte at a time costs no more than one that prints lines); its first `written` characters are
+        # written already, kept as the context of what follows
+        self.parts: list[str] = []
+        self.size = 0
+        self.written = 0
         self.decoder = codecs.getincrementaldecoder("utf-8")("backslashreplace")
 
     def feed(self, data: bytes | str, final: bool = False) -> None:
         text = data if isinstance(data, str) else self.decoder.decode(data, final)
-        *lines, self.pending = (self.pending + text).split("\n")
-        if len(self.pending) > MAX_LINE:
-            self.pending = self.pending.rsplit("\r", 1)[-1]
-        while len(self.pending) > MAX_LINE:
-            lines.append(self.pending[:MAX_LINE])
-            self.pending = self.pending[MAX_LINE:]
-        if final and self.pending:
-            lines.append(self.pending)
-            self.pending = ""
-        # a line of control sequences alone (a bar's cursor moves) is no line of the log
-        lines = [ln for ln in lines if not (ln.strip() and not CONTROL_SEQUENCE.sub("", ln).strip())]
-        if lines and self.fd >= 0:
+        self.parts.append(text)
+        self.size += len(text)
+        if not final and "\n" not in text and self.size - self.written <= MAX_LINE + CONTEXT:
+            return
+        *lines, pending = "".join(self.parts).split("\n")
+        pieces = [p for i, ln in enumerate(lines) for p in _pieces(ln, self.written if i == 0 else 0, len(ln))]
+        if lines:
+            self.written = 0
+        if len(pending) > MAX_LINE:  # a bar redrawn for hours without a newline: what a terminal shows
+            redrawn = pending.rsplit("\r", 1)[-1]
+            self.written = max(0, self.written - (len(pending) - len(redrawn)))
+            pending = redrawn
+        # a piece is cut once CONTEXT more characters have come (or at the end), so that its mask sees past the cut
+        while len(pending) - self.written > MAX_LINE + CONTEXT:
+            cut = self.written + MAX_LINE
+            pieces += _pieces(pending, self.written, cut)
+            keep = max(0, cut - CONTEXT)
+            pending, self.written = pending[keep:], cut - keep
+        if final and len(pending) > self.written:
+            pieces += _pieces(pending, self.written, len(pending))
+            pending, self.written = "", 0
+        self.parts, self.size = [pending], len(pending)
+        # a piece of control sequences alone (a bar's cursor moves) is no line of the log
+        pieces = [p for p in pieces if not (p.strip() and not CONTROL_SEQUENCE.sub("", p).strip())]
+        if pieces and self.fd >= 0:
             stamp = utc_now()
-            shown = (plain(ln) for ln in lines)
+            shown = (plain(p) for p in pieces)
             try:
                 append(self.fd, "".join(f"{stamp} {self.source}: {ln}\n" for ln in shown))
             except OSError as e:
@@ -106,6 +131,19 @@ class LogLines:
                         f"gcc.train: {self.source}: train.log cannot be written ({e.strerror}); it gets "
                         f"no more of these lines in this launch\n"
                     )
+
+
+def _pieces(line: str, start: int, end: int) -> list[str]:
+    """`line[start:end]` in pieces of at most MAX_LINE characters (one, empty, for an empty line), each masked with up
+    to CONTEXT characters of `line` on either side (`gcc.redact.redact_span`)."""
+    if start >= end:
+        return [""] if not line else []
+    out = []
+    for a in range(start, end, MAX_LINE):
+        b = min(a + MAX_LINE, end)
+        lo, hi = max(0, a - CONTEXT), min(len(line), b + CONTEXT)
+        out.append(redact_span(line[lo:hi], a - lo, b - lo))
+    return out
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -242,7 +280,9 @@ def start(log_fd: int, rank: int) -> None:
     reads = [channels[fd][0] for fd, _ in STREAMS]
     root = str(Path(__file__).resolve().parents[2])  # the folder that holds gcc: the writer imports this module
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-    argv = [sys.executable, "-m", "gcc.training.output_capture", str(rank), str(log_fd), str(control_r), str(ack_w)]
+    # -P among the flags: `-m` would import from the working directory first (a folder `gcc/` there would run)
+    argv = [sys.executable, *helper_flags(), "-m", "gcc.training.output_capture"]
+    argv += [str(rank), str(log_fd), str(control_r), str(ack_w)]
     argv += [f"{r}:{name}" for r, (_, name) in zip(reads, STREAMS)]
     # blocked until the writer ignores them (a blocked signal stays blocked across exec): a Ctrl-C or SIGTERM that
     # comes while it starts does not kill it; the rank gets any that came meanwhile once they are unblocked

@@ -30,23 +30,24 @@ import re
 import shutil
 import socket
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gcc import inputs
-from gcc.compat.composer import CHECKPOINT_RE, LATEST_LINK
+from gcc.compat.composer import CHECKPOINT_RE, COMPOSER_READS_AS_CHECKPOINT, LATEST_LINK
 from gcc.compat.torch import DCP_METADATA
 from gcc.errors import BadInput, Refusal
 from gcc.locks import LockHeld, take_flock
-from gcc.storage import atomic_write, open_folder, sha256_file
+from gcc.storage import LinkRefused, atomic_write, in_place_problem, open_folder, sha256_file
 from gcc.training.signature import diff_signatures
 
 logger = logging.getLogger(__name__)
 
 # Composer's names for a checkpoint (a DDP file or an FSDP folder) and its "latest" link; what completes a DCP folder
 CKPT_RE, LATEST = CHECKPOINT_RE, LATEST_LINK
-CKPT_TMP_RE = re.compile(r"^(.+)\.tmp\d+$")  # gcc.storage's temporary of a checkpoint file: <name>.tmp<pid>
+CKPT_TMP_RE = re.compile(r"^(.+)\.tmp[0-9]+\Z")  # gcc.storage's temporary of a checkpoint file: <name>.tmp<pid>
 
 
 # ---- lock ---------------------------------------------------------------------------------------------
@@ -91,6 +92,8 @@ def _take(path: Path, folder: Path, what: str, advice: str, run: str) -> int:
         return take_flock(path, f"pid {os.getpid()} on {socket.gethostname()}{run}", 0o666)
     except LockHeld as e:
         raise Refusal(f"{folder}: another live run holds {path} ({e.holder}); {advice}") from None
+    except LinkRefused as e:
+        raise Refusal(f"{e}; it is {what}: move it away and relaunch") from None
     except OSError as e:
         raise Refusal(
             f"{path}: cannot be opened as {what} ({e.strerror}; a symbolic link or not a file?); remove it and relaunch"
@@ -102,13 +105,16 @@ def _take(path: Path, folder: Path, what: str, advice: str, run: str) -> int:
 RUN_FOLDERS = ("checkpoints", "samples", "stacks", "cache", "replaced", "tensorboard")
 LOGS = ("train_log.csv", "val_log.csv")
 RUN_FILES = ("run.json", "config.json", *LOGS)
+# what a run writes in place (appends to or rewrites), not by a rename: none of them may have another name either
+IN_PLACE = (".lock", "train.log", *LOGS)
 
 
 def check_run_folder(run_dir: Path) -> None:
     """The entries the launch reads or writes in `run_dir`, checked before it reads or writes any (docs/training.md,
     "Trust and safety"): none of the run's own folders and files is a link (a write would land where it points);
-    `checkpoints` a folder; each export (`step-N.safetensors`) a file, not a link (dangling or not). A Refusal
-    naming the entry otherwise."""
+    `checkpoints` a folder; each export (`step-N.safetensors`) a file, not a link (dangling or not); what the run
+    writes in place (`IN_PLACE`, `stacks/`) a file of its own (`gcc.storage.in_place_problem`: no other name, a hard
+    link say, no other owner). A Refusal naming the entry otherwise."""
     run_dir = Path(run_dir)
     for name in (*RUN_FOLDERS, *RUN_FILES):
         if (run_dir / name).is_symlink():
@@ -119,10 +125,23 @@ def check_run_folder(run_dir: Path) -> None:
     ckpts = ckpt_dir(run_dir)
     if ckpts.exists() and not ckpts.is_dir():
         raise Refusal(f"{ckpts}: not a folder, expected the folder of the run's checkpoints; move it away and relaunch")
+    for p in sorted(ckpts.iterdir()) if ckpts.is_dir() else []:
+        problem = _ckpt_kind(p) if CKPT_RE.match(p.name) else None
+        if problem is None and COMPOSER_READS_AS_CHECKPOINT.match(p.name) and not CKPT_RE.match(p.name):
+            problem = "its step is not in ASCII digits (or has more than 18): Composer would take it for one"
+        if p.name == LATEST and not (p.is_symlink() or p.is_file() or p.is_dir()):
+            problem = "not a link, a file or a folder"
+        if problem is not None:
+            raise Refusal(f"{p}: named like a checkpoint but {problem}; move it away and relaunch")
     for p in sorted(run_dir.glob("step-*.safetensors")):
         if p.is_symlink() or not p.is_file():
             what = "a symbolic link" if p.is_symlink() else "not a file"
             raise Refusal(f"{p}: {what}, expected an export the run wrote; move it away and relaunch")
+    stacks = run_dir / "stacks"
+    for p in [run_dir / name for name in IN_PLACE] + (sorted(stacks.iterdir()) if stacks.is_dir() else []):
+        problem = in_place_problem(p)
+        if problem is not None:
+            raise Refusal(f"{p}: {problem}; gcc writes into it in place, so it must be the run's own: move it away")
 
 
 # ---- identity -----------------------------------------------------------------------------------------
@@ -255,11 +274,7 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     d = ckpt_dir(run_dir)
     if not d.exists():
         return []
-    out = [
-        (int(m.group(2)), p)
-        for p in d.iterdir()
-        if (m := CKPT_RE.match(p.name)) and not p.is_symlink() and (p.is_dir() if m.group(3) is None else p.is_file())
-    ]
+    out = [(int(m.group(2)), p) for p in d.iterdir() if (m := CKPT_RE.match(p.name)) and _ckpt_kind(p) is None]
     return sorted(out)
 
 
@@ -283,10 +298,27 @@ def disk_gb(path: Path) -> float:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    link = ckpt_dir(run_dir) / LATEST
-    if link.is_symlink() or link.exists():
-        target = link.resolve()
-        return target if target.exists() else None
+    """The checkpoint `latest` names: only a symbolic link to the name of a checkpoint of this folder, of its kind
+    (`_ckpt_kind`), is read, as a hint. Anything else there is None: missing, a regular file or a folder in its place
+    (a copy by `cp -rL` or `rsync -L`), a link to itself or to another name or path; `plan_repair` then finds the
+    newest complete checkpoint itself."""
+    try:
+        target = os.readlink(ckpt_dir(run_dir) / LATEST)
+    except OSError:  # missing, or not a link
+        return None
+    path = ckpt_dir(run_dir) / target
+    return path if CKPT_RE.match(target) and _ckpt_kind(path) is None else None
+
+
+def _ckpt_kind(path: Path) -> str | None:
+    """Why `path`, named like a checkpoint, is not one: a DDP name (ep<E>-ba<B>-rank0.pt) must be a file, an FSDP
+    name (ep<E>-ba<B>) a folder, neither a symbolic link. None if it is of its kind."""
+    m = CKPT_RE.match(path.name)
+    want = "a folder" if m is not None and m.group(3) is None else "a file"
+    if path.is_symlink():
+        return f"a symbolic link, not {want}"
+    if not (path.is_dir() if want == "a folder" else path.is_file()):
+        return f"not {want}"
     return None
 
 
@@ -301,6 +333,8 @@ class Repair:
 
     def apply(self, run_dir: Path) -> Path | None:
         link = ckpt_dir(run_dir) / LATEST
+        if self.relink and not link.is_symlink():  # a copy in its place (`cp -rL`): a file, or a DCP folder
+            remove_checkpoint(link)
         if self.relink and self.latest is not None:
             point_latest(run_dir, self.latest.name)
             logger.info(f"checkpoints: 'latest' repaired -> {self.latest.name}")
@@ -320,7 +354,7 @@ def plan_repair(run_dir: Path) -> Repair:
     if latest is None or not is_complete(latest):
         complete = [p for _, p in ckpts if is_complete(p)]
         latest = complete[-1] if complete else None
-        relink = latest is not None or link.is_symlink() or link.exists()
+        relink = latest is not None or os.path.lexists(link)
     latest_batch = checkpoint_step(latest) if latest is not None else -1
     doomed = tuple(p for batch, p in ckpts if batch > latest_batch or (p != latest and not is_complete(p)))
     return Repair(latest, relink, doomed + unfinished_writes(run_dir))
@@ -392,18 +426,26 @@ def _checked_log(path: Path) -> None:
         raise Refusal(f"{e}; not a log gcc wrote, restore it, or use another run_dir") from None
 
 
+def _first_cells(path: Path) -> Iterator[str]:
+    """The first cell (the step) of each row of the CSV log `path` after its header, read a line at a time (a log
+    of any length costs one line); none once it cannot be read. A log that is not a regular file: a Refusal."""
+    _checked_log(path)
+    try:
+        with inputs.open_text(path, "csv") as f:
+            rows = (line for line in f if line.strip())
+            next(rows, None)  # the header
+            for line in rows:
+                yield line.split(",", 1)[0].strip()
+    except (OSError, BadInput):
+        return
+
+
 def _data_rows(path: Path) -> int:
     """The rows of a CSV log, but for the header and the step-0 validation's: a start from step 0 writes those
     again (the same numbers: the same starting weights), so they do not make a folder used."""
     if not path.exists():
         return 0
-    _checked_log(path)
-    try:
-        with inputs.open_text(path, "csv") as f:
-            lines = [line for line in f if line.strip()][1:]  # the header
-    except (OSError, BadInput):
-        return 0
-    return sum(1 for line in lines if line.split(",", 1)[0].strip() != "0")
+    return sum(1 for cell in _first_cells(path) if cell != "0")
 
 
 def what_a_restart_loses(run_dir: Path, doomed: tuple[Path, ...] = ()) -> list[str]:
@@ -419,23 +461,21 @@ def what_a_restart_loses(run_dir: Path, doomed: tuple[Path, ...] = ()) -> list[s
     return found
 
 
+# a step as the run's logs and exports write it: ASCII digits, at most 18 (anything else is not the run's)
+STEP_DIGITS = "[0-9]{1,18}"
+EXPORT_STEP_RE = re.compile(rf"^step-({STEP_DIGITS})(?:\.ema)?\.safetensors\Z")
+
+
 def _last_step(run_dir: Path) -> int:
     """The newest step the run folder holds a log row or an export of (0 for none)."""
-    steps = [0]
+    last = 0
     for name in LOGS:
         if (run_dir / name).exists():
-            _checked_log(run_dir / name)
-            try:
-                with inputs.open_text(run_dir / name, "csv") as f:
-                    cells = [line.split(",", 1)[0].strip() for line in list(f)[1:]]
-            except (OSError, BadInput):
-                continue
-            steps += [int(c) for c in cells if c.isdigit()]
-    steps += [int(m.group(1)) for p in run_dir.glob("step-*.safetensors") if (m := EXPORT_STEP_RE.match(p.name))]
-    return max(steps)
-
-
-EXPORT_STEP_RE = re.compile(r"^step-(\d+)(?:\.ema)?\.safetensors$")
+            for cell in _first_cells(run_dir / name):
+                if re.fullmatch(STEP_DIGITS, cell):
+                    last = max(last, int(cell))
+    exports = [int(m.group(1)) for p in run_dir.glob("step-*.safetensors") if (m := EXPORT_STEP_RE.match(p.name))]
+    return max([last, *exports])
 
 
 def why_not_remade(record: dict[str, Any] | None, run_dir: Path, first_save: int) -> str | None:

@@ -44,7 +44,7 @@ from gcc.training.console import ALL_RANKS
 from gcc.training.ending import PeerGone, end
 from gcc.training.launch import agree_on_start, fetch_on_this_node, steps_per_epoch, train_clips
 from gcc.training.peer_fault import announce, peer_fault
-from gcc.training.ranks import rank, world_size
+from gcc.training.ranks import local_world_size, rank, world_size
 from gcc.training.run_folder import RunLock, repair_checkpoints
 from gcc.workers import start_resource_tracker
 
@@ -92,7 +92,7 @@ def _run(cfg) -> int:
     per_rank = cfg.per_rank_batch(world)
     device = DeviceGPU() if torch.cuda.is_available() else DeviceCPU()
     if not torch.cuda.is_available():  # ranks share the CPU: don't oversubscribe its cores
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size()))
     dist.initialize_dist(device, timeout=cfg.dist_timeout)
     lock = RunLock(Path(cfg.run_dir))
     try:  # every rank gets the same verdict

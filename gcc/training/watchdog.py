@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gcc import exit_codes
+from gcc.storage import LinkRefused, open_in_place
 from gcc.training import output_capture
 from gcc.training.console import ALL_RANKS  # each rank's own line: on its console and in train.log
 from gcc.workers import wait_readable
@@ -49,7 +50,7 @@ def dump_stacks(run_dir: str | Path, rank: int, reason: str) -> Path:
     path = Path(run_dir) / STACKS_DIR / f"rank{rank}.txt"
     path.parent.mkdir(parents=True, exist_ok=True)
     text = f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} rank {rank} pid {os.getpid()}: {reason}\n{stack_report()}\n"
-    with open(path, "a") as f:
+    with open(open_in_place(path, os.O_WRONLY | os.O_APPEND), "a") as f:  # never through a link (gcc/storage.py)
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
@@ -181,7 +182,10 @@ class StallWatchdog:
     def _stacks(self, reason: str) -> str:
         try:
             return f"every thread's stack is in {dump_stacks(self.run_dir, self.rank, reason)}"
-        except OSError as e:  # a full or gone run folder must not keep the rank alive
+        except (
+            OSError,
+            LinkRefused,
+        ) as e:  # a full or gone run folder, or a planted link, must not keep the rank alive
             return f"could not write the stacks ({e})"
 
 

@@ -9,7 +9,10 @@ import sys
 from multiprocessing import shared_memory
 from pathlib import Path
 
-from gcc.compat.python import forkserver_pid, reap_forkserver, shm_name
+import pytest
+from hostile import HOSTILE_MODULES, ran_in
+
+from gcc.compat.python import forkserver_pid, helper_flags, reap_forkserver, shm_name
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,6 +29,33 @@ def test_the_forkserver_pid_and_its_reaping():
     assert pid is not None and os.path.exists(f"/proc/{pid}")
     reap_forkserver()
     assert forkserver_pid() is None or not os.path.exists(f"/proc/{pid}")
+
+
+def test_every_process_multiprocessing_starts_gets_the_safe_path_flag():
+    """`-P` among the flags of the forkserver, the resource tracker and a spawned child (multiprocessing reads
+    `util._args_from_interpreter_flags()` at each start), as among gcc's own helper's (`helper_flags`)."""
+    from multiprocessing import resource_tracker, util
+
+    assert "-P" in helper_flags() and "-P" in util._args_from_interpreter_flags()
+    p = mp.get_context("forkserver").Process(target=_nothing)
+    p.start()
+    p.join(60)
+    resource_tracker.ensure_running()
+    tracker = resource_tracker._resource_tracker._pid
+    for pid in (forkserver_pid(), tracker):
+        assert pid is not None and b"-P" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"), pid
+    reap_forkserver()
+
+
+@pytest.mark.slow
+def test_no_process_of_a_launch_imports_from_its_working_directory(reference):
+    """The session's reference run (2 ranks, a loader worker each, samples, train.log's writers) was started in a
+    folder holding gcc/, multiprocessing/, torch/, ... (tests/conftest.py `reference`): none was imported by any of
+    its processes (the ranks are scripts; the writers, the forkservers, the workers and the resource trackers get
+    -P)."""
+    cwd = reference.parent / "cwd"
+    assert all((cwd / name / "__init__.py").is_file() for name in HOSTILE_MODULES)
+    assert ran_in(cwd) == []
 
 
 def test_a_shared_memory_segment_name_has_its_slash():

@@ -112,7 +112,7 @@ def test_every_bad_row_of_the_index_is_named_with_its_line_and_field(copy):
     assert msg[0] == f"{path}:3 (clip {cid}): field 'run' missing"
     assert msg[1] == f"{path}:4 (clip {cid}): field 'drop' must be bool, got str"
     assert msg[2].startswith(f"{path}:5 (clip {cid}): field 'split' must be one of")
-    assert msg[3] == f"{path}:6 (clip {cid}): field 'context_keys' must be a list of str"
+    assert msg[3] == f"{path}:6 (clip {cid}): field 'context_keys' must be a list of at most 1024 str"
     assert msg[4].startswith(f"{path}:7: ") and "field 'subset'" in msg[4]
     assert msg[5] == f"{path}:8: expected a JSON object, got list"
     assert msg[6].startswith(f"{path}:9")

@@ -39,6 +39,8 @@ KEYS = sorted(
         *("loggers.mlflow.tracking_uri", "loggers.wandb.api_key", "save_folder", "init_ckpt", "data.cache_dir"),
         *("data.cache_limit", "sample_steps", "val_n", "data.num_workers", "stall_timeout_s", "unknown", "a.b.c"),
         *("algorithms", "algorithms.ema", "algorithms.ema.half_life", "algorithms.ema.ema_start"),
+        *("loggers.tensorboard.flush_interval", "loggers.mlflow.logging_buffer_seconds"),
+        *("callbacks.speed_monitor.window_size", "callbacks.memory_monitor.dist_aggregate_batch_interval"),
     }
 )
 HOSTILE_STRINGS = [
@@ -58,6 +60,7 @@ HOSTILE_STRINGS = [
 VALUES = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70),
     st.sampled_from([0, -1, 1, 2**31, 2**63, 10**8]),
+    st.integers(39, 6000).map(lambda n: int("9" * min(n, 4000))),  # past 40 digits (yaml writes at most 4300)
     st.floats(allow_nan=True, allow_infinity=True),
     st.booleans(),
     st.none(),
@@ -106,6 +109,9 @@ OVERRIDES = st.lists(
     st.one_of(
         st.tuples(st.sampled_from(KEYS), VALUES).map(lambda kv: f"{kv[0]}={yaml.safe_dump(kv[1]).strip()}"),
         st.tuples(st.sampled_from(KEYS), st.sampled_from(HOSTILE_STRINGS)).map(lambda kv: f"{kv[0]}={kv[1]}"),
+        # an integer past Python's 4300 digits (no yaml writer makes one), or in digits of another script
+        st.tuples(st.sampled_from(KEYS), st.integers(4290, 6000)).map(lambda kv: f"{kv[0]}={'9' * kv[1]}"),
+        st.tuples(st.sampled_from(KEYS), st.sampled_from(["٣", "²", "१२", "٣ba"])).map(lambda kv: f"{kv[0]}={kv[1]}"),
         st.text(max_size=30),
     ),
     max_size=3,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import struct
 import tempfile
@@ -30,15 +31,31 @@ from hypothesis import strategies as st
 
 from gcc.errors import BadInput
 
+
+class Huge:
+    """An integer of `digits` digits, written by `dumps` (Python's json cannot write one past 4300 digits)."""
+
+    def __init__(self, digits: int):
+        self.digits = digits
+
+
+def dumps(doc) -> str:
+    """`doc` as JSON, each `Huge` written as its digits."""
+    text = json.dumps(doc, default=lambda o: f"\0huge:{o.digits}")
+    return re.sub(r'"\\u0000huge:([0-9]+)"', lambda m: "9" * int(m[1]), text)
+
+
 HOSTILE_JSON = st.recursive(
     st.one_of(
         st.none(),
         st.booleans(),
         st.integers(min_value=-(2**70), max_value=2**70),
         st.sampled_from([0, -1, 2**31, 2**63, 10**12]),
+        st.integers(39, 6000).map(Huge),  # past gcc's 40 digits, and past Python's 4300
         st.floats(allow_nan=False, allow_infinity=False),
         st.text(max_size=12),
         st.sampled_from(["../x", "/etc/passwd", "shard.00000.mds", "chunk_00000/shard.00000.mds.zstd", "\x1b[2J"]),
+        st.sampled_from(["²", "٣", "१२", "٣٤"]),  # digits of other scripts (str.isdigit() takes ²; int() takes ٣)
     ),
     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
     max_leaves=6,
@@ -48,7 +65,7 @@ HOSTILE_JSON = st.recursive(
 @st.composite
 def mutated(draw, doc):
     """`doc` (a JSON tree) with 1-3 generated values put at paths that exist in it (or one level below)."""
-    doc = json.loads(json.dumps(doc))
+    doc = json.loads(dumps(doc))
     for _ in range(draw(st.integers(1, 3))):
         node, key = None, None
         cur = doc
@@ -113,7 +130,7 @@ def test_a_manifest_is_read_or_refused(dataset, data):
 
     doc = json.loads((dataset / "shards" / "manifest.json").read_text())
     case = Path(tempfile.mkdtemp(dir=dataset))
-    (case / "manifest.json").write_text(json.dumps(data.draw(mutated(doc))))
+    (case / "manifest.json").write_text(dumps(data.draw(mutated(doc))))
     got = read_or_refuse(read_manifest, str(case))
     if isinstance(got, BadInput):
         assert str(case / "manifest.json") in str(got), got
@@ -127,7 +144,7 @@ def test_an_index_is_read_or_refused(dataset, data):
     manifest = read_manifest(str(dataset / "shards"))
     split = data.draw(st.sampled_from(splits(dataset)))
     doc = json.loads((dataset / "shards" / split / "index.json").read_text())
-    got = read_or_refuse(check_index, json.dumps(data.draw(mutated(doc))).encode(), manifest, split, "INDEX")
+    got = read_or_refuse(check_index, dumps(data.draw(mutated(doc))).encode(), manifest, split, "INDEX")
     if isinstance(got, BadInput):
         assert "INDEX" in str(got), got
 
@@ -185,7 +202,7 @@ COLUMN_VALUES = {
     "meta": st.one_of(
         st.just("{}"),
         st.sampled_from(['{"cameras": {}}', '{"cameras": null, "ground_z": "x"}', "[]", "null", "{", '{"a": 1e999}']),
-        HOSTILE_JSON.map(json.dumps),
+        HOSTILE_JSON.map(dumps),
         st.text(max_size=40),
     ),
     "clip_id": st.one_of(st.text(max_size=12), st.sampled_from(["../x", "\x1b[2J", ""])),
@@ -207,7 +224,7 @@ def hostile_sample(draw, sample: dict) -> dict:
             shape = draw(st.lists(st.integers(1, 5), min_size=1, max_size=3))
             sample[name] = np.zeros(shape, dtype=sample[name].dtype)
         elif f == "meta" and draw(st.booleans()):
-            sample["meta"] = json.dumps(draw(mutated(json.loads(sample["meta"]))))
+            sample["meta"] = dumps(draw(mutated(json.loads(sample["meta"]))))
         else:
             sample[f] = draw(COLUMN_VALUES[f])
     return sample
@@ -256,11 +273,11 @@ def safetensors_files(draw, names: list[str]) -> bytes:
         header["__metadata__"] = draw(
             st.dictionaries(
                 st.sampled_from(["format", "preset", "vocab", "x"]),
-                st.one_of(st.text(max_size=8), st.integers()),
+                st.one_of(st.text(max_size=8), st.integers(), st.integers(39, 6000).map(Huge)),
                 max_size=3,
             )
         )
-    raw = json.dumps(header).encode()
+    raw = dumps(header).encode()
     if draw(st.integers(0, 9)) == 0:
         raw = raw[: draw(st.integers(0, len(raw)))]
     declared = len(raw) if draw(st.integers(0, 9)) else draw(st.sampled_from([0, 2**63, len(raw) + 7, 2**30]))
@@ -312,7 +329,7 @@ def prepared(dataset) -> Path:
 
 @st.composite
 def clip_rows(draw, rows: list[dict]) -> str:
-    out = [json.dumps(draw(mutated(r))) if draw(st.booleans()) else json.dumps(r) for r in rows]
+    out = [dumps(draw(mutated(r))) if draw(st.booleans()) else json.dumps(r) for r in rows]
     if draw(st.integers(0, 4)) == 0:
         out.append(draw(st.text(max_size=30)))
     return "\n".join(out) + "\n"

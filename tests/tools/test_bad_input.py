@@ -959,7 +959,7 @@ def test_aws_max_attempts_that_is_not_a_number_is_named(prog, tmp_path, request,
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "abc")
     w = World(tmp_path, request)
     argv = w.train(data="s3://bucket/p") if prog == "gcc.train" else _maskstats(w, data="s3://bucket/p")
-    line = check(call(prog, argv), 2, ["AWS_MAX_ATTEMPTS='abc'", "expected a positive integer"], prog)
+    line = check(call(prog, argv), 2, ["AWS_MAX_ATTEMPTS='abc'", "expected an integer in [1, 100]"], prog)
     assert "S3_ENDPOINT_URL" not in line, line
 
 

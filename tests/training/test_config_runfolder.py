@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import csv
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import zipfile
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 import torch
+from hostile import examples
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gcc.training.config import ConfigError, load_config
 from gcc.training.csv_logger import CSVLogger
@@ -20,15 +26,24 @@ from gcc.training.run_folder import (
     Refusal,
     RunLock,
     check_identity,
+    check_run_folder,
     checkpoint_step,
     latest_checkpoint,
     list_checkpoints,
     repair_checkpoints,
     rotate_checkpoints,
     what_a_restart_loses,
+    why_not_remade,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("runfolder")
+
+
 YAMLS = sorted((ROOT / "yamls").glob("*.yaml"))
 
 
@@ -304,6 +319,93 @@ def test_sharded_folders_repaired_and_rotated(tmp_path):
     assert [p.name for _, p in list_checkpoints(tmp_path)] == ["ep0-ba4", "ep0-ba6"]
 
 
+# what `latest` may be when a launch starts: a link Composer or gcc wrote (to the newest, an older or a partial
+# checkpoint), or what a copy, a kill or a hand left (missing, a file or a folder by `cp -rL`, a loop, a name that
+# is no checkpoint's or a path out of the folder, a dangling link)
+LATEST = ("missing", "newest", "oldest", "partial", "itself", "out", "not a checkpoint", "copy", "dangling")
+
+
+def _write_checkpoints(d: Path, steps: dict[int, bool], fsdp: bool) -> dict[int, Path]:
+    """A checkpoints folder: each step's checkpoint, complete or cut short (a zip without its end record, a DCP
+    folder without its .metadata), as `is_complete` tells them apart."""
+    d.mkdir(parents=True)
+    out = {}
+    for step, complete in steps.items():
+        if fsdp:
+            p = d / f"ep0-ba{step}"
+            p.mkdir()
+            (p / "__0_0.distcp").write_bytes(b"shard")
+            (p / (".metadata" if complete else ".metadata.tmp")).write_bytes(b"metadata")
+        else:
+            p = d / f"ep0-ba{step}-rank0.pt"
+            with zipfile.ZipFile(p, "w") as z:
+                z.writestr("data.pkl", f"step {step}")
+            if not complete:
+                p.write_bytes(p.read_bytes()[:20])
+        out[step] = p
+    return out
+
+
+@examples(80)
+@given(
+    steps=st.dictionaries(st.integers(1, 40), st.booleans(), max_size=5),
+    latest=st.sampled_from(LATEST),
+    fsdp=st.booleans(),
+)
+def test_latest_is_a_hint_a_resume_finds_the_newest_complete_checkpoint_itself(scratch, steps, latest, fsdp):
+    """Whatever `latest` is, the repair resumes from the checkpoint it names when it is a link to a complete one of
+    this folder, else from the newest complete one it finds; `latest` is then a link to it (or gone, with none), and
+    nothing newer is left. A copy by `cp -rL` (latest a file or a folder) resumes from its newest checkpoint."""
+    run = Path(tempfile.mkdtemp(dir=scratch))
+    d = run / "checkpoints"
+    made = _write_checkpoints(d, steps, fsdp)
+    complete = sorted(s for s, ok in steps.items() if ok)
+    link = d / "latest-rank0.pt"
+    target = {
+        "newest": max(steps, default=None),
+        "oldest": complete[0] if complete else None,
+        "partial": min((s for s, ok in steps.items() if not ok), default=None),
+    }.get(latest)
+    if target is not None:
+        os.symlink(made[target].name, link)
+    elif latest == "itself":
+        os.symlink(link.name, link)
+    elif latest == "out":
+        os.symlink(f"../../{made[complete[-1]].name}" if complete else "/etc", link)
+    elif latest == "not a checkpoint":
+        os.symlink("ep0-ba1-rank0.pt\n" if steps else "model.pt", link)
+    elif latest == "copy" and complete:  # cp -rL: the newest checkpoint's bytes in its place
+        (shutil.copytree if fsdp else shutil.copyfile)(made[complete[-1]], link)
+    elif latest == "dangling":
+        os.symlink("ep0-ba999-rank0.pt", link)
+    want = target if target in complete else (complete[-1] if complete else None)
+    check_run_folder(run)  # every one of these is a folder a launch may resume
+    got = repair_checkpoints(run)
+    assert (got.name if got else None) == (made[want].name if want else None), (steps, latest)
+    if want is None:
+        assert not os.path.lexists(link)
+    else:
+        assert os.readlink(link) == made[want].name and latest_checkpoint(run) == made[want]
+        assert [s for s, _ in list_checkpoints(run)] == [s for s in complete if s <= want]
+
+
+@pytest.mark.parametrize(
+    "name, make",
+    [
+        ("ep0-ba3-rank0.pt", lambda p: p.mkdir()),  # a DDP checkpoint's name on a folder
+        ("ep0-ba3", lambda p: p.write_bytes(b"x")),  # an FSDP checkpoint's name on a file
+        ("ep0-ba3-rank0.pt", lambda p: p.symlink_to("/etc/passwd")),
+        ("ep0-ba3", lambda p: os.mkfifo(p)),
+        ("latest-rank0.pt", lambda p: os.mkfifo(p)),
+    ],
+)
+def test_an_entry_named_like_a_checkpoint_that_is_not_one_is_refused_naming_it(tmp_path, name, make):
+    (tmp_path / "checkpoints").mkdir()
+    make(tmp_path / "checkpoints" / name)
+    with pytest.raises(Refusal, match=rf"checkpoints/{re.escape(name)}: named like a checkpoint but"):
+        check_run_folder(tmp_path)
+
+
 def test_rotation_keeps_n_across_restarts(tmp_path):
     d = tmp_path / "checkpoints"
     d.mkdir()
@@ -418,3 +520,16 @@ def test_console_durations_and_when_lines_are_on(monkeypatch):
     assert not console_lines_wanted(10, progress_bar=True) and console_lines_wanted(10, progress_bar=False)
     monkeypatch.setattr("sys.stdout.isatty", lambda: False)  # a job log: lines even with the bar on
     assert console_lines_wanted(10, progress_bar=True) and not console_lines_wanted(0, progress_bar=False)
+
+
+def test_a_restart_reads_the_steps_a_run_folder_holds_in_ascii_digits_only(tmp_path):
+    """Whether a run of an earlier gcc (no `first_checkpoint` in run.json) committed a checkpoint is read from the
+    newest step its logs and exports hold (`why_not_remade`): a cell or a name in other digits (`²`, `٣`) or past 18
+    of them is not a step of the run's, never an int() that fails or a step of another script."""
+    record = {"signature": {}, "lineage": {}}
+    (tmp_path / "train_log.csv").write_text("step,loss\n1,0.5\n²,0.4\n" + "9" * 30 + ",0.3\n")
+    (tmp_path / "val_log.csv").write_text("step,timestep,mse\n0,0.5,1.0\n")
+    (tmp_path / "step-٣٣.safetensors").write_bytes(b"")
+    assert why_not_remade(record, tmp_path, first_save=10) is None
+    (tmp_path / "step-12.safetensors").write_bytes(b"")
+    assert "step 12's rows or export" in why_not_remade(record, tmp_path, first_save=10)

@@ -73,11 +73,12 @@ def test_a_run_stopped_by_damaged_data_resumes_exactly_once_the_data_is_repaired
     data whose index was damaged: every rank stops with exit 6 naming the file (the launcher's code is the faulting
     rank's) before any step, and writes nothing a relaunch could take for progress (its checkpoints, exports and
     rows as they were); relaunched on the repaired data it resumes from step 9 and gives the uninterrupted run's
-    rows exactly."""
+    rows exactly. The run folder is a `cp -rL` copy (`latest` a file, not a link): the launch finds the newest
+    complete checkpoint itself and points `latest` at it."""
     shards = tmp_path / "shards"
     shutil.copytree(e2e_shards, shards)
     bad = _damage(shards, "index")
-    run_dir = stopped_copy(reference, tmp_path / "run", at=9)
+    run_dir = stopped_copy(reference, tmp_path / "run", at=9, dereferenced=True)
     before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     exports, logged = sorted(p.name for p in run_dir.glob("step-*")), rows(run_dir)
     t0 = time.time()

@@ -8,14 +8,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hostile import PLANTED, examples, plant
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gcc import exit_codes
+from gcc.errors import BadInput
 from gcc.training.config import load_config
-from gcc.training.run_folder import Refusal, RunLock
+from gcc.training.run_folder import Refusal, RunLock, check_run_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 YAML = ROOT / "yamls" / "tiny_cpu.yaml"
@@ -150,6 +157,77 @@ def test_an_export_that_is_a_link_is_refused_naming_it(target, e2e_shards, tmp_p
     with pytest.raises(Refusal, match=f"{run_dir / 'step-4.safetensors'}: a symbolic link"):
         _prepare(_cfg(run_dir, e2e_shards))
     assert _files(run_dir) == before
+
+
+IN_PLACE_COLUMNS = ["step", "loss"]
+
+
+def _in_place_writers(run: Path) -> dict[str, Callable[[], object]]:
+    """Every writer of a file the run folder holds that writes it in place, by that file."""
+    from gcc.training.console import open_log_file
+    from gcc.training.csv_logger import CSVLogger
+    from gcc.training.watchdog import dump_stacks
+
+    def lock() -> None:
+        lock = RunLock(run)
+        lock.acquire()
+        lock.release()
+
+    def cache_lock() -> None:
+        lock = RunLock(run)
+        lock.hold_cache(run / "cache")
+        lock.release()
+
+    def train_log() -> None:
+        fd = open_log_file(run / "train.log")
+        os.write(fd, b"a line\n")
+        os.close(fd)
+
+    def csv_log(name: str) -> Callable[[], None]:
+        return lambda: CSVLogger(run, {name: IN_PLACE_COLUMNS}).log_table(IN_PLACE_COLUMNS, [[1, 0.5]], name)
+
+    return {
+        ".lock": lock,
+        "cache/.lock": cache_lock,
+        "train.log": train_log,
+        "train_log.csv": csv_log("train_log"),
+        "val_log.csv": csv_log("val_log"),
+        "stacks/rank0.txt": lambda: dump_stacks(run, 0, "a test"),
+    }
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("in_place")
+
+
+@examples(60)
+@given(
+    name=st.sampled_from(sorted(_in_place_writers(Path("run")))),
+    planted=st.sampled_from(PLANTED),
+    names=st.integers(2, 4),
+)
+def test_a_file_written_in_place_is_never_one_with_other_names(scratch, name, planted, names):
+    """Each file the run writes in place, planted over: its writer refuses (naming the file) anything but a regular
+    file of its own with one name, and the file elsewhere is unchanged; the launch's own check of the run folder
+    (`check_run_folder`) refuses it before any write."""
+    case = Path(tempfile.mkdtemp(dir=scratch))
+    run, victim = case / "run", case / "victim.csv"
+    victim.write_text(",".join(IN_PLACE_COLUMNS) + "\n")  # a CSV log's header: its writer would append to it
+    path = run / name
+    if planted == "another user's" and os.geteuid() != 0:
+        return  # only root can give a file away
+    plant(path, planted, victim, names)
+    before = victim.read_bytes()
+    refused = planted != "own"
+    if name != "cache/.lock":  # the shard cache is not the run folder's
+        with pytest.raises(Refusal, match=re.escape(str(path))) if refused else contextlib.nullcontext():
+            check_run_folder(run)
+    # a refusal is the launch's (Refusal), the reader's or the writer's (BadInput, LinkRefused) or the open's (OSError)
+    expected = pytest.raises((Refusal, BadInput, OSError), match=re.escape(str(path)))
+    with expected if refused else contextlib.nullcontext():
+        _in_place_writers(run)[name]()
+    assert victim.read_bytes() == before
 
 
 @pytest.mark.parametrize("shared_cache", ["data.cache_dir", "the first's default"])

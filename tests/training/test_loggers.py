@@ -37,11 +37,60 @@ ALL = "loggers={tensorboard: {}, wandb: {project: gcc-test}, mlflow: {experiment
         ),
         ("loggers={wandb: {tags: gc25d}}", r"loggers.wandb.tags: expected list\[str\] or None, got 'gc25d'"),
         ("loggers={tensorboard: {log_dir: /tmp/x}}", r"loggers.tensorboard.log_dir: not an argument of Composer's"),
+        # in range, checked with the config: Composer's class takes them and fails in the run (0: at the first step)
+        ("loggers={tensorboard: {flush_interval: 0}}", r"loggers.tensorboard.flush_interval: must be >= 1"),
+        ("loggers={mlflow: {logging_buffer_seconds: -1}}", r"loggers.mlflow.logging_buffer_seconds: must be >= 0"),
     ],
 )
 def test_bad_logger_config_names_the_key(override, match):
     with pytest.raises(ConfigError, match=match):
         load_config(TINY, [override])
+
+
+def _numeric(hint) -> bool:
+    import types
+    import typing
+
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    return any(o in (int, float) for o in options)
+
+
+def test_every_numeric_option_of_a_logger_or_a_callback_has_a_range():
+    """Each number the yaml may give a logger or a Composer callback is range-checked with the config (their table's
+    `bounds`): Composer's classes take values that fail only in the run (`flush_interval: 0` divided by zero at the
+    first step). A new argument of a new Composer fails here until its range is stated."""
+    from gcc.training.composer_callbacks import COMPOSER_CALLBACKS
+    from gcc.training.composer_options import arguments
+    from gcc.training.loggers import LOGGERS
+
+    for table in (LOGGERS, COMPOSER_CALLBACKS):
+        for name, entry in table.items():
+            numeric = [a for a, hint in arguments(entry.composer_class, {"log_dir"}).items() if _numeric(hint)]
+            assert sorted(numeric) == sorted(entry.bounds), (name, numeric, sorted(entry.bounds))
+
+
+@pytest.mark.slow
+def test_an_mlflow_server_that_does_not_answer_is_reported_within_seconds(monkeypatch, tmp_path):
+    """The MLflow logger gcc builds bounds MLflow's requests (gcc/training/loggers.py `MLFLOW_REQUESTS`): a tracking
+    server whose port refuses is reported in seconds, not after MLflow's default ~255 s of retries. A setting in the
+    environment is the user's and stays."""
+    import socket
+    import time
+
+    from gcc.training.loggers import MLFLOW_REQUESTS, _mlflow
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for name in MLFLOW_REQUESTS:
+        monkeypatch.setenv(name, "")  # restored after the test
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "7")
+    t0 = time.monotonic()
+    with pytest.raises(Exception, match="Max retries exceeded"):  # Composer's logger asks for its experiment at once
+        _mlflow(tmp_path, {"tracking_uri": f"http://127.0.0.1:{port}"})
+    assert time.monotonic() - t0 < 30
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2" and os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "7"
 
 
 def test_composers_copies_of_gccs_scalars_are_left_out():

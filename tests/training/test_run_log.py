@@ -20,7 +20,8 @@ from types import SimpleNamespace
 import pytest
 from _launch import BASE, env, finish
 
-from gcc.launcher import _open_run_log, gcc_launch, train_command
+from gcc.compat.composer_launcher import launcher_args
+from gcc.launcher import TRAIN_SCRIPT, _open_run_log, checked_run, gcc_launch, train_command
 from gcc.training.console import ALL_RANKS, RUN_LOG_ONLY, RunLogHandler, configure_logging, open_run_log
 from gcc.training.run_folder import Refusal
 
@@ -94,20 +95,26 @@ def test_a_git_checkout_puts_its_revision_in_the_header(tmp_path, fresh_logging)
     assert f"git {head.stdout.strip()}" in path.read_text().splitlines()[0]
 
 
-@pytest.mark.parametrize("plant", ["symlink", "fifo", "folder"])
+@pytest.mark.parametrize("plant", ["symlink", "hard link", "fifo", "folder"])
 def test_train_log_is_never_opened_through_a_link_or_as_anything_but_a_file(tmp_path, plant, fresh_logging):
     victim = tmp_path / "victim.txt"
     victim.write_text("someone's file")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     target = run_dir / "train.log"
-    {"symlink": lambda: target.symlink_to(victim), "fifo": lambda: os.mkfifo(target), "folder": lambda: target.mkdir()}[
-        plant
-    ]()
-    with pytest.raises(Refusal, match=r"train\.log: (cannot be opened as the run's log|not a regular file)"):
+    {
+        "symlink": lambda: target.symlink_to(victim),
+        "hard link": lambda: os.link(victim, target),  # O_NOFOLLOW does not stop it: the writes would land in victim
+        "fifo": lambda: os.mkfifo(target),
+        "folder": lambda: target.mkdir(),
+    }[plant]()
+    said = r"(cannot be opened as the run's log|not a regular file|a symbolic link|a file with 2 names)"
+    with pytest.raises(Refusal, match=rf"train\.log: {said}"):
         open_run_log(run_dir, 0, 1)  # a FIFO without a reader does not block it
-    # nor by gcc-launch, which then adds nothing to it (each rank refuses it, naming it)
-    assert _open_run_log(["gcc/train.py", str(ROOT / "yamls" / "tiny_cpu.yaml"), f"run_dir={run_dir}"]) is None
+    # nor by gcc-launch, which refuses it the same way before it starts a rank
+    launch = launcher_args(["-n", "1", str(TRAIN_SCRIPT), str(ROOT / "yamls" / "tiny_cpu.yaml"), f"run_dir={run_dir}"])
+    with pytest.raises(Refusal, match=rf"train\.log: {said}"):
+        _open_run_log(checked_run(launch).run_dir)
     assert victim.read_text() == "someone's file"
 
 

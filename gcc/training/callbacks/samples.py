@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)  # not `logger`: Composer passes its Logger un
 
 VARIANTS = ("cond", "uncond")
 SAMPLES = "samples"
+# a round's folder, samples/step-N (ASCII digits: anything else there is not the run's and is left alone)
+STEP_FOLDER = re.compile(r"step-([0-9]{1,18})")
 
 
 @dataclass(frozen=True)
@@ -243,9 +246,7 @@ def rotate_samples(run_dir: str | Path, keep: int) -> list[Path]:
     if keep <= 0 or not root.is_dir():
         return []
     steps = sorted(
-        (int(p.name.removeprefix("step-")), p)
-        for p in root.iterdir()
-        if p.is_dir() and p.name.startswith("step-") and p.name.removeprefix("step-").isdigit()
+        (int(m[1]), p) for p in root.iterdir() if p.is_dir() and (m := STEP_FOLDER.fullmatch(p.name)) is not None
     )
     doomed = [p for _, p in steps[:-keep]]
     for p in doomed:
