@@ -24,7 +24,7 @@ CHECKED = $(RUFF) && $(BYTECODE) && { $(BIN)/mypy & mypy=$$!; $(PYTEST) $(1); st
 # processes in `make test`); a compiled module whose source then changes is recompiled as usual
 BYTECODE = $(BIN)/python -m compileall -q -j 0 gcc tests
 
-.PHONY: setup demo synthetic test test-fast durations lint bench clean
+.PHONY: setup demo synthetic test test-fast durations lint bench mutants clean
 
 setup: $(STAMP)
 
@@ -62,6 +62,13 @@ test-fast: $(STAMP)
 # tests/durations.json anew (each test's time in a full run: the order tests are handed out in)
 durations: $(STAMP)
 	GCC_DURATIONS_OUT=tests/durations.json $(PYTEST) tests
+
+# mutation testing of one core module against the tests that cover it (the table: tests/mutants.py `MODULES`; the
+# scores and the mutants judged equivalent: docs/mutation.md), one mutant at a time in runs/mutants/<module>/; slow
+# (minutes to an hour a module), so not part of `make test`. `make mutants MODULE=gcc/data/mask.py`; after adding
+# tests, `MUTANTS_ARGS=--again` runs only the mutants the last run left alive
+mutants: $(STAMP)
+	$(BIN)/python tests/mutants.py $(MODULE) $(MUTANTS_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/convert.py

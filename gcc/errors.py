@@ -79,13 +79,6 @@ class Refusal(Exception):
     exit_code = exit_codes.REFUSED
 
 
-class LockTimeout(Exception):
-    """A node-wide lock that another process has held for too long (or a lock folder another user planted). The
-    message names the lock file and its holder."""
-
-    exit_code = exit_codes.STALLED
-
-
 def _chain(e: BaseException | None) -> Iterator[BaseException]:
     seen = set()
     while e is not None and id(e) not in seen:

@@ -12,8 +12,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 
+import torch.distributed as tdist
 from safetensors import safe_open
 
 from gcc import exit_codes
@@ -211,6 +214,72 @@ def launch(run_dir, shards, *overrides, timeout=600, clean=True, **how) -> subpr
         (logs / "launcher.out").write_text(out)
         (logs / "launcher.err").write_text(err)
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def run_ranks(folder: Path, script: str, *args: str, n: int = 2, env: dict | None = None, timeout: float = 600):
+    """The Python source `script` run as `n` ranks by Composer's launcher, which gives each its rank and the
+    rendezvous (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: a port of its own choosing, none that a test picks and
+    hands over); the ranks print into `folder`. Returns (the launcher's exit code, what each rank printed: rank 0
+    beside the launcher's own lines). A launch still running after `timeout` fails with its stacks (`finish`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "rank_script.py"
+    path.write_text(script)
+    flags = ["-n", str(n), "--stdout", str(folder / "rank{rank}.out"), "--stderr", str(folder / "rank{rank}.err")]
+    p = subprocess.Popen(
+        [*LAUNCHER, *flags, str(path), *args],
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    with p:
+        out = finish(p, timeout)
+    ranks = [out] + [
+        "".join(
+            (folder / f"rank{r}.{ext}").read_text() for ext in ("out", "err") if (folder / f"rank{r}.{ext}").exists()
+        )
+        for r in range(1, n)
+    ]
+    return p.returncode, ranks
+
+
+@contextmanager
+def rank_0_here(script: str, *args: str, timeout: float = 120):
+    """A real 2-process gloo group whose rank 0 is this process (so that what it runs is a test's own code, in
+    reach of its spies and of mutmut's bookkeeping) and rank 1 the Python source `script`, started with the port of
+    rank 0's store (`sys.argv[1]`: the store binds port 0 and reports the one it got) and `args`; `script` joins
+    with `join_as_rank_1`'s lines. Yields rank 1's Popen (stdout and stderr piped, text); on leaving, the group is
+    destroyed and rank 1 killed if still running."""
+    store = tdist.TCPStore(
+        "127.0.0.1", 0, 2, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout)
+    )
+    rank1 = subprocess.Popen(
+        [sys.executable, "-c", JOIN_AS_RANK_1 + script, str(store.port), *args],
+        env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        tdist.init_process_group("gloo", store=store, rank=0, world_size=2, timeout=timedelta(seconds=timeout))
+        yield rank1
+    finally:
+        if tdist.is_initialized():
+            tdist.destroy_process_group()
+        if rank1.poll() is None:
+            rank1.kill()
+            rank1.communicate()
+
+
+# rank 1 of `rank_0_here`: joins the group through rank 0's store
+JOIN_AS_RANK_1 = """
+import sys
+from datetime import timedelta
+import torch.distributed as tdist
+_store = tdist.TCPStore("127.0.0.1", int(sys.argv[1]), 2, is_master=False, timeout=timedelta(seconds=120))
+tdist.init_process_group("gloo", store=_store, rank=1, world_size=2, timeout=timedelta(seconds=120))
+"""
 
 
 def launch_logs(run_dir: Path) -> list[Path]:

@@ -7,41 +7,56 @@ through `S3_ENDPOINT_URL`, which both gcc.storage and Streaming's downloaders re
 from __future__ import annotations
 
 import os
-import socket
+import re
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from contextlib import suppress
 from pathlib import Path
 
+import psutil
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+RUNNING = re.compile(r"Running on http://127\.0\.0\.1:(\d+)")
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether process `pid` itself listens on TCP `port` (not another process that holds it)."""
+    with suppress(psutil.Error):
+        return any(
+            c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in psutil.Process(pid).net_connections("tcp")
+        )
+    return False
 
 
 class S3Server:
-    def __init__(self, port: int | None = None) -> None:
-        self.port = port or _free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+    def __init__(self) -> None:
+        self.port = 0  # the first start binds port 0: the system gives a free port, and the server says which
         self.start()
 
     def start(self) -> None:
-        """Start serving (again, on the same port: a restarted moto server is empty)."""
+        """Start serving: on the port the system gives the first time, on the same port again after `stop` (a
+        restarted moto server is empty). The port is the one this server's own process reports (werkzeug's
+        "Running on" line) and listens on; no port is picked beforehand and handed over, where another process
+        could take it in between."""
         exe = Path(sys.executable).with_name("moto_server")
+        self.log = tempfile.NamedTemporaryFile(prefix="moto-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
-            [str(exe), "-H", "127.0.0.1", "-p", str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            [str(exe), "-H", "127.0.0.1", "-p", str(self.port)], stdout=subprocess.DEVNULL, stderr=self.log
         )
         deadline = time.time() + 30
         while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+            said = RUNNING.search(Path(self.log.name).read_text(errors="replace"))
+            if said and listens(self.proc.pid, int(said[1])):
+                self.port = int(said[1])
+                self.endpoint = f"http://127.0.0.1:{self.port}"
                 return
-            except OSError as e:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"moto_server exited with {self.proc.returncode}") from e
-                time.sleep(0.1)
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"moto_server exited with {self.proc.returncode}: {Path(self.log.name).read_text()[-2000:]}"
+                )
+            time.sleep(0.1)
         self.stop()
         raise RuntimeError("moto_server did not start within 30 s")
 
@@ -83,6 +98,9 @@ class S3Server:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+        Path(self.log.name).unlink(missing_ok=True)
 
 
 def apply_env(server: S3Server) -> dict[str, str | None]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gcc import exit_codes
-from gcc.errors import BadInput, DamagedData, DiskFull, LockTimeout, Refusal, StorageUnavailable, exit_for
+from gcc.errors import BadInput, DamagedData, DiskFull, Refusal, StorageUnavailable, exit_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +27,6 @@ CODES = {
     "gcc.errors.StorageUnavailable": exit_codes.STORAGE,
     "gcc.errors.DiskFull": exit_codes.DISK,
     "gcc.errors.Refusal": exit_codes.REFUSED,
-    "gcc.errors.LockTimeout": exit_codes.STALLED,
     "gcc.storage.LinkRefused": exit_codes.CONFIG,
     "gcc.names.UnsafeName": exit_codes.CONFIG,
     "gcc.locks.LockHeld": exit_codes.REFUSED,
@@ -104,7 +103,6 @@ def test_every_error_class_of_gcc_has_its_documented_code():
             exit_codes.DATA,
             "damaged data: /d/train/shard.00000.mds: cut short",
         ),
-        (LockTimeout("/tmp/l.lock: held by pid 1"), exit_codes.STALLED, "/tmp/l.lock: held by pid 1"),
         (
             FileNotFoundError(errno.ENOENT, "No such file or directory", "/d/x.json"),
             exit_codes.CONFIG,
@@ -141,7 +139,6 @@ def test_every_error_class_of_gcc_has_its_documented_code():
         "storage",
         "disk",
         "damaged",
-        "lock-timeout",
         "enoent",
         "eisdir",
         "eloop",
@@ -208,42 +205,6 @@ def test_the_trainer_stops_on_a_fault_with_its_own_words(tmp_path):
     # not a fault of the run: a traceback (or a peer's fault), as before
     assert as_fault(FileNotFoundError(errno.ENOENT, "gone", "/x"), str(tmp_path)) is None
     assert as_fault(RuntimeError("Connection closed by peer"), str(tmp_path)) is None
-
-
-@pytest.mark.parametrize("error", ["Refusal", "ConfigError"])
-def test_every_rank_raises_rank_0s_verdict(error, monkeypatch):
-    """`agree_on_start` returns rank 0's RunStart or raises its Refusal or ConfigError, with its message, on every
-    rank (the broadcast stands in for the process group)."""
-    from gcc.training import run_start as launch
-
-    cls = {"Refusal": launch.Refusal, "ConfigError": launch.ConfigError}[error]
-    broadcast = []
-
-    def prepare_run(cfg, lock):
-        raise cls("data /d: the train split has no clips")
-
-    monkeypatch.setattr(launch, "prepare_run", prepare_run)
-    monkeypatch.setattr(launch.dist, "broadcast_object_list", lambda verdict, src: broadcast.append(list(verdict)))
-    monkeypatch.setattr(launch.dist, "get_global_rank", lambda: 0)
-    with pytest.raises(cls, match="^data /d: the train split has no clips$"):
-        launch.agree_on_start(None, None)
-    # another rank: what rank 0 broadcast, raised alike
-    monkeypatch.setattr(launch.dist, "get_global_rank", lambda: 1)
-    monkeypatch.setattr(
-        launch.dist, "broadcast_object_list", lambda verdict, src: verdict.__setitem__(0, broadcast[0][0])
-    )
-    with pytest.raises(cls, match="^data /d: the train split has no clips$"):
-        launch.agree_on_start(None, None)
-
-
-def test_every_rank_gets_rank_0s_run_start(monkeypatch):
-    from gcc.training import run_start as launch
-
-    start = launch.RunStart({}, {}, "", None, "", None)
-    monkeypatch.setattr(launch, "prepare_run", lambda cfg, lock: start)
-    monkeypatch.setattr(launch.dist, "get_global_rank", lambda: 0)
-    monkeypatch.setattr(launch.dist, "broadcast_object_list", lambda verdict, src: None)
-    assert launch.agree_on_start(None, None) is start
 
 
 def test_data_the_launch_cannot_parse_is_refused_naming_it(tmp_path, monkeypatch):

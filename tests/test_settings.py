@@ -13,6 +13,20 @@ from gcc.settings import FRACTION, ROLE, Range, Role, setting
 @pytest.mark.parametrize(
     "bounds, value, said",
     [
+        (Range(1, 100), 1, None),
+        (Range(1, 100), 100, None),
+        (Range(1, 100), 0, "must be >= 1 and at most 100, got 0"),
+        (Range(1, 100), 101, "must be at most 100 (and >= 1), got 101"),
+        (Range(0, 10.0, unit=" seconds", exclusive=True), 1e-9, None),
+        (Range(0, 10.0, unit=" seconds", exclusive=True), 0, "must be > 0 seconds and at most 10 seconds, got 0"),
+        (Range(0, 10.0, unit=" seconds", exclusive=True), 10.5, "must be at most 10 seconds (and > 0), got 10.5"),
+        (Range(0.0), 1e30, None),
+        (Range(0.0), -1, "must be >= 0, got -1"),
+        (Range(0.0, unit=" s", exclusive=True), 0.0, "must be > 0 s, got 0.0"),
+        (Range(0.0, 1.0, said="in [0, 1]"), 1.0, None),
+        (Range(0.0, 1.0, said="in [0, 1]"), 1.5, "must be in [0, 1], got 1.5"),
+        (Range(0.0, 1.0, said="in [0, 1]"), -0.5, "must be in [0, 1], got -0.5"),
+        (Range(0, 2.5e6), 3e6, "must be at most 2.5e+06 (and >= 0), got 3000000.0"),
         (Range(0.0), 0.0, None),
         (Range(0.0), -0.5, "must be >= 0, got -0.5"),
         (Range(1, 8, unit=" ranks"), 9, "must be at most 8 ranks (and >= 1), got 9"),
@@ -21,7 +35,6 @@ from gcc.settings import FRACTION, ROLE, Range, Role, setting
         (Range(0.0, exclusive=True), 0.0, "must be > 0, got 0.0"),
         (Range(0.0, exclusive=True), 1e-9, None),
         (Range(0.5, 2.5), 3, "must be at most 2.5 (and >= 0.5), got 3"),
-        (FRACTION, 1.5, "must be in [0, 1], got 1.5"),
         (FRACTION, -0.0, None),
     ],
 )

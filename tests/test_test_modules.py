@@ -19,7 +19,6 @@ TESTED_IN = {
     "data/batch.py": ["data/test_data.py", "data/test_loader_paths.py", "model/test_flops.py"],
     "data/config.py": ["data/test_data.py"],
     "data/dataset.py": ["data/test_data.py", "data/test_loader_paths.py"],
-    "data/sample_rng.py": ["data/test_mask.py"],
     "data/shards.py": ["data/test_data.py", "data/test_trust_data.py", "data/test_layout.py"],
     "launch_command.py": ["test_launcher.py"],
     "model/config.py": ["model/test_optim.py", "sampling/test_sampler.py"],
@@ -39,7 +38,6 @@ TESTED_IN = {
     "tools/sample/errors.py": ["tools/test_sample.py"],
     "tools/sample/sources.py": ["tools/test_sample.py"],
     "training/batch_change.py": ["training/test_config_runfolder.py", "training/test_train_e2e.py"],
-    "training/builders.py": ["training/callbacks/test_every_callback.py", "training/test_train_e2e.py"],
     "training/callbacks/__init__.py": ["training/callbacks/test_every_callback.py"],
     "training/composer_options.py": ["training/test_composer_callbacks.py", "training/test_loggers.py"],
     "training/signature.py": ["training/test_config_roles.py"],
@@ -58,7 +56,6 @@ TESTED_IN = {
     "training/input_checks.py": ["training/test_config_bounds.py"],
     "training/output_capture.py": ["training/test_run_log.py"],
     "training/entry.py": ["training/test_launch_writes.py", "tools/test_bad_input.py", "training/test_config_names.py"],
-    "training/run_start.py": ["training/test_config_roles.py", "test_errors.py", "training/test_trust_run.py"],
     "training/print_config.py": ["training/test_config_names.py"],
     "training/peer_fault.py": ["training/test_ending.py", "training/test_faults.py"],
     "training/run_folder.py": ["training/test_checkpoint_store.py", "training/test_config_runfolder.py"],
@@ -122,3 +119,16 @@ def test_each_listed_test_module_exists_and_uses_its_module():
             if not path.exists() or not _uses(path, Path(module)):
                 wrong.append(f"{module}: tests/{t} {'does not use it' if path.exists() else 'does not exist'}")
     assert not wrong, wrong
+
+
+def test_the_mutation_table_names_modules_and_tests_that_exist():
+    """tests/mutants.py `MODULES` (`make mutants`, docs/mutation.md): each module and each test file it runs exists,
+    and the equivalent mutants docs/mutation.md lists are of modules in the table."""
+    from mutants import MODULES, equivalent
+
+    for module, target in MODULES.items():
+        assert (ROOT / module).is_file(), module
+        missing = [t for t in target.tests if t.startswith("tests/") and not (ROOT / t.split("::")[0]).exists()]
+        assert not missing, (module, missing)
+    listed = re.findall(r"^- `([^`]+)`: ", (ROOT / "docs" / "mutation.md").read_text(), re.M)
+    assert sum(len(equivalent(m)) for m in MODULES) == len(listed), "an equivalent mutant of a module not in MODULES"

@@ -8,8 +8,8 @@
   `streams_registry`, which the dataset's `stream_name` looks up).
 - `release_stale_shm`: a dead launch's shared memory released, and only its own (Streaming's segment names,
   `_get_path`, and the `locals` segment's layout, `_unpack_locals`).
-- `node_registration_lock`: Streaming's shared-memory registration serialised between jobs on one node (its
-  optimistic scan for a free prefix number races another job's).
+- `register_prefix`: Streaming's shared-memory registration (`get_shm_prefix`) without its race between jobs on one
+  node (its optimistic scan for a free prefix number), and without a lock shared with them.
 - `SizedAttachSharedMemory`: an attach to a shared segment waits until its creator has sized it (installed as
   `streaming.base.shared.memory.BuiltinSharedMemory`, which Streaming's create-or-attach calls).
 - `StreamingBase`, the StreamingDataset that gcc's dataset builds on, with:
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import _posixshmem
 import contextlib
-import fcntl
 import json
 import os
 import threading
@@ -59,19 +58,25 @@ from boto3.session import Session
 # gcc/compat/__init__.py).
 with stand_ins(["streaming.multimodal", "streaming.text", "streaming.vision", "streaming.base.dataloader"]):
     from streaming import MDSWriter, StreamingDataset  # noqa: F401  (MDSWriter: for gcc/data/convert.py)
+    from streaming.base import dataset as streaming_dataset
     from streaming.base.constant import BARRIER_FILELOCK, CACHE_FILELOCK, LOCALS, SHM_TO_CLEAN
     from streaming.base.dataset import _ShardState
     from streaming.base.hashing import get_hash
     from streaming.base.shared import memory as streaming_memory
     from streaming.base.shared.memory import SharedMemory  # attaches without resource-tracker ownership
-    from streaming.base.shared.prefix import _get_path, _unpack_locals
+    from streaming.base.shared.prefix import (
+        _check_and_find_retrying,
+        _check_self,
+        _get_path,
+        _pack_locals,
+        _unpack_locals,
+    )
     from streaming.base.storage import download as streaming_download
     from streaming.base.stream import Stream, streams_registry
     from streaming.base.util import merge_index  # noqa: F401  (for gcc/data/convert.py)
 
 from gcc import inputs, storage
 from gcc.errors import DamagedData
-from gcc.locks import hold_flock, user_lock_dir
 
 # ---- downloaders ---------------------------------------------------------------------------------------------
 # the size the file being fetched on this thread must have (`BoundedStream._download_file` sets it around the
@@ -187,36 +192,61 @@ streams_registry.register("gcc", func=BoundedStream)
 
 
 # ---- registration -------------------------------------------------------------------------------------------
-# Registering a dataset takes well under a second; a lock held this long belongs to a stuck process.
-REGISTRATION_LOCK_TIMEOUT_S = 120.0
+# How many times a local leader scans again for a free prefix number when another job took the one it found.
+REGISTRATION_TRIES = 100
 
 
-@contextlib.contextmanager
-def node_registration_lock(timeout_s: float = REGISTRATION_LOCK_TIMEOUT_S):
-    """Serialise Streaming's shared-memory registration between independent jobs of this user on one node. Every
-    StreamingDataset this project builds (tests included) is built inside it.
+def register_prefix(streams_local: list[str], streams_remote: list, world, retry: int = 100) -> tuple[int, Any]:
+    """Streaming's `get_shm_prefix` (the number that prefixes a dataset's shared memory on this node) without its
+    race between jobs, and without a lock any other job shares: installed in its place.
 
-    Streaming's registration is optimistic: every local rank scans for the first free prefix number, then the
-    local leader creates it and the other ranks attach to the number *they* found. Two jobs starting at once can
-    pick the same number (the leader dies with FileExistsError '/000123_locals'), and a rank that scanned while
-    another job was registering finds another number than its leader (it dies: "Internal error: shared memory
-    prefix ... not registered by local leader"). So the node's local leader takes a file lock, and only then do
-    the other ranks start their scan (a barrier): no other job registers between the scans and the creation.
-    The lock is per user (`user_lock_dir`) and waited for at most `timeout_s`, then LockTimeout names its holder."""
-    sync = tdist.is_available() and tdist.is_initialized()
-    if inputs.env_int("LOCAL_RANK", 0, 0) != 0:
-        if sync:
-            tdist.barrier()  # the leader holds the lock now
-        yield
-        return
-    fd = hold_flock(user_lock_dir() / "streaming_registration.lock", timeout_s, "Streaming's registration lock")
+    Streaming's registration is optimistic: every local rank scans for the first free number, then the local leader
+    creates it and the other ranks attach to the number *they* found. Two jobs starting at once could pick the same
+    number (the leader died with FileExistsError '/000123_locals'), and a rank that scanned while another job was
+    registering could find another number than its leader ("Internal error: shared memory prefix ... not
+    registered by local leader"). Here only the local leader scans, and creates the number's segment exclusively:
+    when another job created it first, it scans again. Then (a barrier) the job's other local ranks look up the
+    number their leader registered for their cache folders: no other job can come between."""
+    _check_self(streams_local)
+    if world.is_local_leader:
+        for _ in range(REGISTRATION_TRIES):
+            prefix_int = max(
+                _check_and_find_retrying(streams_local, streams_remote, shm_name=name, retry=retry)
+                for name in SHM_TO_CLEAN
+            )
+            data = _pack_locals(streams_local, prefix_int)
+            try:
+                shm = SharedMemory(_get_path(prefix_int, LOCALS), True, len(data))
+            except FileExistsError:  # another job's leader created this number since the scan
+                continue
+            shm.buf[: len(data)] = data
+            break
+        else:
+            raise RuntimeError(f"no free shared-memory prefix for {streams_local} in {REGISTRATION_TRIES} scans")
+    if tdist.is_available() and tdist.is_initialized():
+        tdist.barrier()  # the leader has registered
+    if not world.is_local_leader:
+        mine = [p for p in shm_prefixes(streams_local) if _registered(p) == (streams_local, p)]
+        if len(mine) != 1:
+            raise RuntimeError(f"the local leader registered {streams_local} under {len(mine)} prefixes: {mine}")
+        prefix_int = mine[0]
+        shm = SharedMemory(_get_path(prefix_int, LOCALS), False)
+    return prefix_int, shm
+
+
+def _registered(prefix_int: int) -> tuple[list[str], int] | None:
+    """What the prefix's segment records (its cache folders, its number); None when it has none (yet)."""
     try:
-        if sync:
-            tdist.barrier()
-        yield
+        shm = SharedMemory(_get_path(prefix_int, LOCALS), create=False, auto_cleanup=False)
+    except (FileNotFoundError, PermissionError, ValueError):  # ValueError: being created (no size yet)
+        return None
+    try:
+        return _unpack_locals(bytes(shm.buf))
     finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+        shm.shm.close()
+
+
+streaming_dataset.get_shm_prefix = register_prefix
 
 
 # ---- shared memory -------------------------------------------------------------------------------------------
@@ -276,12 +306,10 @@ def shm_prefixes(local_dirs: Sequence[str | Path] | None = None, scan: int = 256
     )
     found = []
     for prefix in prefixes:
-        try:
-            shm = SharedMemory(_get_path(prefix, LOCALS), create=False, auto_cleanup=False)
-        except (FileNotFoundError, PermissionError):
+        registered = _registered(prefix)
+        if registered is None:
             continue
-        theirs, _ = _unpack_locals(bytes(shm.buf))
-        shm.shm.close()
+        theirs, _ = registered
         if local_dirs is None:
             if not theirs or any(os.path.exists(t) for t in theirs):
                 continue

@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from gcc import storage
-from gcc.compat.streaming import StreamingBase, node_registration_lock
+from gcc.compat.streaming import StreamingBase
 from gcc.compat.torch import shutdown_loader_workers
 from gcc.data.batch import gc_collate, new_tensor, pin_batches
 from gcc.data.config import (
@@ -158,28 +158,27 @@ class GcStreamingDataset(StreamingBase):
             raise self._fault(index_url, e) from None
         # Streaming's own defaults, given explicitly (the same shuffle): left unset, each dataset logs a notice
         block = None if num_canonical_nodes is None else max(4_000_000 // num_canonical_nodes, 1 << 18)
-        with node_registration_lock():
-            # validate_hash: every shard is checked against the xxh64 that convert_data recorded when it enters
-            # the cache (a damaged shard otherwise decompresses to garbage or kills the loader's thread)
-            try:
-                super().__init__(
-                    remote=storage.join(data, split),
-                    local=str(self.cache_folder),
-                    batch_size=batch_size,
-                    shuffle=shuffle,
-                    shuffle_seed=self.seed,
-                    num_canonical_nodes=num_canonical_nodes,
-                    cache_limit=cache_limit,
-                    predownload=8 * batch_size if predownload is None else predownload,
-                    shuffle_block_size=block,
-                    validate_hash=SHARD_HASH,
-                )
-            except Exception as e:  # the cache's disk full, or Streaming refusing the (checked) index
-                fault = self._fault(index_url, e)
-                if isinstance(fault, DamagedData) and not isinstance(e, INDEX_DAMAGE):
-                    raise
-                Path(self.cache_folder, "index.json").unlink(missing_ok=True)
-                raise fault from None
+        # validate_hash: every shard is checked against the xxh64 that convert_data recorded when it enters
+        # the cache (a damaged shard otherwise decompresses to garbage or kills the loader's thread)
+        try:
+            super().__init__(
+                remote=storage.join(data, split),
+                local=str(self.cache_folder),
+                batch_size=batch_size,
+                shuffle=shuffle,
+                shuffle_seed=self.seed,
+                num_canonical_nodes=num_canonical_nodes,
+                cache_limit=cache_limit,
+                predownload=8 * batch_size if predownload is None else predownload,
+                shuffle_block_size=block,
+                validate_hash=SHARD_HASH,
+            )
+        except Exception as e:  # the cache's disk full, or Streaming refusing the (checked) index
+            fault = self._fault(index_url, e)
+            if isinstance(fault, DamagedData) and not isinstance(e, INDEX_DAMAGE):
+                raise
+            Path(self.cache_folder, "index.json").unlink(missing_ok=True)
+            raise fault from None
         if limit:
             self.restrict_to(subset_ids(self.num_samples, limit, self.seed))
 

@@ -6,17 +6,15 @@ from __future__ import annotations
 import _posixshmem
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import threading
 import uuid
 from pathlib import Path
 
 import pytest
+from _launch import run_ranks
 from streaming.base.dataset import StreamingDataset, _Iterator, _ShardState
 
-import gcc.compat.streaming  # noqa: F401  (installs its fixes)
+import gcc.compat.streaming as S  # (installs its fixes)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,35 +53,9 @@ def test_a_damaged_shard_met_by_a_download_thread_stops_every_rank_of_the_node_n
     for i in range(len(raw) // 2, len(raw) // 2 + 64):
         raw[i] ^= 0xFF
     bad.write_bytes(bytes(raw))
-    script = tmp_path / "rank.py"
-    script.write_text(RANK)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     cache = tmp_path / "cache" / uuid.uuid4().hex  # one node: one cache (Streaming keys its shared memory on it)
-    procs = []
-    for rank in range(2):
-        env = dict(
-            os.environ,
-            PYTHONPATH=str(ROOT),
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE="2",
-            LOCAL_WORLD_SIZE="2",
-            NODE_RANK="0",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-        )
-        cmd = [sys.executable, str(script), str(data), str(cache)]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=180)[0])
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        pytest.fail("a rank still waits for its loader 180 s after one of its shards was found damaged")
+    # a rank still waiting for its loader 180 s after one of its shards was found damaged: the failure shows where
+    _, outs = run_ranks(tmp_path / "ranks", RANK, str(data), str(cache), timeout=180)
     for rank, out in enumerate(outs):
         assert "ERROR DamagedData" in out and bad.name in out, f"rank {rank}: {out[-2000:]}"
 
@@ -105,3 +77,46 @@ def test_an_attach_waits_for_the_creator_to_size_the_segment():
         sizer.join()
         os.close(fd)
         _posixshmem.shm_unlink(f"/{name}")
+
+
+# ---- registration (gcc/compat/streaming.py `register_prefix`) ----------------------------------------------------
+def test_streaming_registers_through_the_adapter():
+    from streaming.base import dataset
+
+    assert dataset.get_shm_prefix is S.register_prefix
+
+
+def test_a_number_another_job_took_after_the_scan_is_scanned_past(tmp_path, monkeypatch):
+    """Between the leader's scan and its creation another job creates that number: the leader scans again and
+    registers the next free one (Streaming's own died with FileExistsError); the job's other local ranks then find
+    their leader's number by their folders."""
+    from types import SimpleNamespace
+
+    from streaming.base.shared.prefix import _pack_locals
+
+    ours, theirs = [str(tmp_path / "ours")], [str(tmp_path / "theirs")]
+    scans, taken = [], []
+    real_scan = S._check_and_find_retrying
+
+    def scan(*args, **kwargs):
+        found = real_scan(*args, **kwargs)
+        if not taken:  # the other job creates the number this first scan found, before our leader does
+            data = _pack_locals(theirs, found)
+            taken.append(S.SharedMemory(S._get_path(found, S.LOCALS), True, len(data), auto_cleanup=False))
+            taken[0].buf[: len(data)] = data
+        scans.append(found)
+        return found
+
+    monkeypatch.setattr(S, "_check_and_find_retrying", scan)
+    try:
+        prefix, shm = S.register_prefix(ours, [None], SimpleNamespace(is_local_leader=True))
+        other = S._registered(scans[0])
+        assert other == (theirs, scans[0]) and prefix != scans[0]  # theirs kept, ours on another number
+        assert S._registered(prefix) == (ours, prefix)
+        # a rank of ours that is not the node's leader: its leader's number, by its folders
+        found, attached = S.register_prefix(ours, [None], SimpleNamespace(is_local_leader=False))
+        assert found == prefix
+        attached.shm.close()
+        shm.cleanup()
+    finally:
+        S.release_shm([scans[0]])

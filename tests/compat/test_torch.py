@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import threading
 
 import pytest
@@ -44,10 +43,8 @@ def test_shutdown_loader_workers_stops_persistent_workers():
 
 @pytest.fixture
 def one_rank_group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    store = tdist.TCPStore("127.0.0.1", 0, 1, is_master=True)  # port 0: the system gives a free one
+    tdist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         yield
     finally:

@@ -38,12 +38,11 @@ def read_split(out: str, split: str, cache: Path) -> dict[str, ClipRecord]:
     """Every sample of a split through a real StreamingDataset (remote = the conversion, local = a cache)."""
     from streaming import StreamingDataset
 
-    from gcc.compat.streaming import node_registration_lock
+    import gcc.compat.streaming  # noqa: F401  (its registration, race-free beside other jobs)
 
-    with node_registration_lock():  # other jobs on this machine register Streaming shared memory too
-        ds = StreamingDataset(
-            remote=f"{out}/{split}", local=str(cache / f"{split}-{uuid.uuid4().hex[:8]}"), batch_size=1, shuffle=False
-        )
+    ds = StreamingDataset(
+        remote=f"{out}/{split}", local=str(cache / f"{split}-{uuid.uuid4().hex[:8]}"), batch_size=1, shuffle=False
+    )
     return {r.clip_id: r for r in (ClipRecord.from_sample(ds[i]) for i in range(len(ds)))}
 
 

@@ -1,4 +1,5 @@
-"""The world-anchored UNKNOWN mask (docs/design.md §6) and the per-sample draws (docs/design.md §5). CPU only, < 1 min."""
+"""The world-anchored UNKNOWN mask (docs/design.md §6). CPU only, < 1 min. The per-sample draws that decide it:
+tests/data/test_sample_rng.py."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from gcc.data.mask import (
     unknown_cells,
     weighted_quantile,
 )
-from gcc.data.sample_rng import SampleDraw, draw_sample, sample_rng
 from gcc.geometry import Cameras, ground_points
 from gcc.vocab import STATIC_MAX, UNKNOWN
 
@@ -434,68 +434,3 @@ def test_bad_inputs_are_refused():
         apply_unknown_mask(ids, cams, gz, params, calibration="mean")
     with pytest.raises(ValueError):
         MaskParams((0.1, 0.2), (0.1,))
-
-
-# ---- per-sample draws ----------------------------------------------------------------------------------
-def test_draws_are_deterministic_pure_functions_of_the_key():
-    a = [draw_sample(3, 1, i) for i in range(50)]
-    b = [draw_sample(3, 1, i) for i in reversed(range(50))][::-1]  # any visiting order
-    assert a == b
-    assert len({d.uniforms for d in a}) == 50
-    assert draw_sample(3, 1, 7) != draw_sample(3, 2, 7) and draw_sample(3, 1, 7) != draw_sample(4, 1, 7)
-    with pytest.raises(ValueError):
-        draw_sample(-1, 0, 0)
-
-
-def test_draw_rates_and_independence():
-    n = 20000
-    draws = [draw_sample(11, 2, i) for i in range(n)]
-    t = np.array([d.drop_text for d in draws])
-    c = np.array([d.drop_cond for d in draws])
-    m = np.array([d.mask is not None for d in draws])
-    u = np.array([d.uniforms for d in draws])
-
-    def near(x, p, count):
-        return abs(x - p) <= 5 * math.sqrt(p * (1 - p) / count)
-
-    assert near(t.mean(), 0.1, n) and near(c.mean(), 0.05, n)
-    assert not (m & c).any()  # mask only when cond is kept
-    assert near(m[~c].mean(), 0.5, (~c).sum())
-    assert near((t & c).mean(), 0.1 * 0.05, n)  # text and cond independent
-    assert near(t[m].mean(), 0.1, m.sum()) and near(t[~m].mean(), 0.1, (~m).sum())
-    corr = np.corrcoef(u.T)
-    assert np.all(np.abs(corr[np.triu_indices(3, 1)]) < 5 / math.sqrt(n))
-    assert np.all(np.abs(u.mean(0) - 0.5) < 5 * math.sqrt(1 / 12 / n))
-    planes = np.array([d.mask.n_planes for d in draws if d.mask is not None])
-    assert near((planes == 1).mean(), 0.7, len(planes))
-    th = np.concatenate([d.mask.thetas for d in draws if d.mask is not None])
-    qs = np.concatenate([d.mask.qs for d in draws if d.mask is not None])
-    assert th.min() >= 0 and th.max() < 2 * math.pi and abs(th.mean() - math.pi) < 5 * math.pi / math.sqrt(3 * len(th))
-    assert qs.min() >= 0.05 and qs.max() <= 0.40 and abs(qs.mean() - 0.225) < 5 * 0.35 / math.sqrt(12 * len(qs))
-
-
-def test_draw_order_text_cond_mask_then_params():
-    """The first three numbers of the sample's generator are the text, cond and mask uniforms, in that order;
-    then n_planes, then θ, q per plane. The probabilities never change what is drawn before the mask."""
-    for i in range(200):
-        d = draw_sample(5, 0, i, p_mask=1.0)
-        rng = sample_rng(5, 0, i)
-        assert d.uniforms == tuple(float(x) for x in rng.random(3))
-        assert d.drop_text == (d.uniforms[0] < 0.1) and d.drop_cond == (d.uniforms[1] < 0.05)
-        if d.mask is None:
-            assert d.drop_cond
-            continue
-        k = 1 if rng.random() < 0.7 else 2
-        assert d.mask.n_planes == k
-        for j in range(k):
-            assert d.mask.thetas[j] == 2 * math.pi * rng.random()
-            assert d.mask.qs[j] == 0.05 + 0.35 * rng.random()
-        # other text/cond probabilities (cond still kept) leave the mask parameters unchanged
-        other = draw_sample(5, 0, i, p_text=0.9, p_cond=d.uniforms[1] * 0.5, p_mask=d.uniforms[2] + 1e-12)
-        assert other.mask == d.mask and other.uniforms == d.uniforms and other.drop_text == (d.uniforms[0] < 0.9)
-
-
-def test_val_probabilities_zero_drop_nothing():
-    for i in range(2000):
-        d = draw_sample(0, 3, i, 0.0, 0.0, 0.0)
-        assert d == SampleDraw(False, False, None, d.uniforms)

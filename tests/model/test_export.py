@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import socket
 import stat
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -13,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from _gc_helpers import export_metadata, make_batch, null_embedding, randomize_cond, tiny_dit
+from _launch import run_ranks
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -365,23 +364,17 @@ def test_legacy_zero2_checkpoint_import(tmp_path):
         import deepspeed  # noqa: F401
     except ImportError:
         pytest.skip("deepspeed (optional extra `legacy`) is not installed")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    repo = str(ROOT)
-    env = dict(
-        os.environ,
-        RANK="0",
-        WORLD_SIZE="1",
-        LOCAL_RANK="0",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        PYTHONPATH=os.pathsep.join([repo] + sys.path),
-    )
     ck, ref = tmp_path / "state", tmp_path / "ref.pt"
-    subprocess.run(
-        [sys.executable, "-c", _WRITE_ZERO2, str(ck), str(ref)], env=env, check=True, timeout=300, capture_output=True
+    code, outs = run_ranks(
+        tmp_path / "rank",
+        _WRITE_ZERO2,
+        str(ck),
+        str(ref),
+        n=1,
+        env={"PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])},
+        timeout=300,
     )
+    assert code == 0, outs[0][-4000:]
     dit = tiny_dit(seed=5)
     assert export.load_legacy_zero(dit, ck)["kind"] == "gc25d"
     want = torch.load(ref)

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _launch import run_ranks
 
 from gcc.synth.wan_layout import write_wan_dit
 
@@ -187,28 +185,14 @@ dist.destroy_process_group()
 @pytest.mark.slow
 def test_fsdp2_two_ranks_match_one_process(tmp_path):
     write_wan_dit(tmp_path, seed=21)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(
-        os.environ,
-        WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join([str(HERE.parent), str(HERE)]),
+    code, outs = run_ranks(
+        tmp_path / "ranks",
+        RANK_SCRIPT,
+        str(tmp_path),
+        str(tmp_path),
+        env={"PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE)])},
     )
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", RANK_SCRIPT, str(tmp_path), str(tmp_path)],
-            env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for r in range(2)
-    ]
-    outs = [p.communicate(timeout=600)[0].decode()[-4000:] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
+    assert code == 0, [o[-4000:] for o in outs]
     from safetensors import safe_open
 
     for r in range(2):

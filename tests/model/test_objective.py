@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import torch
 from _gc_helpers import make_batch, make_samples, null_embedding, randomize_cond, tiny_dit
@@ -9,7 +11,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from gcc.compat.diffsynth import FlowMatchScheduler
 from gcc.data.batch import gc_collate
-from gcc.model.flow import make_scheduler, train_draw, val_noise
+from gcc.model.flow import make_scheduler
 from gcc.model.objective import GcTrainModel, GcValMSE, resolve_timesteps
 from gcc.model.objective_stats import TRAIN_STATS, VAL_ROW_FIELDS
 from gcc.model.optim import BETAS, build_optimizer, param_groups
@@ -18,6 +20,23 @@ from gcc.training.schedule import composer_scheduler, trainer_schedule_kwargs
 
 def _model(seed=0, dit_seed=0, **kw):
     return GcTrainModel(tiny_dit(seed=dit_seed), seed=seed, null_context=null_embedding(), null_id=3, **kw)
+
+
+def _generator(*parts) -> torch.Generator:
+    """docs/design.md §7's draws written out here, not gcc's: a CPU generator seeded by the blake2b (8 bytes, little
+    endian, 63 bits) of the parts joined by \\x1f."""
+    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little") & ((1 << 63) - 1))
+
+
+def _train_draw(seed, sample_id, epoch, shape):
+    """(tid ~ U{0..999}, then eps ~ N(0, 1)) of one training sample: from `_generator("gcc.train", ...)`."""
+    g = _generator("gcc.train", seed, sample_id, epoch)
+    return torch.randint(0, 1000, (1,), generator=g), torch.randn(tuple(shape), generator=g)
+
+
+def _val_noise(seed, clip_id, tid, shape):
+    return torch.randn(tuple(shape), generator=_generator("gcc.val", seed, clip_id, tid))
 
 
 def test_loss_equals_hand_computation():
@@ -32,7 +51,7 @@ def test_loss_equals_hand_computation():
     x0 = b["input_latents"].float()
     expect = []
     for i in range(2):
-        tid, eps = train_draw(42, b["sample_id"][i], b["epoch"][i], x0.shape[1:])
+        tid, eps = _train_draw(42, b["sample_id"][i], b["epoch"][i], x0.shape[1:])
         t = sched.timesteps[int(tid)]
         x_t = sched.add_noise(x0[i], eps, t)
         x_t[:, 0] = x0[i, :, 0]  # clean first frame
@@ -357,26 +376,30 @@ def test_val_variants_share_noise_and_differ_as_expected():
     randomize_cond(model.dit)
     out2 = model.eval_forward(b)
     assert (out2["mse_uncond"] - out2["mse"]).abs().min() > 0
-    # cond and nulltext by hand (the NULL_PROMPT embedding and id in every cell, the clip's own sem ids): the same
-    # val noise, the clean first frame, frames 1.. in the MSE; and the val_log gap is their difference
+    # the three variants by hand, on noise drawn here as docs/design.md §9.8 says (not by gcc's val_noise): cond,
+    # uncond (every sem id UNKNOWN), nulltext (the NULL_PROMPT embedding in every cell, the clip's own sem ids); the
+    # same noise for all three, the clean first frame, frames 1.. in the MSE; and the val_log gap is their difference
     sched = make_scheduler(1000, 5.0)
     x0 = b["input_latents"].float()
     null_ctx, null_index = null_embedding().float().expand(1, 1, -1, -1), torch.zeros(1, 3, dtype=torch.long)
-    hand = {"mse": torch.zeros(3, 2), "mse_nulltext": torch.zeros(3, 2)}
+    hand = {"mse": torch.zeros(3, 2), "mse_uncond": torch.zeros(3, 2), "mse_nulltext": torch.zeros(3, 2)}
     for j, (tid, t) in enumerate(resolve_timesteps(sched, [200, 500, 800])):
         for i in range(2):
-            eps = val_noise(0, b["clip_id"][i], tid, x0.shape[1:])
+            eps = _val_noise(0, b["clip_id"][i], tid, x0.shape[1:])
             x_t = (1 - sched.sigmas[tid]) * x0[i] + sched.sigmas[tid] * eps
             x_t[:, 0] = x0[i, :, 0]
-            for name, ctx, ids in (
-                ("mse", b["context"][i : i + 1, : b["prompts"][i]], b["context_index"][i : i + 1]),
-                ("mse_nulltext", null_ctx, null_index),
+            clip_text = b["context"][i : i + 1, : b["prompts"][i]], b["context_index"][i : i + 1]
+            sem, unknown = b["sem_ids"][i : i + 1], torch.full_like(b["sem_ids"][i : i + 1], 255)
+            for name, (ctx, ids), ids_seen in (
+                ("mse", clip_text, sem),
+                ("mse_uncond", clip_text, unknown),
+                ("mse_nulltext", (null_ctx, null_index), sem),
             ):
                 with torch.no_grad():
-                    pred = model.dit.gc_forward(x_t[None], torch.tensor([t]), ctx, ids, b["sem_ids"][i : i + 1])[0]
+                    pred = model.dit.gc_forward(x_t[None], torch.tensor([t]), ctx, ids, ids_seen)[0]
                 hand[name][j, i] = (pred[:, 1:] - (eps - x0[i])[:, 1:]).pow(2).mean()
-    torch.testing.assert_close(out2["mse"], hand["mse"], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(out2["mse_nulltext"], hand["mse_nulltext"], rtol=1e-5, atol=1e-6)
+    for name in hand:
+        torch.testing.assert_close(out2[name], hand[name], rtol=1e-5, atol=1e-6)
     metric = GcValMSE([t for _, t in model.val_steps])
     metric.update(out2["mse"], out2["mse_uncond"], out2["mse_nulltext"])
     gaps = [r["gap_nulltext"] for r in metric.rows()]
@@ -404,3 +427,40 @@ def test_val_metric_rows():
     assert rows[1]["gap_nulltext"] == pytest.approx(-2 / 3) and rows[1]["n"] == 3
     assert all(tuple(r) == VAL_ROW_FIELDS for r in rows)  # the declared fields, in the declared order
     assert m.compute().item() == pytest.approx((3.0 + 2.0) / 2)
+
+
+# rank 1 of the group (tests/_launch.py `rank_0_here`): its own clips' MSEs, then the synced rows
+VAL_RANK1 = """
+import json, torch
+from gcc.model.objective import GcValMSE
+
+m = GcValMSE([201.3, 500.6])
+m.update(torch.tensor([[5.0], [1.0]]), torch.tensor([[6.0], [1.0]]), torch.tensor([[5.0], [4.0]]))
+print(json.dumps(m.rows()), flush=True)
+"""
+
+
+@pytest.mark.slow  # starts rank 1's process
+def test_val_rows_are_the_mean_over_every_ranks_clips():
+    """In a real 2-process gloo group, each rank's clips' MSEs: both ranks' val_log rows are the means over all
+    three clips (computed here by hand)."""
+    import json
+
+    from _launch import rank_0_here
+
+    with rank_0_here(VAL_RANK1) as rank1:
+        m = GcValMSE([201.3, 500.6])
+        m.update(
+            torch.tensor([[1.0, 3.0], [2.0, 2.0]]),
+            torch.tensor([[2.0, 4.0], [2.0, 2.0]]),
+            torch.tensor([[1.5, 3.5], [1.0, 1.0]]),
+        )
+        rows = m.rows()
+        out, err = rank1.communicate(timeout=120)
+    assert rank1.returncode == 0, err[-3000:]
+    want = [
+        dict(timestep=201.3, mse=3.0, mse_uncond=4.0, mse_nulltext=10 / 3, gap_uncond=1.0, gap_nulltext=1 / 3, n=3),
+        dict(timestep=500.6, mse=5 / 3, mse_uncond=5 / 3, mse_nulltext=2.0, gap_uncond=0.0, gap_nulltext=1 / 3, n=3),
+    ]
+    for got in (rows, json.loads(out)):
+        assert got == [pytest.approx(w) for w in want]

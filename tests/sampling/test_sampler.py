@@ -11,6 +11,7 @@ from _gc_helpers import make_batch, randomize_cond, tiny_dit
 
 from gcc.model.config import WAN_SHIFT
 from gcc.sampling.sampler import clip_noise, make_sampling_scheduler, sample_latents
+from gcc.vocab import UNKNOWN
 
 SHAPE = (48, 3, 4, 4)  # [C, T, h, w] of make_batch's tiny clip
 
@@ -65,9 +66,27 @@ def test_a_sample_is_a_pure_function_of_its_noise_and_frame0_is_the_clean_latent
     assert torch.isfinite(x).all()
 
 
+@torch.no_grad()
 def test_the_semantic_condition_reaches_the_sample(clip):
+    """One step from noise (σ 1 to 0: Wan's shifted schedule keeps σ = 1, timestep 1000) is x − v, v the model's
+    prediction for the clip's sem ids, frame 0 the clean latent: computed here from the model itself, for the ids
+    and for none known (all UNKNOWN), whose predictions differ; the sampler gives each."""
     dit, kw = clip
     noise = clip_noise(0, "c", SHAPE)
-    x = sample_latents(dit, **kw, noise=noise)
-    shifted = sample_latents(dit, **{**kw, "sem": torch.roll(kw["sem"], 1, dims=-1)}, noise=noise)
-    assert not torch.equal(x[:, 1:], shifted[:, 1:])
+    wants = []
+    for sem in (kw["sem"], torch.full_like(kw["sem"], UNKNOWN)):
+        x = noise.clone()
+        x[:, :1] = kw["first"]
+        v = dit.gc_forward(
+            x.unsqueeze(0),
+            torch.tensor([1000.0]),
+            kw["context"].unsqueeze(0),
+            kw["context_index"].unsqueeze(0),
+            sem.unsqueeze(0),
+            first_frame_cond=True,
+        )[0].float()
+        want = x - v
+        want[:, :1] = kw["first"]
+        torch.testing.assert_close(sample_latents(dit, **{**kw, "sem": sem, "steps": 1}, noise=noise), want)
+        wants.append(want)
+    assert (wants[0][:, 1:] - wants[1][:, 1:]).abs().mean() > 0.01

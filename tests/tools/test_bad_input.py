@@ -908,6 +908,35 @@ CREDENTIAL_ENTRIES: dict[str, tuple[str, Callable[[World], list[str]]]] = {
 }
 
 
+# where the URL enters, as the refusal names it
+ENTERS = {
+    **{f"train-{key}": f"config error: {key}: " for key in ("data.path", "save_folder", "run_dir", "data.cache_dir")},
+    **{
+        f"train-model.{key}": f"config error: model.{key}: "
+        for key in ("model_dir", "init_ckpt", "legacy_zero_ckpt", "vae_path")
+    },
+    "convert-src": "--data s3://***@bucket/p",
+    "convert-out": "--out s3://***@bucket/p",
+    "maskstats-data": "--data s3://***@bucket/p",
+    "maskstats-json": "--out s3://***@bucket/p",
+    "sample-ckpt": "--ckpt s3://***@bucket/p",
+    "sample-out-dir": "--out s3://***@bucket/p",
+    "inspect-file": "error: s3://***@bucket/p",
+    "plot-out": "--out s3://***@bucket/p",
+}
+# the entries that refuse such a URL for another reason first (a flag that takes no object storage), or read it as
+# the local path it also is
+CREDENTIAL_SAID = {
+    "sample-data-root": ["--data s3://***@bucket/p", "object-store shards are not read"],
+    "synth-out": ["--out s3://***@bucket/p", "a local folder is needed"],
+    "plot-run-dir": ["***@bucket/p/train_log.csv: no train rows to plot"],
+}
+
+
+def test_every_credential_case_names_what_it_expects():
+    assert sorted(CREDENTIAL_ENTRIES) == sorted({*ENTERS, *CREDENTIAL_SAID})
+
+
 @pytest.mark.parametrize("case", sorted(CREDENTIAL_ENTRIES))
 def test_a_url_with_credentials_is_refused_and_its_secret_never_printed(case, tmp_path, request, call, monkeypatch):
     """`s3://KEY:SECRET@bucket/p` anywhere a path enters: exit 2 before anything is read or written, one line, and
@@ -917,7 +946,8 @@ def test_a_url_with_credentials_is_refused_and_its_secret_never_printed(case, tm
     monkeypatch.chdir(tmp_path)  # a tool that took the URL for a local path writes here, not in the checkout
     prog, make = CREDENTIAL_ENTRIES[case]
     r = call(prog, make(World(tmp_path, request)))
-    check(r, 2, [], prog)
+    said = CREDENTIAL_SAID.get(case) or [ENTERS[case], "a URL with credentials in it (user:password@) is refused"]
+    check(r, 2, said, prog)
     assert SECRET not in r.stdout + r.stderr and "SeCrEt" not in r.stdout + r.stderr, r.stdout + r.stderr
     if prog == "gcc.train":
         assert "credentials" in r.stderr and not (tmp_path / "run").exists(), r.stderr

@@ -74,9 +74,11 @@ def test_a_write_is_committed_when_the_ranks_agree_it_is_complete(tmp_path):
     gate = threading.Event()
     job = writes.write_file({"w": torch.ones(3)}, path, 3)
     writes.start(path.name, str(path), 3, lambda: (gate.wait(), job()), 0.0)
-    sync.totals = {"written": 0.0}  # step 4's reduce: not done on every rank
-    assert not writes.commit_due(4) and not path.exists()
-    gate.set()
+    try:
+        sync.totals = {"written": 0.0}  # step 4's reduce: not done on every rank
+        assert not writes.commit_due(4) and not path.exists()
+    finally:  # the writer is let go whatever failed: a thread left waiting would hang pytest's exit (it joins it)
+        gate.set()
     writes.pending.job.result()  # type: ignore[union-attr]
     assert zipfile.is_zipfile(path) and [p.name for p in ckpt_dir(tmp_path).iterdir()] == [path.name]
     sync.totals = {"written": 1.0}

@@ -177,15 +177,53 @@ def test_the_run_signature_is_the_one_recorded_before_the_roles(tmp_path):
     assert diff_signatures(before, signature) == []
 
 
+# the run's identity (docs/training.md, "Resuming"): each signed config field and its key in run.json's signature,
+# pinned here rather than derived from the roles: a field that stops being signed, or starts, fails below
+SIGNED = {
+    "model.preset": "model.preset",
+    "model.overrides": "model.overrides",
+    "model.vocab": "model.vocab",
+    "model.first_frame_cond": "model.first_frame_cond",
+    "model.model_dir": "model.base_weights",
+    "model.init_ckpt": "model.init_ckpt",
+    "model.legacy_zero_ckpt": "model.legacy_zero_ckpt",
+    "data.path": "data.manifest_sha256",
+    "data.text_dropout": "data.text_dropout",
+    "data.cond_dropout": "data.cond_dropout",
+    "data.mask_p": "data.mask_p",
+    "data.mask_calibration": "data.mask_calibration",
+    "data.max_frame_coverage": "data.max_frame_coverage",
+    "data.num_canonical_nodes": "data.num_canonical_nodes",
+    "data.limit": "data.limit",
+    "seed": "seed",
+    "precision": "precision",
+    "parallelism": "parallelism",
+    "optimizer.lr": "optim.lr",
+    "optimizer.cond_lr": "optim.cond_lr",
+    "optimizer.weight_decay": "optim.weight_decay",
+    "optimizer.betas": "optim.betas",
+    "scheduler.t_warmup": "optim.warmup_steps",
+    "algorithms.gradient_clipping.clipping_threshold": "optim.grad_clip",
+}
+# signed only at a value other than their default (every run before they were settings had the default)
+SIGNED_OFF_DEFAULT = {
+    "optimizer.name",
+    "optimizer.eps",
+    "scheduler.name",
+    "scheduler.alpha_f",
+    "algorithms.gradient_clipping.clipping_type",
+}
+
+
 def test_each_identity_field_is_in_the_signature_and_nothing_else_is(tmp_path):
-    """A field declared identity=True is signed under its key, one that declares a signature key under that key
-    (a path: what run_start.run_signature computes to identify it); a field signed only off its default
-    (sign_default=False) is not, at its default."""
+    """The signature holds the signed fields under their keys and nothing else; the roles declare exactly these (a
+    field declared identity=True under its own key, one that names its signature key under that key), and those
+    signed only off their default are not signed at it."""
     cfg, _, _ = _pinned_config(tmp_path)
-    plain = {key for key, role in ROLES.items() if role.identity is True and role.sign_default}
-    renamed_or_computed = {role.identity for role in ROLES.values() if isinstance(role.identity, str)}
-    assert set(run_signature(cfg, MANIFEST)) == plain | renamed_or_computed
-    assert {"optim.lr", "optim.warmup_steps", "optim.grad_clip", "optim.betas"} <= renamed_or_computed
+    assert set(run_signature(cfg, MANIFEST)) == set(SIGNED.values())
+    declared = {k: k if r.identity is True else r.identity for k, r in ROLES.items() if r.identity and r.sign_default}
+    assert declared == SIGNED
+    assert {k for k, r in ROLES.items() if r.identity and not r.sign_default} == SIGNED_OFF_DEFAULT
 
 
 def test_the_old_keys_give_the_signature_of_the_new_ones(tmp_path):
@@ -375,3 +413,24 @@ def test_the_fault_hooks_are_a_test_only_section():
     )
     with pytest.raises(ConfigError, match=r"unknown key\(s\): inject_nonfinite_step"):
         load_config(None, ["inject_nonfinite_step=3"])
+
+
+@pytest.mark.parametrize(
+    "signed, named",
+    [
+        ("optim.lr", "optimizer.lr"),  # renamed since runs recorded it
+        ("optim.betas", "optimizer.betas"),
+        ("optim.warmup_steps", "scheduler.t_warmup"),
+        ("optim.grad_clip", "algorithms.gradient_clipping.clipping_threshold"),
+        ("data.manifest_sha256", "data.path (manifest sha256)"),  # what is signed of a path
+        ("model.base_weights", "model.model_dir (base weights)"),
+        ("scheduler.horizon", "max_duration (in batches: the decaying schedule's horizon)"),
+        ("seed", "seed"),  # signed under its own key
+        ("model.init_ckpt", "model.init_ckpt"),
+        ("no.such_key", "no.such_key"),
+    ],
+)
+def test_a_signature_key_is_named_as_the_config_names_it_now(signed, named):
+    from gcc.training.config import signature_key_name
+
+    assert signature_key_name(signed) == named

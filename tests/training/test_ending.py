@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 from _launch import ROOT, WORKER, launch
-from s3server import _free_port
 
 pytestmark = pytest.mark.slow
 
@@ -87,16 +86,14 @@ def test_a_refused_launch_ends_as_cleanly(tmp_path):
 
 # a process that ends while a daemon thread is inside a store call: the peer-fault watch polling without pause
 BUSY_WATCH = """
-import socket, sys, time
+import sys, time
 import torch.distributed as dist
 from gcc.training.ending import end_launch, exit_process
 from gcc.training.peer_fault import watch_peers
 from gcc.training.watchdog import StallWatchdog
 
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True)  # port 0: the system gives a free one
+dist.init_process_group("gloo", store=store, rank=0, world_size=1)
 watch_peers(0, lambda code, message: None, poll_s=0)
 StallWatchdog(sys.argv[2], 0, poll_s=0.01)
 time.sleep(0.5)
@@ -136,8 +133,11 @@ import torch, torch.distributed as dist
 from gcc.training import ending, peer_fault  # peer_fault: loaded by a run before its end, as by gcc.training.trainer
 from gcc.training.ending import exit_process
 
-rank, port, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+rank, port, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+# rank 0's store binds port 0 and says which port it got; rank 1 is started with it
+store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, wait_for_workers=False)
+print(f"PORT {store.port}", flush=True)
+dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
 if rank == 1:
     time.sleep(2)
     dist.all_reduce(torch.ones(1))
@@ -154,19 +154,22 @@ exit_process(code)
 
 
 def _late_peer(mode: str) -> tuple[subprocess.Popen, subprocess.Popen]:
-    port = str(_free_port())
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    return tuple(
-        subprocess.Popen(
-            [sys.executable, "-c", LATE_PEER, str(r), port, mode],
+
+    def rank(r: int, port: int) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-c", LATE_PEER, str(r), str(port), mode],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
         )
-        for r in (0, 1)
-    )
+
+    first = rank(0, 0)
+    said = first.stdout.readline()  # the port rank 0's store got
+    assert said.startswith("PORT "), (said, first.poll())
+    return first, rank(1, int(said.split()[1]))
 
 
 def test_a_rank_ends_while_a_gloo_worker_still_holds_its_tensor_and_exits():

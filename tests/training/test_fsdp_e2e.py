@@ -87,7 +87,10 @@ def test_fsdp_trains_as_ddp_and_writes_sharded_checkpoints(fsdp_reference, refer
         a, meta_a = export_tensors(fsdp_reference / f"step-12{ema}.safetensors")
         b, _ = export_tensors(reference / f"step-12{ema}.safetensors")
         assert set(a) == set(b) and len(a) == len(b)
-        assert all(torch.allclose(a[k].float(), b[k].float(), rtol=2e-2, atol=1e-3) for k in a)
+        # equal up to summation order in fp32, then rounded to the export's bf16: at most one bf16 step apart (a
+        # relative 2**-7 at worst), where a loose tolerance (2e-2) would let a wrong update through
+        far = [k for k in a if not torch.allclose(a[k].float(), b[k].float(), rtol=2**-7, atol=1e-6)]
+        assert not far, [(k, float((a[k].float() - b[k].float()).abs().max())) for k in far[:5]]
         assert meta_a["format"] == "gc25d" and meta_a["step"] == "12"
     # samples with the model sharded: every rank samples in lockstep (3 clips on 2 ranks), rank 0 gathers; the same
     # clips and, from the same noise and nearly the same weights, nearly the same scores as DDP

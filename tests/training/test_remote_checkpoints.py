@@ -11,6 +11,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 from contextlib import contextmanager, suppress
@@ -151,54 +152,65 @@ def test_a_launch_that_lost_its_prefix_uploads_nothing_more_and_stops_with_3(
     assert storage.list_prefix(remote) == before  # nothing uploaded after the claim
 
 
+def _unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def two_nodes(run_dir, shards, *overrides) -> tuple[str, str]:
     """Two launchers of one rank each (`--world_size 2 --nproc 1 --node_rank R`) on this machine, as two nodes whose
     run folders are node-local: node 1 runs in its own mount namespace with an empty tmpfs over `run_dir` (and over
     /dev/shm, and its own TMPDIR, as another machine has). Node 1 prints its checkpoints folder when it ends.
-    Returns both outputs; both launchers must exit 0."""
+    Returns both outputs; both launchers must exit 0. The launchers meet at a port named to both (as on a cluster:
+    the system cannot give one port to two processes); one that another process took between its pick and node 0's
+    bind (EADDRINUSE) is picked again."""
     from _launch import ROOT, cmd, env
-    from s3server import _free_port
 
-    port = str(_free_port())
+    for _ in range(3):
+        port = str(_unused_port())
 
-    def args(node: int) -> list[str]:
-        flags = ["--world_size", "2", "--master_addr", "127.0.0.1", "--master_port", port, "--node_rank", str(node)]
-        return cmd(run_dir, shards, *overrides, n=1, launcher=flags)
+        def args(node: int, port: str = port) -> list[str]:
+            flags = ["--world_size", "2", "--master_addr", "127.0.0.1", "--master_port", port]
+            return cmd(run_dir, shards, *overrides, n=1, launcher=[*flags, "--node_rank", str(node)])
 
-    node0 = subprocess.Popen(
-        args(0),
-        env=env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    tmp1 = tempfile.mkdtemp(prefix="gcc-node1-")  # short: the forkserver's socket path must fit AF_UNIX's limit
-    script = (
-        f"mount -t tmpfs none {run_dir} && mount -t tmpfs none /dev/shm && "
-        f"{shlex.join(args(1))}; rc=$?; "
-        f"echo NODE1_CHECKPOINTS; (cd {run_dir}/checkpoints && find . -type f | sort); exit $rc"
-    )
-    node1 = subprocess.Popen(
-        ["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
-        env=dict(env(), TMPDIR=tmp1),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        cwd=ROOT,
-    )
-    outs = []
-    try:
-        for p in (node1, node0):
-            outs.append(finish(p, 600))
-            assert p.returncode == 0, outs[-1][-4000:]
-    finally:
-        for q in (node0, node1):  # the other node, when one failed or did not end
-            with suppress(ProcessLookupError):
-                os.killpg(q.pid, signal.SIGKILL)
-        shutil.rmtree(tmp1, ignore_errors=True)
-    return outs[1], outs[0]
+        tmp1 = tempfile.mkdtemp(prefix="gcc-node1-")  # short: the forkserver's socket path must fit AF_UNIX's limit
+        script = (
+            f"mount -t tmpfs none {run_dir} && mount -t tmpfs none /dev/shm && "
+            f"{shlex.join(args(1))}; rc=$?; "
+            f"echo NODE1_CHECKPOINTS; (cd {run_dir}/checkpoints && find . -type f | sort); exit $rc"
+        )
+        log1 = open(os.path.join(tmp1, "node1.out"), "w+")
+        node0 = subprocess.Popen(
+            args(0), env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        node1 = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
+            env=dict(env(), TMPDIR=tmp1),
+            stdout=log1,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            cwd=ROOT,
+        )
+        try:
+            out0 = finish(node0, 600)
+            if node0.returncode != 0 and "EADDRINUSE" in out0:
+                continue  # the port was taken meanwhile: both again, on another
+            finish(node1, 600)
+            log1.seek(0)
+            out1 = log1.read()
+            assert node0.returncode == 0, out0[-4000:]
+            assert node1.returncode == 0, out1[-4000:]
+            return out0, out1
+        finally:
+            for q in (node0, node1):  # the other node, when one failed or did not end
+                with suppress(ProcessLookupError):
+                    os.killpg(q.pid, signal.SIGKILL)
+                q.wait()
+            log1.close()
+            shutil.rmtree(tmp1, ignore_errors=True)
+    raise AssertionError("three ports in a row were taken before node 0 could bind them")
 
 
 def test_two_nodes_with_node_local_run_folders_resume_from_the_prefix(reference, e2e_shards, tmp_path, s3_bucket):

@@ -10,16 +10,12 @@ import shutil
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from hostile import run_entry
 from safetensors import safe_open
 
-from gcc.compat.streaming import node_registration_lock
-from gcc.errors import LockTimeout
-from gcc.locks import user_lock_dir
 from gcc.training.run_folder import Refusal, RunLock
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,55 +93,6 @@ def test_files_follow_the_umask(tmp_path, umask, mode):
     )
     assert stat.S_IMODE(os.stat(tmp_path / "f").st_mode) == mode
     assert stat.S_IMODE(os.stat(tmp_path / "train.log").st_mode) == mode
-
-
-def test_the_registration_lock_is_this_users_and_times_out_naming_its_holder(tmp_path, monkeypatch):
-    import tempfile
-
-    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
-    folder = user_lock_dir()
-    assert folder == tmp_path / f"gcc-{os.getuid()}" and stat.S_IMODE(folder.stat().st_mode) == 0o700
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, time; from pathlib import Path; "
-            "from gcc.locks import hold_flock; hold_flock(Path(sys.argv[1]), 60, 'test'); "
-            "print('held', flush=True); time.sleep(60)",
-            str(folder / "streaming_registration.lock"),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        t0 = time.monotonic()
-        with pytest.raises(LockTimeout, match=rf"held by pid {holder.pid} for more than 1 s"):
-            with node_registration_lock(timeout_s=1.0):
-                pass
-        assert time.monotonic() - t0 < 10
-    finally:
-        holder.kill()
-        holder.wait()
-    with node_registration_lock(timeout_s=1.0):  # free again once its holder is gone
-        pass
-
-
-@pytest.mark.parametrize("plant", ["link", "open_folder"])
-def test_a_planted_lock_folder_is_refused(tmp_path, monkeypatch, plant):
-    import tempfile
-
-    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
-    folder = tmp_path / f"gcc-{os.getuid()}"
-    if plant == "link":
-        (tmp_path / "elsewhere").mkdir()
-        folder.symlink_to(tmp_path / "elsewhere")
-    else:
-        folder.mkdir()
-        folder.chmod(0o777)
-    with pytest.raises(LockTimeout, match="expected a folder of this user"):
-        user_lock_dir()
 
 
 def test_the_run_lock_never_follows_a_planted_link(tmp_path):

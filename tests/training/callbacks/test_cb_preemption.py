@@ -122,6 +122,39 @@ def test_before_the_first_step_a_signal_stops_the_fit_before_any_step_and_any_sa
     assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
 
 
+# rank 1 of the group (tests/_launch.py `rank_0_here`): it received the signal, rank 0 did not
+SIGNALLED_RANK1 = """
+from types import SimpleNamespace
+from composer.devices import DeviceCPU
+from gcc.training.callbacks import PreemptedBeforeFirstStep, Preemption, StepSync
+
+preemption = Preemption(None, 60.0, StepSync(2))
+preemption.requested = True
+try:
+    preemption.stop_before_first_step(SimpleNamespace(device=DeviceCPU(), timestamp=SimpleNamespace(batch=0)))
+    print("not stopped", flush=True)
+except PreemptedBeforeFirstStep as e:
+    print(f"stopped at {preemption.preempted_at}: {e}", flush=True)
+"""
+
+
+@pytest.mark.slow  # starts rank 1's process
+def test_before_the_first_step_a_signal_on_any_rank_stops_every_rank():
+    """In a real 2-process gloo group, rank 1 alone received a signal: both ranks stop before step 1."""
+    from types import SimpleNamespace
+
+    from _launch import rank_0_here
+    from composer.devices import DeviceCPU
+
+    with rank_0_here(SIGNALLED_RANK1) as rank1:
+        preemption = Preemption(None, 60.0, StepSync(2))
+        with pytest.raises(PreemptedBeforeFirstStep, match="stopped before step 1"):
+            preemption.stop_before_first_step(SimpleNamespace(device=DeviceCPU(), timestamp=SimpleNamespace(batch=0)))
+        out, err = rank1.communicate(timeout=120)
+    assert rank1.returncode == 0, err[-3000:]
+    assert preemption.preempted_at == 0 and out.startswith("stopped at 0: preempted: stopped before step 1"), out
+
+
 def test_the_preempted_step_skips_what_is_due_there_says_so_once_and_its_checkpoint_records_it(watchdog):
     fit, preemption = wired(watchdog)
     preemption.skippable("validation", lambda step: step % 3 == 0)

@@ -11,8 +11,8 @@ from statistics import mean
 import pytest
 from _cbfit import Fit
 from composer.core import Timestamp
-from torch.utils.data import Dataset
 
+from gcc.data.dataset import GcStreamingDataset
 from gcc.provenance import Provenance
 from gcc.training.builders import resolved_config
 from gcc.training.callbacks import GradClip, RunFiles, StepSync, TrainStats
@@ -26,17 +26,9 @@ MANIFEST = {  # the parts of a convert_data manifest.json that the resolved conf
 }
 
 
-class Positioned(Dataset):
-    """A train dataset that can say where it is, as Streaming's does (`state_dict(num_samples, from_beginning)`)."""
-
-    def __len__(self):
-        return len(CLIPS)
-
-    def __getitem__(self, i):
-        return i
-
-    def state_dict(self, num_samples: int, from_beginning: bool) -> dict:
-        return {"epoch": 0, "sample_in_epoch": num_samples, "from_beginning": from_beginning}
+def streaming(shards, cache: Path) -> GcStreamingDataset:
+    """The loader tests' train split as the run's train loader reads it (a real StreamingDataset, cache of its own)."""
+    return GcStreamingDataset(str(shards), "train", cache, batch_size=2, seed=5)
 
 
 @pytest.fixture
@@ -85,22 +77,34 @@ def test_config_json_at_the_start_names_the_config_and_the_start_step(cfg):
     assert read(cfg, "config.json")["start_step"] == 0
 
 
-def test_done_json_at_the_end_has_this_launchs_steps_and_the_loader_position(cfg):
-    fit, stats, _ = launch(cfg, start_step=4, dataset=Positioned())
+def test_done_json_at_the_end_has_this_launchs_steps_and_the_loader_position(cfg, shards, tmp_path):
+    """The loader's position is Streaming's own state after the launch's samples (8 resumed + 3 steps of 2): a
+    dataset that loads it yields the rest of the epoch, from sample 14 on."""
+    ds = streaming(shards, tmp_path / "cache")
+    fit, stats, _ = launch(cfg, start_step=4, dataset=ds)
+    read_so_far = iter(ds)
+    for _ in range(8):  # what the launches read: the 4 steps resumed, then 2 a step
+        next(read_so_far)
     fit.fit_start()
     for wait in (0.02, 0.0, 0.04):
+        next(read_so_far), next(read_so_far)
         fit.step(data_wait=wait)
     assert int(fit.state.timestamp.batch) == 7
     fit.fit_end()
     done = read(cfg, "done.json")
+    position = done.pop("data_position")
     assert done == {
         "step": 7,
         "steps_this_launch": 3,
         "s_per_step_mean": pytest.approx(mean(stats.step_times)),
         "data_s_per_step_mean": pytest.approx(mean(stats.data_times)),
-        "data_position": {"epoch": 0, "sample_in_epoch": 14, "from_beginning": True},  # 8 resumed + 3 steps of 2
     }
     assert done["data_s_per_step_mean"] >= 0.02
+    assert (position["epoch"], position["sample_in_epoch"]) == (0, 14)
+    whole = [s["sample_id"] for s in streaming(shards, tmp_path / "whole")]
+    resumed = streaming(shards, tmp_path / "resumed")
+    resumed.load_state_dict(position)
+    assert [s["sample_id"] for s in resumed] == whole[14:]
     assert sorted(p.name for p in Path(cfg.run_dir).iterdir()) == ["config.json", "done.json"]  # no temporaries
 
 

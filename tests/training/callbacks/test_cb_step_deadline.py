@@ -92,7 +92,9 @@ def test_the_median_is_of_the_last_window_steps_only(watchdog):
         fit.step()  # ... then WINDOW quick ones: the slow ones no longer count
     assert slow >= FACTOR * 0.05
     assert cb.deadline() == pytest.approx(FACTOR * statistics.median(cb.times[-WINDOW:]))
-    assert cb.deadline() < FACTOR * 0.05
+    # below the slow steps' deadline: the quick steps are the slow ones less their wait (no absolute limit, which a
+    # loaded machine could pass)
+    assert cb.deadline() < slow
 
 
 def test_validation_gets_stall_timeout_s_and_its_time_is_no_steps(watchdog):

@@ -4,6 +4,8 @@ sample ids of every micro-batch, in order), reset at each BATCH_START."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from _cbfit import Fit, micro
@@ -63,3 +65,46 @@ def test_a_name_has_one_source():
         sync.source(["timestep", "x_rms"], lambda: [3.0, 4.0])
     with pytest.raises(ValueError, match="already have a source"):
         sync.flag("mse", lambda: True)
+
+
+# rank 1 of the group (tests/_launch.py `rank_0_here`): the same step as rank 0's, with its own values and ids
+RANK1 = """
+import json
+from types import SimpleNamespace
+import torch
+from composer.devices import DeviceCPU
+from gcc.training.callbacks import StepSync
+
+sync = StepSync(per_rank_batch=3)
+sync.source(["mse", "n"], lambda: torch.tensor([1.5, 2.0]))
+sync.flag("written", lambda: False)
+state = SimpleNamespace(device=DeviceCPU(), batch={"sample_id": [11, 0]})
+sync.batch_start(state, None)
+sync.after_loss(state, None)
+sync.after_train_batch(state, None)
+print(json.dumps([sync.totals, sync.sample_ids]), flush=True)
+"""
+
+
+@pytest.mark.slow  # starts rank 1's process
+def test_two_ranks_sum_their_totals_and_gather_their_ids_in_rank_order():
+    """In a real 2-process gloo group: every total is the sum over the ranks (a flag counts the ranks where it held),
+    and every rank gets every rank's sample ids, rank 0's first."""
+    from types import SimpleNamespace
+
+    from _launch import rank_0_here
+    from composer.devices import DeviceCPU
+
+    with rank_0_here(RANK1) as rank1:
+        sync = StepSync(per_rank_batch=3)
+        sync.source(["mse", "n"], lambda: torch.tensor([0.25, 3.0]))
+        sync.flag("written", lambda: True)
+        state = SimpleNamespace(device=DeviceCPU(), batch={"sample_id": [4, 2, 9]})
+        sync.batch_start(state, None)
+        sync.after_loss(state, None)
+        sync.after_train_batch(state, None)
+        out, err = rank1.communicate(timeout=120)
+    assert rank1.returncode == 0, err[-3000:]
+    want = {**dict.fromkeys(SUMMED, 0.0), "mse": 1.75, "n": 5.0, "written": 1.0}
+    assert sync.totals == want and sync.sample_ids == [4, 2, 9, 11, 0]
+    assert json.loads(out) == [want, [4, 2, 9, 11, 0]]

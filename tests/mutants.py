@@ -1,0 +1,266 @@
+"""Mutation testing of the core (`make mutants MODULE=gcc/data/mask.py`, docs/mutation.md): mutmut (pinned in the
+`dev` extra) changes one module a mutant at a time (an operator, a constant, a comparison, an argument dropped) and
+runs the tests that cover it; a mutant no test fails on "survived": a bug the suite would let through.
+
+`MODULES` is the one table: each core module, the tests that prove it (a fast selection: mutmut runs, for every
+mutant, the ones of them that reach the mutated function) and, where only part of a module is in scope, the
+functions mutated. The run happens in a scratch copy of the repository (`runs/mutants/<module>/`, its own mutmut
+configuration, nothing in the checkout changes), one mutant at a time (the machine is shared), and ends with the
+count per outcome and the surviving mutants that docs/mutation.md does not list as equivalent; mutmut's own `mutmut
+show NAME` (run in that folder) prints a mutant's diff. Not part of `make test`: a module takes minutes to an hour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "mutation.md"
+# what the copy holds besides gcc/ (which mutmut copies, mutated) and tests/: what the selected tests read
+ALSO_COPY = ["convert_data", "yamls", "docs", "bench", "examples", "README.md", "CHANGELOG.md", "Makefile"]
+
+
+@dataclass(frozen=True)
+class Target:
+    tests: tuple[str, ...]  # pytest arguments: files, node ids, `-m` expressions
+    functions: tuple[str, ...] = ()  # mutmut's names of the functions in scope (globs); empty: the whole module
+    was: str = ""  # the module's path at an older commit (`--rev`) where it had another
+
+
+MODULES: dict[str, Target] = {
+    "gcc/data/sample_rng.py": Target(("tests/data/test_mask.py", "tests/data/test_sample_rng.py")),
+    # the sample path: the draws applied, the dropped text and condition, the mask, the seeded subset
+    "gcc/data/dataset.py": Target(
+        ("tests/data/test_data.py", "tests/data/test_sample_rng.py", "-m", "not slow"),
+        ("*make_sample*", "*get_item*", "*subset_ids*", "*round_robin_by_run*", "*Dropouts*"),
+    ),
+    "gcc/data/mask.py": Target(("tests/data/test_mask.py", "tests/data/test_mask_grid.py")),
+    "gcc/training/builders.py": Target(
+        (
+            "tests/training/test_builders.py",
+            "tests/training/callbacks/test_every_callback.py",
+            "tests/training/callbacks/test_cb_validation.py",
+            "tests/training/test_config_roles.py",
+        ),
+        (
+            "*dropouts*",
+            "*build_train_loader*",
+            "*select_val_ids*",
+            "*ValClips*",
+            "*build_val_loader*",
+            "*export_metadata*",
+            "*samples_in*",
+            "*build_evaluators*",
+            "*parallelism_config*",
+            "*resolved_config*",
+        ),
+    ),
+    # the run's identity and the launch's verdict; prepare_run, which strings them together, runs in launches (whose
+    # processes mutmut does not see)
+    "gcc/training/run_start.py": Target(
+        (
+            "tests/training/test_run_start.py",
+            "tests/training/test_launch.py",
+            "tests/test_errors.py",
+            "tests/training/test_config_roles.py",
+            "tests/training/test_trust_run.py",
+        ),
+        (
+            "*x_train_clips_*",
+            "*x_steps_per_epoch_*",
+            "*x_schedule_horizon_*",
+            "*x_schedule_jump_*",
+            "*x_data_name_*",
+            "*x_run_signature_*",
+            "*x_validates_*",
+            "*x_cache_dir_*",
+            "*x_missing_init_ckpt_*",
+            "*x_check_fresh_start_*",
+            "*x_agree_on_start_*",
+        ),
+        was="gcc/training/launch.py",
+    ),
+    "gcc/training/callbacks/step_sync.py": Target(("tests/training/callbacks/test_cb_step_sync.py",)),
+    "gcc/training/callbacks/preemption.py": Target(("tests/training/callbacks/test_cb_preemption.py",)),
+    # the host staging and the background writes; Composer's saver around them (`_save_checkpoint`) and the sharded
+    # (DCP) write run in launches
+    "gcc/training/checkpoint/background.py": Target(
+        ("tests/training/test_async_checkpoint.py",),
+        ("*HostStaging*", "*x__tensor_*", "*xǁWriteǁ*", "*CheckpointWritesǁ[!w]*", "*write_file*", "*_commit*"),
+        was="gcc/training/async_checkpoint.py",
+    ),
+    "gcc/model/objective.py": Target(("tests/model/test_objective.py", "tests/model/test_flow.py")),
+    "gcc/model/flow.py": Target(("tests/model/test_flow.py", "tests/model/test_objective.py")),
+    "gcc/redact.py": Target(("tests/test_redact.py",)),
+    "gcc/inputs.py": Target(("tests/test_inputs.py",)),
+    # the fields' roles and ranges (gcc/settings.py since issue 52; before, in training/config.py) and the run
+    # signature they make
+    "gcc/settings.py": Target(
+        ("tests/test_settings.py", "tests/training/test_config_roles.py", "tests/training/test_config_bounds.py"),
+        ("*Range*", "*Role*", "*x_role_*", "*x_setting_*", "*x_roles_*"),
+        was="gcc/training/config.py",
+    ),
+    "gcc/training/config.py": Target(
+        ("tests/training/test_config_roles.py", "tests/training/test_config_bounds.py"),
+        ("*signature_key_name*", "*signed_values*", "*x__default_*", "*x_default_of_*", "*exported_values*"),
+    ),
+}
+
+
+def mutant_prefix(module: str) -> str:
+    """mutmut's names of a module's mutants start with its dotted path: gcc.data.mask.x_fn__mutmut_3."""
+    return module.removesuffix(".py").replace("/", ".") + "."
+
+
+def equivalent(module: str) -> dict[str, str]:
+    """docs/mutation.md's surviving mutants judged equivalent to the code (a line `- \\`NAME\\`: reason` each)."""
+    found = re.findall(r"^- `([^`]+)`: (.+)$", DOC.read_text(), re.M) if DOC.is_file() else []
+    return {name: why for name, why in found if name.startswith(mutant_prefix(module))}
+
+
+def config(module: str, target: Target) -> str:
+    """The copy's [tool.mutmut] section (appended to its pyproject.toml)."""
+
+    def toml_list(xs) -> str:
+        return "[" + ", ".join(f'"{x}"' for x in xs) + "]"
+
+    return (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["gcc"]\n'
+        f"only_mutate = {toml_list([module])}\n"
+        f"also_copy = {toml_list(ALSO_COPY)}\n"
+        f"pytest_add_cli_args_test_selection = {toml_list(target.tests)}\n"
+        # one process (no `-n`: xdist stays loaded for its `worker_id`), no cache; warnings are not failures
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-W", "ignore"]\n'
+        # torch in the tests: each mutant's process is forked from a server that has not run them (fork-safe)
+        'process_isolation = "forkserver"\n'
+    )
+
+
+def prepare(module: str, target: Target, work: Path, rev: str | None = None) -> tuple[str, ...]:
+    """`work`: the checkout's files mutmut reads (gcc/, tests/, pyproject.toml with the section), anew each run;
+    with `rev`, the repository's tree at that commit (`git archive`: the score before a change). Returns the test
+    selection, less the files that tree does not have (a test module added since)."""
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    if rev:
+        tree = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(work)], input=tree, check=True)
+    else:
+        ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+        for name in ["gcc", "tests", "pyproject.toml", *ALSO_COPY]:
+            src = ROOT / name
+            if src.is_dir():
+                shutil.copytree(src, work / name, ignore=ignore)
+            elif src.is_file():
+                shutil.copy2(src, work / name)
+    tests = tuple(t for t in target.tests if not t.startswith("tests/") or (work / t.split("::")[0]).exists())
+    selected = Target(tests, target.functions)
+    with open(work / "pyproject.toml", "a") as f:
+        f.write(config(module, selected))
+    return tests
+
+
+def results(work: Path, mutmut: str) -> dict[str, str]:
+    """Each mutant's outcome, by mutmut's `results --all` (killed, survived, no tests, timeout, ...)."""
+    out = subprocess.run([mutmut, "results", "--all", "true"], cwd=work, capture_output=True, text=True, check=True)
+    return dict(re.findall(r"^\s+(\S+): (.+)$", out.stdout, re.M))
+
+
+def report(module: str, outcomes: dict[str, str]) -> None:
+    counts = Counter(outcomes.values())
+    judged = equivalent(module)
+    live = len(outcomes) - len([k for k in judged if outcomes.get(k, "killed") != "killed"])
+    killed = counts.get("killed", 0)
+    print(f"\n{module}: {len(outcomes)} mutants, {dict(counts)}")
+    print(f"equivalent (docs/mutation.md): {len(judged)}; score {killed}/{live} = {killed / max(live, 1):.1%}")
+    for k in sorted(k for k, v in outcomes.items() if v != "killed" and k not in judged):
+        print(f"  not killed: {k} ({outcomes[k]})")
+
+
+def print_table(rev: str) -> None:
+    """docs/mutation.md's rows: each module's mutants, killed before (its record at `rev`) and after (its record
+    now), equivalent, the score after; "–" where a record is missing."""
+    for module in MODULES:
+        work = ROOT / "runs" / "mutants" / module.removesuffix(".py").replace("/", ".")
+        kept = {}
+        for when, name in (("before", f"{work.name}.at-{rev}.json"), ("after", f"{work.name}.json")):
+            path = work.with_name(name)
+            kept[when] = json.loads(path.read_text())["outcomes"] if path.is_file() else None
+        after = kept["after"] or {}
+        judged = [k for k in equivalent(module) if after.get(k, "killed") != "killed"]
+        killed = {w: "–" if o is None else sum(v == "killed" for v in o.values()) for w, o in kept.items()}
+        n = len(after) or len(kept["before"] or {})
+        live = n - len(judged)
+        score = f"{killed['after'] / live:.0%}" if kept["after"] and live else "–"
+        scope = " (part)" if MODULES[module].functions else ""
+        print(f"| `{module}`{scope} | {n} | {killed['before']} | {killed['after']} | {len(judged)} | {score} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("module", nargs="?", choices=sorted(MODULES), help="the module, as a path under the checkout")
+    p.add_argument("--table", metavar="REV", help="print docs/mutation.md's score rows from the kept records instead")
+    p.add_argument("--rev", default=None, help="mutate and test the tree of this commit instead (a score before)")
+    p.add_argument(
+        "--again",
+        action="store_true",
+        help="run only the mutants that the last run did not kill, against the tests as they are now (the module "
+        "itself unchanged): after tests were added",
+    )
+    args = p.parse_args(argv)
+    if args.table:
+        print_table(args.table)
+        return 0
+    if args.module is None:
+        p.error("name a module (or --table REV)")
+    target = MODULES[args.module]
+    work = ROOT / "runs" / "mutants" / args.module.removesuffix(".py").replace("/", ".")
+    # each mutant's outcome, kept for `--again` (with --rev: the score before, kept apart)
+    record = work.with_name(work.name + (f".at-{args.rev}" if args.rev else "") + ".json")
+    path = target.was if args.rev and target.was else args.module  # the module as that commit has it
+    source = (
+        subprocess.run(["git", "show", f"{args.rev}:{path}"], cwd=ROOT, capture_output=True, check=True).stdout
+        if args.rev
+        else (ROOT / args.module).read_bytes()
+    )
+    digest = hashlib.sha256(source).hexdigest()
+    prefix = mutant_prefix(path)
+    scope = [prefix + f for f in target.functions] if target.functions else [prefix + "*"]
+    before: dict[str, str] = {}
+    names = scope
+    if args.again:
+        kept = json.loads(record.read_text())
+        if kept["sha256"] != digest:
+            p.error(f"{args.module} changed since its last run ({record}): run it whole")
+        before = kept["outcomes"]
+        names = sorted(k for k, v in before.items() if v != "killed")
+        if not names:
+            report(args.module, before)
+            return 0
+    mutmut = str(Path(sys.executable).with_name("mutmut"))
+    tests = prepare(path, target, work, args.rev)
+    print(f"{args.module}{f' at {args.rev}' if args.rev else ''}: tests {' '.join(tests)}", flush=True)
+    run = subprocess.run([mutmut, "run", "--max-children", "1", *names], cwd=work)
+    if run.returncode != 0:
+        return run.returncode
+    got = {k: v for k, v in results(work, mutmut).items() if any(fnmatch.fnmatch(k, n) for n in names)}
+    outcomes = {**before, **got}
+    record.write_text(json.dumps({"sha256": digest, "outcomes": outcomes}, indent=1, sort_keys=True) + "\n")
+    report(args.module, outcomes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
