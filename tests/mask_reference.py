@@ -1,6 +1,8 @@
-"""A plain reference implementation of the world-anchored UNKNOWN mask (docs/training.md, "Dropouts and the UNKNOWN mask"), for tests and the bench.
+"""A plain reference implementation of the world-anchored UNKNOWN mask (docs/training.md, "Dropouts and the UNKNOWN
+mask"), for tests and the bench.
 
-It follows that definition (and gcc/data/mask.py's docstring) line by line with per-frame, per-pixel Python loops and shares nothing with the fast
+It follows that definition (and gcc/data/mask.py's docstring) line by line with per-frame, per-pixel Python loops
+and shares nothing with the fast
 mask (`gcc/data/mask.py`, `gcc/data/mask_grid.py`, `gcc/data/mask_cap.py`) except the docs/design.md §3 geometry
 (`gcc.geometry.ground_points`, called for one pixel at a time) and the vocabulary. The quantile is the per-pixel
 inverted-CDF quantile (`gcc.data.mask_grid.weighted_quantile` documents the same definition over weighted
