@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 import torch
 from torch.utils.data import get_worker_info
@@ -85,7 +85,7 @@ def split_batch(batch: Batch, size: int) -> list[Batch]:
     n = len(batch["clip_id"])
     micro: list[Batch] = []
     for lo in range(0, n, size):
-        part: Batch = {k: v[lo : lo + size] for k, v in batch.items()}  # type: ignore[assignment]  # the same keys
+        part = cast(Batch, {k: cast(Any, v)[lo : lo + size] for k, v in batch.items()})  # the same keys, cut
         part["context"] = part["context"][:, : max(part["prompts"])]
         micro.append(part)
     return micro

@@ -41,9 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from gcc import exit_codes, inputs, storage
-from gcc.errors import BadInput, StorageUnavailable
+from gcc.errors import BadInput, Refusal, StorageUnavailable
 from gcc.training.checkpoint.files import checkpoint_step, ckpt_dir, disk_gb, point_latest, remove_checkpoint, to_rotate
-from gcc.training.run_folder import Refusal
 
 logger = logging.getLogger(__name__)
 

@@ -23,9 +23,10 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
+from gcc.compat.torch import DCP_METADATA
+from gcc.errors import Refusal
 from gcc.training.checkpoint.files import checkpoint_step, ckpt_dir, list_checkpoints, remove_checkpoint, to_rotate
 from gcc.training.checkpoint.store import CheckpointStore, TakenOver, checkpoint_of
-from gcc.training.run_folder import DCP_METADATA, Refusal
 
 log = logging.getLogger(__name__)  # not `logger`: Composer passes its Logger under that name
 
