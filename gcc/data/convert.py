@@ -294,38 +294,8 @@ def convert(
     owned = claim_output(out)
     old = _existing_manifest(out)
     if old is not None:
-        if old.get("signature") == plan.signature:
-            if "name" not in old:  # a manifest of an earlier convert_data: kept as it is (its runs may use it)
-                logger.info(
-                    f"{out}: already converted from this source ({MANIFEST} matches, written by an earlier "
-                    f"convert_data without a name: exports record the folder's name); nothing to do"
-                )
-                return old
-            if old["name"] != name:
-                raise BadInput(
-                    f"{out}: already converted from this source as {str(old['name'])[:80]!r}, not "
-                    f"{name!r}; the name is fixed once written (runs on it depend on the manifest): "
-                    f"pass --name {str(old['name'])[:80]}, or convert into another --out"
-                )
-            _check_finished_output(out, old)
-            logger.info(f"{out}: already converted from this source ({MANIFEST} matches); nothing to do")
-            return old
-        diff = sorted(
-            k
-            for k in set(old.get("signature", {})) | set(plan.signature)
-            if old.get("signature", {}).get(k) != plan.signature.get(k)
-        )
-        raise BadInput(
-            f"{out}: holds a finished conversion of different input or settings (differs in: "
-            f"{', '.join(diff)}); choose another --out or delete it"
-        )
-    if not owned:  # before anything else: what follows is convert_data's to redo
-        storage.write_bytes(storage.join(out, OWNER), _mark(), root=_root(out))
-    if not storage.is_remote(out):
-        for split in SPLITS:
-            os.close(storage.open_folder(out, split))  # a link or a file in the way is refused
-            for stale in Path(out, split).glob(".chunk_*"):  # staging left by a killed run
-                shutil.rmtree(stale, ignore_errors=True)
+        return _finished_manifest(out, old, plan, name)
+    _prepare_output(out, owned)
     chunks = plan.chunks()
     todo = [(plan, s, i, rows) for s, i, rows in chunks if not chunk_is_done(plan, s, i, rows)]
     n_clips = sum(len(r) for _, _, r in chunks)
@@ -333,6 +303,62 @@ def convert(
         f"converting {src} -> {out}: {n_clips} clips in {len(chunks)} chunks "
         f"({len(chunks) - len(todo)} already done), {workers} worker(s)"
     )
+    results = _run_chunks(todo, workers, progress)
+    _merge_indexes(out, chunks, merge_index)
+    storage.upload_file(str(src / "text" / "table.safetensors"), storage.join(out, TEXT_TABLE), root=_root(out))
+    manifest = _manifest(src, plan, name)
+    storage.write_bytes(storage.join(out, MANIFEST), json.dumps(manifest, indent=1).encode(), root=_root(out))
+    _log_done(out, plan, results, t0)
+    return manifest
+
+
+def _finished_manifest(out: str, old: dict[str, Any], plan: Plan, name: str) -> dict[str, Any]:
+    """`out` already holds a manifest: it is returned when it is this conversion's (nothing to do); a different
+    conversion or name is refused (BadInput)."""
+    if old.get("signature") == plan.signature:
+        if "name" not in old:  # a manifest of an earlier convert_data: kept as it is (its runs may use it)
+            logger.info(
+                f"{out}: already converted from this source ({MANIFEST} matches, written by an earlier "
+                f"convert_data without a name: exports record the folder's name); nothing to do"
+            )
+            return old
+        if old["name"] != name:
+            raise BadInput(
+                f"{out}: already converted from this source as {str(old['name'])[:80]!r}, not "
+                f"{name!r}; the name is fixed once written (runs on it depend on the manifest): "
+                f"pass --name {str(old['name'])[:80]}, or convert into another --out"
+            )
+        _check_finished_output(out, old)
+        logger.info(f"{out}: already converted from this source ({MANIFEST} matches); nothing to do")
+        return old
+    diff = sorted(
+        k
+        for k in set(old.get("signature", {})) | set(plan.signature)
+        if old.get("signature", {}).get(k) != plan.signature.get(k)
+    )
+    raise BadInput(
+        f"{out}: holds a finished conversion of different input or settings (differs in: "
+        f"{', '.join(diff)}); choose another --out or delete it"
+    )
+
+
+def _prepare_output(out: str, owned: bool) -> None:
+    """Marks `out` as convert_data's (when not yet) and, locally, makes the split folders and clears staging
+    left by a killed run."""
+    if not owned:  # before anything else: what follows is convert_data's to redo
+        storage.write_bytes(storage.join(out, OWNER), _mark(), root=_root(out))
+    if not storage.is_remote(out):
+        for split in SPLITS:
+            os.close(storage.open_folder(out, split))  # a link or a file in the way is refused
+            for stale in Path(out, split).glob(".chunk_*"):  # staging left by a killed run
+                shutil.rmtree(stale, ignore_errors=True)
+
+
+def _run_chunks(
+    todo: list[tuple[Plan, str, int, list[dict[str, Any]]]], workers: int, progress: bool
+) -> list[dict[str, Any]]:
+    """Converts the chunks still to do (in a process pool when `workers` > 1) with a progress bar; returns their
+    results in `todo`'s order. Raises BadInput when any chunk failed."""
     results, errors = [], []
     bar = tqdm(total=sum(len(t[3]) for t in todo), unit="clip", disable=not progress, file=sys.stderr)
     if workers > 1 and len(todo) > 1:
@@ -356,6 +382,11 @@ def convert(
         raise BadInput(
             f"{len(errors)} chunk(s) failed; fix the input and rerun (finished chunks are kept):\n" + "\n".join(errors)
         )
+    return results
+
+
+def _merge_indexes(out: str, chunks: list[tuple[str, int, list[dict[str, Any]]]], merge_index) -> None:
+    """Each split's `index.json` from its chunks' indexes (Streaming's `merge_index`, passed in: imported late)."""
     for split in SPLITS:  # Streaming's merge_index logs a warning per call about its temp folder: mute it
         split_url = storage.join(out, split)
         idx_urls = [storage.join(split_url, chunk_name(i), "index.json") for s, i, _ in chunks if s == split]
@@ -365,8 +396,11 @@ def convert(
             elif idx_urls:  # merged beside, then through the writer (Streaming's own would follow a link)
                 merge_index(idx_urls, tmp)
                 storage.atomic_copy(Path(tmp, "index.json"), Path(split_url, "index.json"), root=out)
-    storage.upload_file(str(src / "text" / "table.safetensors"), storage.join(out, TEXT_TABLE), root=_root(out))
-    manifest = {
+
+
+def _manifest(src: Path, plan: Plan, name: str) -> dict[str, Any]:
+    """The manifest of the finished conversion."""
+    return {
         "name": name,
         "format_version": FORMAT_VERSION,
         "converter_version": CONVERTER_VERSION,
@@ -391,7 +425,10 @@ def convert(
         },
         "counts": {s: len(rows) for s, rows in plan.splits.items()},
     }
-    storage.write_bytes(storage.join(out, MANIFEST), json.dumps(manifest, indent=1).encode(), root=_root(out))
+
+
+def _log_done(out: str, plan: Plan, results: list[dict[str, Any]], t0: float) -> None:
+    """The closing summary (time, sizes, rate) and a warning per empty split."""
     secs = time.time() - t0
     done_clips = sum(r["clips"] for r in results)
     src_mb = sum(r["src_bytes"] for r in results) / 1e6
@@ -409,7 +446,6 @@ def convert(
                 f"warning: the {split} split is empty (no kept clip of {plan.src}/index/clips.jsonl has "
                 f"split {split!r}): {EMPTY_SPLIT[split]}"
             )
-    return manifest
 
 
 # what an empty split means for a run on the conversion (the trainer's check: gcc/training/run_start.py check_data)

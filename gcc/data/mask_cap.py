@@ -100,11 +100,40 @@ def _bracketed_quantiles(
     lies inside; only the cells of the runs between the two thresholds are then projected and sorted, with
     the same exact patching as `frame_quantiles`. Returns (values, ok): frames whose check fails (ok False)
     are left to `frame_quantiles`."""
-    nf, h4, w4, P = len(clip.cameras), clip.h4, clip.w4, clip.h4 * clip.w4
     K = len(frames)
     out = np.full(K, np.nan)
-    c, s = math.cos(theta), math.sin(theta)
     # 1. coarse estimate of (lo, hi] on a subgrid of sure-hit static cells
+    lo, hi, ok = _coarse_bracket(clip, frames, theta, weights, hit_iv, p, tau)
+    if not ok.any():
+        return out, ok
+    # 2. exact counts at lo and hi: C(v) = weight of static finite cells with projection <= v
+    c_lo, c_hi, t, iv_lo, iv_hi = _bracket_counts(clip, frames, theta, cw, wflat, hit_iv, hamb, p, w_fin, lo, hi, ok)
+    sg_lo, sg_hi = iv_lo[4][frames], iv_hi[4][frames]
+    ok &= (c_lo < t) & (c_hi >= t) & (sg_lo == sg_hi) & (sg_lo != 0)
+    if not ok.any():
+        return out, ok
+    # 3. candidate cells: between the two thresholds' runs, within the sure-hit run; plus ambiguous-hit cells
+    fo = frames[ok]
+    pos, cell, vals, wv, exact, bands = _bracket_cells(
+        clip, fo, theta, wflat, hit_iv, iv_lo, iv_hi, sg_lo[ok], lo[ok], hi[ok], tau
+    )
+    # 4. per frame: the quantile among the bracket's cells, patched exactly around the candidate
+    res, good = _patched_quantiles(
+        clip, fo, theta, pos, cell, vals, wv, exact, bands, c_lo[ok], (c_hi - c_lo)[ok], t[ok]
+    )
+    okk = np.flatnonzero(ok)
+    ok[okk[~good]] = False
+    out[okk] = res
+    return out, ok
+
+
+def _coarse_bracket(
+    clip: ClipGrid, frames: np.ndarray, theta: float, weights: np.ndarray, hit_iv, p: float, tau: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(lo, hi, ok) per frame: the quantiles at p ± ε (lo at least τ) of the sure-hit static cells of every
+    `_EST_STRIDE`-th row and column; ok where that bracket is usable (non-empty, finite, frame not exact)."""
+    h4, w4 = clip.h4, clip.w4
+    K = len(frames)
     st = _EST_STRIDE
     rows = np.arange(st // 2, h4, st) if h4 > st else np.arange(h4)
     cols = np.arange(st // 2, w4, st) if w4 > st else np.arange(w4)
@@ -132,9 +161,26 @@ def _bracketed_quantiles(
     lo = np.maximum(at(max(p - _EST_EPS, 0.0)), tau)
     hi = at(min(p + _EST_EPS, 1.0))
     ok = (tot > 0) & np.isfinite(hi) & (hi > lo) & ~clip.frame_exact[frames]
-    if not ok.any():
-        return out, ok
-    # 2. exact counts at lo and hi: C(v) = weight of static finite cells with projection <= v
+    return lo, hi, ok
+
+
+def _bracket_counts(
+    clip: ClipGrid,
+    frames: np.ndarray,
+    theta: float,
+    cw,
+    wflat,
+    hit_iv,
+    hamb,
+    p: float,
+    w_fin: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    ok: np.ndarray,
+):
+    """The exact weights C(lo), C(hi) of the frames (C(v) = weight of static finite cells with projection
+    <= v), the target t = p·W, and the plane intervals at lo and hi (frames not ok: thresholds +inf)."""
+    nf = len(clip.cameras)
     thr_lo, thr_hi = np.full(nf, np.inf), np.full(nf, np.inf)
     thr_lo[frames[ok]], thr_hi[frames[ok]] = lo[ok], hi[ok]
     _, wb_lo, iv_lo = _weights_beyond(clip, theta, thr_lo, cw, wflat, hit_iv, hamb)
@@ -142,13 +188,27 @@ def _bracketed_quantiles(
     W = w_fin[frames]
     t = p * W.astype(np.float64)
     c_lo, c_hi = W - wb_lo[frames], W - wb_hi[frames]
-    sg_lo, sg_hi = iv_lo[4][frames], iv_hi[4][frames]
-    ok &= (c_lo < t) & (c_hi >= t) & (sg_lo == sg_hi) & (sg_lo != 0)
-    if not ok.any():
-        return out, ok
-    # 3. candidate cells: between the two thresholds' runs, within the sure-hit run; plus ambiguous-hit cells
-    fo = frames[ok]
-    inc = (sg_lo[ok] > 0)[:, None]
+    return c_lo, c_hi, t, iv_lo, iv_hi
+
+
+def _bracket_cells(
+    clip: ClipGrid,
+    fo: np.ndarray,
+    theta: float,
+    wflat,
+    hit_iv,
+    iv_lo,
+    iv_hi,
+    sg_lo: np.ndarray,
+    lo_o: np.ndarray,
+    hi_o: np.ndarray,
+    tau: float,
+):
+    """The candidate cells of frames fo with projection in (lo_o, hi_o] and weight > 0, as (pos [index into
+    fo], cell, vals, wv, exact, bands): values exact near the two thresholds and on ambiguous-hit cells."""
+    w4, P = clip.w4, clip.h4 * clip.w4
+    c, s = math.cos(theta), math.sin(theta)
+    inc = (sg_lo > 0)[:, None]
     lo_lo, hi_lo, alo_lo, ahi_lo = (x[fo] for x in iv_lo[:4])
     lo_hi, hi_hi = iv_hi[0][fo], iv_hi[1][fo]
     start = np.where(inc, np.minimum(alo_lo, lo_lo), hi_hi)
@@ -165,7 +225,6 @@ def _bracketed_quantiles(
     with np.errstate(divide="ignore", invalid="ignore"):
         vals = (n0[pos] + nb[pos] * bv + na[pos] * av) / (d0[pos] + db[pos] * bv + da[pos] * av)
     bands = np.array([clip.proj_band(int(f), max(abs(tau), 0.0)) for f in fo])
-    lo_o, hi_o = lo[ok], hi[ok]
     near_edge = (np.abs(vals - lo_o[pos]) <= 2 * bands[pos]) | (np.abs(vals - hi_o[pos]) <= 2 * bands[pos])
     exact = near_edge.copy()
     if hamb_fo.size:
@@ -179,11 +238,30 @@ def _bracketed_quantiles(
         vals[ex] = xy[:, 0] * c + xy[:, 1] * s
     wv = wflat[fo[pos] * P + cell]
     keep = (wv > 0) & (vals > lo_o[pos]) & (vals <= hi_o[pos])  # NaN (miss) drops out
-    pos, cell, vals, wv, exact = pos[keep], cell[keep], vals[keep], wv[keep], exact[keep]
-    # 4. per frame: the quantile among the bracket's cells, patched exactly around the candidate
+    return pos[keep], cell[keep], vals[keep], wv[keep], exact[keep], bands
+
+
+def _patched_quantiles(
+    clip: ClipGrid,
+    fo: np.ndarray,
+    theta: float,
+    pos: np.ndarray,
+    cell: np.ndarray,
+    vals: np.ndarray,
+    wv: np.ndarray,
+    exact: np.ndarray,
+    bands: np.ndarray,
+    c_lo: np.ndarray,
+    c_bracket: np.ndarray,
+    t: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per frame of fo: the weighted quantile (target t, c_lo below the bracket) among its bracket cells, with
+    the cells near the candidate made exact first. Returns (values, good): good False where the cells do not
+    hold the bracket's weight c_bracket or the patched values do not settle it."""
+    c, s = math.cos(theta), math.sin(theta)
     cnt = np.bincount(pos, minlength=fo.size)
     wsum = np.bincount(pos, weights=wv, minlength=fo.size)
-    good = wsum == (c_hi - c_lo)[ok]  # the runs hold exactly the bracket's weight
+    good = wsum == c_bracket  # the runs hold exactly the bracket's weight
     srt = np.argsort(pos, kind="stable")
     starts = np.r_[0, np.cumsum(cnt)[:-1]]
     todo_p = []
@@ -194,13 +272,13 @@ def _bracketed_quantiles(
             continue
         sl = srt[starts[n] : starts[n] + cnt[n]]
         v_n, w_n = vals[sl], wv[sl]
-        tn = float(t[ok][n]) - float(c_lo[ok][n])
+        tn = float(t[n]) - float(c_lo[n])
         o = np.argsort(v_n, kind="stable")
         cm = np.cumsum(w_n[o])
         v = v_n[o[min(int(np.searchsorted(cm, tn, side="left")), o.size - 1)]]
         near_m = np.abs(v_n - v) <= 2 * bands[n]
-        below = int(c_lo[ok][n]) + int(w_n[(v_n < v) & ~near_m].sum())
-        state.append((sl[near_m], below, float(t[ok][n])))
+        below = int(c_lo[n]) + int(w_n[(v_n < v) & ~near_m].sum())
+        state.append((sl[near_m], below, float(t[n])))
         tod = sl[near_m & ~exact[sl]]
         todo_p.append(tod)
     if todo_p:
@@ -224,7 +302,4 @@ def _bracketed_quantiles(
             res[n] = nv[o[k2]]
         else:
             good[n] = False
-    okk = np.flatnonzero(ok)
-    ok[okk[~good]] = False
-    out[okk] = res
-    return out, ok
+    return res, good

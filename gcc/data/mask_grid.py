@@ -345,23 +345,13 @@ def frame_quantiles(
     move by at most the perturbation), so recomputing the cells within 2·band of v with
     geometry.ground_points (one batched call for all frames) and taking the quantile among them gives the
     exact value."""
-    h4, w4, P = clip.h4, clip.w4, clip.h4 * clip.w4
+    P = clip.h4 * clip.w4
     c, s = math.cos(theta), math.sin(theta)
     frames = np.asarray(frames, dtype=np.int64)
     out = np.full(len(frames), math.inf)
     if frames.size == 0:
         return out
-    sub = tuple(x[frames] for x in hit_iv)
-    sure = clip.positive_cells(sub, np.empty((len(frames), h4, w4), dtype=bool)).reshape(len(frames), P)
-    amb = runs_to_cells(sub[2], sub[3], w4)  # flat over (frame position, cell)
-    sure.reshape(-1)[amb] = False
-    vals = clip.fast_projections(frames, theta)
-    np.copyto(vals, np.nan, where=~sure)
-    exact = np.zeros(vals.shape, dtype=bool)
-    if amb.size:  # near-horizon / ambiguous-hit cells: exact
-        xy = clip.exact_xy(frames[amb // P], amb % P)
-        vals.reshape(-1)[amb] = xy[:, 0] * c + xy[:, 1] * s
-        exact.reshape(-1)[amb] = True
+    vals, exact = _hit_projections(clip, frames, theta, hit_iv)
     wf_all = weights[frames].reshape(len(frames), P)
     stat = (wf_all > 0) & ~np.isnan(vals)
     wst = np.where(stat, wf_all, 0)
@@ -409,13 +399,37 @@ def frame_quantiles(
                     out[n] = nv[o[k2]]
                     continue
         # not reached when the error bounds hold: the exact frame
-        STATS["fallback_frames"] += 1
-        f = int(frames[n])
-        xy = ground_points(clip.cameras[f], clip.pix, clip.gz)[0]
-        pr = xy[:, 0] * c + xy[:, 1] * s
-        ok = ~np.isnan(pr) & (wf_all[n] > 0)
-        out[n] = weighted_quantile(pr[ok], wf_all[n][ok], p)
+        out[n] = _whole_frame_quantile(clip, int(frames[n]), c, s, wf_all[n], p)
     return out
+
+
+def _hit_projections(clip: ClipGrid, frames: np.ndarray, theta: float, hit_iv) -> tuple[np.ndarray, np.ndarray]:
+    """(vals, exact) [len(frames), h4·w4]: the closed-form projections of the frames' sure-hit cells (NaN
+    elsewhere), the ambiguous-hit cells' computed exactly (exact True there)."""
+    h4, w4, P = clip.h4, clip.w4, clip.h4 * clip.w4
+    c, s = math.cos(theta), math.sin(theta)
+    sub = tuple(x[frames] for x in hit_iv)
+    sure = clip.positive_cells(sub, np.empty((len(frames), h4, w4), dtype=bool)).reshape(len(frames), P)
+    amb = runs_to_cells(sub[2], sub[3], w4)  # flat over (frame position, cell)
+    sure.reshape(-1)[amb] = False
+    vals = clip.fast_projections(frames, theta)
+    np.copyto(vals, np.nan, where=~sure)
+    exact = np.zeros(vals.shape, dtype=bool)
+    if amb.size:  # near-horizon / ambiguous-hit cells: exact
+        xy = clip.exact_xy(frames[amb // P], amb % P)
+        vals.reshape(-1)[amb] = xy[:, 0] * c + xy[:, 1] * s
+        exact.reshape(-1)[amb] = True
+    return vals, exact
+
+
+def _whole_frame_quantile(clip: ClipGrid, f: int, c: float, s: float, wf: np.ndarray, p: float) -> float:
+    """The quantile at p of frame f's static finite projections on (c, s), every pixel computed with
+    geometry.ground_points (the fallback of `frame_quantiles`); wf: the frame's weights [h4·w4]."""
+    STATS["fallback_frames"] += 1
+    xy = ground_points(clip.cameras[f], clip.pix, clip.gz)[0]
+    pr = xy[:, 0] * c + xy[:, 1] * s
+    ok = ~np.isnan(pr) & (wf > 0)
+    return weighted_quantile(pr[ok], wf[ok], p)
 
 
 def _candidate(values: np.ndarray, weights: np.ndarray, t: float) -> float:

@@ -127,14 +127,39 @@ def make_scene(seed: int, i: int, geometry: str | Geometry) -> ClipScene:
     rng = np.random.default_rng([int(seed), int(i), 7])
     F = g.F
     gz = float(rng.uniform(-400.0, 400.0))
-    world = World(
+    world = _ground_world(rng)
+    s = np.linspace(0.0, 1.0, F)  # the clip's time, 0 at its first frame and 1 at its last
+    cams, loc = _camera_path(rng, i, gz, s, g.src_hw, g.dst_hw)
+    meta = {
+        "clip_id": clip_id(i),
+        "src_hw": list(g.src_hw),
+        "dst_hw": list(g.dst_hw),
+        "ground_z": _ground_z(i, gz, F),
+        "cameras": cams.to_meta(),
+    }
+    # render from what a reader of the meta json gets, so rays are bit-identical downstream
+    cams = Cameras.from_meta(json.loads(json.dumps(meta)))
+    capsules = _character_capsules(rng, i, cams, gz, loc, s, g.dst_hw)
+    keys = _context_keys(rng, i, g.T)
+    return ClipScene(index=i, gz=gz, world=world, meta=meta, cameras=cams, capsules=capsules, context_keys=keys)
+
+
+def _ground_world(rng: np.random.Generator) -> World:
+    """The ground's class blobs: a random class table and its domain warp."""
+    return World(
         table=rng.integers(0, 6, size=(64, 64)).astype(np.uint8),
         warp_amp=float(rng.uniform(60.0, 160.0)),
         warp_freq=(float(rng.uniform(0.004, 0.01)), float(rng.uniform(0.004, 0.01))),
         warp_phase=(float(rng.uniform(0, 2 * np.pi)), float(rng.uniform(0, 2 * np.pi))),
     )
 
+
+def _camera_path(
+    rng: np.random.Generator, i: int, gz: float, s: np.ndarray, src_hw: tuple[int, int], dst_hw: tuple[int, int]
+) -> tuple[Cameras, np.ndarray]:
+    """The clip's cameras at times s, and their locations [F, 3]."""
     # camera: travels `dist` cm along `heading`, pitched down
+    F = len(s)
     ortho = i % 3 == 1
     pitch0 = float(rng.uniform(-28.0, -18.0)) if (i % 5 == 0 and not ortho) else float(rng.uniform(-70.0, -40.0))
     yaw0 = float(rng.uniform(0.0, 360.0))
@@ -145,7 +170,6 @@ def make_scene(seed: int, i: int, geometry: str | Geometry) -> ClipScene:
     fov = float(rng.uniform(60.0, 90.0))
     ortho_w = float(rng.uniform(2000.0, 3500.0))
     yaw_drift = float(rng.uniform(-15.0, 15.0))
-    s = np.linspace(0.0, 1.0, F)
     start = rng.uniform(-5000.0, 5000.0, size=2)
     loc = np.stack(
         [
@@ -162,28 +186,36 @@ def make_scene(seed: int, i: int, geometry: str | Geometry) -> ClipScene:
         orthographic=np.full(F, ortho),
         fov_deg=np.full(F, np.nan if ortho else fov),
         ortho_width=np.full(F, ortho_w if ortho else np.nan),
-        src_hw=g.src_hw,
-        dst_hw=g.dst_hw,
+        src_hw=src_hw,
+        dst_hw=dst_hw,
     )
+    return cams, loc
 
+
+def _ground_z(i: int, gz: float, F: int) -> list[float]:
+    """The meta's ground_z per frame, with the clip's NaN pattern (`ground_z_kind`)."""
     kind = ground_z_kind(i)
     gzs = [gz] * F
     if kind == "none":
         gzs = [float("nan")] * F
     elif kind == "partial":
         gzs = [float("nan") if f % 3 == 0 else gz for f in range(F)]
-    meta = {
-        "clip_id": clip_id(i),
-        "src_hw": list(g.src_hw),
-        "dst_hw": list(g.dst_hw),
-        "ground_z": gzs,
-        "cameras": cams.to_meta(),
-    }
-    # render from what a reader of the meta json gets, so rays are bit-identical downstream
-    cams = Cameras.from_meta(json.loads(json.dumps(meta)))
+    return gzs
 
+
+def _character_capsules(
+    rng: np.random.Generator,
+    i: int,
+    cams: Cameras,
+    gz: float,
+    loc: np.ndarray,
+    s: np.ndarray,
+    dst_hw: tuple[int, int],
+) -> list[np.ndarray]:
+    """The capsules of the player (and, in most clips, the boss) per frame."""
     # characters walk around the look-at point of the image centre
-    centre = ground_points(cams, np.array([[g.dst_hw[1] / 2.0 - 0.5, g.dst_hw[0] / 2.0 - 0.5]]), gz)[:, 0]
+    F = len(s)
+    centre = ground_points(cams, np.array([[dst_hw[1] / 2.0 - 0.5, dst_hw[0] / 2.0 - 0.5]]), gz)[:, 0]
     centre = np.where(np.isfinite(centre), centre, loc[:, :2])
     chars = [(PLAYER_CAPSULES, float(rng.uniform(0.9, 1.2)))]
     if i % 7 != 3:
@@ -204,15 +236,18 @@ def make_scene(seed: int, i: int, geometry: str | Geometry) -> ClipScene:
             -1,
         )
         tracks.append((parts, scale, centre + off, head0 + spin * s))
-    capsules = [np.concatenate([capsules_at(p, pos[f], hd[f], gz, sc) for p, sc, pos, hd in tracks]) for f in range(F)]
+    return [np.concatenate([capsules_at(p, pos[f], hd[f], gz, sc) for p, sc, pos, hd in tracks]) for f in range(F)]
 
+
+def _context_keys(rng: np.random.Generator, i: int, T: int) -> list[str]:
+    """The text cells' prompt key per latent frame."""
     # text cells: one key per latent frame, sometimes changing mid-clip
     key0 = PROMPT_KEYS[int(rng.integers(len(PROMPT_KEYS)))]
-    keys = [key0] * g.T
-    if i % 4 == 2 and g.T > 1:
+    keys = [key0] * T
+    if i % 4 == 2 and T > 1:
         key1 = PROMPT_KEYS[(PROMPT_KEYS.index(key0) + 1 + int(rng.integers(len(PROMPT_KEYS) - 1))) % len(PROMPT_KEYS)]
-        keys = [key0] * ((g.T + 1) // 2) + [key1] * (g.T - (g.T + 1) // 2)
-    return ClipScene(index=i, gz=gz, world=world, meta=meta, cameras=cams, capsules=capsules, context_keys=keys)
+        keys = [key0] * ((T + 1) // 2) + [key1] * (T - (T + 1) // 2)
+    return keys
 
 
 # ---- latents -------------------------------------------------------------------------------------------

@@ -237,52 +237,16 @@ def main(argv=None) -> int:
 
     t0 = time.time()
     n = 5 if args.sample_n > 0 else 4  # steps shown as [i/n]
-    # a prepared folder of an older demo lacks the synth marker that gcc-sample needs; the same seed rewrites the
-    # same bytes, so the shards made from it stay valid
-    if (prepared / "READY").exists() and (prepared / synth.MARKER).exists():
-        print(f"[1/{n}] synthetic prepared data: reusing {prepared}")
-    else:
-        print(f"[1/{n}] synthetic prepared data: {args.n} tiny clips -> {prepared}")
-        synth.write_prepared(prepared, clips=args.n, geometry="tiny", seed=args.seed, overwrite=True)
+    _synthetic_data(prepared, args.n, args.seed, n)
     print(f"[2/{n}] convert_data --data {prepared} --out {shards} --workers {args.workers}")
     manifest = convert(prepared, str(shards), workers=args.workers, chunk_clips=8)
 
-    print(f"[3/{n}] reading the shards back through the training loader (StreamingDataset)")
-    # heavy (streaming, ~2 s): imported once step 3 is announced
-    from gcc.compat.streaming import release_stale_shm
-    from gcc.data.dataset import GcStreamingDataset, build_dataloader
-
-    release_stale_shm([out / "cache" / "train"])  # left by an earlier demo killed mid-read
-    ds = GcStreamingDataset(str(shards), "train", out / "cache", batch_size=4, seed=args.seed)
-    batch = next(iter(build_dataloader(ds, batch_size=4, num_workers=0)))
-    geo = manifest["geometry"]
-    print(
-        f"  train {manifest['counts']['train']} clips, val {manifest['counts']['val']} clips; "
-        f"latents {geo['latents']}, sem ids {geo['sem']}, text {geo['text']}"
-    )
-    print(f"  first batch: clips {batch['clip_id']}")
-    print(
-        f"    input_latents {list(batch['input_latents'].shape)} {batch['input_latents'].dtype}, "
-        f"context {list(batch['context'].shape)}, sem_ids {list(batch['sem_ids'].shape)}"
-    )
-    print(
-        f"    text drop {batch['drop_text'].tolist()}, cond drop {batch['drop_cond'].tolist()}, "
-        f"mask fraction {[round(v, 3) for v in batch['mask_frac'].tolist()]}"
-    )
+    ds, batch = _read_back(out, shards, manifest, args.seed, n)
     if args.no_train:
         print(f"done in {time.time() - t0:.0f} s. Prepared data: {prepared}  Shards: {shards}")
         return 0
     run_dir = out / "train"
-    root = Path(__file__).resolve().parents[2]  # the repository: gcc/tools/demo.py -> .
-    cmd = train_command(
-        root / "yamls" / "tiny_cpu.yaml",
-        *TRAIN_SETTINGS,
-        f"run_dir={run_dir}",
-        f"data.path={shards}",
-        "progress_bar=false",
-        n=args.nproc,
-        launcher=gcc_launch(),  # Composer's launcher, ending quietly (gcc/launcher.py)
-    )
+    cmd = _demo_train_command(run_dir, shards, args.nproc)
     print(f"[4/{n}] training: {' '.join(cmd[:1] + cmd[1:])}")
     del ds, batch  # release the loader's shared memory before the training's ranks start
     r = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -299,6 +263,65 @@ def main(argv=None) -> int:
         sheets = sample_demo(run_dir, prepared, out / "samples", args.sample_n, args.sample_steps, args.seed)
         if sheets is None:  # the error printed above is bad input to gcc-sample: its code
             return exit_codes.CONFIG
+    _print_outputs(run_dir, curves, sheets, n, t0)
+    return 0
+
+
+def _synthetic_data(prepared: Path, clips: int, seed: int, n: int) -> None:
+    """Step 1: the synthetic prepared data, written unless an earlier demo's is there."""
+    # a prepared folder of an older demo lacks the synth marker that gcc-sample needs; the same seed rewrites the
+    # same bytes, so the shards made from it stay valid
+    if (prepared / "READY").exists() and (prepared / synth.MARKER).exists():
+        print(f"[1/{n}] synthetic prepared data: reusing {prepared}")
+    else:
+        print(f"[1/{n}] synthetic prepared data: {clips} tiny clips -> {prepared}")
+        synth.write_prepared(prepared, clips=clips, geometry="tiny", seed=seed, overwrite=True)
+
+
+def _read_back(out: Path, shards: Path, manifest: dict, seed: int, n: int):
+    """Step 3: the first batch read back through the training loader, described; returns (dataset, batch), which
+    hold the loader's shared memory until dropped."""
+    print(f"[3/{n}] reading the shards back through the training loader (StreamingDataset)")
+    # heavy (streaming, ~2 s): imported once step 3 is announced
+    from gcc.compat.streaming import release_stale_shm
+    from gcc.data.dataset import GcStreamingDataset, build_dataloader
+
+    release_stale_shm([out / "cache" / "train"])  # left by an earlier demo killed mid-read
+    ds = GcStreamingDataset(str(shards), "train", out / "cache", batch_size=4, seed=seed)
+    batch = next(iter(build_dataloader(ds, batch_size=4, num_workers=0)))
+    geo = manifest["geometry"]
+    print(
+        f"  train {manifest['counts']['train']} clips, val {manifest['counts']['val']} clips; "
+        f"latents {geo['latents']}, sem ids {geo['sem']}, text {geo['text']}"
+    )
+    print(f"  first batch: clips {batch['clip_id']}")
+    print(
+        f"    input_latents {list(batch['input_latents'].shape)} {batch['input_latents'].dtype}, "
+        f"context {list(batch['context'].shape)}, sem_ids {list(batch['sem_ids'].shape)}"
+    )
+    print(
+        f"    text drop {batch['drop_text'].tolist()}, cond drop {batch['drop_cond'].tolist()}, "
+        f"mask fraction {[round(v, 3) for v in batch['mask_frac'].tolist()]}"
+    )
+    return ds, batch
+
+
+def _demo_train_command(run_dir: Path, shards: Path, nproc: int) -> list[str]:
+    """Step 4's command: gcc-launch of gcc/train.py on yamls/tiny_cpu.yaml with the demo's settings."""
+    root = Path(__file__).resolve().parents[2]  # the repository: gcc/tools/demo.py -> .
+    return train_command(
+        root / "yamls" / "tiny_cpu.yaml",
+        *TRAIN_SETTINGS,
+        f"run_dir={run_dir}",
+        f"data.path={shards}",
+        "progress_bar=false",
+        n=nproc,
+        launcher=gcc_launch(),  # Composer's launcher, ending quietly (gcc/launcher.py)
+    )
+
+
+def _print_outputs(run_dir: Path, curves: Path, sheets: list[Path] | None, n: int, t0: float) -> None:
+    """The closing lines: the time taken and where each output of the demo is."""
     print(f"\ndone in {time.time() - t0:.0f} s.")
     print(f"  curves:      {curves}   (gcc-plot {run_dir})")
     if sheets:
@@ -322,7 +345,6 @@ def main(argv=None) -> int:
     print(f"  exports:     {', '.join(sorted(p.name for p in run_dir.glob('step-*.safetensors')))} in {run_dir}")
     # `make demo` takes no training settings, and run again it finds this run finished and leaves it as it is
     print(f"  resume:      the [4/{n}] command with a larger max_duration=...ba added continues this run")
-    return 0
 
 
 if __name__ == "__main__":

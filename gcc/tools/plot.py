@@ -158,41 +158,69 @@ def plot_runs(run_dirs: list[Path], out: Path, smoothing: float = 0.9) -> list[t
     for n, run in enumerate(runs):
         color, name = f"C{n}", run.folder.name
         label = "" if one else f"{name}: "
-        train, val = run.train, run.val
-        step = train["step"]
-        ax = axes[0, 0]
+        _plot_train(axes, run.train, color, label, one, plotted, smoothing)
+        _plot_val(axes, run.val, color, name, one)
+        marks += _mark_events(axes, run, color, name)
+    _finish_panels(axes, runs, plotted)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=80, format="png")
+    plt.close(fig)
+    return marks
+
+
+def _plot_train(axes, train: dict[str, array], color: str, label: str, one: bool, plotted, smoothing: float) -> None:
+    """A run's train curves on the top row: loss (raw with one run, and smoothed), lr and cond_lr, grad_norm and
+    the statistics declared with a plot legend."""
+    step = train["step"]
+    ax = axes[0, 0]
+    if one:
+        ax.plot(step, train["loss"], color=color, alpha=0.3, lw=0.8, label="loss")
+    ax.plot(step, smooth(train["loss"], smoothing), color=color, lw=1.6, label=f"{label}smoothed ({smoothing:g})")
+    axes[0, 1].plot(step, train["lr"], color=color, label=f"{label}lr")
+    axes[0, 1].plot(step, train["cond_lr"], color=color, ls="--", label=f"{label}cond_lr")
+    axes[0, 2].plot(step, train["grad_norm"], color=color, lw=0.9, label=f"{label}grad_norm (before clipping)")
+    for st, ls in zip(plotted, ("-", "--", ":", "-.")):
+        axes[0, 3].plot(step, train[st.name], color=color if not one else None, ls=ls, label=f"{label}{st.plot}")
+
+
+def _plot_val(axes, val: dict[str, array], color: str, name: str, one: bool) -> None:
+    """A run's validation curves on the bottom row: per timestep with one run, else the mean over timesteps."""
+    by_t: dict[float, list[int]] = defaultdict(list)  # the val rows of each timestep
+    for i, t in enumerate(val["timestep"]):
+        by_t[t].append(i)
+    for ax, key in zip(axes[1, :3], VAL_COLUMNS):
         if one:
-            ax.plot(step, train["loss"], color=color, alpha=0.3, lw=0.8, label="loss")
-        ax.plot(step, smooth(train["loss"], smoothing), color=color, lw=1.6, label=f"{label}smoothed ({smoothing:g})")
-        axes[0, 1].plot(step, train["lr"], color=color, label=f"{label}lr")
-        axes[0, 1].plot(step, train["cond_lr"], color=color, ls="--", label=f"{label}cond_lr")
-        axes[0, 2].plot(step, train["grad_norm"], color=color, lw=0.9, label=f"{label}grad_norm (before clipping)")
-        for st, ls in zip(plotted, ("-", "--", ":", "-.")):
-            axes[0, 3].plot(step, train[st.name], color=color if not one else None, ls=ls, label=f"{label}{st.plot}")
-        by_t: dict[float, list[int]] = defaultdict(list)  # the val rows of each timestep
-        for i, t in enumerate(val["timestep"]):
-            by_t[t].append(i)
-        for ax, key in zip(axes[1, :3], VAL_COLUMNS):
-            if one:
-                for t, rows in sorted(by_t.items()):
-                    xs, ys = [val["step"][i] for i in rows], [val[key][i] for i in rows]
-                    ax.plot(xs, ys, marker="o", ms=3, label=f"t={t:.1f}")
-            elif by_t:
-                by_step: dict[float, list[float]] = defaultdict(list)
-                for s, x in zip(val["step"], val[key]):
-                    by_step[s].append(x)
-                steps = sorted(by_step)
-                means = [sum(by_step[s]) / len(by_step[s]) for s in steps]
-                ax.plot(steps, means, marker="o", ms=3, color=color, label=f"{name} (mean over timesteps)")
+            for t, rows in sorted(by_t.items()):
+                xs, ys = [val["step"][i] for i in rows], [val[key][i] for i in rows]
+                ax.plot(xs, ys, marker="o", ms=3, label=f"t={t:.1f}")
+        elif by_t:
+            by_step: dict[float, list[float]] = defaultdict(list)
+            for s, x in zip(val["step"], val[key]):
+                by_step[s].append(x)
+            steps = sorted(by_step)
+            means = [sum(by_step[s]) / len(by_step[s]) for s in steps]
+            ax.plot(steps, means, marker="o", ms=3, color=color, label=f"{name} (mean over timesteps)")
+
+
+def _mark_events(axes, run: Run, color: str, name: str) -> list[tuple[str, str, int]]:
+    """A run's resumes (dotted) and global-batch changes (dashed) drawn on every panel; returns them as marks."""
+    marks: list[tuple[str, str, int]] = []
+    for at in run.resumes:
+        marks.append((name, "resumed", at))
+    for at, old, new in run.batch_changes:
+        marks.append((name, f"batch {old} -> {new}", at))
+    for ax in axes.flat[:7]:
         for at in run.resumes:
-            marks.append((name, "resumed", at))
-        for at, old, new in run.batch_changes:
-            marks.append((name, f"batch {old} -> {new}", at))
-        for ax in axes.flat[:7]:
-            for at in run.resumes:
-                ax.axvline(at, color=color, lw=0.8, ls=":")
-            for at, _, _ in run.batch_changes:
-                ax.axvline(at, color=color, lw=0.8, ls="--")
+            ax.axvline(at, color=color, lw=0.8, ls=":")
+        for at, _, _ in run.batch_changes:
+            ax.axvline(at, color=color, lw=0.8, ls="--")
+    return marks
+
+
+def _finish_panels(axes, runs: list[Run], plotted) -> None:
+    """Titles, the zero line of the gaps, the notes panel (each run's steps and events, the legend of the marks),
+    axis labels, grids and legends."""
     axes[0, 0].set_title("train loss")
     axes[0, 1].set_yscale("log")
     axes[0, 1].set_title("learning rate")
@@ -225,11 +253,6 @@ def plot_runs(run_dirs: list[Path], out: Path, smoothing: float = 0.9) -> list[t
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out) as tmp:
-        fig.savefig(tmp, dpi=80, format="png")
-    plt.close(fig)
-    return marks
 
 
 def build_parser() -> argparse.ArgumentParser:

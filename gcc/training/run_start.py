@@ -216,48 +216,9 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
     lock.acquire()
     run_dir = Path(cfg.run_dir)
     check_run_folder(run_dir)
-    try:
-        manifest_bytes = read_manifest_bytes(cfg)
-    except StorageUnavailable:
-        raise
-    except Exception as e:  # missing file (local or S3)
-        raise Refusal(
-            f"data {cfg.data.path}: no readable manifest.json — not a finished convert_data output "
-            f"({type(e).__name__}: {e})"
-        ) from None
-
-    try:
-        manifest = parse_manifest(manifest_bytes, join(cfg.data.path, MANIFEST))
-    except BadInput as e:  # data the launch cannot train on is refused (exit 3), its file named as a tool names it
-        raise Refusal(str(e)) from None
-    check_data(
-        manifest,
-        cfg.data.path,
-        cfg.per_rank_batch(world_size()),
-        world_size(),
-        cfg.data.limit,
-        validates(cfg),
-    )
+    manifest_bytes, manifest = _checked_manifest(cfg)
     store, launch, committed_files = store_for(cfg.save_folder), "", None
-    remote_record = adopt_remote_record(store, run_dir) if store is not None else None
-    local = stored_record(run_dir)
-    old = local or remote_record
-    known = (old or {}).get("signature")
-    horizon = schedule_horizon(cfg, manifest)
-    try:  # a moved init_ckpt keeps the digest recorded at the first launch (a resume loads the checkpoint)
-        signature = run_signature(cfg, manifest_bytes, known=known, horizon=horizon)
-    except FileNotFoundError as e:
-        raise ConfigError(missing_init_ckpt(e.filename, run_dir, (known or {}).get("model.init_ckpt"))) from None
-    lineage = {
-        "init_ckpt": os.path.realpath(cfg.model.init_ckpt) if cfg.model.init_ckpt else "",
-        FIRST_CHECKPOINT: None,  # none committed yet (CheckpointRotation records the first)
-    }
-    try:
-        record, _ = identity(run_dir, signature, lineage, adopted=remote_record)
-    except Refusal as e:  # a decaying schedule's horizon changed: say what it does to the rate
-        resumed = plan_repair(run_dir).latest
-        at = checkpoint_step(resumed) if resumed is not None else None
-        raise Refusal(f"{e}{schedule_jump(cfg, known or {}, horizon, at)}") from None
+    record, local = _run_record(cfg, run_dir, store, manifest_bytes, manifest)
     repair = plan_repair(run_dir) if cfg.autoresume else None
     latest = repair.latest if repair is not None else None
     committed = store.head() if store is not None else None  # read only: the claim comes after every check
@@ -288,14 +249,7 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
             if not store.whole_here(remote, run_dir, head.files):
                 latest = store.fetch(remote, run_dir, head.files)
     if latest is None and (cfg.allow_existing or restart) and what_a_restart_loses(run_dir):
-        moved = set_aside(run_dir, time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
-        if restart:
-            logger.info(
-                f"{run_dir}: its launch stopped before the run's first checkpoint, so there is nothing to resume: "
-                f"starting the run over from step 0; what that launch wrote ({restart}) is now in {moved}"
-            )
-        else:
-            logger.info(f"allow_existing: starting over in {run_dir}; what the run had written is now in {moved}")
+        _set_aside_for_restart(run_dir, restart)
     return RunStart(
         manifest=manifest,
         lineage=record["lineage"],
@@ -306,6 +260,77 @@ def prepare_run(cfg: TrainConfig, lock: RunLock) -> RunStart:
         store=store,
         provenance=provenance,
     )
+
+
+def _checked_manifest(cfg: TrainConfig) -> tuple[bytes, dict[str, Any]]:
+    """The data's manifest.json (its bytes and its parsed contents), checked to be data the run can train on; a
+    Refusal otherwise."""
+    try:
+        manifest_bytes = read_manifest_bytes(cfg)
+    except StorageUnavailable:
+        raise
+    except Exception as e:  # missing file (local or S3)
+        raise Refusal(
+            f"data {cfg.data.path}: no readable manifest.json — not a finished convert_data output "
+            f"({type(e).__name__}: {e})"
+        ) from None
+
+    try:
+        manifest = parse_manifest(manifest_bytes, join(cfg.data.path, MANIFEST))
+    except BadInput as e:  # data the launch cannot train on is refused (exit 3), its file named as a tool names it
+        raise Refusal(str(e)) from None
+    check_data(
+        manifest,
+        cfg.data.path,
+        cfg.per_rank_batch(world_size()),
+        world_size(),
+        cfg.data.limit,
+        validates(cfg),
+    )
+    return manifest_bytes, manifest
+
+
+def _run_record(
+    cfg: TrainConfig,
+    run_dir: Path,
+    store: CheckpointStore | None,
+    manifest_bytes: bytes,
+    manifest: dict[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The run's record checked against this launch's signature (`identity`, writing nothing), and the run
+    folder's own run.json (None when it has none)."""
+    remote_record = adopt_remote_record(store, run_dir) if store is not None else None
+    local = stored_record(run_dir)
+    old = local or remote_record
+    known = (old or {}).get("signature")
+    horizon = schedule_horizon(cfg, manifest)
+    try:  # a moved init_ckpt keeps the digest recorded at the first launch (a resume loads the checkpoint)
+        signature = run_signature(cfg, manifest_bytes, known=known, horizon=horizon)
+    except FileNotFoundError as e:
+        raise ConfigError(missing_init_ckpt(e.filename, run_dir, (known or {}).get("model.init_ckpt"))) from None
+    lineage = {
+        "init_ckpt": os.path.realpath(cfg.model.init_ckpt) if cfg.model.init_ckpt else "",
+        FIRST_CHECKPOINT: None,  # none committed yet (CheckpointRotation records the first)
+    }
+    try:
+        record, _ = identity(run_dir, signature, lineage, adopted=remote_record)
+    except Refusal as e:  # a decaying schedule's horizon changed: say what it does to the rate
+        resumed = plan_repair(run_dir).latest
+        at = checkpoint_step(resumed) if resumed is not None else None
+        raise Refusal(f"{e}{schedule_jump(cfg, known or {}, horizon, at)}") from None
+    return record, local
+
+
+def _set_aside_for_restart(run_dir: Path, restart: str) -> None:
+    """A start over from step 0 moves what the run folder holds aside (`set_aside`), and says why."""
+    moved = set_aside(run_dir, time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
+    if restart:
+        logger.info(
+            f"{run_dir}: its launch stopped before the run's first checkpoint, so there is nothing to resume: "
+            f"starting the run over from step 0; what that launch wrote ({restart}) is now in {moved}"
+        )
+    else:
+        logger.info(f"allow_existing: starting over in {run_dir}; what the run had written is now in {moved}")
 
 
 def missing_init_ckpt(path: str, run_dir: Path, recorded: Any) -> str:

@@ -45,7 +45,7 @@ from gcc.training.ending import PeerGone, end
 from gcc.training.peer_fault import announce, peer_fault
 from gcc.training.ranks import local_world_size, rank, world_size
 from gcc.training.run_folder import RunLock
-from gcc.training.run_start import agree_on_start, fetch_on_this_node, steps_per_epoch, train_clips
+from gcc.training.run_start import RunStart, agree_on_start, fetch_on_this_node, steps_per_epoch, train_clips
 from gcc.workers import start_resource_tracker
 
 logger = logging.getLogger(__name__)
@@ -113,6 +113,18 @@ def _run(cfg) -> int:
             f"(raise max_duration=... to train further)"
         )
         return exit_codes.OK
+    trainer, parts = _ready_trainer(cfg, start, device, world, per_rank)
+    stopped = _fit(cfg, trainer, parts)
+    if stopped is not None:
+        return stopped
+    lock.release()
+    return exit_codes.OK
+
+
+def _ready_trainer(cfg, start: RunStart, device, world: int, per_rank: int):
+    """The model, loaders, callbacks and Composer's Trainer of this launch, resumed from its checkpoint or holding
+    the initial weights: (trainer, the run's callbacks)."""
+    resumed = start.resumed
     text = B.node_cache(cfg)
     logger.info(
         f"{'resuming from ' + start.resumed_from if resumed else 'starting'}: world {world}, per-rank "
@@ -150,6 +162,12 @@ def _run(cfg) -> int:
     run_after_checkpoint_saver(trainer, parts.after_saver)
     if parts.validate_at_start is not None:
         parts.validate_at_start.evaluate = trainer.eval
+    return trainer, parts
+
+
+def _fit(cfg, trainer, parts) -> int | None:
+    """The training, closed and reported (done, preempted, or stopped before its first step); the exit code of a
+    run that every rank stopped at the same step (a non-finite loss, the prefix taken over), else None."""
     t0 = time.time()
     before_first_step = None
     try:
@@ -172,8 +190,7 @@ def _run(cfg) -> int:
             f"done: step {step} in {time.time() - t0:.0f} s. Run folder {cfg.run_dir}: train_log.csv, "
             f"val_log.csv, tensorboard/, step-*.safetensors, checkpoints/"
         )
-    lock.release()
-    return exit_codes.OK
+    return None
 
 
 def train_rank(cfg) -> int:

@@ -190,50 +190,10 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     )
 
     # everything that can be wrong with the inputs is checked before the models load
-    from gcc.model.dit import PRESETS  # heavy (diffsynth, ~4 s): keeps --help and argument errors fast
-
-    if a.model is not None and a.model not in PRESETS:
-        raise SampleError(f"--model {a.model!r}: unknown preset; known: {sorted(PRESETS)}")
-    model = a.model or (ckpt_model(a.ckpt) if a.ckpt else "ti2v-5b")
-    if a.ckpt:
-        vocab, ckpt_kind, ckpt_weights = ckpt_vocab(a.ckpt, a.vocab, model)
-    else:
-        vocab, ckpt_kind, ckpt_weights = a.vocab or "parts", "base", "raw"
-        if not a.model_dir:
-            raise SampleError(
-                "--base loads the Wan weights of --model_dir: pass --model_dir (the Wan2.2-TI2V-5B folder)"
-            )
-    try:
-        vae_path = find_vae_file(a.model_dir) if a.model_dir else None
-    except VaeError as e:
-        raise SampleError(f"--model_dir {e}") from None
-    check_fits(model, vocab, ckpt=a.ckpt, model_dir=a.model_dir)
-    src = open_source(a.data)
-    if vae_path is None and not is_synthetic(src.prepared_root):
-        raise SampleError(
-            f"--data {a.data}: no --model_dir, and the data is not gcc.synth.world's (its "
-            f"prepared root {src.prepared_root} holds no {MARKER}), so there is no decoder: pass "
-            f"--model_dir (the Wan2.2-TI2V-5B folder, whose VAE decodes)"
-        )
-    try:
-        wanted = parse_clip_ids(a.clip_ids) if a.clip_ids else None
-        # a clip id of the data is a checked name (gcc/names.py): one that is not cannot be there, and is shown
-        # escaped, never printed raw (docs/training.md, "Trust and safety")
-        for cid in wanted or ():
-            check_component(cid, "--clip_ids: clip id")
-    except UnicodeDecodeError as e:  # an @file that is not text
-        raise SampleError(f"--clip_ids {shown(a.clip_ids)}: not UTF-8 text (byte {e.start})") from None
-    except UnsafeName as e:
-        raise SampleError(f"{e}; no clip of the data has such an id") from None
-    rows = src.rows_for(wanted)
-    clip_ids = select_clips(rows, wanted, a.n)
-    judge: VaeJudge | SynthJudge
-    if vae_path is not None:
-        raw_root = Path(a.raw_root) if a.raw_root else src.default_raw
-        judge = VaeJudge(a, vae_path, raw_root, vocab, device)
-    else:
-        raw_root = None  # the synthetic decoder compares with the sem ids, not the GT frames
-        judge = SynthJudge(a, src.table, vocab)
+    model, vocab, ckpt_kind, ckpt_weights = _model_and_vocab(a)
+    vae_path, src = _open_data(a, model, vocab)
+    rows, clip_ids = _select_clips(a, src)
+    judge, raw_root = _make_judge(a, src, vae_path, vocab, device)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -242,31 +202,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     sync(device)
     t_load = time.perf_counter() - t_start  # option checks, data index, DiT + VAE
 
-    per_clip, failed, tot = {}, {}, {k: 0.0 for k in judge.timing_keys}
-    progress = SetProgress(len(clip_ids), a.steps)
-    for n, cid in enumerate(clip_ids):
-        t_data = time.perf_counter()
-        try:
-            bar = None if a.no_progress else progress.clip_bar(n, cid, device)
-            row = sample_clip(a, src, judge, dit, vocab, out, device, cid, rows[cid], bar)
-        except Exception as e:  # a clip that cannot be read or judged: said, recorded, and the others go on
-            reason = clip_failure(e)
-            failed[cid] = reason
-            progress.clip_done(time.perf_counter() - t_data)
-            logger.warning("[%d/%d] %s: failed: %s", n + 1, len(clip_ids), shown(cid), reason)
-            continue
-        per_clip[cid] = row
-        progress.clip_done(time.perf_counter() - t_data)
-        for k in tot:
-            tot[k] += row["timings"][k]
-        logger.info(
-            "[%d/%d] %s: %s (%.1f s sampling)",
-            n + 1,
-            len(clip_ids),
-            shown(cid),
-            judge.describe(row),
-            row["timings"]["sampling"],
-        )
+    per_clip, failed, tot = _sample_clips(a, src, judge, dit, vocab, out, device, clip_ids, rows)
 
     metrics = {
         "ckpt": str(a.ckpt) if a.ckpt else "",
@@ -301,6 +237,101 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     write_json(out / "metrics.json", metrics)
     metrics["summary"] = judge.summary(metrics)
     return metrics
+
+
+def _model_and_vocab(a: argparse.Namespace) -> tuple[str, str, str, str]:
+    """The model preset, the vocab, the weights' kind and which weights (raw or ema) of --ckpt or --base."""
+    from gcc.model.dit import PRESETS  # heavy (diffsynth, ~4 s): keeps --help and argument errors fast
+
+    if a.model is not None and a.model not in PRESETS:
+        raise SampleError(f"--model {a.model!r}: unknown preset; known: {sorted(PRESETS)}")
+    model = a.model or (ckpt_model(a.ckpt) if a.ckpt else "ti2v-5b")
+    if a.ckpt:
+        vocab, ckpt_kind, ckpt_weights = ckpt_vocab(a.ckpt, a.vocab, model)
+    else:
+        vocab, ckpt_kind, ckpt_weights = a.vocab or "parts", "base", "raw"
+        if not a.model_dir:
+            raise SampleError(
+                "--base loads the Wan weights of --model_dir: pass --model_dir (the Wan2.2-TI2V-5B folder)"
+            )
+    return model, vocab, ckpt_kind, ckpt_weights
+
+
+def _open_data(a: argparse.Namespace, model: str, vocab: str):
+    """The VAE file (None without --model_dir) and the opened --data, once the model is known to fit; data without
+    a decoder (no VAE, not gcc-synth's) is refused."""
+    try:
+        vae_path = find_vae_file(a.model_dir) if a.model_dir else None
+    except VaeError as e:
+        raise SampleError(f"--model_dir {e}") from None
+    check_fits(model, vocab, ckpt=a.ckpt, model_dir=a.model_dir)
+    src = open_source(a.data)
+    if vae_path is None and not is_synthetic(src.prepared_root):
+        raise SampleError(
+            f"--data {a.data}: no --model_dir, and the data is not gcc.synth.world's (its "
+            f"prepared root {src.prepared_root} holds no {MARKER}), so there is no decoder: pass "
+            f"--model_dir (the Wan2.2-TI2V-5B folder, whose VAE decodes)"
+        )
+    return vae_path, src
+
+
+def _select_clips(a: argparse.Namespace, src):
+    """The data's index rows of the wanted clips (--clip_ids, checked names) and the clip ids to sample (--n)."""
+    try:
+        wanted = parse_clip_ids(a.clip_ids) if a.clip_ids else None
+        # a clip id of the data is a checked name (gcc/names.py): one that is not cannot be there, and is shown
+        # escaped, never printed raw (docs/training.md, "Trust and safety")
+        for cid in wanted or ():
+            check_component(cid, "--clip_ids: clip id")
+    except UnicodeDecodeError as e:  # an @file that is not text
+        raise SampleError(f"--clip_ids {shown(a.clip_ids)}: not UTF-8 text (byte {e.start})") from None
+    except UnsafeName as e:
+        raise SampleError(f"{e}; no clip of the data has such an id") from None
+    rows = src.rows_for(wanted)
+    clip_ids = select_clips(rows, wanted, a.n)
+    return rows, clip_ids
+
+
+def _make_judge(a: argparse.Namespace, src, vae_path, vocab: str, device) -> tuple[VaeJudge | SynthJudge, Path | None]:
+    """The judge (the Wan VAE's with a VAE file, else the synthetic world's) and the ground truth's raw root."""
+    judge: VaeJudge | SynthJudge
+    if vae_path is not None:
+        raw_root = Path(a.raw_root) if a.raw_root else src.default_raw
+        judge = VaeJudge(a, vae_path, raw_root, vocab, device)
+    else:
+        raw_root = None  # the synthetic decoder compares with the sem ids, not the GT frames
+        judge = SynthJudge(a, src.table, vocab)
+    return judge, raw_root
+
+
+def _sample_clips(a: argparse.Namespace, src, judge, dit, vocab: str, out: Path, device, clip_ids, rows):
+    """Every clip sampled and judged in turn: (rows per clip id, failed clip id -> why, summed timings)."""
+    per_clip, failed, tot = {}, {}, {k: 0.0 for k in judge.timing_keys}
+    progress = SetProgress(len(clip_ids), a.steps)
+    for n, cid in enumerate(clip_ids):
+        t_data = time.perf_counter()
+        try:
+            bar = None if a.no_progress else progress.clip_bar(n, cid, device)
+            row = sample_clip(a, src, judge, dit, vocab, out, device, cid, rows[cid], bar)
+        except Exception as e:  # a clip that cannot be read or judged: said, recorded, and the others go on
+            reason = clip_failure(e)
+            failed[cid] = reason
+            progress.clip_done(time.perf_counter() - t_data)
+            logger.warning("[%d/%d] %s: failed: %s", n + 1, len(clip_ids), shown(cid), reason)
+            continue
+        per_clip[cid] = row
+        progress.clip_done(time.perf_counter() - t_data)
+        for k in tot:
+            tot[k] += row["timings"][k]
+        logger.info(
+            "[%d/%d] %s: %s (%.1f s sampling)",
+            n + 1,
+            len(clip_ids),
+            shown(cid),
+            judge.describe(row),
+            row["timings"]["sampling"],
+        )
+    return per_clip, failed, tot
 
 
 def clip_failure(e: Exception) -> str:
