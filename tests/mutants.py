@@ -70,7 +70,6 @@ MODULES: dict[str, Target] = {
     "gcc/training/run_start.py": Target(
         (
             "tests/training/test_run_start.py",
-            "tests/training/test_launch.py",
             "tests/test_errors.py",
             "tests/training/test_config_roles.py",
             "tests/training/test_trust_run.py",

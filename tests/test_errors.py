@@ -33,7 +33,7 @@ CODES = {
     "gcc.model.export.GcCkptError": exit_codes.CONFIG,
     "gcc.sampling.vae.VaeError": exit_codes.CONFIG,
     "gcc.tools.sample.errors.SampleError": exit_codes.CONFIG,
-    "gcc.training.config.ConfigError": exit_codes.CONFIG,
+    "gcc.settings.ConfigError": exit_codes.CONFIG,
     "gcc.training.checkpoint.store.TakenOver": exit_codes.REFUSED,
     "gcc.training.callbacks.nonfinite.NonFiniteLoss": exit_codes.NONFINITE,
     "gcc.training.callbacks.preemption.PreemptedBeforeFirstStep": exit_codes.OK,

@@ -179,7 +179,8 @@ def test_a_scheduler_asked_without_a_trainer_gives_what_it_gives_the_trainers_st
     monkeypatch.chdir(tmp_path)
     trainer = _trainer(tmp_path)
     trainer.state.max_duration = "40ba"
-    for scheduler in (CosineAnnealingWithWarmupScheduler("5ba", 0.1), LinearWithWarmupScheduler("5ba", 0.2)):
+    schedulers = (CosineAnnealingWithWarmupScheduler("5ba", alpha_f=0.1), LinearWithWarmupScheduler("5ba", alpha_f=0.2))
+    for scheduler in schedulers:
         for batch in (0, 3, 5, 17, 40):
             trainer.state.timestamp = Timestamp(batch=batch)
             assert scheduler_at(scheduler, batch, trainer.state.max_duration) == float(scheduler(trainer.state))

@@ -1,4 +1,4 @@
-"""The launch's verdict (gcc/training/launch.py `agree_on_start`) in a real 2-process gloo group: rank 0 is this
+"""The launch's verdict (gcc/training/run_start.py `agree_on_start`) in a real 2-process gloo group: rank 0 is this
 test's process, rank 1 a process of its own. The rest of launch.py: tests/training/test_config_roles.py (the
 signature), tests/test_errors.py (refusals), tests/training/test_trust_run.py (the run folder it reads)."""
 
@@ -11,13 +11,13 @@ import re
 import pytest
 from _launch import rank_0_here
 
-from gcc.training import launch
+from gcc.training import run_start as launch
 
 # rank 1 (in the group: tests/_launch.py `rank_0_here`): asks for the verdict three times, printing each; were it
 # asked to decide, its own verdict would say so
 RANK1 = """
 import json
-from gcc.training import launch
+from gcc.training import run_start as launch
 
 launch.prepare_run = lambda cfg, lock: launch.RunStart({"decided by": 1}, {}, "", None, "", None, provenance=None)
 for _ in range(3):
@@ -134,7 +134,7 @@ def test_a_fresh_start_needs_its_weights_and_never_destroys_what_a_run_wrote(tmp
     """check_fresh_start: the weights a start from step 0 loads must exist (exit 2 naming the key); a prefix that
     commits a checkpoint is refused; a run folder with what a run wrote is refused (autoresume off, or nothing to
     resume from), started over when its run never committed a checkpoint, or with allow_existing."""
-    from gcc.training.checkpoint_store import Head
+    from gcc.training.checkpoint.store import Head
     from gcc.training.config import ConfigError, TrainConfig
     from gcc.training.run_folder import FIRST_CHECKPOINT
 
@@ -190,6 +190,7 @@ def test_validation_is_off_when_either_its_interval_or_its_clips_are_0_and_the_c
     ]
     monkeypatch.delenv("NODE_RANK", raising=False)
     assert launch.cache_dir(cfg()) == tmp_path / "run" / "cache" / "node0"
+    monkeypatch.setenv("WORLD_SIZE", "8")  # 8 nodes of one rank: node 3 is one of them
     monkeypatch.setenv("NODE_RANK", "3")
     elsewhere = cfg()
     elsewhere.data.cache_dir = str(tmp_path / "cache")
