@@ -4,10 +4,13 @@ range with it (gcc/settings.py); gcc/training/config.py loads and checks them.""
 
 from __future__ import annotations
 
+import math
+import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gcc.settings import NON_NEGATIVE, Range, role, setting
+from gcc.inputs import shown
+from gcc.settings import NON_NEGATIVE, ConfigError, Range, as_float, num_text, role, setting
 
 # the sigma shift of Wan2.2 TI2V's flow-matching schedule: training's (gcc/model/flow.py) and sampling's
 # (gcc/sampling/sampler.py, gcc-sample --shift)
@@ -136,3 +139,53 @@ class FsdpConfig:
         doc="true: ZeRO-3-like (a block's parameters are gathered again for its backward: ~8 GB less per GPU at 5B, "
         "one more all-gather per block); false: ZeRO-2-like (they stay gathered from forward to backward)",
     )
+
+
+# model.overrides: the largest value of each field of DiTConfig a config may set (what sizes work: checked before
+# anything is built; a field not named here is bounded by 65,536)
+MODEL_BOUNDS = {
+    "num_layers": 256,
+    "dim": 1 << 16,
+    "ffn_dim": 1 << 18,
+    "num_heads": 1024,
+    "in_dim": 4096,
+    "out_dim": 4096,
+    "patch_size": 64,
+    "text_dim": 1 << 16,
+    "freq_dim": 1 << 16,
+    "cond_hidden": 1 << 16,
+    "eps": 1.0,
+}
+
+
+def check_model_overrides(overrides: dict) -> None:
+    """model.overrides: fields of the preset's DiTConfig (docs/model.md), each of its type and within MODEL_BOUNDS;
+    the vocab is model.vocab."""
+    if not overrides:
+        return
+    from gcc.model.dit import DiTConfig  # heavy (torch, diffsynth): loaded only for overrides
+
+    hints = typing.get_type_hints(DiTConfig)
+    for k, v in overrides.items():
+        if k not in hints or k == "vocab":
+            hint = " (set model.vocab instead)" if k == "vocab" else ""
+            raise ConfigError(
+                f"model.overrides.{shown(k, 60)}: not a field of the model config{hint}; "
+                f"known: {sorted(set(hints) - {'vocab'})}"
+            )
+        typ, high = hints[k], MODEL_BOUNDS.get(k, 1 << 16)
+        if typing.get_origin(typ) is tuple:
+            ok = (
+                isinstance(v, list)
+                and len(v) == len(typing.get_args(typ))
+                and all(isinstance(x, int) and not isinstance(x, bool) and 0 < x <= high for x in v)
+            )
+            want = f"a list of {len(typing.get_args(typ))} integers in [1, {num_text(high)}]"
+        elif typ is float:
+            ok = (x := as_float(v)) is not None and math.isfinite(x) and 0 < x <= high
+            want = f"a number in (0, {num_text(high)}]"
+        else:
+            ok = isinstance(v, int) and not isinstance(v, bool) and 0 < v <= high
+            want = f"a positive integer, at most {num_text(high)}"
+        if not ok:
+            raise ConfigError(f"model.overrides.{k}: expected {want}, got {shown(repr(v))}")

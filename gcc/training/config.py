@@ -1,15 +1,15 @@
 """The typed run configuration: yaml + dotted `key=value` overrides -> `TrainConfig`, validated before any work.
 
-Defaults are the v10 run (docs/design.md §8). Each field declares its role once, next to it (`setting`): whether it
-is part of the run's identity (`run_start.run_signature`), whether it goes into every export's metadata
-(`builders.export_metadata`), its range (`Range`) and whether it is a path; its allowed values are its `Literal`
-type. The signature, the export metadata, `CHOICES`, `BOUNDS` and `PATH_KEYS` are derived from these (`ROLES`).
-Unknown keys, wrong types, values outside their range (`BOUNDS`, `MODEL_BOUNDS`), a path with credentials in it
-and inconsistent batch settings raise `ConfigError` naming the key; `gcc/train.py` turns that into a one-line
-message and exit code 2. The yaml and the overrides are read by a bounded loader (`gcc.yaml_reader.BoundedLoader`;
-docs/training.md, "Trust and safety"). The key names are Composer's and llm-foundry's (`max_duration` as a Composer
-time, `optimizer:`, `scheduler:`, `algorithms:`); the names gcc used before are read as them (`RENAMED`), and
-`describe` lists every key (`train.py --print_config`; docs/training.md, "Config keys").
+Each component declares its section beside its code (gcc/model/config.py, gcc/data/config.py,
+gcc/training/sections.py; the top-level run keys here, `RunSettings`), each field with its role (`setting`,
+gcc/settings.py): whether it is part of the run's identity (`run_start.run_signature`), whether it goes into every
+export's metadata (`builders.export_metadata`), its range and whether it is a path; its allowed values are its
+`Literal` type. This module loads them and keeps what spans sections: the derived tables (`ROLES`, `CHOICES`,
+`BOUNDS`, `PATH_KEYS`), the old key names (`RENAMED`) and the checks across fields (`validate`). Unknown keys, wrong
+types, values outside their range, a path with credentials in it and inconsistent batch settings raise
+`ConfigError` naming the key; `gcc/train.py` turns that into a one-line message and exit code 2. The yaml and the
+overrides are read by a bounded loader (gcc/yaml_reader.py; docs/training.md, "Trust and safety"). The key names
+are Composer's and llm-foundry's; `train.py --print_config` lists every key (gcc/training/print_config.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import dataclasses
 import difflib
 import json
 import logging
-import math
 import re
 import typing
 from collections.abc import Sequence
@@ -29,7 +28,7 @@ from typing import Any, Literal
 from gcc import storage
 from gcc.data.config import DataConfig
 from gcc.inputs import shown
-from gcc.model.config import FsdpConfig, ModelConfig, OptimizerConfig
+from gcc.model.config import FsdpConfig, ModelConfig, OptimizerConfig, check_model_overrides
 from gcc.redact import redact_text
 from gcc.settings import (
     ROLE,
@@ -39,7 +38,6 @@ from gcc.settings import (
     as_float,
     build_section,
     config_fields,
-    num_text,
     roles,
     setting,
     time_count,
@@ -453,7 +451,7 @@ def validate(cfg: TrainConfig) -> None:
             f"val_timesteps: must be a non-empty list of at most {MAX_VAL_TIMESTEPS} numbers in [0, 1000] "
             f"(scheduler timesteps), got {shown(cfg.val_timesteps)}"
         )
-    _check_model_overrides(cfg.model.overrides)
+    check_model_overrides(cfg.model.overrides)
     if cfg.callbacks:  # last, with the loggers: it imports Composer (seconds)
         from gcc.training.composer_callbacks import check_callback_options
 
@@ -472,54 +470,6 @@ def validate(cfg: TrainConfig) -> None:
 # before the run starts; the 5B model has 30 layers of width 3072
 # the largest model the overrides may describe (the 5B teacher ten times over): each field within its bound can
 # still multiply into a model no machine holds
-MODEL_BOUNDS = {
-    "num_layers": 256,
-    "dim": 1 << 16,
-    "ffn_dim": 1 << 18,
-    "num_heads": 1024,
-    "in_dim": 4096,
-    "out_dim": 4096,
-    "patch_size": 64,
-    "text_dim": 1 << 16,
-    "freq_dim": 1 << 16,
-    "cond_hidden": 1 << 16,
-    "eps": 1.0,
-}
-
-
-def _check_model_overrides(overrides: dict) -> None:
-    """model.overrides: fields of the preset's DiTConfig (docs/model.md), each of its type and within MODEL_BOUNDS;
-    the vocab is model.vocab."""
-    if not overrides:
-        return
-    from gcc.model.dit import DiTConfig  # heavy (torch, diffsynth): config stays light without overrides
-
-    hints = typing.get_type_hints(DiTConfig)
-    for k, v in overrides.items():
-        if k not in hints or k == "vocab":
-            hint = " (set model.vocab instead)" if k == "vocab" else ""
-            raise ConfigError(
-                f"model.overrides.{shown(k, 60)}: not a field of the model config{hint}; "
-                f"known: {sorted(set(hints) - {'vocab'})}"
-            )
-        typ, high = hints[k], MODEL_BOUNDS.get(k, 1 << 16)
-        if typing.get_origin(typ) is tuple:
-            ok = (
-                isinstance(v, list)
-                and len(v) == len(typing.get_args(typ))
-                and all(isinstance(x, int) and not isinstance(x, bool) and 0 < x <= high for x in v)
-            )
-            want = f"a list of {len(typing.get_args(typ))} integers in [1, {num_text(high)}]"
-        elif typ is float:
-            ok = (x := as_float(v)) is not None and math.isfinite(x) and 0 < x <= high
-            want = f"a number in (0, {num_text(high)}]"
-        else:
-            ok = isinstance(v, int) and not isinstance(v, bool) and 0 < v <= high
-            want = f"a positive integer, at most {num_text(high)}"
-        if not ok:
-            raise ConfigError(f"model.overrides.{k}: expected {want}, got {shown(repr(v))}")
-
-
 def samples_during_training(cfg: TrainConfig) -> bool:
     """Whether the run logs samples: it validates (eval_interval, val_n) and sample_every, sample_n are on."""
     return cfg.eval_interval > 0 and cfg.val_n > 0 and cfg.sample_every > 0 and cfg.sample_n > 0

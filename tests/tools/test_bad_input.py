@@ -427,7 +427,7 @@ CASES: dict[str, Case] = {
             ["deep.yaml", "seed.0.0", "nested deeper than 64 levels"],
         ),
     ),
-    # ---- numeric bounds on what sizes work (gcc/training/config.py BOUNDS, MODEL_BOUNDS) -------------------------
+    # ---- numeric bounds on what sizes work (gcc/training/config.py BOUNDS, gcc/model/config.py MODEL_BOUNDS) -------------------------
     "train-num-layers-huge": (
         "gcc.train",
         2,

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gcc.model.config import MODEL_BOUNDS
 from gcc.training.config import (
     BOUNDS,
     MAX_VAL_TIMESTEPS,
-    MODEL_BOUNDS,
     ConfigError,
     load_config,
     parse_override,
