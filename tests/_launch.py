@@ -256,20 +256,34 @@ def rank_0_here(script: str, *args: str, timeout: float = 120):
     )
     rank1 = subprocess.Popen(
         [sys.executable, "-c", JOIN_AS_RANK_1 + script, str(store.port), *args],
-        env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"),
+        env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **group_env(1)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    # Composer reads the launcher's variables beside the group and refuses a disagreement: an earlier in-process
+    # Trainer of this worker may have left WORLD_SIZE=1 in its environment
+    saved = {k: os.environ.get(k) for k in group_env(0)}
+    os.environ.update(group_env(0))
     try:
         tdist.init_process_group("gloo", store=store, rank=0, world_size=2, timeout=timedelta(seconds=timeout))
         yield rank1
     finally:
         if tdist.is_initialized():
             tdist.destroy_process_group()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         if rank1.poll() is None:
             rank1.kill()
             rank1.communicate()
+
+
+def group_env(rank: int) -> dict[str, str]:
+    """The launcher's variables of `rank_0_here`'s group (one node, 2 ranks) for that rank."""
+    return {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2", "NODE_RANK": "0"}
 
 
 # rank 1 of `rank_0_here`: joins the group through rank 0's store
