@@ -93,5 +93,17 @@ def make_batch(*args, **kwargs) -> dict:
     return gc_collate(make_samples(*args, **kwargs))
 
 
+def gc_forward_inputs(batch) -> tuple:
+    """`GcDiT.gc_forward`'s positional inputs from a `make_batch` batch: fp32 latents, a timestep per clip (500,
+    200), fp32 prompts, each frame's prompt index and the sem ids."""
+    return (
+        batch["input_latents"].float(),
+        torch.tensor([500.0, 200.0][: batch["context"].shape[0]]),
+        batch["context"].float(),
+        batch["context_index"],
+        batch["sem_ids"],
+    )
+
+
 def null_embedding(seed: int = 7) -> torch.Tensor:
     return torch.randn(L_TXT, D_TXT, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)

@@ -7,24 +7,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _gc_helpers import make_batch, randomize_cond, tiny_dit
+from _gc_helpers import gc_forward_inputs, make_batch, randomize_cond, tiny_dit
 
 from gcc.model.block_wrap import wrap_blocks
 
 
-def _inputs(batch):
-    return (
-        batch["input_latents"].float(),
-        torch.tensor([500.0, 200.0][: batch["context"].shape[0]]),
-        batch["context"].float(),
-        batch["context_index"],
-        batch["sem_ids"],
-    )
-
-
 def _step(dit, batch):
     """Output and gradients (by state-dict name) of one forward and backward."""
-    out = dit.gc_forward(*_inputs(batch))
+    out = dit.gc_forward(*gc_forward_inputs(batch))
     out.square().mean().backward()
     grads = {n.replace("_checkpoint_wrapped_module.", ""): p.grad.clone() for n, p in dit.named_parameters()}
     return out.detach(), grads
@@ -45,7 +35,7 @@ def test_activation_checkpointing_same_result_and_grads(checkpointing):
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = dit.gc_forward(*_inputs(b))
+            out = dit.gc_forward(*gc_forward_inputs(b))
         out.square().mean().backward()
         grads.append({n.replace("_checkpoint_wrapped_module.", ""): p.grad.clone() for n, p in dit.named_parameters()})
     assert keys[0] == keys[1]  # the wrappers rename no key of the state dict (checkpoints, exports)
@@ -74,7 +64,7 @@ def test_selective_checkpointing_keeps_the_attention_outputs_and_recomputes_the_
     for mode in ran:
         dit = tiny_dit(seed=5, num_layers=1)
         dit.wrap_blocks(mode)
-        out = dit.gc_forward(*_inputs(b))
+        out = dit.gc_forward(*gc_forward_inputs(b))
         with Count(ran[mode]):
             out.square().mean().backward()
     attention = [f for f in ran["block"] if f in SAVED_OPS]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _gc_helpers import make_batch, randomize_cond, tiny_dit
+from _gc_helpers import gc_forward_inputs, make_batch, randomize_cond, tiny_dit
 
 from gcc.compat.diffsynth import DiTBlock, sinusoidal_embedding_1d
 from gcc.model.dit import build_gc_dit, class_fractions, cond_keys, count_params, load_wan_base, wan_keys
@@ -14,21 +14,11 @@ from gcc.synth.wan_layout import write_wan_dit
 from gcc.vocab import CHANNEL_LUT, UNKNOWN, num_classes
 
 
-def _inputs(batch):
-    return (
-        batch["input_latents"].float(),
-        torch.tensor([500.0, 200.0][: batch["context"].shape[0]]),
-        batch["context"].float(),
-        batch["context_index"],
-        batch["sem_ids"],
-    )
-
-
 def test_tiny_forward_backward():
     dit = tiny_dit()
     randomize_cond(dit)
     b = make_batch(B=2)
-    out, aux = dit.gc_forward(*_inputs(b), aux=True)
+    out, aux = dit.gc_forward(*gc_forward_inputs(b), aux=True)
     assert out.shape == b["input_latents"].shape and torch.isfinite(out).all()
     assert aux["sem_rms"] > 0 and aux["x_rms"] > 0
     out.square().mean().backward()
@@ -72,7 +62,7 @@ def test_class_fractions_match_footprint(vocab):
 
 def test_sem_ids_must_cover_the_latents():
     dit = tiny_dit()
-    x, ts, ctx, ids, sem = _inputs(make_batch(B=2, T=3, h=4, w=4))
+    x, ts, ctx, ids, sem = gc_forward_inputs(make_batch(B=2, T=3, h=4, w=4))
     with pytest.raises(ValueError, match="do not cover"):
         dit.gc_forward(x, ts, ctx, ids, sem[:, :, :, :32])
     with pytest.raises(ValueError, match="do not cover"):
@@ -84,7 +74,7 @@ def test_separated_timestep_frame0_at_zero():
     b = make_batch(B=2)
     seen = {}
     dit.head.register_forward_pre_hook(lambda m, args: seen.__setitem__("t", args[1].detach()))
-    x, ts, ctx, ids, sem = _inputs(b)
+    x, ts, ctx, ids, sem = gc_forward_inputs(b)
     with torch.no_grad():
         dit.gc_forward(x, ts, ctx, ids, sem)
 
@@ -105,7 +95,7 @@ def test_text_cell_reaches_only_its_frame():
     # text cell may only move the prediction of its own latent frame
     dit = tiny_dit(num_layers=1)
     b = make_batch(B=1, T=3)
-    x, _, ctx, ids, sem = _inputs(b)
+    x, _, ctx, ids, sem = gc_forward_inputs(b)
     ts = torch.tensor([600.0])
     with torch.no_grad():
         base = dit.gc_forward(x, ts, ctx, ids, sem)
@@ -148,7 +138,7 @@ def test_text_embedding_once_per_prompt_equals_per_cell():
         want = blk.o((attn @ v.view(6, -1, 2, 32).transpose(1, 2)).transpose(1, 2).reshape(6, 4, -1))
         torch.testing.assert_close(framewise, want.reshape(2, 12, dit.dim), rtol=1e-5, atol=1e-6)
         # the whole model: distinct prompts + index == every cell its own prompt
-        x, ts, _, _, sem = _inputs(b)
+        x, ts, _, _, sem = gc_forward_inputs(b)
         own = torch.arange(3).expand(2, 3)
         torch.testing.assert_close(
             dit.gc_forward(x, ts, prompts, index, sem), dit.gc_forward(x, ts, per_cell_ctx, own, sem)
@@ -166,14 +156,14 @@ def test_fsdp_hook_selects_exactly_the_blocks_as_wrapped():
         # Composer wraps each direct child of the ComposerModel, asking the child's hook about every submodule
         assert [n for n, _ in model.named_children()] == ["dit"]
         b = make_batch(B=1)
-        ref = dit.gc_forward(*_inputs(b))
+        ref = dit.gc_forward(*gc_forward_inputs(b))
         dit.wrap_blocks(mode)
         units = [m for m in dit.modules() if dit.fsdp_wrap_fn(m)]
         assert units == list(dit.blocks) and len(units) == 3
         assert all((type(u).__name__ == "CheckpointWrapper") == (mode == "block") for u in units)
         inner = [u._checkpoint_wrapped_module if mode == "block" else u for u in units]
         assert all(isinstance(m, DiTBlock) for m in inner)
-        torch.testing.assert_close(dit.gc_forward(*_inputs(b)), ref)
+        torch.testing.assert_close(dit.gc_forward(*gc_forward_inputs(b)), ref)
 
 
 def test_param_init_fn_materialises_a_meta_model():
@@ -190,7 +180,7 @@ def test_param_init_fn_materialises_a_meta_model():
     assert params["blocks.1.modulation"].std() > 0 and params["head.modulation"].std() > 0
     assert (params["gc_sem_cond.proj_out.weight"] == 0).all() and (params["gc_sem_cond.proj_out.bias"] == 0).all()
     b = make_batch(B=1)
-    out, aux = dit.gc_forward(*_inputs(b), aux=True)
+    out, aux = dit.gc_forward(*gc_forward_inputs(b), aux=True)
     assert torch.isfinite(out).all() and aux["sem_rms"] == 0
 
 
