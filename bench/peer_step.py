@@ -382,7 +382,7 @@ def main() -> None:
     cfg = model_config(args.preset, **({"num_layers": args.blocks} if args.blocks else {}))
     geo = pick_geometry(args, cfg)
     dit = build_gc_dit(cfg, device=device)
-    model = GcTrainModel(dit, seed=SEED, null_context=torch.zeros(geo["L"], geo["D"]), null_id=0).to(device).train()
+    model = GcTrainModel(dit, seed=SEED, null_context=torch.zeros(geo["L"], geo["D"])).to(device).train()
     pipe = build_pipe(dit, device)
     batch, ds_ctx = make_batch(geo, cfg.vocab, args.prompts)
     batch, ds_ctx = to_device(batch, device), ds_ctx.to(device)

@@ -66,7 +66,7 @@ def dit_times(blocks: int, geo: dict, reps: int) -> tuple[float, float]:
     batch, _ = make_batch(geo, "parts", 2)
     one = split_batch(batch, 1)[0]  # micro_batch 1
     dit.wrap_blocks("block")
-    model = GcTrainModel(dit, seed=0, null_context=batch["context"][0, 0], null_id=0).train()
+    model = GcTrainModel(dit, seed=0, null_context=batch["context"][0, 0]).train()
 
     def train():
         model.loss(model(one), one).backward()

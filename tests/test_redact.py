@@ -66,10 +66,34 @@ def test_redact_text_masks_presigned_urls_headers_and_bare_user_info(line, kept)
         "override 'seed': expected dotted.key=value",
         "sample_sigma=0.5 design=3 at 12:30 for user@example.com",
         "the bearer of this run folder",
+        'token="" n=1',  # an empty value: nothing to hide
+        "{'token': '', 'name': 'run7'}",  # and a pair whose name is no credential's
     ],
 )
 def test_redact_text_keeps_lines_without_credentials(line):
     assert redact_text(line) == line
+
+
+@pytest.mark.parametrize(
+    "line, masked",
+    [
+        ('Invalid bucket name "AKIDX:SECRETVALUE@bucket"', 'Invalid bucket name "***@bucket"'),  # up to the @
+        ("auth=, pwd=PWDVALUE", "auth=, pwd=***"),  # a name without a value does not end the search
+        ("?sig=s3://,u:p@h", "?sig=***@h"),  # two credentials side by side are one mask
+    ],
+)
+def test_redact_text_masks_exactly_the_credential(line, masked):
+    assert redact_text(line) == masked
+
+
+def test_a_piece_of_a_line_masks_only_what_runs_into_it():
+    """`redact_span` (a long line written in pieces): a credential that ends where the piece begins, or begins
+    where it ends, is no part of it."""
+    from gcc.redact import redact_span
+
+    line = "token=SECRET rest"
+    assert redact_span(line, 0, 6) == "token=" and redact_span(line, 12, len(line)) == " rest"
+    assert redact_span(line, 0, 9) == "token=***" and redact_span(line, 9, len(line)) == "*** rest"
 
 
 def _secret_error() -> BaseException:
@@ -95,6 +119,7 @@ def test_a_traceback_logged_with_exc_info_is_masked_on_the_console_and_in_train_
         assert "PASSWORD" not in text and "alice" not in text, text
         assert "RuntimeError: API request to http://***@mlflow:5000/api failed" in text, text
         assert "Traceback (most recent call last)" in text, text  # the traceback itself is kept, masked
+        assert "Stack (most recent call last)" in text, text  # and the stack
 
 
 def test_every_logger_of_a_process_is_masked_once_installed(capsys, in_process, monkeypatch):
@@ -155,3 +180,84 @@ def test_uncaught_errors_of_every_thread_are_reported_masked():
     assert "Exception in thread worker:" in r.stderr and r.stderr.count("RuntimeError: s3://***@bucket/p") == 2, (
         r.stderr
     )
+
+
+def test_install_masks_both_excepthooks_and_warnings_in_process_and_wraps_once(capsys, monkeypatch):
+    """The hooks that `redact.install` sets, called as Python calls them (the launched processes of the test above
+    are beyond mutation testing's reach): each report is masked and keeps its words; a second install (a tool run
+    inside a rank) wraps nothing twice."""
+    import threading
+    import warnings
+
+    from gcc import redact
+
+    for owner, name in ((sys, "excepthook"), (threading, "excepthook"), (warnings, "formatwarning")):
+        monkeypatch.setattr(owner, name, getattr(owner, name))  # put back after the test
+    factory = logging.getLogRecordFactory()
+    try:
+        redact.install()
+        installed = (logging.getLogRecordFactory(), sys.excepthook, threading.excepthook, warnings.formatwarning)
+        redact.install()
+        again = (logging.getLogRecordFactory(), sys.excepthook, threading.excepthook, warnings.formatwarning)
+        # a record made the way a library may make one, by keywords
+        record = logging.getLogRecordFactory()(
+            name="lib", level=logging.INFO, pathname="lib.py", lineno=3, msg="token=TOKENVALUE n=%d", args=(2,),
+            exc_info=None, func="f", sinfo=None,
+        )  # fmt: skip
+    finally:
+        logging.setLogRecordFactory(factory)
+    assert again == installed and installed[0] is not factory
+    assert record.getMessage() == "token=*** n=2" and record.lineno == 3
+
+    e = _secret_error()
+    sys.excepthook(type(e), e, e.__traceback__)
+    worker = threading.Thread(target=lambda: None, name="worker")
+    threading.excepthook(threading.ExceptHookArgs([type(e), e, e.__traceback__, worker]))
+    threading.excepthook(threading.ExceptHookArgs([SystemExit, SystemExit(3), None, worker]))  # threading's silence
+    err = capsys.readouterr().err
+    assert "PASSWORD" not in err and "alice" not in err, err
+    assert err.count("RuntimeError: API request to http://***@mlflow:5000/api failed") == 2, err
+    assert err.count("Traceback (most recent call last):\n  File ") == 2, err  # the lines as Python writes them
+    assert "Exception in thread worker:\nTraceback" in err and "SystemExit" not in err, err
+    threading.excepthook(threading.ExceptHookArgs([type(e), e, e.__traceback__, None]))  # a thread already gone
+    assert capsys.readouterr().err.startswith(f"Exception in thread {threading.get_ident()}:\nTraceback")
+
+    text = warnings.formatwarning("fetch s3://AKIDX:SECRET@bucket/p", UserWarning, "lib.py", 7, line="call(key)")
+    assert text == "lib.py:7: UserWarning: fetch s3://***@bucket/p\n  call(key)\n", text
+
+
+def test_a_record_whose_arguments_do_not_fit_its_format_is_masked_whole():
+    from gcc.redact import redact_record
+
+    record = logging.LogRecord("lib", logging.INFO, "lib.py", 1, "n=%d for %s", ("token=TOKENVALUE",), None)
+    redact_record(record)
+    assert record.getMessage() == "n=%d for %s ('token=***',)", record.getMessage()
+
+
+def test_redact_copies_lists_and_tuples_and_keeps_what_is_no_credential():
+    tree = {
+        "urls": ["http://alice:PASSWORD@h/x", ("token=TOKENVALUE", 3)],
+        "api_key": "",  # an empty value: nothing to hide, and its absence stays visible
+        "auth_token": None,
+        "wandb_key": "KEYVALUE",
+    }
+    assert redact(tree) == {
+        "urls": ["http://***@h/x", ("token=***", 3)],
+        "api_key": "",
+        "auth_token": None,
+        "wandb_key": MASK,
+    }
+
+
+def test_secret_keys_names_each_credential_by_its_dotted_path():
+    """gcc/training/entry.py warns with these names; an unset credential (None, "") is not named."""
+    from gcc.redact import secret_keys
+
+    tree = {
+        "loggers": [{"wandb": {"api_key": "KEYVALUE", "token": ""}}, ("plain", "https://u:PASSWORD@h")],
+        "env": {"URL_X": "http://u:PASSWORD@h"},
+        "password": None,
+        "n": 3,
+    }
+    assert secret_keys(tree) == ["loggers.0.wandb.api_key", "loggers.1.1", "env.URL_X"]
+    assert secret_keys({"a": "token=T"}, "cfg.") == ["cfg.a"] and secret_keys("plain") == []

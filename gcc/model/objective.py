@@ -20,7 +20,6 @@ from gcc.data.batch import Batch
 from gcc.model.dit import GcDiT
 from gcc.model.flops import train_flops
 from gcc.model.flow import (
-    WAN_SHIFT,
     FlowMatching,
     model_text,
     per_sample_mse,
@@ -91,8 +90,8 @@ class GcValMSE(Metric):
 class GcTrainModel(ComposerModel):
     """ComposerModel around a GcDiT (attribute `dit`, the one child Composer wraps with FSDP).
 
-    null_context [L, D] and null_id are the NULL_PROMPT embedding and text-table id (the nulltext variant);
-    they are constructor inputs so the model never reads files.
+    null_context [L, D] is the NULL_PROMPT embedding (the nulltext variant); it is a constructor input so the
+    model never reads files.
 
     Nothing in `forward` or `loss` reads a value back from the device (docs/performance.md, "Host reads"): the
     batch's identities and prompt counts are host lists (gcc.data.dataset.gc_collate), the draws are made on the
@@ -105,18 +104,14 @@ class GcTrainModel(ComposerModel):
         *,
         seed: int,
         null_context: torch.Tensor,
-        null_id: int,
         val_timesteps: Sequence[float] = (200, 500, 800),
         first_frame_cond: bool = True,
-        num_train_timesteps: int = 1000,
-        shift: float = WAN_SHIFT,
     ):
         super().__init__()
         self.dit = dit
         self.seed = int(seed)
-        self.null_id = int(null_id)
         self.first_frame_cond = bool(first_frame_cond)
-        self.flow = FlowMatching(num_train_timesteps, shift)
+        self.flow = FlowMatching()  # DiffSynth's Wan schedule: 1000 steps, shift 5
         self.scheduler = self.flow.scheduler
         self.val_steps = resolve_timesteps(self.scheduler, val_timesteps)
         # data, not weights: kept out of checkpoints, moved with the model

@@ -173,7 +173,6 @@ def build_model(cfg: TrainConfig, text: TextTable, fsdp: bool):
         dit,
         seed=cfg.seed,
         null_context=text.row(text.null_id),
-        null_id=text.null_id,
         val_timesteps=tuple(cfg.val_timesteps),
         first_frame_cond=cfg.model.first_frame_cond,
     )

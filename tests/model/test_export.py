@@ -42,7 +42,7 @@ def _meta(vocab="parts", step=1000):
 def _trained_state(vocab="parts", seed=0):
     dit = tiny_dit(vocab=vocab, seed=seed)
     randomize_cond(dit, seed=seed + 1)
-    return GcTrainModel(dit, seed=0, null_context=null_embedding(), null_id=0).state_dict(), dit
+    return GcTrainModel(dit, seed=0, null_context=null_embedding()).state_dict(), dit
 
 
 def test_export_keys_dtypes_metadata(tmp_path):

@@ -38,7 +38,7 @@ def measured_flops(model: GcTrainModel, batch: dict) -> int:
 )
 def test_the_count_is_torchs_count_of_a_training_step(overrides, shape, context_ids):
     dit = tiny_dit(**{k: tuple(v) if k == "patch_size" else v for k, v in overrides.items()})
-    model = GcTrainModel(dit, seed=0, null_context=null_embedding(), null_id=3)
+    model = GcTrainModel(dit, seed=0, null_context=null_embedding())
     ids = torch.tensor(context_ids)
     batch = make_batch(B=ids.shape[0], vocab=dit.config.vocab, **shape)
     table = torch.randn(5, L_TXT, D_TXT, generator=torch.Generator().manual_seed(1))

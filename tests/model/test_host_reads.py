@@ -51,7 +51,7 @@ def test_no_host_read_in_the_training_forward_or_backward(checkpointing):
     dit = tiny_dit(seed=2)
     randomize_cond(dit)
     dit.wrap_blocks(checkpointing)
-    model = GcTrainModel(dit, seed=1, null_context=null_embedding(), null_id=0).train()
+    model = GcTrainModel(dit, seed=1, null_context=null_embedding()).train()
     batch = make_batch(B=3, T=4, seed=6, sample_ids=[5, 9, 2], epochs=[0, 1, 1])
     assert len(set(batch["prompts"])) > 1  # clips with different prompt counts: a padded context
     with HostReads() as counter:

@@ -152,7 +152,7 @@ def test_fsdp_hook_selects_exactly_the_blocks_as_wrapped():
 
     for mode in ("none", "block"):
         dit = tiny_dit(num_layers=3)
-        model = GcTrainModel(dit, seed=0, null_context=null_embedding(), null_id=0)
+        model = GcTrainModel(dit, seed=0, null_context=null_embedding())
         # Composer wraps each direct child of the ComposerModel, asking the child's hook about every submodule
         assert [n for n, _ in model.named_children()] == ["dit"]
         b = make_batch(B=1)

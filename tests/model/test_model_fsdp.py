@@ -51,7 +51,7 @@ res = {}
 
 def composer_model(device):
     dit = build_gc_dit("tiny", device=device, init_seed=3)
-    return GcTrainModel(dit, seed=0, null_context=null_embedding(), null_id=0)
+    return GcTrainModel(dit, seed=0, null_context=null_embedding())
 
 
 def sharded(hook=True):

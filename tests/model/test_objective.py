@@ -19,7 +19,7 @@ from gcc.training.schedule import composer_scheduler, trainer_schedule_kwargs
 
 
 def _model(seed=0, dit_seed=0, **kw):
-    return GcTrainModel(tiny_dit(seed=dit_seed), seed=seed, null_context=null_embedding(), null_id=3, **kw)
+    return GcTrainModel(tiny_dit(seed=dit_seed), seed=seed, null_context=null_embedding(), **kw)
 
 
 def _generator(*parts) -> torch.Generator:
@@ -43,7 +43,8 @@ def test_loss_equals_hand_computation():
     model = _model(seed=42)
     randomize_cond(model.dit)
     b = make_batch(B=2, sample_ids=[17, 5], epochs=[0, 3])
-    loss = model.loss(model(b), b)
+    out = model(b)
+    loss = model.loss(out, b)
 
     # DiffSynth's own scheduler calls, per sample, on the draws of (seed, sample id, epoch)
     sched = FlowMatchScheduler("Wan")
@@ -63,6 +64,8 @@ def test_loss_equals_hand_computation():
                 b["context_index"][i : i + 1],
                 b["sem_ids"][i : i + 1],
             )[0]
+        # the prediction itself, frame 0 included (the loss alone barely moves when frame 0 is noised)
+        torch.testing.assert_close(out["pred"][i].detach(), pred, rtol=1e-5, atol=1e-5)
         target = sched.training_target(x0[i], eps, t)
         mse = (pred[:, 1:] - target[:, 1:]).pow(2).mean()
         expect.append(mse * sched.training_weight(t))
@@ -412,6 +415,33 @@ def test_val_variants_share_noise_and_differ_as_expected():
     torch.testing.assert_close(model.eval_forward(single)["mse"], out2["mse"][:, :1], rtol=1e-4, atol=1e-6)
 
 
+def test_without_first_frame_cond_frame_0_is_noised_predicted_and_scored():
+    """model.first_frame_cond false (T2V): by hand, with DiffSynth's scheduler, frame 0 noised like the others,
+    its timestep the clip's, and in the MSE; validation and training alike. The null prompt embedding is data, not a
+    weight: no checkpoint carries it."""
+    model = _model(seed=5, first_frame_cond=False)
+    randomize_cond(model.dit)
+    b = make_batch(B=1, sample_ids=[4], epochs=[2], seed=2)
+    sched = FlowMatchScheduler("Wan")
+    sched.set_timesteps(1000, training=True, shift=5.0)
+    x0 = b["input_latents"][0].float()
+    text = b["context"][:, : b["prompts"][0]], b["context_index"]
+
+    def mse(eps, tid):
+        t = sched.timesteps[tid]
+        with torch.no_grad():
+            pred = model.dit.gc_forward(sched.add_noise(x0, eps, t)[None], t[None], *text, b["sem_ids"], False)[0]
+        return (pred - sched.training_target(x0, eps, t)).pow(2).mean()
+
+    val = model.eval_forward(b)["mse"][:, 0]
+    hand = [mse(_val_noise(5, b["clip_id"][0], tid, x0.shape), tid) for tid, _ in model.val_steps]
+    torch.testing.assert_close(val, torch.stack(hand), rtol=1e-5, atol=1e-6)
+    tid, eps = _train_draw(5, 4, 2, x0.shape)
+    weight = sched.training_weight(sched.timesteps[int(tid)])
+    torch.testing.assert_close(model.loss(model(b), b).detach(), mse(eps, int(tid)) * weight, rtol=1e-5, atol=1e-6)
+    assert "null_context" not in model.state_dict() and "null_context" in dict(model.named_buffers())
+
+
 def test_val_metric_rows():
     m = GcValMSE([201.3, 500.6])
     m.update(
@@ -427,6 +457,15 @@ def test_val_metric_rows():
     assert rows[1]["gap_nulltext"] == pytest.approx(-2 / 3) and rows[1]["n"] == 3
     assert all(tuple(r) == VAL_ROW_FIELDS for r in rows)  # the declared fields, in the declared order
     assert m.compute().item() == pytest.approx((3.0 + 2.0) / 2)
+    # sums in float64: a float32 sum of 2**24 and 1 loses the 1
+    exact = GcValMSE([201.3])
+    big = torch.tensor([[2.0**24, 1.0]])
+    exact.update(big, big, big)
+    assert exact.rows()[0]["mse"] == (2**24 + 1) / 2
+    one = GcValMSE([201.3])
+    one.update(torch.tensor([[2.0]]), torch.tensor([[3.0]]), torch.tensor([[4.0]]))  # a single clip
+    assert one.rows() == [dict(timestep=201.3, mse=2.0, mse_uncond=3.0, mse_nulltext=4.0, gap_uncond=1.0,
+                               gap_nulltext=2.0, n=1)]  # fmt: skip
 
 
 # rank 1 of the group (tests/_launch.py `rank_0_here`): its own clips' MSEs, then the synced rows

@@ -43,7 +43,7 @@ def val(shards, tmp_path_factory):
 def model(val) -> GcTrainModel:
     dit = tiny_dit()
     randomize_cond(dit)  # so the condition changes what is sampled
-    return GcTrainModel(dit, seed=0, null_context=val.text.row(val.text.null_id), null_id=val.text.null_id)
+    return GcTrainModel(dit, seed=0, null_context=val.text.row(val.text.null_id))
 
 
 def settings(**kw) -> SampleSettings:

@@ -176,7 +176,7 @@ class WithKL(GcTrainModel):
 def test_a_statistic_the_objective_declares_reaches_the_totals_the_row_the_scalars_and_the_console(
     declared_kl, watchdog
 ):
-    model = WithKL(tiny_dit(), seed=0, null_context=null_embedding(), null_id=3)
+    model = WithKL(tiny_dit(), seed=0, null_context=null_embedding())
     batch = make_batch(B=2, sample_ids=[0, 1], clip_ids=["a", "b"])
     outputs = model(batch)
     loss = model.loss(outputs, batch)
