@@ -69,3 +69,22 @@ def test_the_loss_leaves_the_clean_first_frame_out():
     target[1, :, 2] = 2.0
     assert per_sample_mse(pred, target, True).tolist() == [0.0, 2.0]
     assert per_sample_mse(pred, target, False).tolist() == pytest.approx([10000 / 3, (10000 + 4) / 3], rel=1e-7)
+
+
+def test_the_tables_are_made_on_the_device_asked_for_once():
+    """The "meta" device stands in for an accelerator: a table left on the host would be copied at every step."""
+    flow = FlowMatching()
+    meta = flow.tables("meta")
+    assert {t.device.type for t in (meta.timesteps, meta.sigmas, meta.weights)} == {"meta"}
+    assert flow.tables(torch.device("meta")) is meta
+    cpu = flow.tables("cpu")
+    assert cpu.sigmas.device.type == "cpu" and torch.equal(cpu.sigmas, flow.scheduler.sigmas.float())
+
+
+@pytest.mark.parametrize("shift", [3.0, 5.0])
+def test_a_schedule_of_any_shift_is_diffsynths(shift):
+    sched = FlowMatchScheduler("Wan")
+    sched.set_timesteps(1000, training=True, shift=shift)
+    flow = FlowMatching(1000, shift)
+    assert torch.equal(flow.scheduler.sigmas, sched.sigmas) and torch.equal(flow.scheduler.timesteps, sched.timesteps)
+    assert flow.num_timesteps == 1000
