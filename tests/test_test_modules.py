@@ -123,12 +123,12 @@ def test_each_listed_test_module_exists_and_uses_its_module():
 
 def test_the_mutation_table_names_modules_and_tests_that_exist():
     """tests/mutants.py `MODULES` (`make mutants`, docs/mutation.md): each module and each test file it runs exists,
-    and the equivalent mutants docs/mutation.md lists are of modules in the table."""
-    from mutants import MODULES, equivalent
+    and the mutants docs/mutation.md judges are of modules in the table."""
+    from mutants import MODULES, judged
 
     for module, target in MODULES.items():
         assert (ROOT / module).is_file(), module
         missing = [t for t in target.tests if t.startswith("tests/") and not (ROOT / t.split("::")[0]).exists()]
         assert not missing, (module, missing)
     listed = re.findall(r"^- `([^`]+)`: ", (ROOT / "docs" / "mutation.md").read_text(), re.M)
-    assert sum(len(equivalent(m)) for m in MODULES) == len(listed), "an equivalent mutant of a module not in MODULES"
+    assert sum(len(judged(m)) for m in MODULES) == len(listed), "a judged mutant of a module not in MODULES"

@@ -228,10 +228,8 @@ class GcStreamingDataset(StreamingBase):
             )
 
     def get_item(self, sample_id: int, retry: int = 7) -> dict[str, Any]:
-        rec = self.record(sample_id, new_tensor, retry)
-        with self._decoding(sample_id):
-            meta = rec.meta()
-        return self.make_sample(rec, int(sample_id), self.epoch, meta, decoding=lambda: self._decoding(sample_id))
+        rec = self.record(sample_id, new_tensor, retry)  # its meta parsed and checked there
+        return self.make_sample(rec, int(sample_id), self.epoch, rec.meta(), decoding=lambda: self._decoding(sample_id))
 
     def make_sample(
         self, rec: ClipRecord, sample_id: int, epoch: int, meta: dict | None = None, decoding: Callable = nullcontext

@@ -437,6 +437,16 @@ def test_a_shards_meta_without_its_fields_is_damaged_data_naming_the_shard_and_s
     assert where in fault_message(e.value) and "field 'src_hw' must be" in fault_message(e.value), str(e.value)
 
 
+def test_a_shards_meta_that_is_not_json_is_damaged_data_naming_the_shard_and_sample(shards, tmp_path):
+    """Read where the sample is made (its meta, for the mask), before any draw: the message names where."""
+    data = copy_of(shards, tmp_path)
+    rewrite_split(data, "train", lambda i, s: {**s, "meta": "{not json"})
+    ds = GcStreamingDataset(str(data), "train", tmp_path / "cache", batch_size=1, shuffle=False)
+    with pytest.raises(DamagedData, match="a clip's meta JSON") as e:
+        ds[0]
+    assert f"{data}/train/shard.00000.mds (sample 0)" in str(e.value), str(e.value)
+
+
 @pytest.mark.slow
 def test_a_run_on_shards_whose_meta_lacks_its_fields_stops_with_exit_6_naming_shard_and_sample(shards, tmp_path):
     """The launch of the case above (data.mask_p=1, the meta met in a loader worker): old code, exit 241 with a
