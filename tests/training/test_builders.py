@@ -42,3 +42,39 @@ def test_the_configured_dropouts_reach_the_train_loader_as_its_draw_rates(tmp_pa
             cond += int(b["drop_cond"].sum())
     assert n >= 100, n
     assert within_binomial(text, n, 0.8) and within_binomial(cond, n, 0.15), (text, cond, n)
+
+
+def _cfg(tmp_path, shards, *overrides):
+    return load_config(
+        ROOT / "yamls" / "tiny_cpu.yaml",
+        [f"run_dir={tmp_path / 'run'}", f"data.path={shards}", "data.num_workers=0", *overrides],
+    )
+
+
+def test_the_train_loader_shuffles_the_configured_subset_and_the_val_loader_keeps_its_order(tmp_path, shards):
+    """data.limit, data.num_canonical_nodes and the shuffle of each split reach the loaders: an epoch of the train
+    loader is the limit's 5 clips, in another order the next epoch; the val loader reads its clips in order."""
+    cfg = _cfg(tmp_path, shards, "data.limit=5", "data.num_canonical_nodes=2")
+    train = B.build_train_loader(cfg, per_rank_batch=1)
+    assert train.dataset.shuffle is True and train.dataset.num_canonical_nodes == 2
+    epochs = [[c for b in train for c in b["clip_id"]] for _ in range(3)]
+    assert all(set(e) == set(epochs[0]) and len(set(e)) == 5 for e in epochs), epochs  # (a node's pad repeats one)
+    assert len({tuple(e) for e in epochs}) > 1, epochs  # reshuffled
+    val = B.build_val_loader(cfg)
+    assert val.dataset.ds.shuffle is False and val.dataset.ds.num_canonical_nodes == 2
+    ids = [c for b in val for c in b["clip_id"]]
+    assert ids == [c for b in val for c in b["clip_id"]] and len(ids) == len(val.dataset) == min(cfg.val_n, 7)
+
+
+def test_the_fault_injections_wrap_the_collate_of_their_rank_only(tmp_path, shards):
+    """faults.stall_step / native_crash_step (gcc's own tests of a stalled or crashed loader): on their rank the
+    batches before the fault are the loader's own; on another rank nothing is injected."""
+    here = _cfg(tmp_path, shards, "faults.stall_step=3", "faults.native_crash_step=4")
+    loader = B.build_train_loader(here, per_rank_batch=1)
+    batches = iter(loader)
+    for _ in range(2):
+        assert isinstance(next(batches)["prompts"], list)  # gc_collate's batch
+    assert (loader.collate_fn.batch, loader.collate_fn.collate.batch) == (4, 3)
+    elsewhere = _cfg(tmp_path, shards, "faults.native_crash_step=2", "faults.native_crash_rank=1")
+    loader = B.build_train_loader(elsewhere, per_rank_batch=1)
+    assert len([b for b, _ in zip(loader, range(3))]) == 3  # batch 2 is no crash on rank 0

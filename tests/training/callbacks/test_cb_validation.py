@@ -207,3 +207,21 @@ def test_the_evaluator_skips_the_validation_of_the_preempted_step_only(preemptio
         assert preemption.preempted_at == 6 and preemption.skipped == ["validation"]
     finally:
         fit.fit_end()
+
+
+@pytest.mark.parametrize("max_steps, due", [(7, True), (6, False)])
+def test_the_evaluator_validates_once_more_at_the_end_unless_the_last_step_just_did(preemption, max_steps, due):
+    """builders.build_evaluators at FIT_END: the last step 7 is no multiple of 3, so the end validates; 6 just did.
+    Its label is "val", the one ValidationLog writes val_log.csv for."""
+    cfg = TrainConfig()
+    cfg.eval_interval, cfg.max_duration = 3, max_steps
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(2, 1)))
+    [evaluator] = build_evaluators(cfg, loader, preemption)
+    fit = Fit([preemption.sync, preemption])
+    fit.fit_start()
+    try:
+        at_step(fit, max_steps)
+        assert evaluator.eval_interval(fit.state, Event.FIT_END) is due and evaluator.label == "val"
+        assert evaluator.eval_interval(fit.state, Event.EPOCH_END) is False  # only the two events
+    finally:
+        fit.fit_end()
