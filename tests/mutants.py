@@ -52,6 +52,7 @@ MODULES: dict[str, Target] = {
             "tests/training/callbacks/test_every_callback.py",
             "tests/training/callbacks/test_cb_validation.py",
             "tests/training/test_config_roles.py",
+            "tests/training/callbacks/test_cb_run_files.py",
         ),
         (
             "*dropouts*",

@@ -78,3 +78,18 @@ def test_the_fault_injections_wrap_the_collate_of_their_rank_only(tmp_path, shar
     elsewhere = _cfg(tmp_path, shards, "faults.native_crash_step=2", "faults.native_crash_rank=1")
     loader = B.build_train_loader(elsewhere, per_rank_batch=1)
     assert len([b for b, _ in zip(loader, range(3))]) == 3  # batch 2 is no crash on rank 0
+
+
+def test_fsdp_is_composers_fsdp2_with_gccs_own_block_wrapping_bf16_compute_and_sharded_checkpoints(tmp_path, shards):
+    """Composer must not wrap the blocks for activation checkpointing a second time (gcc wraps them: build_model);
+    "DEFAULT" is bf16 compute with fp32 reduction; the checkpoints are sharded (DCP)."""
+    assert B.parallelism_config(_cfg(tmp_path, shards, "parallelism=ddp")) is None
+    for reshard in (True, False):
+        fsdp = B.parallelism_config(_cfg(tmp_path, shards, "parallelism=fsdp", f"fsdp.reshard_after_forward={reshard}"))
+        c = fsdp["fsdp"]
+        assert (c.reshard_after_forward, c.activation_checkpointing, c.mixed_precision, c.state_dict_type) == (
+            reshard,
+            False,
+            "DEFAULT",
+            "sharded",
+        )

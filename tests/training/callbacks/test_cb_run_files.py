@@ -68,6 +68,7 @@ def test_config_json_at_the_start_names_the_config_and_the_start_step(cfg):
     assert written == {**json.loads(json.dumps(config, default=str)), "start_step": 4}
     assert written["config"]["run_dir"] == cfg.run_dir and written["config"]["max_duration"] == 300
     assert written["provenance"] == {"gcc_version": "0.1.0", "git_revision": "c0ffee", "git_dirty": True}
+    assert (written["world_size"], written["per_rank_batch"]) == (1, cfg.device_train_microbatch_size)
     assert (
         written["steps_per_epoch"] == len(CLIPS) // cfg.device_train_microbatch_size
         and written["data_counts"]["train"] == 40
