@@ -195,3 +195,26 @@ def test_validation_is_off_when_either_its_interval_or_its_clips_are_0_and_the_c
     elsewhere = cfg()
     elsewhere.data.cache_dir = str(tmp_path / "cache")
     assert launch.cache_dir(elsewhere) == tmp_path / "cache" / "node3"
+
+
+def test_the_signature_names_the_base_weights_by_their_index_or_their_folder_and_signs_a_decays_horizon(tmp_path):
+    """No base weights: "" (not null, which an older run.json never held); a folder without the sharded
+    checkpoint's index: its real path; with the index: its hash. A decaying schedule signs the horizon the launch
+    gives, else max_duration."""
+    import hashlib
+    import os
+
+    from gcc.training.config import TrainConfig
+
+    cfg = TrainConfig()
+    assert launch.run_signature(cfg, b"{}")["model.base_weights"] == ""
+    cfg.model.model_dir = str(tmp_path / "wan")
+    os.makedirs(cfg.model.model_dir)
+    assert launch.run_signature(cfg, b"{}")["model.base_weights"] == os.path.realpath(cfg.model.model_dir)
+    index = tmp_path / "wan" / "diffusion_pytorch_model.safetensors.index.json"
+    index.write_text("{}")
+    assert launch.run_signature(cfg, b"{}")["model.base_weights"] == hashlib.sha256(b"{}").hexdigest()
+    assert launch.SCHEDULE_HORIZON not in launch.run_signature(cfg, b"{}")  # constant: no horizon
+    cfg.scheduler.name = "cosine_with_warmup"
+    assert launch.run_signature(cfg, b"{}", horizon=500)[launch.SCHEDULE_HORIZON] == 500
+    assert launch.run_signature(cfg, b"{}")[launch.SCHEDULE_HORIZON] == cfg.max_duration == 20000
