@@ -224,6 +224,7 @@ def test_the_grace_warning_adds_a_step_the_save_and_the_upload():
         'preemption_grace_s to at least 57 s, and the scheduler\'s grace with it (docs/training.md, "Preemption grace")'
     )
     assert grace_warning(25.0, 1000, 20.0, None, 4.9) is None  # 24.9 s fits
+    assert grace_warning(25.0, 1000, 20.0, None, 5.0) is None  # 25 s, just: it fits
     assert grace_warning(25.0, 1000, 20.0, 0.2, 4.9) is not None  # 25.1 s does not
     line = grace_warning(0.001, 3, 0.5)
     assert line is not None
@@ -252,3 +253,49 @@ def test_the_grace_check_warns_once_when_the_first_save_and_its_commit_are_known
     with records(LOGGER) as got:
         quiet.fit_end(fit.state, fit.logger)
     assert got == [] and quiet.checked
+
+
+def test_a_resume_says_at_its_first_step_what_it_runs_first(watchdog):
+    """The checkpoint of a preempted step records what was skipped there; the relaunch from it names that work at
+    FIT_START, at that step only."""
+    for step, said in ((6, ["step 6: running first what the preempted launch skipped there: validation, export"]),
+                       (5, [])):  # fmt: skip
+        fit, preemption = wired(watchdog)
+        preemption.load_state_dict({"step": 6, "skipped": "validation,export"})
+        fit.state.timestamp = fit.state.timestamp.copy(batch=step)
+        with records(LOGGER) as got:
+            fit.fit_start()
+        fit.fit_end()
+        assert [r.getMessage() for r in got] == said
+
+
+def test_after_the_fit_a_signal_is_noted_and_only_a_second_ctrl_c_stops_at_once(watchdog, monkeypatch):
+    """Once the fit is over (the last save may run), SIGTERM and a first Ctrl-C are noted; a second Ctrl-C (the
+    first may have come during training) leaves at once with exit 130, on every rank's console."""
+    import gcc.training.ending as ending
+    from gcc import exit_codes
+
+    def leave_now(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(ending, "leave_now", leave_now)
+    before = {s: signal.getsignal(s) for s in PREEMPTION_SIGNALS}
+    for during_fit in (False, True):
+        fit, preemption = wired(watchdog)
+        fit.fit_start()
+        if during_fit:
+            os.kill(os.getpid(), signal.SIGINT)  # noted by the handler of the fit
+            assert preemption.requested and preemption.interrupted is True
+        fit.fit_end()
+        os.kill(os.getpid(), signal.SIGTERM)
+        if not during_fit:
+            os.kill(os.getpid(), signal.SIGINT)  # a first Ctrl-C, after the fit
+            assert preemption.interrupted is True
+        with records(LOGGER) as got, pytest.raises(SystemExit) as left:
+            os.kill(os.getpid(), signal.SIGINT)
+        assert left.value.code == exit_codes.INTERRUPTED
+        assert [(r.getMessage(), getattr(r, "all_ranks", False)) for r in got] == [
+            ("a second Ctrl-C (SIGINT): stopped at once", True)
+        ]
+        for s, handler in before.items():  # this process's own again
+            signal.signal(s, handler)
