@@ -165,7 +165,8 @@ def parse_json(text: str | bytes, where: str, what: str = "JSON") -> Any:
     try:
         return json.loads(text, parse_int=functools.partial(_json_int, where, what))
     except json.JSONDecodeError as e:
-        raise BadInput(f"{where}: not valid {what} (line {e.lineno}, column {e.colno}: {e.msg})") from None
+        of = "" if what == "JSON" else f" for {what}"
+        raise BadInput(f"{where}: not valid JSON{of} (line {e.lineno}, column {e.colno}: {e.msg})") from None
     except RecursionError:  # pragma: no cover - the depth check comes first
         raise BadInput(f"{where}: nested deeper than {MAX_DEPTH} levels") from None
 

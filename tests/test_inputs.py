@@ -148,3 +148,57 @@ def test_a_zstd_frame_that_inflates_past_its_cap_costs_no_more_than_the_cap(tmp_
 def test_shown_escapes_what_would_rewrite_a_line():
     assert inputs.shown("clip\x1b[2K\rok") == "clip\\x1b[2K\\rok"
     assert len(inputs.shown("x" * 1000, 50)) == 50
+
+
+@pytest.mark.parametrize(
+    "text, refused",
+    [
+        ('{"a":' * 100_000 + "1" + "}" * 100_000, True),  # objects nest too, not only lists
+        ('["\\"' + "[" * 200 + '"]', False),  # an escaped quote does not end the string: its brackets are text
+        ('["\\\\n", ' + "[" * 200 + "]" * 200 + "]", True),  # after an escape, the string ends at its quote
+    ],
+)
+def test_the_depth_is_counted_outside_strings_for_lists_and_objects(text, refused):
+    if refused:
+        _refused_quickly(lambda: inputs.parse_json(text, "doc.json"), "doc.json", "nested deeper than")
+    else:
+        assert inputs.parse_json(text, "doc.json") == ['"' + "[" * 200]
+
+
+def test_a_value_that_is_no_text_is_no_integer():
+    for value in (None, 3, b"3"):
+        with pytest.raises(BadInput, match=r"^n=.*: expected an integer in ASCII digits"):
+            inputs.parse_int(value, "n")
+
+
+def test_a_json_file_that_is_not_an_object_is_refused_naming_what_it_should_be(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text("[1, 2]")
+    with pytest.raises(BadInput, match=r"run.json: expected the run's record \(a JSON object\), got a JSON list"):
+        inputs.load_json_object(path, "the run's record")
+    path.write_text('{"step": 3}')
+    assert inputs.load_json_object(path, "the run's record") == {"step": 3}
+    path.write_text("{")
+    with pytest.raises(BadInput, match="run.json: not valid JSON"):
+        inputs.load_json(path)
+
+
+def test_a_safetensors_file_of_two_tensors_is_read_and_a_short_or_garbled_one_named(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    good = tmp_path / "two.safetensors"
+    save_file({"a": torch.zeros(2, 3), "b": torch.ones(4, dtype=torch.bfloat16)}, str(good))
+    entries, _ = inputs.safetensors_header(good)
+    assert {k: (e.dtype, e.shape) for k, e in entries.items()} == {"a": ("F32", (2, 3)), "b": ("BF16", (4,))}
+    assert sorted(e.offsets for e in entries.values()) in ([(0, 24), (24, 32)], [(0, 8), (8, 32)])
+    short = tmp_path / "short.safetensors"
+    short.write_bytes(b"\x01\x02")
+    with pytest.raises(BadInput, match=r"short.safetensors: 2 bytes, too short for a safetensors file"):
+        inputs.safetensors_header(short)
+    garbled = tmp_path / "garbled.safetensors"
+    garbled.write_bytes(struct.pack("<Q", 4) + b"{{{{")
+    with pytest.raises(
+        BadInput, match=r"garbled.safetensors \(safetensors header\): not valid JSON for a safetensors header \(line 1"
+    ):
+        inputs.safetensors_header(garbled)

@@ -197,7 +197,7 @@ class ClipRecord:
             where = f"clip {self.clip_id}: meta"
             if len(self.meta_text) > meta_cap(self.sem_shape):
                 raise BadInput(f"{where}: {len(self.meta_text)} characters, more than its frames allow")
-            meta = inputs.parse_json(self.meta_text, where, "a clip's meta JSON")
+            meta = inputs.parse_json(self.meta_text, where, "a clip's meta")
             check_meta(meta, self.clip_id, self.sem_shape, "meta")
             self._meta = meta
         return self._meta

@@ -442,7 +442,7 @@ def test_a_shards_meta_that_is_not_json_is_damaged_data_naming_the_shard_and_sam
     data = copy_of(shards, tmp_path)
     rewrite_split(data, "train", lambda i, s: {**s, "meta": "{not json"})
     ds = GcStreamingDataset(str(data), "train", tmp_path / "cache", batch_size=1, shuffle=False)
-    with pytest.raises(DamagedData, match="a clip's meta JSON") as e:
+    with pytest.raises(DamagedData, match="not valid JSON for a clip's meta") as e:
         ds[0]
     assert f"{data}/train/shard.00000.mds (sample 0)" in str(e.value), str(e.value)
 
