@@ -155,7 +155,9 @@ def scored(module: str, outcomes: dict[str, str]) -> tuple[int, int, int]:
     calls = judged(module)
     out = [k for k, why in calls.items() if why.startswith("killed by") and outcomes.get(k, "killed") != "killed"]
     same = [k for k, why in calls.items() if not why.startswith("killed by") and outcomes.get(k, "killed") != "killed"]
-    return sum(v == "killed" for v in outcomes.values()) + len(out), len(outcomes) - len(same), len(same)
+    # a mutant that crashes the tests' process (mutmut's "segfault") fails them as surely as an assertion
+    killed = sum(v in ("killed", "segfault") for v in outcomes.values())
+    return killed + len(out), len(outcomes) - len(same), len(same)
 
 
 def config(module: str, target: Target) -> str:
@@ -219,7 +221,7 @@ def report(module: str, outcomes: dict[str, str]) -> None:
     print(f"\n{module}: {len(outcomes)} mutants, {dict(counts)}")
     print(f"judged in docs/mutation.md: {same} equivalent; score {killed}/{live} = {killed / max(live, 1):.1%}")
     calls = judged(module)
-    for k in sorted(k for k, v in outcomes.items() if v != "killed" and k not in calls):
+    for k in sorted(k for k, v in outcomes.items() if v not in ("killed", "segfault") and k not in calls):
         print(f"  not killed: {k} ({outcomes[k]})")
 
 
@@ -240,7 +242,7 @@ def print_table(rev: str) -> None:
                 continue
             o = record["outcomes"]
             drawn = f" ({len(o)} drawn)" if "of" in record else ""
-            cells[when] = f"{sum(v == 'killed' for v in o.values())} of {len(o)}{drawn}"
+            cells[when] = f"{sum(v in ('killed', 'segfault') for v in o.values())} of {len(o)}{drawn}"
         after = kept["after"]["outcomes"] if kept["after"] else {}
         killed, live, same = scored(module, after)
         total = (kept["after"] or kept["before"] or {}).get("of") or len(after) or "–"
@@ -296,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         if kept["sha256"] != digest:
             p.error(f"{args.module} changed since its last run ({record}): run it whole")
         before = kept["outcomes"]
-        names = sorted(k for k, v in before.items() if v != "killed")
+        names = sorted(k for k, v in before.items() if v not in ("killed", "segfault"))
         if not names:
             report(args.module, before)
             return 0

@@ -108,3 +108,20 @@ def test_two_ranks_sum_their_totals_and_gather_their_ids_in_rank_order():
     want = {**dict.fromkeys(SUMMED, 0.0), "mse": 1.75, "n": 5.0, "written": 1.0}
     assert sync.totals == want and sync.sample_ids == [4, 2, 9, 11, 0]
     assert json.loads(out) == [want, [4, 2, 9, 11, 0]]
+
+
+def test_two_device_sources_fill_their_own_slots_and_nothing_is_summed_before_the_first_step():
+    """Each device source's positions are its own (kept per source and device); before the first reduction a
+    reader finds no totals, not stale ones."""
+    sync = StepSync(2)
+    assert sync.totals == {} and sync.sample_ids == []
+    sync.source(["nonfinite"], lambda: torch.tensor([3.0]))
+    sync.source(["grad_norm"], lambda: torch.tensor([0.5]))
+    fit = Fit([sync], max_steps=3)
+    fit.fit_start()
+    try:
+        for _ in range(2):
+            fit.step()
+            assert (sync.totals["nonfinite"], sync.totals["grad_norm"]) == (3.0, 0.5)
+    finally:
+        fit.fit_end()
