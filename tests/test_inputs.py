@@ -179,8 +179,17 @@ def test_a_json_file_that_is_not_an_object_is_refused_naming_what_it_should_be(t
     path.write_text('{"step": 3}')
     assert inputs.load_json_object(path, "the run's record") == {"step": 3}
     path.write_text("{")
-    with pytest.raises(BadInput, match="run.json: not valid JSON"):
+    with pytest.raises(BadInput, match=r"run.json: not valid JSON \(line 1"):
         inputs.load_json(path)
+    with pytest.raises(BadInput, match=r"run.json: not valid JSON for the run's record \(line 1"):
+        inputs.load_json_object(path, "the run's record")
+
+
+def test_a_file_read_in_several_pieces_is_read_whole(tmp_path):
+    path = tmp_path / "big.bin"
+    data = bytes(range(256)) * (17 * MiB // 256)  # past one 16 MiB read
+    path.write_bytes(data)
+    assert inputs.read_bytes(path, "json", cap=len(data)) == data
 
 
 def test_a_safetensors_file_of_two_tensors_is_read_and_a_short_or_garbled_one_named(tmp_path):
