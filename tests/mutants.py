@@ -242,6 +242,8 @@ def print_table(rev: str) -> None:
                 continue
             o = record["outcomes"]
             drawn = f" ({len(o)} drawn)" if "of" in record else ""
+            if when == "after" and record["sha256"] != hashlib.sha256((ROOT / module).read_bytes()).hexdigest():
+                drawn += ", stale: the module changed since"
             cells[when] = f"{sum(v in ('killed', 'segfault') for v in o.values())} of {len(o)}{drawn}"
         after = kept["after"]["outcomes"] if kept["after"] else {}
         killed, live, same = scored(module, after)
