@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import threading
 import zipfile
 
@@ -18,7 +19,7 @@ from gcc import exit_codes
 from gcc.errors import DiskFull
 from gcc.training.callbacks.step_sync import StepSync
 from gcc.training.checkpoint.background import CheckpointWrites, HostStaging
-from gcc.training.checkpoint.files import ckpt_dir, point_latest, repair_checkpoints
+from gcc.training.checkpoint.files import LATEST, ckpt_dir, point_latest, repair_checkpoints
 
 
 def _state(w: torch.Tensor, batch: int) -> dict:
@@ -103,7 +104,23 @@ def test_a_launch_that_stops_during_a_write_commits_it_once_complete(tmp_path):
     failed = ckpt_dir(tmp_path) / "ep1-ba9-rank0.pt"  # a failed write is not committed
     writes.start(failed.name, str(failed), 9, writes.write_file({"x": threading.Lock()}, failed, 9), 0.0)
     writes.close(None, None)  # type: ignore[arg-type]
+    assert os.readlink(ckpt_dir(tmp_path) / LATEST) == path.name  # not pointed at the failed one
     assert repair_checkpoints(tmp_path) == path and not failed.exists()
+
+
+def test_nothing_is_due_before_a_reduction_and_a_write_takes_its_seconds(tmp_path):
+    """Before the first reduction of a launch no rank has said its part is written; a finished write carries how
+    long it took from the save's start (GraceCheck reads it against the preemption grace)."""
+    import time
+
+    writes, sync = _writes(tmp_path)
+    path = ckpt_dir(tmp_path) / "ep0-ba3-rank0.pt"
+    t0 = time.perf_counter()
+    writes.start(path.name, str(path), 3, writes.write_file({"w": torch.ones(3)}, path, 3), t0)
+    assert sync.totals == {} and not writes.commit_due(4)
+    write = writes.finish()
+    assert 0 < write.seconds <= time.perf_counter() - t0
+    writes.close(None, None)  # type: ignore[arg-type]
 
 
 def test_a_failed_write_raises_on_the_main_thread_and_leaves_nothing(tmp_path):
