@@ -194,6 +194,7 @@ def test_install_masks_both_excepthooks_and_warnings_in_process_and_wraps_once(c
     for owner, name in ((sys, "excepthook"), (threading, "excepthook"), (warnings, "formatwarning")):
         monkeypatch.setattr(owner, name, getattr(owner, name))  # put back after the test
     factory = logging.getLogRecordFactory()
+    logging.setLogRecordFactory(logging.LogRecord)  # as a process starts (an earlier test may have installed it)
     try:
         redact.install()
         installed = (logging.getLogRecordFactory(), sys.excepthook, threading.excepthook, warnings.formatwarning)
@@ -206,7 +207,7 @@ def test_install_masks_both_excepthooks_and_warnings_in_process_and_wraps_once(c
         )  # fmt: skip
     finally:
         logging.setLogRecordFactory(factory)
-    assert again == installed and installed[0] is not factory
+    assert again == installed and installed[0] is not logging.LogRecord
     assert record.getMessage() == "token=*** n=2" and record.lineno == 3
 
     e = _secret_error()
