@@ -149,15 +149,18 @@ def judged(module: str) -> dict[str, str]:
     return {name: why for name, why in found if name.startswith(mutant_prefix(module))}
 
 
+# the outcomes where the tests failed: a mutant that crashes their process (mutmut's "segfault") fails them as
+# surely as an assertion
+KILLED = ("killed", "segfault")
+
+
 def scored(module: str, outcomes: dict[str, str]) -> tuple[int, int, int]:
     """(killed, live, equivalent): a mutant killed outside mutmut's reach counts as killed, an equivalent one not at
     all."""
-    calls = judged(module)
-    out = [k for k, why in calls.items() if why.startswith("killed by") and outcomes.get(k, "killed") != "killed"]
-    same = [k for k, why in calls.items() if not why.startswith("killed by") and outcomes.get(k, "killed") != "killed"]
-    # a mutant that crashes the tests' process (mutmut's "segfault") fails them as surely as an assertion
-    killed = sum(v in ("killed", "segfault") for v in outcomes.values())
-    return killed + len(out), len(outcomes) - len(same), len(same)
+    alive = {k: why for k, why in judged(module).items() if outcomes.get(k, "killed") not in KILLED}
+    out = [k for k, why in alive.items() if why.startswith("killed by")]
+    killed = sum(v in KILLED for v in outcomes.values()) + len(out)
+    return killed, len(outcomes) - (len(alive) - len(out)), len(alive) - len(out)
 
 
 def config(module: str, target: Target) -> str:
@@ -221,7 +224,7 @@ def report(module: str, outcomes: dict[str, str]) -> None:
     print(f"\n{module}: {len(outcomes)} mutants, {dict(counts)}")
     print(f"judged in docs/mutation.md: {same} equivalent; score {killed}/{live} = {killed / max(live, 1):.1%}")
     calls = judged(module)
-    for k in sorted(k for k, v in outcomes.items() if v not in ("killed", "segfault") and k not in calls):
+    for k in sorted(k for k, v in outcomes.items() if v not in KILLED and k not in calls):
         print(f"  not killed: {k} ({outcomes[k]})")
 
 
@@ -244,7 +247,7 @@ def print_table(rev: str) -> None:
             drawn = f" ({len(o)} drawn)" if "of" in record else ""
             if when == "after" and record["sha256"] != hashlib.sha256((ROOT / module).read_bytes()).hexdigest():
                 drawn += ", stale: the module changed since"
-            cells[when] = f"{sum(v in ('killed', 'segfault') for v in o.values())} of {len(o)}{drawn}"
+            cells[when] = f"{sum(v in KILLED for v in o.values())} of {len(o)}{drawn}"
         after = kept["after"]["outcomes"] if kept["after"] else {}
         killed, live, same = scored(module, after)
         total = (kept["after"] or kept["before"] or {}).get("of") or len(after) or "–"
@@ -300,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         if kept["sha256"] != digest:
             p.error(f"{args.module} changed since its last run ({record}): run it whole")
         before = kept["outcomes"]
-        names = sorted(k for k, v in before.items() if v not in ("killed", "segfault"))
+        names = sorted(k for k, v in before.items() if v not in KILLED)
         if not names:
             report(args.module, before)
             return 0

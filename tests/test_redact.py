@@ -122,17 +122,26 @@ def test_a_traceback_logged_with_exc_info_is_masked_on_the_console_and_in_train_
         assert "Stack (most recent call last)" in text, text  # and the stack
 
 
-def test_every_logger_of_a_process_is_masked_once_installed(capsys, in_process, monkeypatch):
-    """A library's own logger and handler (MLflow's, botocore's) bypass gcc's handlers: the record factory that
-    `redact.install` sets masks every record as it is made."""
+@pytest.fixture
+def fresh_process_hooks(monkeypatch):
+    """What `redact.install` replaces, as a process starts (logging's own record factory: an earlier test of the
+    worker may have installed gcc's), and put back after the test."""
     import threading
     import warnings
 
+    for owner, name in ((sys, "excepthook"), (threading, "excepthook"), (warnings, "formatwarning")):
+        monkeypatch.setattr(owner, name, getattr(owner, name))
+    factory = logging.getLogRecordFactory()
+    logging.setLogRecordFactory(logging.LogRecord)
+    yield
+    logging.setLogRecordFactory(factory)
+
+
+def test_every_logger_of_a_process_is_masked_once_installed(capsys, in_process, fresh_process_hooks):
+    """A library's own logger and handler (MLflow's, botocore's) bypass gcc's handlers: the record factory that
+    `redact.install` sets masks every record as it is made."""
     from gcc import redact
 
-    for owner, name in ((sys, "excepthook"), (threading, "excepthook"), (warnings, "formatwarning")):
-        monkeypatch.setattr(owner, name, getattr(owner, name))  # put back after the test
-    factory = logging.getLogRecordFactory()
     redact.install()
     lib = logging.getLogger("some_library.test_redact")
     handler = logging.StreamHandler(sys.stderr)
@@ -142,7 +151,6 @@ def test_every_logger_of_a_process_is_masked_once_installed(capsys, in_process, 
         lib.error("request to %s", "s3://AKIDX:SECRET@bucket/p", exc_info=(type(e), e, e.__traceback__))
     finally:
         lib.removeHandler(handler)
-        logging.setLogRecordFactory(factory)
     err = capsys.readouterr().err
     assert "SECRET" not in err and "PASSWORD" not in err and "s3://***@bucket/p" in err, err
 
@@ -182,7 +190,7 @@ def test_uncaught_errors_of_every_thread_are_reported_masked():
     )
 
 
-def test_install_masks_both_excepthooks_and_warnings_in_process_and_wraps_once(capsys, monkeypatch):
+def test_install_masks_both_excepthooks_and_warnings_in_process_and_wraps_once(capsys, fresh_process_hooks):
     """The hooks that `redact.install` sets, called as Python calls them (the launched processes of the test above
     are beyond mutation testing's reach): each report is masked and keeps its words; a second install (a tool run
     inside a rank) wraps nothing twice."""
@@ -191,22 +199,15 @@ def test_install_masks_both_excepthooks_and_warnings_in_process_and_wraps_once(c
 
     from gcc import redact
 
-    for owner, name in ((sys, "excepthook"), (threading, "excepthook"), (warnings, "formatwarning")):
-        monkeypatch.setattr(owner, name, getattr(owner, name))  # put back after the test
-    factory = logging.getLogRecordFactory()
-    logging.setLogRecordFactory(logging.LogRecord)  # as a process starts (an earlier test may have installed it)
-    try:
-        redact.install()
-        installed = (logging.getLogRecordFactory(), sys.excepthook, threading.excepthook, warnings.formatwarning)
-        redact.install()
-        again = (logging.getLogRecordFactory(), sys.excepthook, threading.excepthook, warnings.formatwarning)
-        # a record made the way a library may make one, by keywords
-        record = logging.getLogRecordFactory()(
-            name="lib", level=logging.INFO, pathname="lib.py", lineno=3, msg="token=TOKENVALUE n=%d", args=(2,),
-            exc_info=None, func="f", sinfo=None,
-        )  # fmt: skip
-    finally:
-        logging.setLogRecordFactory(factory)
+    redact.install()
+    installed = (logging.getLogRecordFactory(), sys.excepthook, threading.excepthook, warnings.formatwarning)
+    redact.install()
+    again = (logging.getLogRecordFactory(), sys.excepthook, threading.excepthook, warnings.formatwarning)
+    # a record made the way a library may make one, by keywords
+    record = logging.getLogRecordFactory()(
+        name="lib", level=logging.INFO, pathname="lib.py", lineno=3, msg="token=TOKENVALUE n=%d", args=(2,),
+        exc_info=None, func="f", sinfo=None,
+    )  # fmt: skip
     assert again == installed and installed[0] is not logging.LogRecord
     assert record.getMessage() == "token=*** n=2" and record.lineno == 3
 

@@ -14,22 +14,26 @@ from gcc.training.config import load_config
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _cfg(tmp_path, shards, *overrides):
+    """The tiny config on `shards`, its loaders in the test's process, with `overrides`."""
+    return load_config(
+        ROOT / "yamls" / "tiny_cpu.yaml",
+        [f"run_dir={tmp_path / 'run'}", f"data.path={shards}", "data.num_workers=0", *overrides],
+    )
+
+
 def test_the_configured_dropouts_reach_the_train_loader_as_its_draw_rates(tmp_path, shards):
     """data.text_dropout, cond_dropout, mask_p, mask_calibration and max_frame_coverage, each at a value of its
     own, are the train loader's dropouts; over 8 epochs the text and condition drop at their configured rates
     (within a 5σ binomial bound: a swap of the two, 0.8 and 0.15, is far outside it)."""
-    cfg = load_config(
-        ROOT / "yamls" / "tiny_cpu.yaml",
-        [
-            f"run_dir={tmp_path / 'run'}",
-            f"data.path={shards}",
-            "data.num_workers=0",
-            "data.text_dropout=0.8",
-            "data.cond_dropout=0.15",
-            "data.mask_p=0.35",
-            "data.mask_calibration=cap",
-            "data.max_frame_coverage=0.3",
-        ],
+    cfg = _cfg(
+        tmp_path,
+        shards,
+        "data.text_dropout=0.8",
+        "data.cond_dropout=0.15",
+        "data.mask_p=0.35",
+        "data.mask_calibration=cap",
+        "data.max_frame_coverage=0.3",
     )
     loader = B.build_train_loader(cfg, per_rank_batch=2)
     want = Dropouts(text=0.8, cond=0.15, mask=0.35, calibration="cap", max_frame_coverage=0.3)
@@ -42,13 +46,6 @@ def test_the_configured_dropouts_reach_the_train_loader_as_its_draw_rates(tmp_pa
             cond += int(b["drop_cond"].sum())
     assert n >= 100, n
     assert within_binomial(text, n, 0.8) and within_binomial(cond, n, 0.15), (text, cond, n)
-
-
-def _cfg(tmp_path, shards, *overrides):
-    return load_config(
-        ROOT / "yamls" / "tiny_cpu.yaml",
-        [f"run_dir={tmp_path / 'run'}", f"data.path={shards}", "data.num_workers=0", *overrides],
-    )
 
 
 def test_the_train_loader_shuffles_the_configured_subset_and_the_val_loader_keeps_its_order(tmp_path, shards):

@@ -283,19 +283,21 @@ def test_after_the_fit_a_signal_is_noted_and_only_a_second_ctrl_c_stops_at_once(
     for during_fit in (False, True):
         fit, preemption = wired(watchdog)
         fit.fit_start()
-        if during_fit:
-            os.kill(os.getpid(), signal.SIGINT)  # noted by the handler of the fit
-            assert preemption.requested and preemption.interrupted is True
-        fit.fit_end()
-        os.kill(os.getpid(), signal.SIGTERM)
-        if not during_fit:
-            os.kill(os.getpid(), signal.SIGINT)  # a first Ctrl-C, after the fit
-            assert preemption.interrupted is True
-        with records(LOGGER) as got, pytest.raises(SystemExit) as left:
-            os.kill(os.getpid(), signal.SIGINT)
+        try:
+            if during_fit:
+                os.kill(os.getpid(), signal.SIGINT)  # noted by the handler of the fit
+                assert preemption.requested and preemption.interrupted is True
+            fit.fit_end()
+            os.kill(os.getpid(), signal.SIGTERM)
+            if not during_fit:
+                os.kill(os.getpid(), signal.SIGINT)  # a first Ctrl-C, after the fit
+                assert preemption.interrupted is True
+            with records(LOGGER) as got, pytest.raises(SystemExit) as left:
+                os.kill(os.getpid(), signal.SIGINT)
+        finally:  # this process's own handlers again, whatever failed: a later Ctrl-C must reach pytest
+            for s, handler in before.items():
+                signal.signal(s, handler)
         assert left.value.code == exit_codes.INTERRUPTED
         assert [(r.getMessage(), getattr(r, "all_ranks", False)) for r in got] == [
             ("a second Ctrl-C (SIGINT): stopped at once", True)
         ]
-        for s, handler in before.items():  # this process's own again
-            signal.signal(s, handler)
