@@ -20,7 +20,7 @@ import zstandard
 from hostile import peak_allocated, refused_quickly
 
 from gcc import inputs
-from gcc.errors import BadInput
+from gcc.errors import BadInput, DamagedData
 
 MiB = 1 << 20
 
@@ -211,3 +211,86 @@ def test_a_safetensors_file_of_two_tensors_is_read_and_a_short_or_garbled_one_na
         BadInput, match=r"garbled.safetensors \(safetensors header\): not valid JSON for a safetensors header \(line 1"
     ):
         inputs.safetensors_header(garbled)
+
+
+def _zip_declaring(path, members: dict[str, bytes], declared: int | None = None) -> None:
+    """An uncompressed zip of `members`; with `declared`, its one member's central record claims that many bytes
+    (stored and inflated alike) whatever it holds: a file that lies about its sizes."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+        if declared is not None:
+            (info,) = z.filelist
+            info.file_size = info.compress_size = declared
+
+
+def test_torch_saves_own_file_passes_and_records_past_the_files_size_are_refused(tmp_path):
+    import torch
+
+    saved = tmp_path / "weights.pth"
+    torch.save({"w": torch.arange(6.0)}, saved)
+    inputs.check_pickled_weights(saved)  # a file torch.save wrote: every record stored as it is
+
+    # records that declare exactly the file's size are bounded by it; one byte more is not
+    lying = tmp_path / "lying.pth"
+    _zip_declaring(lying, {"archive/data/0": b"x" * 8}, declared=0)
+    size = lying.stat().st_size  # the central directory's length does not depend on the sizes it declares
+    _zip_declaring(lying, {"archive/data/0": b"x" * 8}, declared=size)
+    assert lying.stat().st_size == size
+    inputs.check_pickled_weights(lying)
+    _zip_declaring(lying, {"archive/data/0": b"x" * 8}, declared=size + 1)
+    with pytest.raises(
+        BadInput, match=rf"lying.pth: record 'archive/data/0': its records declare more bytes than the file's {size}$"
+    ):
+        inputs.check_pickled_weights(lying)
+
+    deflated = tmp_path / "deflated.pth"
+    with zipfile.ZipFile(deflated, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("archive/data/0", bytes(4096))
+    with pytest.raises(
+        BadInput, match=r"deflated.pth: record 'archive/data/0': compressed \(\d+ bytes declaring 4096\)"
+    ):
+        inputs.check_pickled_weights(deflated)
+
+
+def test_npz_arrays_adding_up_to_the_cap_are_read_and_one_byte_more_is_refused(tmp_path):
+    path = tmp_path / "two.npz"
+    np.savez(path, a=np.zeros(3, np.float32), b=np.zeros((2, 2), np.uint8))  # 12 + 4 bytes
+    want = {"a": ((3,), np.dtype(np.float32)), "b": ((2, 2), np.dtype(np.uint8))}
+    assert inputs.npy_members(path, cap=16) == want
+    with pytest.raises(BadInput, match=r"two.npz: its arrays add up to more than 15 bytes$"):
+        inputs.npy_members(path, cap=15)
+
+
+def test_a_line_past_the_limit_is_named_by_file_and_line(tmp_path):
+    path = tmp_path / "clips.jsonl"
+    path.write_text("short\r\n" + "y" * 10 + "\n" + "z" * 11 + "\n")
+    lines = inputs.read_lines(path, "jsonl", max_line=10)
+    assert next(lines) == (1, "short") and next(lines) == (2, "y" * 10)
+    with pytest.raises(BadInput, match=r"clips.jsonl:3: a line longer than 10 characters; not a jsonl file gcc reads$"):
+        next(lines)
+
+
+def test_a_shard_is_read_and_inflated_only_at_the_size_its_index_declares(tmp_path):
+    path = tmp_path / "shard.00000.mds.zstd"
+    raw = bytes(range(256)) * 8
+    blob = zstandard.ZstdCompressor().compress(raw)
+    path.write_bytes(blob)
+    assert inputs.read_shard_file(path, len(blob), "shard 0") == blob
+    assert inputs.inflate_shard(blob, "zstd", len(raw), "shard 0") == raw
+
+    path.write_bytes(blob[:-1])  # truncated: fewer bytes than declared
+    with pytest.raises(
+        DamagedData, match=rf"^shard 0: {len(blob) - 1} bytes, its index.json says {len(blob)} — restore"
+    ):
+        inputs.read_shard_file(path, len(blob), "shard 0")
+    with pytest.raises(
+        DamagedData, match=rf"^shard 0: inflates to {len(raw)} bytes, its index.json says {len(raw) + 1}"
+    ):
+        inputs.inflate_shard(blob, "zstd", len(raw) + 1, "shard 0")
+    with pytest.raises(
+        DamagedData, match=r"^shard 0: inflates to more than 2047 bytes.*declares 2047 bytes\) — restore"
+    ):
+        inputs.inflate_shard(blob, "zstd", len(raw) - 1, "shard 0")
+    with pytest.raises(DamagedData, match=r"^shard 0: compression 'gzip' is not convert_data's \(zstd\)$"):
+        inputs.inflate_shard(blob, "gzip", len(raw), "shard 0")

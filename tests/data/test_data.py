@@ -479,3 +479,11 @@ def test_the_loaders_default_dropouts_are_the_configs():
         text_dropout=0.11, cond_dropout=0.22, mask_p=0.33, mask_calibration="cap", max_frame_coverage=0.44
     )
     assert Dropouts.of(data) == Dropouts(text=0.11, cond=0.22, mask=0.33, calibration="cap", max_frame_coverage=0.44)
+
+
+def test_the_configured_frame_coverage_caps_the_mask(shards):
+    """With calibration "cap" the dataset's max_frame_coverage reaches the mask: the same draws under a lower cap
+    mask no more of any clip, and less of some (docs/training.md, "Dropouts and the UNKNOWN mask")."""
+    low, high = (new_ds(shards, dropouts=Dropouts(0, 0, 1.0, "cap", c)) for c in (0.05, 0.6))
+    fracs = [(low[i]["dropped"]["mask"], high[i]["dropped"]["mask"]) for i in range(len(low))]
+    assert all(a <= b for a, b in fracs) and any(a < b for a, b in fracs), fracs

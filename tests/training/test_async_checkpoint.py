@@ -10,7 +10,9 @@ import errno
 import logging
 import os
 import threading
+import time
 import zipfile
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -69,6 +71,16 @@ def _writes(tmp_path, hold_step: int = 0) -> tuple[CheckpointWrites, StepSync]:
     return CheckpointWrites(sync, tmp_path, enabled=True, hold_step=hold_step), sync
 
 
+def _reduce(sync: StepSync) -> dict[str, float]:
+    """A step's reduce on this one rank (StepSync.after_train_batch): the totals every rank's flags make."""
+    from composer.devices import DeviceCPU
+
+    state = SimpleNamespace(device=DeviceCPU(), batch={"sample_id": []})
+    sync.batch_start(state, None)  # type: ignore[arg-type]
+    sync.after_train_batch(state, None)  # type: ignore[arg-type]
+    return sync.totals
+
+
 def test_a_write_is_committed_when_the_ranks_agree_it_is_complete(tmp_path):
     writes, sync = _writes(tmp_path)
     path = ckpt_dir(tmp_path) / "ep0-ba3-rank0.pt"
@@ -76,13 +88,13 @@ def test_a_write_is_committed_when_the_ranks_agree_it_is_complete(tmp_path):
     job = writes.write_file({"w": torch.ones(3)}, path, 3)
     writes.start(path.name, str(path), 3, lambda: (gate.wait(), job()), 0.0)
     try:
-        sync.totals = {"written": 0.0}  # step 4's reduce: not done on every rank
+        assert _reduce(sync)["written"] == 0.0  # step 4's reduce: this rank's part is not written yet
         assert not writes.commit_due(4) and not path.exists()
     finally:  # the writer is let go whatever failed: a thread left waiting would hang pytest's exit (it joins it)
         gate.set()
     writes.pending.job.result()  # type: ignore[union-attr]
     assert zipfile.is_zipfile(path) and [p.name for p in ckpt_dir(tmp_path).iterdir()] == [path.name]
-    sync.totals = {"written": 1.0}
+    assert _reduce(sync)["written"] == 1.0
     assert not writes.commit_due(3)  # the save's own step: its reduce came before the save
     assert writes.commit_due(5)
     assert writes.finish().name == path.name and writes.pending is None
@@ -111,8 +123,6 @@ def test_a_launch_that_stops_during_a_write_commits_it_once_complete(tmp_path):
 def test_nothing_is_due_before_a_reduction_and_a_write_takes_its_seconds(tmp_path):
     """Before the first reduction of a launch no rank has said its part is written; a finished write carries how
     long it took from the save's start (GraceCheck reads it against the preemption grace)."""
-    import time
-
     writes, sync = _writes(tmp_path)
     path = ckpt_dir(tmp_path) / "ep0-ba3-rank0.pt"
     t0 = time.perf_counter()
@@ -160,3 +170,83 @@ def test_the_relaunch_removes_an_unfinished_write_and_keeps_latest(tmp_path):
     (ckpts / "notes.tmp1").write_text("not ours")
     assert repair_checkpoints(tmp_path) == ckpts / "ep0-ba6-rank0.pt"
     assert sorted(p.name for p in ckpts.iterdir()) == ["ep0-ba6-rank0.pt", "latest-rank0.pt", "notes.tmp1"]
+
+
+def test_a_held_write_says_so_and_writes_nothing_until_released(tmp_path, caplog):
+    """`faults.hold_async_write_step`, which the kill-during-a-write launches rely on: that step's write stops before
+    its rename (nothing under the checkpoint's name) and says why; another step's write is not held."""
+    writes, _ = _writes(tmp_path, hold_step=3)
+    other = ckpt_dir(tmp_path) / "ep0-ba2-rank0.pt"
+    writes.start(other.name, str(other), 2, writes.write_file({"w": torch.ones(2)}, other, 2), 0.0)
+    writes.finish()
+    path = ckpt_dir(tmp_path) / "ep0-ba3-rank0.pt"
+    with caplog.at_level(logging.WARNING, logger="gcc"):
+        writes.start(path.name, str(path), 3, writes.write_file({"w": torch.ones(2)}, path, 3), 0.0)
+        try:
+            deadline = time.monotonic() + 60
+            while "waits to be killed" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert not writes.pending.done() and not path.exists()  # type: ignore[union-attr]
+        finally:  # a writer left waiting would hang pytest's exit
+            writes.released.set()
+    assert "faults.hold_async_write_step=3: the write of this checkpoint waits to be killed" in caplog.text
+    assert writes.finish().name == path.name and path.is_file() and other.is_file()
+    writes.close(None, None)  # type: ignore[arg-type]
+
+
+def test_close_ends_the_writer_thread_and_needs_no_write(tmp_path):
+    def writers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("checkpoint-writer")]
+
+    before = writers()
+    writes, _ = _writes(tmp_path)
+    writes.close(None, None)  # type: ignore[arg-type]  # a launch that stopped before its first save
+    path = ckpt_dir(tmp_path) / "ep0-ba3-rank0.pt"
+    writes.start(path.name, str(path), 3, writes.write_file({"w": torch.ones(2)}, path, 3), 0.0)
+    writes.finish()
+    assert len(writers()) == len(before) + 1
+    writes.close(None, None)  # type: ignore[arg-type]
+    assert writers() == before
+
+
+def test_a_committed_write_is_named_by_latest_counted_and_timed(tmp_path):
+    """The saver's commit (AsyncCheckpointSaver, Composer's CheckpointSaver switched as the builder switches it):
+    `latest` names the write, Composer's list of saved checkpoints and the launch's list of commits gain it, and the
+    save clock gets the write's own time."""
+    from composer.callbacks import CheckpointSaver
+
+    from gcc.compat.composer import use_checkpoint_saver
+    from gcc.training.checkpoint.background import AsyncCheckpointSaver
+    from gcc.training.checkpoint.rotation import SaveClock
+
+    writes, _ = _writes(tmp_path)
+    saver = CheckpointSaver(folder=str(ckpt_dir(tmp_path)))
+    clock = SaveClock()
+    use_checkpoint_saver(
+        SimpleNamespace(_checkpoint_saver=saver), AsyncCheckpointSaver, writes=writes, clock=clock, committed=[]
+    )
+    path = ckpt_dir(tmp_path) / "ep0-ba3-rank0.pt"
+    writes.start(path.name, str(path), 3, writes.write_file({"w": torch.ones(2)}, path, 3), time.perf_counter())
+    write = writes.finish()
+    saver._commit(write)
+    assert os.readlink(ckpt_dir(tmp_path) / LATEST) == path.name
+    assert saver.saved_checkpoints == [str(path)] and saver.committed == [3] and clock.seconds == {3: write.seconds}
+    writes.close(None, None)  # type: ignore[arg-type]
+
+
+def test_a_write_never_goes_through_a_linked_checkpoints_folder(tmp_path):
+    """The run folder is the root the writer trusts: a `checkpoints` that is a link out of it is refused, naming it,
+    and nothing is written where it points."""
+    from gcc.storage import LinkRefused
+
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    run.mkdir()
+    elsewhere.mkdir()
+    ckpt_dir(run).symlink_to(elsewhere)
+    writes = CheckpointWrites(StepSync(per_rank_batch=1), run, enabled=True, hold_step=0)
+    path = ckpt_dir(run) / "ep0-ba3-rank0.pt"
+    writes.start(path.name, str(path), 3, writes.write_file({"w": torch.ones(2)}, path, 3), 0.0)
+    with pytest.raises(LinkRefused, match=r"checkpoints: .*link"):
+        writes.finish()
+    assert list(elsewhere.iterdir()) == []
+    writes.close(None, None)  # type: ignore[arg-type]

@@ -63,6 +63,24 @@ def test_the_train_loader_shuffles_the_configured_subset_and_the_val_loader_keep
     assert ids == [c for b in val for c in b["clip_id"]] and len(ids) == len(val.dataset) == min(cfg.val_n, 7)
 
 
+def test_each_rank_validates_its_own_share_of_the_val_clips(tmp_path, shards, monkeypatch):
+    """On 2 ranks (Composer's world as each rank sees it) the val loader of each reads every other clip, rank 0 from
+    the first: together the val clips once each, not the whole set twice (with an odd count the last rank's share
+    ends in the sampler's padding, which Composer's evaluation drops)."""
+    from composer.utils import dist
+
+    cfg = _cfg(tmp_path, shards)
+    every = [c for b in B.build_val_loader(cfg) for c in b["clip_id"]]
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    shares = []
+    for rank in (0, 1):
+        monkeypatch.setattr(dist, "get_global_rank", lambda rank=rank: rank)
+        shares.append([c for b in B.build_val_loader(cfg) for c in b["clip_id"]])
+    n = len(every)
+    assert n > 2 and shares[0] == every[0::2] and shares[1][: n // 2] == every[1::2], (every, shares)
+    assert len(shares[1]) == len(shares[0]) == -(-n // 2), shares
+
+
 def test_the_fault_injections_wrap_the_collate_of_their_rank_only(tmp_path, shards):
     """faults.stall_step / native_crash_step (gcc's own tests of a stalled or crashed loader): on their rank the
     batches before the fault are the loader's own; on another rank nothing is injected."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 from pathlib import Path
@@ -60,6 +61,12 @@ def latest_step(run_dir: Path) -> int:
     return checkpoint_step(os.readlink(run_dir / "checkpoints" / "latest-rank0.pt"))
 
 
+def staging_gb(log: Path) -> float:
+    """The host memory rank 0 staged for its background checkpoint writes, by its log's line."""
+    (gb,) = re.findall(r"checkpoint staging: (\S+) GB of host memory on this rank", log.read_text())
+    return float(gb)
+
+
 def same_draws(got: list[dict], want: list[dict], rel: float) -> None:
     """Same data and draws; numbers equal up to summation order (`rel`)."""
     assert [int(g["step"]) for g in got] == [int(w["step"]) for w in want]
@@ -83,6 +90,9 @@ def test_fsdp_trains_as_ddp_and_writes_sharded_checkpoints(fsdp_reference, refer
     for p in folders:  # one shard per rank and the metadata DCP writes last
         assert sorted(f.name for f in p.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert latest_step(fsdp_reference) == 12
+    # a background write stages this rank's shards, not the whole model: rank 0's host memory about half DDP's
+    fsdp_gb, ddp_gb = (staging_gb(r / "train.log") for r in (fsdp_reference, reference))
+    assert 0.4 * ddp_gb < fsdp_gb < 0.6 * ddp_gb, (fsdp_gb, ddp_gb)
     for ema in ("", ".ema"):  # the raw weights, and their EMA averaged on each rank's shard
         a, meta_a = export_tensors(fsdp_reference / f"step-12{ema}.safetensors")
         b, _ = export_tensors(reference / f"step-12{ema}.safetensors")

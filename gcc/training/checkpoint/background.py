@@ -101,16 +101,9 @@ def _tensor_leaves(state: Any, path: tuple) -> Iterator[tuple[tuple, torch.Tenso
             yield from _tensor_leaves(v, (*path, i))
 
 
-def _tensor_bytes(state: Any) -> int:
-    if isinstance(state, DTensor):
-        return state.to_local().nbytes
-    if isinstance(state, torch.Tensor):
-        return state.nbytes
-    if isinstance(state, dict):
-        return sum(_tensor_bytes(v) for v in state.values())
-    if isinstance(state, (list, tuple)):
-        return sum(_tensor_bytes(v) for v in state)
-    return 0
+def _tensor_bytes(host: dict[tuple, torch.Tensor]) -> int:
+    """The bytes of a staging's host tensors (flat, by path; a DTensor's: its local shard's)."""
+    return sum((t.to_local() if isinstance(t, DTensor) else t).nbytes for t in host.values())
 
 
 @dataclass
@@ -133,11 +126,12 @@ class CheckpointWrites(Callback):
     """The rank's background checkpoint writer and the ranks' agreement on when a write is complete (module
     docstring). Built before the step deadline (it reads `commit_due`), from the callbacks' table."""
 
-    def __init__(self, sync: StepSync, run_dir: str | Path, enabled: bool, hold_step: int = 0):
-        """`hold_step`: fault injection for tests (`faults.hold_async_write_step`): the write of that step's
-        checkpoint waits until the launch is killed before it completes (before the rename; after DCP's
-        `.metadata`)."""
+    def __init__(self, sync: StepSync, run_dir: str | Path, enabled: bool, hold_step: int):
+        """`hold_step`: fault injection for tests (`faults.hold_async_write_step`; 0: none): the write of that
+        step's checkpoint waits until the launch is killed before it completes (before the rename; after DCP's
+        `.metadata`). Only an in-process test sets `released`."""
         self.run_dir, self.enabled, self.hold_step, self.sync = Path(run_dir), enabled, hold_step, sync
+        self.released = threading.Event()
         self.pending: Write | None = None
         self.staging = HostStaging()
         self._pool: ThreadPoolExecutor | None = None
@@ -179,7 +173,7 @@ class CheckpointWrites(Callback):
     def _held(self, batch: int) -> None:
         if batch == self.hold_step:
             log.warning(f"faults.hold_async_write_step={batch}: the write of this checkpoint waits to be killed")
-            threading.Event().wait()
+            self.released.wait()
 
     def write_file(self, staged: dict, path: Path, batch: int) -> Callable[[], None]:
         """The job that writes a DDP checkpoint: torch.save to a temporary name, renamed once complete."""
