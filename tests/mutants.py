@@ -229,31 +229,36 @@ def report(module: str, outcomes: dict[str, str]) -> None:
 
 
 def print_table(rev: str) -> None:
-    """docs/mutation.md's rows: each module's mutants (those of its scope now), killed before (its record at `rev`:
-    killed of run) and after (its record now), equivalent, the score after; "–" where a record is missing; "(N
-    drawn)" where a run was a sample (`--sample`)."""
+    """docs/mutation.md's rows: each module's mutants (those of its scope now), killed and the score before (its
+    record at `rev`: killed of run) and after (its record now), the equivalent ones after; "–" where a record is
+    missing; "(N drawn)" where a run was a sample (`--sample`). Both scores read today's judgements by mutant
+    name (a renamed module's older names match none)."""
     for module in MODULES:
         work = ROOT / "runs" / "mutants" / module.removesuffix(".py").replace("/", ".")
         kept = {}
         for when, name in (("before", f"{work.name}{at(rev)}.json"), ("after", f"{work.name}.json")):
             path = work.with_name(name)
             kept[when] = json.loads(path.read_text()) if path.is_file() else None
-        cells = {}
+        cells, scores, same = {}, {}, 0
         for when, record in kept.items():
             if record is None:
-                cells[when] = "–"
+                cells[when] = scores[when] = "–"
                 continue
             o = record["outcomes"]
             drawn = f" ({len(o)} drawn)" if "of" in record else ""
             if when == "after" and record["sha256"] != hashlib.sha256((ROOT / module).read_bytes()).hexdigest():
                 drawn += ", stale: the module changed since"
             cells[when] = f"{sum(v in KILLED for v in o.values())} of {len(o)}{drawn}"
-        after = kept["after"]["outcomes"] if kept["after"] else {}
-        killed, live, same = scored(module, after)
-        total = (kept["after"] or kept["before"] or {}).get("of") or len(after) or "–"
-        score = f"{killed / live:.0%}" if after and live else "–"
+            killed, live, equivalent = scored(module, o)
+            scores[when] = f"{killed / live:.0%}" if live else "–"
+            same = equivalent if when == "after" else same
+        newest = kept["after"] or kept["before"] or {}
+        total = newest.get("of") or len(newest.get("outcomes", ())) or "–"
         scope = " (part)" if MODULES[module].functions else ""
-        print(f"| `{module}`{scope} | {total} | {cells['before']} | {cells['after']} | {same} | {score} |")
+        print(
+            f"| `{module}`{scope} | {total} | {cells['before']} | {scores['before']} | {cells['after']} | {same} "
+            f"| {scores['after']} |"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
