@@ -29,14 +29,6 @@ from gcc import inputs
 from gcc.errors import BadInput, StorageUnavailable, disk_full, is_unreachable
 
 
-def fsync_dir(d: str | os.PathLike) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def umask() -> int:
     """This process's umask, read without changing it (os.umask can only be read by setting it, which would race
     with other threads creating files)."""
