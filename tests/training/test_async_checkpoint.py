@@ -204,9 +204,9 @@ def test_close_ends_the_writer_thread_and_needs_no_write(tmp_path):
     path = ckpt_dir(tmp_path) / "ep0-ba3-rank0.pt"
     writes.start(path.name, str(path), 3, writes.write_file({"w": torch.ones(2)}, path, 3), 0.0)
     writes.finish()
-    assert len(writers()) == len(before) + 1
+    (mine,) = set(writers()) - set(before)  # another test's pool may end its threads meanwhile: only ours counts
     writes.close(None, None)  # type: ignore[arg-type]
-    assert writers() == before
+    assert not mine.is_alive()
 
 
 def test_a_committed_write_is_named_by_latest_counted_and_timed(tmp_path):
