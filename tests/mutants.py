@@ -251,7 +251,8 @@ def print_table(rev: str) -> None:
             cells[when] = f"{sum(v in KILLED for v in o.values())} of {len(o)}{drawn}"
             killed, live, equivalent = scored(module, o)
             scores[when] = f"{killed / live:.0%}" if live else "–"
-            same = equivalent if when == "after" else same
+            if when == "after":
+                same = equivalent
         newest = kept["after"] or kept["before"] or {}
         total = newest.get("of") or len(newest.get("outcomes", ())) or "–"
         scope = " (part)" if MODULES[module].functions else ""

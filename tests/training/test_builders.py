@@ -22,6 +22,11 @@ def _cfg(tmp_path, shards, *overrides):
     )
 
 
+def _clip_ids(loader) -> list[str]:
+    """The clips of one pass over `loader`, in the order it gives them."""
+    return [c for b in loader for c in b["clip_id"]]
+
+
 def test_the_configured_dropouts_reach_the_train_loader_as_its_draw_rates(tmp_path, shards):
     """data.text_dropout, cond_dropout, mask_p, mask_calibration and max_frame_coverage, each at a value of its
     own, are the train loader's dropouts; over 8 epochs the text and condition drop at their configured rates
@@ -54,13 +59,13 @@ def test_the_train_loader_shuffles_the_configured_subset_and_the_val_loader_keep
     cfg = _cfg(tmp_path, shards, "data.limit=5", "data.num_canonical_nodes=2")
     train = B.build_train_loader(cfg, per_rank_batch=1)
     assert train.dataset.shuffle is True and train.dataset.num_canonical_nodes == 2
-    epochs = [[c for b in train for c in b["clip_id"]] for _ in range(3)]
+    epochs = [_clip_ids(train) for _ in range(3)]
     assert all(set(e) == set(epochs[0]) and len(set(e)) == 5 for e in epochs), epochs  # (a node's pad repeats one)
     assert len({tuple(e) for e in epochs}) > 1, epochs  # reshuffled
     val = B.build_val_loader(cfg)
     assert val.dataset.ds.shuffle is False and val.dataset.ds.num_canonical_nodes == 2
-    ids = [c for b in val for c in b["clip_id"]]
-    assert ids == [c for b in val for c in b["clip_id"]] and len(ids) == len(val.dataset) == min(cfg.val_n, 7)
+    ids = _clip_ids(val)
+    assert ids == _clip_ids(val) and len(ids) == len(val.dataset) == min(cfg.val_n, 7)
 
 
 def test_each_rank_validates_its_own_share_of_the_val_clips(tmp_path, shards, monkeypatch):
@@ -70,12 +75,12 @@ def test_each_rank_validates_its_own_share_of_the_val_clips(tmp_path, shards, mo
     from composer.utils import dist
 
     cfg = _cfg(tmp_path, shards)
-    every = [c for b in B.build_val_loader(cfg) for c in b["clip_id"]]
+    every = _clip_ids(B.build_val_loader(cfg))
     monkeypatch.setattr(dist, "get_world_size", lambda: 2)
     shares = []
     for rank in (0, 1):
         monkeypatch.setattr(dist, "get_global_rank", lambda rank=rank: rank)
-        shares.append([c for b in B.build_val_loader(cfg) for c in b["clip_id"]])
+        shares.append(_clip_ids(B.build_val_loader(cfg)))
     n = len(every)
     assert n > 2 and shares[0] == every[0::2] and shares[1][: n // 2] == every[1::2], (every, shares)
     assert len(shares[1]) == len(shares[0]) == -(-n // 2), shares
