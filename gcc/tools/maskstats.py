@@ -130,9 +130,13 @@ class _Reader:
         from gcc.data.dataset import NO_DROPOUTS, GcStreamingDataset
 
         self._tmp = tempfile.mkdtemp(prefix="gcc_maskstats_")
-        self.ds = GcStreamingDataset(
-            data, split, Path(self._tmp) / "cache", batch_size=1, seed=seed, dropouts=NO_DROPOUTS, shuffle=False
-        )
+        try:
+            self.ds = GcStreamingDataset(
+                data, split, Path(self._tmp) / "cache", batch_size=1, seed=seed, dropouts=NO_DROPOUTS, shuffle=False
+            )
+        except BaseException:  # damaged data: the caller never gets a reader to close
+            self.close()
+            raise
 
     def __len__(self) -> int:
         return len(self.ds)

@@ -71,12 +71,18 @@ def loader(root: Path, tmp_path: Path, split: str = "val") -> GcStreamingDataset
 
 
 def maskstats(root: Path, split: str = "train") -> subprocess.CompletedProcess:
-    return subprocess.run(
+    """gcc-maskstats on `root`, with a temp folder of its own that it must leave empty, however the data fails."""
+    tmp = root.parent / f"tmp-{uuid.uuid4().hex}"
+    tmp.mkdir()
+    r = subprocess.run(
         [str(BIN / "gcc-maskstats"), "--data", str(root), "--split", split, "--n", "2"],
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, "TMPDIR": str(tmp)},
     )
+    assert not any(tmp.iterdir()), f"gcc-maskstats left {sorted(p.name for p in tmp.iterdir())} behind"
+    return r
 
 
 def test_an_absolute_zip_basename_with_a_wrong_hash_deletes_nothing_outside_the_cache(shards, tmp_path):
