@@ -1,6 +1,6 @@
 """What a statistic of a training step declares, once, where it is produced (docs/training.md, "train_log.csv
 columns"): its name, how the step's micro-batches and ranks reduce it, which group of `train_log.csv` columns it
-joins, and its console and plot labels. The objective's statistics are declared in `gcc/model/objective_stats.py`,
+joins, and its console and plot labels. The objective's statistics are declared in `gcc/model/config.py`,
 the batch's in `gcc/data/sample_rng.py`; `StepSync`, `TrainStats`, `gcc/training/columns.py`, the console line and
 `gcc-plot` take them from there. Imports nothing, so that a tool reads the declarations without loading torch."""
 

@@ -1,6 +1,12 @@
-"""The model's config sections, declared beside the model: `model:` (the preset, the condition, checkpointing,
-compilation, attention), `optimizer:` (gcc/model/optim.py) and `fsdp:` (gcc/model/fsdp.py). Each field's role and
-range with it (gcc/settings.py); gcc/training/config.py loads and checks them."""
+"""The model's declarations, beside the model and light (no torch: the tools read them): its config sections
+`model:` (the preset, the condition, the objective's settings, checkpointing, compilation, attention; handed whole
+to `GcTrainModel`), `optimizer:` (gcc/model/optim.py) and `fsdp:` (gcc/model/fsdp.py), each field's role and range
+with it (gcc/settings.py; gcc/training/config.py loads and checks them); and what the objective
+(gcc/model/objective.py) reports.
+
+A new loss term with a weight: the weight here in `ModelConfig`, the statistic in `TRAIN_STATS`, the term in
+`GcTrainModel.loss` (reading `self.config`); the step's reduction, `train_log.csv`, every logger's `train/<name>`
+and, with labels, the console line and gcc-plot follow."""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from typing import Literal
 
 from gcc.inputs import shown
 from gcc.settings import NON_NEGATIVE, ConfigError, Range, as_float, num_text, role, setting
+from gcc.stats import LOSS, MODEL, WEIGHTED, Stat
 
 # the sigma shift of Wan2.2 TI2V's flow-matching schedule: training's (gcc/model/flow.py) and sampling's
 # (gcc/sampling/sampler.py, gcc-sample --shift)
@@ -139,6 +146,22 @@ class FsdpConfig:
         doc="true: ZeRO-3-like (a block's parameters are gathered again for its backward: ~8 GB less per GPU at 5B, "
         "one more all-gather per block); false: ZeRO-2-like (they stay gathered from forward to backward)",
     )
+
+
+# ---- what the objective reports (docs/model.md)
+# outputs["stats"] of each micro-batch, detached scalars; in this order in their column groups
+TRAIN_STATS = (
+    Stat("mse", WEIGHTED, LOSS),
+    Stat("timestep", WEIGHTED, LOSS),
+    Stat("sem_rms", WEIGHTED, MODEL, console=".4f", plot="sem_rms (condition)"),
+    Stat("x_rms", WEIGHTED, MODEL, plot="x_rms (latent stream)"),
+)
+# TensorBoard scalars `train/<name>` computed from a train_log row: numerator / denominator (nan when it is 0)
+RATIOS = {"sem_over_x": ("sem_rms", "x_rms")}
+
+# a validation row's measured values (each logged per timestep and as the mean over timesteps), then its row
+VAL_VALUES = ("mse", "mse_uncond", "mse_nulltext", "gap_uncond", "gap_nulltext")
+VAL_ROW_FIELDS = ("timestep", *VAL_VALUES, "n")
 
 
 # model.overrides: the largest value of each field of DiTConfig a config may set (what sizes work: checked before

@@ -17,6 +17,7 @@ from torchmetrics import Metric
 
 from gcc.compat.diffsynth import FlowMatchScheduler
 from gcc.data.batch import Batch
+from gcc.model.config import ModelConfig
 from gcc.model.dit import GcDiT
 from gcc.model.flops import train_flops
 from gcc.model.flow import (
@@ -64,7 +65,7 @@ class GcValMSE(Metric):
         return (self.sums[0] / self.count).mean().float()
 
     def _rows_local(self) -> list[dict]:
-        # the fields declared in gcc/model/objective_stats.py VAL_ROW_FIELDS
+        # the fields declared in gcc/model/config.py VAL_ROW_FIELDS
         means = (self.sums / self.count.clamp(min=1)).tolist()
         rows = []
         for j, t in enumerate(self.timesteps):
@@ -91,7 +92,7 @@ class GcTrainModel(ComposerModel):
     """ComposerModel around a GcDiT (attribute `dit`, the one child Composer wraps with FSDP).
 
     null_context [L, D] is the NULL_PROMPT embedding (the nulltext variant); it is a constructor input so the
-    model never reads files.
+    model never reads files. `config`: the `model:` section, whole (its objective settings read here).
 
     Nothing in `forward` or `loss` reads a value back from the device (docs/performance.md, "Host reads"): the
     batch's identities and prompt counts are host lists (gcc.data.dataset.gc_collate), the draws are made on the
@@ -105,12 +106,13 @@ class GcTrainModel(ComposerModel):
         seed: int,
         null_context: torch.Tensor,
         val_timesteps: Sequence[float] = (200, 500, 800),
-        first_frame_cond: bool = True,
+        config: ModelConfig = ModelConfig(),  # noqa: B008  (read only)
     ):
         super().__init__()
         self.dit = dit
         self.seed = int(seed)
-        self.first_frame_cond = bool(first_frame_cond)
+        self.config = config
+        self.first_frame_cond = bool(config.first_frame_cond)
         self.flow = FlowMatching()  # DiffSynth's Wan schedule: 1000 steps, shift 5
         self.scheduler = self.flow.scheduler
         self.val_steps = resolve_timesteps(self.scheduler, val_timesteps)
@@ -132,7 +134,7 @@ class GcTrainModel(ComposerModel):
 
     def loss(self, outputs: dict, batch: Batch) -> torch.Tensor:
         loss, mse = training_loss(outputs, self.first_frame_cond)
-        # the statistics declared in gcc/model/objective_stats.py TRAIN_STATS, by name
+        # the statistics declared in gcc/model/config.py TRAIN_STATS, by name
         outputs["stats"] = {
             "mse": mse.detach().mean(),
             "timestep": outputs["timestep"].float().mean(),

@@ -174,7 +174,7 @@ def build_model(cfg: TrainConfig, text: TextTable, fsdp: bool):
         seed=cfg.seed,
         null_context=text.row(text.null_id),
         val_timesteps=tuple(cfg.val_timesteps),
-        first_frame_cond=cfg.model.first_frame_cond,
+        config=cfg.model,
     )
 
 

@@ -7,7 +7,7 @@ check. Loads no torch, so that a tool reads it without loading the trainer. A re
 from __future__ import annotations
 
 from gcc.data.sample_rng import BATCH_STATS
-from gcc.model.objective_stats import TRAIN_STATS, VAL_ROW_FIELDS
+from gcc.model.config import TRAIN_STATS, VAL_ROW_FIELDS
 from gcc.stats import BATCH, LOSS, MODEL
 
 # the statistics a step sums over its micro-batches and ranks (StepSync, TrainStats), each declared where it is made

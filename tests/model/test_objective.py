@@ -13,7 +13,7 @@ from gcc.compat.diffsynth import FlowMatchScheduler
 from gcc.data.batch import gc_collate
 from gcc.model.flow import make_scheduler
 from gcc.model.objective import GcTrainModel, GcValMSE, resolve_timesteps
-from gcc.model.objective_stats import TRAIN_STATS, VAL_ROW_FIELDS
+from gcc.model.config import TRAIN_STATS, VAL_ROW_FIELDS, ModelConfig
 from gcc.model.optim import BETAS, build_optimizer, param_groups
 from gcc.training.schedule import composer_scheduler, trainer_schedule_kwargs
 
@@ -72,7 +72,7 @@ def test_loss_equals_hand_computation():
     torch.testing.assert_close(loss.detach(), torch.stack(expect).mean(), rtol=1e-5, atol=1e-6)
 
 
-def test_the_loss_reports_the_statistics_declared_in_objective_stats_as_detached_scalars():
+def test_the_loss_reports_the_statistics_declared_in_the_model_config_as_detached_scalars():
     model = _model()
     b = make_batch(B=2)
     out = model(b)
@@ -419,7 +419,7 @@ def test_without_first_frame_cond_frame_0_is_noised_predicted_and_scored():
     """model.first_frame_cond false (T2V): by hand, with DiffSynth's scheduler, frame 0 noised like the others,
     its timestep the clip's, and in the MSE; validation and training alike. The null prompt embedding is data, not a
     weight: no checkpoint carries it."""
-    model = _model(seed=5, first_frame_cond=False)
+    model = _model(seed=5, config=ModelConfig(first_frame_cond=False))
     randomize_cond(model.dit)
     b = make_batch(B=1, sample_ids=[4], epochs=[2], seed=2)
     sched = FlowMatchScheduler("Wan")

@@ -23,7 +23,7 @@ from composer.utils import dist
 
 from gcc.data.sample_rng import BATCH_STATS
 from gcc.errors import DamagedData
-from gcc.model.objective_stats import RATIOS, TRAIN_STATS
+from gcc.model.config import RATIOS, TRAIN_STATS
 from gcc.stats import SUM, WEIGHTED
 from gcc.training.callbacks.step_sync import StepSync
 from gcc.training.columns import STEP_STATS, TRAIN_COLUMNS

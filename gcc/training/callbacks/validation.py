@@ -15,7 +15,7 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
-from gcc.model.objective_stats import VAL_VALUES
+from gcc.model.config import VAL_VALUES
 from gcc.training.callbacks.preemption import Preemption
 from gcc.training.columns import VAL_COLUMNS
 

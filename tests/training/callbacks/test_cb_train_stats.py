@@ -2,7 +2,7 @@
 step. The objective's stats are means over the whole batch (each micro-batch's mean weighted by its clip count), the
 dropouts the means of the per-clip values, `clips` the step's clips named from the sample ids by the manifest's train
 clip_ids, lr/cond_lr the rates the optimizer applies at this step, grad_norm GradClip's; a manifest that disagrees
-with the shards is DamagedData. A statistic declared in gcc/model/objective_stats.py alone reaches every one of
+with the shards is DamagedData. A statistic declared in gcc/model/config.py alone reaches every one of
 these outputs (docs/model.md)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from _cbfit import COND_LR, LR, Fit, micro, records
 from _gc_helpers import make_batch, null_embedding, tiny_dit
 
 from gcc.errors import DamagedData
-from gcc.model import objective_stats
+from gcc.model import config as model_config
 from gcc.model.objective import GcTrainModel
 from gcc.stats import LOSS, WEIGHTED, Stat
 from gcc.training import columns
@@ -151,10 +151,10 @@ def test_a_manifest_that_names_other_clips_than_the_shards_is_damaged_data():
 
 @pytest.fixture
 def declared_kl(monkeypatch):
-    """The objective declares one more statistic, `kl`, in gcc/model/objective_stats.py and in nothing else: the
+    """The objective declares one more statistic, `kl`, in gcc/model/config.py and in nothing else: the
     modules that derive their lists from the declarations are loaded again over it, and again after the test."""
     kl = Stat("kl", WEIGHTED, LOSS, console=".3f")
-    monkeypatch.setattr(objective_stats, "TRAIN_STATS", (*objective_stats.TRAIN_STATS, kl))
+    monkeypatch.setattr(model_config, "TRAIN_STATS", (*model_config.TRAIN_STATS, kl))
     derived = (columns, step_sync, train_stats, console_log)  # in their import order
     for module in derived:
         importlib.reload(module)
