@@ -4,7 +4,7 @@
     .venv/bin/python bench/data_cache.py --clips 200                 # synthesize full-geometry clips, convert, measure
     .venv/bin/python bench/data_cache.py --shards DIR [--reps 3]     # an existing convert_data output
 
-For each mode, `--reps` times, alternating: a fresh cache folder, `GcStreamingDataset(shards, "train", cache)` and
+For each mode, `--reps` times, alternating: a fresh cache folder, `GcStreamingDataset(DataConfig(shards), "train", cache)` and
 `build_dataloader(batch_size=1, num_workers=0)` as a rank builds them; prints the time from the dataset's
 construction to the first batch (what a run's start waits for), the bytes written into the cache by then and after
 one whole epoch (regular files only: a link costs no data), and the ratios in-place / copy.
@@ -39,11 +39,12 @@ def written_bytes(folder: Path) -> int:
 def measure(shards: str, cache: Path, downloader) -> dict:
     from streaming.base.storage import download as streaming_download
 
+    from gcc.data.config import DataConfig
     from gcc.data.dataset import GcStreamingDataset, build_dataloader
 
     streaming_download.DOWNLOADER_MAPPINGS[""] = downloader
     t0 = time.perf_counter()
-    ds = GcStreamingDataset(shards, "train", cache, batch_size=1, seed=0)
+    ds = GcStreamingDataset(DataConfig(shards), "train", cache, batch_size=1, seed=0)
     it = iter(build_dataloader(ds, batch_size=1, num_workers=0))
     next(it)
     first = time.perf_counter() - t0

@@ -6,7 +6,7 @@
 Writes `--clips` full-geometry clips with `gcc.synth.world.write_prepared` (or reuses `--prepared`), converts them,
 then prints, all measured in this run:
 1. one loader worker's samples/s with the default probabilities (decode + text gather + mask + collate):
-   `build_dataloader(GcStreamingDataset(...), batch_size=1, num_workers=1)` (its persistent worker) over
+   `build_dataloader(GcStreamingDataset(DataConfig(...)), batch_size=1, num_workers=1)` (its persistent worker) over
    `--epochs` epochs, timed from the first batch's arrival (startup and the first sample excluded) to the
    last; against a baseline: the same clips read from the prepared layout (np.load of the sem npz +
    safetensors load of the latents + the text rows from the table with safetensors), in this process, and
@@ -66,11 +66,10 @@ class _MemCollate:
 
 def loader_rate(shards: Path, cache: Path, epochs: int, workers: int = 1, seed: int = 0):
     from gcc.data.batch import device_bytes
-    from gcc.data.dataset import Dropouts, GcStreamingDataset, build_dataloader
+    from gcc.data.config import DataConfig
+    from gcc.data.dataset import GcStreamingDataset, build_dataloader
 
-    ds = GcStreamingDataset(
-        str(shards), "train", cache / uuid.uuid4().hex, batch_size=1, seed=seed, dropouts=Dropouts()
-    )
+    ds = GcStreamingDataset(DataConfig(str(shards)), "train", cache / uuid.uuid4().hex, batch_size=1, seed=seed)
     # the training's DataLoader (persistent workers from the forkserver: only the first start is excluded),
     # with a collate that also reports the worker's memory
     dl = build_dataloader(ds, batch_size=1, num_workers=workers, collate_fn=_MemCollate())
@@ -156,13 +155,14 @@ def mask_timing(shards: Path, cache: Path, reps: int, ref_frames: int):
     from mask import masked_draws, time_fast, time_reference  # bench/mask.py
     from streaming import StreamingDataset
 
-    from gcc.data.dataset import NO_DROPOUTS, GcStreamingDataset
+    from gcc.data.config import DataConfig
+    from gcc.data.dataset import GcStreamingDataset
     from gcc.data.mask import mask_ground_z
     from gcc.data.shards import ClipRecord
     from gcc.geometry import Cameras
 
     ds = GcStreamingDataset(
-        str(shards), "train", cache / uuid.uuid4().hex, batch_size=1, dropouts=NO_DROPOUTS, shuffle=False
+        DataConfig(str(shards)).without_dropouts(), "train", cache / uuid.uuid4().hex, batch_size=1, shuffle=False
     )
     draws = masked_draws(reps)
     res = {"frame0": [], "cap": []}

@@ -43,7 +43,7 @@ MODULES: dict[str, Target] = {
     # the sample path: the draws applied, the dropped text and condition, the mask, the seeded subset
     "gcc/data/dataset.py": Target(
         ("tests/data/test_data.py", "tests/data/test_sample_rng.py", "tests/data/test_trust_data.py", "-m", "not slow"),
-        ("*make_sample*", "*get_item*", "*subset_ids*", "*round_robin_by_run*", "*Dropouts*"),
+        ("*make_sample*", "*get_item*", "*subset_ids*", "*round_robin_by_run*"),
     ),
     "gcc/data/mask.py": Target(("tests/data/test_mask.py", "tests/data/test_mask_grid.py")),
     "gcc/training/builders.py": Target(

@@ -15,17 +15,14 @@ from mutants import ROOT, copy_checkout
 
 # name: (file, the code as it is, the bug, the tests that claim the behaviour)
 PLANTED: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
-    "the text and cond dropout rates swapped where the config reaches the loader": (
+    "the text and cond dropout rates swapped where the loader draws (it takes the data: section whole)": (
         "gcc/data/dataset.py",
-        "return cls(data.text_dropout, data.cond_dropout,",
-        "return cls(data.cond_dropout, data.text_dropout,",
-        ("tests/training/test_builders.py", "tests/training/callbacks/test_every_callback.py"),
-    ),
-    "the same swap inside make_sample": (
-        "gcc/data/dataset.py",
-        "draw_sample(self.seed, epoch, sample_id, d.text, d.cond, d.mask)",
-        "draw_sample(self.seed, epoch, sample_id, d.cond, d.text, d.mask)",
-        ("tests/data/test_data.py", "tests/data/test_sample_rng.py", "tests/data/test_mask.py", "-m", "not slow"),
+        "draw_sample(self.seed, epoch, sample_id, d.text_dropout, d.cond_dropout, d.mask_p)",
+        "draw_sample(self.seed, epoch, sample_id, d.cond_dropout, d.text_dropout, d.mask_p)",
+        (
+            *("tests/data/test_data.py", "tests/data/test_sample_rng.py", "tests/training/test_builders.py"),
+            *("-m", "not slow"),
+        ),
     ),
     "the draws keyed on epoch 0 (no new draw per epoch)": (
         "gcc/data/dataset.py",

@@ -16,6 +16,7 @@ import pytest
 
 from gcc import exit_codes
 from gcc.data.batch import gc_collate
+from gcc.data.config import DataConfig
 from gcc.data.dataset import GcStreamingDataset, build_dataloader
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,7 +95,7 @@ class PidCollate:
 
 @pytest.mark.slow  # over 5 s: make test, not the edit loop's test-fast
 def test_loader_workers_come_from_the_forkserver_and_serve_every_epoch(shards, tmp_path, monkeypatch):
-    ds = GcStreamingDataset(str(shards), "train", tmp_path / uuid.uuid4().hex, batch_size=2, seed=0)
+    ds = GcStreamingDataset(DataConfig(str(shards)), "train", tmp_path / uuid.uuid4().hex, batch_size=2, seed=0)
     dl = build_dataloader(ds, batch_size=2, num_workers=1, collate_fn=PidCollate())
     assert dl.multiprocessing_context.get_start_method() == "forkserver" and dl.persistent_workers
     seen = []
@@ -108,18 +109,19 @@ def test_loader_workers_come_from_the_forkserver_and_serve_every_epoch(shards, t
     assert "multiprocessing.forkserver" in Path(f"/proc/{parent}/cmdline").read_text()  # ...but by the forkserver
     # a later loader's worker sees the environment of now, not the forkserver's at its start
     monkeypatch.setenv("GCC_TEST_MARK", "set after the forkserver started")
-    ds2 = GcStreamingDataset(str(shards), "train", tmp_path / uuid.uuid4().hex, batch_size=2, seed=0)
+    ds2 = GcStreamingDataset(DataConfig(str(shards)), "train", tmp_path / uuid.uuid4().hex, batch_size=2, seed=0)
     b = next(iter(build_dataloader(ds2, batch_size=2, num_workers=1, collate_fn=PidCollate())))
     assert b["worker"][2] == "set after the forkserver started" and b["worker"][0] != pid
 
 
 ORPHAN_SCRIPT = """
 import os, sys, time, uuid
+from gcc.data.config import DataConfig
 from gcc.data.dataset import GcStreamingDataset, build_dataloader
 from test_workers import PidCollate
 
 if __name__ == "__main__":
-    ds = GcStreamingDataset(sys.argv[1], "train", os.path.join(sys.argv[2], uuid.uuid4().hex), batch_size=2)
+    ds = GcStreamingDataset(DataConfig(sys.argv[1]), "train", os.path.join(sys.argv[2], uuid.uuid4().hex), batch_size=2)
     dl = build_dataloader(ds, batch_size=2, num_workers=1, collate_fn=PidCollate())  # kept: its worker lives
     worker, forkserver, _ = next(iter(dl))["worker"]
     print(worker, forkserver, flush=True)

@@ -1,16 +1,17 @@
-"""The data's config section `data:`, declared beside the loader (gcc/data/dataset.py): the prepared shards, the
-cache, the workers, the dropouts and the mask. Each field's role and range with it (gcc/settings.py);
+"""The data's config section `data:`, declared beside the loader (gcc/data/dataset.py), which takes it whole: the
+prepared shards, the cache, the workers, the dropouts and the mask, and Streaming's options (`streaming_args`: a
+new one is a field and its line there). Each field's role and range with it (gcc/settings.py);
 gcc/training/config.py loads and checks it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from gcc.settings import FRACTION, STEPS, Range, setting
 
-# the v10 run's dropouts and mask (docs/design.md §6), stated once: the config's defaults, the loader's
-# (gcc/data/dataset.py `Dropouts`) and the draws' (gcc/data/sample_rng.py)
+# the v10 run's dropouts and mask (docs/design.md §6), stated once: the config's defaults and the draws'
+# (gcc/data/sample_rng.py)
 TEXT_DROPOUT, COND_DROPOUT, MASK_P = 0.1, 0.05, 0.5
 MaskCalibration = Literal["frame0", "cap"]
 MASK_CALIBRATION: MaskCalibration = "frame0"
@@ -82,3 +83,11 @@ class DataConfig:
         ),
         doc="N: train on a seeded subset of N train clips (a smoke run on the real data); null = the whole train split",
     )
+
+    def without_dropouts(self) -> DataConfig:
+        """This section with nothing dropped or masked: the val split's (docs/design.md §5), gcc-maskstats'."""
+        return replace(self, text_dropout=0.0, cond_dropout=0.0, mask_p=0.0)
+
+    def streaming_args(self) -> dict:
+        """This section's options of Streaming's `StreamingDataset`."""
+        return dict(num_canonical_nodes=self.num_canonical_nodes, cache_limit=self.cache_limit or None)

@@ -14,11 +14,9 @@ import json
 import multiprocessing
 import random
 import time
-import typing
 import weakref
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +28,7 @@ from gcc import storage
 from gcc.compat.streaming import StreamingBase
 from gcc.compat.torch import shutdown_loader_workers
 from gcc.data.batch import gc_collate, new_tensor, pin_batches
-from gcc.data.config import (
-    COND_DROPOUT,
-    MASK_CALIBRATION,
-    MASK_P,
-    MAX_FRAME_COVERAGE,
-    TEXT_DROPOUT,
-    DataConfig,
-    MaskCalibration,
-)
+from gcc.data.config import DataConfig
 from gcc.data.mask import apply_unknown_mask
 from gcc.data.sample_rng import draw_sample
 from gcc.data.shards import SHARD_HASH, TEXT_TABLE, ClipRecord, SplitFormat, check_index, read_manifest
@@ -49,27 +39,6 @@ from gcc.names import inside
 from gcc.vocab import UNKNOWN, check_vocab, collapse_parts
 from gcc.workers import PREEMPTION_GRACE_S, LoaderWorkerInit, worker_context
 
-
-@dataclass(frozen=True)
-class Dropouts:
-    """The loader's dropouts and mask: the config's `data:` values (`of`), by default its defaults."""
-
-    text: float = TEXT_DROPOUT
-    cond: float = COND_DROPOUT
-    mask: float = MASK_P
-    calibration: MaskCalibration = MASK_CALIBRATION
-    max_frame_coverage: float = MAX_FRAME_COVERAGE
-
-    def __post_init__(self):
-        if self.calibration not in typing.get_args(MaskCalibration):
-            raise ValueError(f"mask calibration must be 'frame0' or 'cap', got {self.calibration!r}")
-
-    @classmethod
-    def of(cls, data: DataConfig) -> Dropouts:
-        return cls(data.text_dropout, data.cond_dropout, data.mask_p, data.mask_calibration, data.max_frame_coverage)
-
-
-NO_DROPOUTS = Dropouts(text=0.0, cond=0.0, mask=0.0)
 # how a damaged or missing index.json fails inside StreamingDataset's constructor
 INDEX_DAMAGE = (json.JSONDecodeError, OSError, KeyError, TypeError)
 
@@ -108,27 +77,25 @@ def subset_ids(n: int, limit: int, seed: int) -> np.ndarray:
 
 
 class GcStreamingDataset(StreamingBase):
-    """Converted clips of one split. `data` is a conversion's root (local folder or s3:// URL); shards enter
-    `cache_dir` (per run: Streaming refuses two live datasets on one local folder): downloaded from S3, linked
-    from a local folder (uncompressed shards are then read in place). `limit`: every epoch is a shuffle of the
-    same seeded subset of `limit` clips (`subset_ids`) instead of the whole split."""
+    """Converted clips of one split, as the `data:` section says (gcc/data/config.py): `config.path` is a
+    conversion's root (local folder or s3:// URL); shards enter `cache_dir` (per run: Streaming refuses two live
+    datasets on one local folder): downloaded from S3, linked from a local folder (uncompressed shards are then
+    read in place). `config.limit`: every train epoch is a shuffle of the same seeded subset of `limit` clips
+    (`subset_ids`) instead of the whole split. The val split never drops anything (docs/design.md §5)."""
 
     def __init__(
         self,
-        data: str,
+        config: DataConfig,
         split: str,
         cache_dir: str | Path,
         *,
         batch_size: int,
         seed: int = 0,
         vocab: str = "parts",
-        dropouts: Dropouts = Dropouts(),
         shuffle: bool = True,
-        num_canonical_nodes: int | None = 1,
-        cache_limit: str | None = None,
         predownload: int | None = None,
-        limit: int | None = None,
     ):
+        data = config.path
         self.manifest = read_manifest(data)
         if split not in self.manifest["splits"]:
             raise BadInput(f"{data}: split {split!r} not in the manifest ({sorted(self.manifest['splits'])})")
@@ -136,8 +103,7 @@ class GcStreamingDataset(StreamingBase):
             raise BadInput(f"{data}: no {split} split (its conversion has 0 {split} clips: manifest.json)")
         self.data, self.split, self.seed, self.vocab = data, split, int(seed), check_vocab(vocab)
         self.format = SplitFormat.of(self.manifest, split)
-        # the val split never drops anything (docs/design.md §5)
-        self.dropouts = NO_DROPOUTS if split == "val" else dropouts
+        self.config = config.without_dropouts() if split == "val" else config
         cache_dir = Path(cache_dir)
         cache_dir.mkdir(parents=True, exist_ok=True)
         self.cache_folder = cache_dir / split
@@ -157,7 +123,7 @@ class GcStreamingDataset(StreamingBase):
         except Exception as e:  # missing, cut or altered; or the store away, the disk full
             raise self._fault(index_url, e) from None
         # Streaming's own defaults, given explicitly (the same shuffle): left unset, each dataset logs a notice
-        block = None if num_canonical_nodes is None else max(4_000_000 // num_canonical_nodes, 1 << 18)
+        block = max(4_000_000 // config.num_canonical_nodes, 1 << 18)
         # validate_hash: every shard is checked against the xxh64 that convert_data recorded when it enters
         # the cache (a damaged shard otherwise decompresses to garbage or kills the loader's thread)
         try:
@@ -167,8 +133,7 @@ class GcStreamingDataset(StreamingBase):
                 batch_size=batch_size,
                 shuffle=shuffle,
                 shuffle_seed=self.seed,
-                num_canonical_nodes=num_canonical_nodes,
-                cache_limit=cache_limit,
+                **config.streaming_args(),
                 predownload=8 * batch_size if predownload is None else predownload,
                 shuffle_block_size=block,
                 validate_hash=SHARD_HASH,
@@ -179,8 +144,8 @@ class GcStreamingDataset(StreamingBase):
                 raise
             Path(self.cache_folder, "index.json").unlink(missing_ok=True)
             raise fault from None
-        if limit:
-            self.restrict_to(subset_ids(self.num_samples, limit, self.seed))
+        if config.limit and split == "train":
+            self.restrict_to(subset_ids(self.num_samples, config.limit, self.seed))
 
     # ---- faults: an error naming the shard, never a silent early end of the epoch ------------------------------
     def _shard_name(self, shard_id: int) -> str:
@@ -234,8 +199,8 @@ class GcStreamingDataset(StreamingBase):
     def make_sample(
         self, rec: ClipRecord, sample_id: int, epoch: int, meta: dict | None = None, decoding: Callable = nullcontext
     ) -> dict[str, Any]:
-        d = self.dropouts
-        draw = draw_sample(self.seed, epoch, sample_id, d.text, d.cond, d.mask)
+        d = self.config
+        draw = draw_sample(self.seed, epoch, sample_id, d.text_dropout, d.cond_dropout, d.mask_p)
         ids = np.full(len(rec.context_ids), self.text.null_id, np.int64) if draw.drop_text else rec.context_ids
         mask_frac = 0.0
         # sem ids are written once, into their final (in a worker: shared) storage
@@ -253,7 +218,7 @@ class GcStreamingDataset(StreamingBase):
                     Cameras.from_meta(meta),
                     np.asarray(meta["ground_z"], float),
                     draw.mask,
-                    calibration=d.calibration,
+                    calibration=d.mask_calibration,
                     max_frame_coverage=d.max_frame_coverage,
                     inplace=True,
                 )

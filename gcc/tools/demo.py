@@ -284,10 +284,11 @@ def _read_back(out: Path, shards: Path, manifest: dict, seed: int, n: int):
     print(f"[3/{n}] reading the shards back through the training loader (StreamingDataset)")
     # heavy (streaming, ~2 s): imported once step 3 is announced
     from gcc.compat.streaming import release_stale_shm
+    from gcc.data.config import DataConfig
     from gcc.data.dataset import GcStreamingDataset, build_dataloader
 
     release_stale_shm([out / "cache" / "train"])  # left by an earlier demo killed mid-read
-    ds = GcStreamingDataset(str(shards), "train", out / "cache", batch_size=4, seed=seed)
+    ds = GcStreamingDataset(DataConfig(str(shards)), "train", out / "cache", batch_size=4, seed=seed)
     batch = next(iter(build_dataloader(ds, batch_size=4, num_workers=0)))
     geo = manifest["geometry"]
     print(

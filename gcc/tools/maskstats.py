@@ -127,12 +127,18 @@ class _Reader:
 
     def __init__(self, data: str, split: str, seed: int):
         # heavy (streaming, torch ~3.5 s): keeps --help and argument errors fast
-        from gcc.data.dataset import NO_DROPOUTS, GcStreamingDataset
+        from gcc.data.config import DataConfig
+        from gcc.data.dataset import GcStreamingDataset
 
         self._tmp = tempfile.mkdtemp(prefix="gcc_maskstats_")
         try:
             self.ds = GcStreamingDataset(
-                data, split, Path(self._tmp) / "cache", batch_size=1, seed=seed, dropouts=NO_DROPOUTS, shuffle=False
+                DataConfig(data).without_dropouts(),
+                split,
+                Path(self._tmp) / "cache",
+                batch_size=1,
+                seed=seed,
+                shuffle=False,
             )
         except BaseException:  # damaged data: the caller never gets a reader to close
             self.close()

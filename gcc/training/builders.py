@@ -20,7 +20,6 @@ from gcc.compat.streaming import release_stale_shm
 from gcc.compat.torch import gloo_gradients_as_means
 from gcc.data.batch import gc_collate, pin_batches, split_batch
 from gcc.data.dataset import (
-    Dropouts,
     FaultAt,
     GcStreamingDataset,
     build_dataloader,
@@ -71,23 +70,9 @@ def node_cache(cfg: TrainConfig) -> TextTable:
     return TextTable(fetch_text_table(cfg.data.path, cache))
 
 
-def dropouts(cfg: TrainConfig) -> Dropouts:
-    return Dropouts.of(cfg.data)
-
-
 def build_train_loader(cfg: TrainConfig, per_rank_batch: int) -> DataLoader:
     ds = GcStreamingDataset(
-        cfg.data.path,
-        "train",
-        cache_dir(cfg),
-        batch_size=per_rank_batch,
-        seed=cfg.seed,
-        vocab=cfg.model.vocab,
-        dropouts=dropouts(cfg),
-        shuffle=True,
-        num_canonical_nodes=cfg.data.num_canonical_nodes,
-        cache_limit=cfg.data.cache_limit or None,
-        limit=cfg.data.limit,
+        cfg.data, "train", cache_dir(cfg), batch_size=per_rank_batch, seed=cfg.seed, vocab=cfg.model.vocab
     )
     collate = gc_collate
     if cfg.faults.stall_step and rank() == cfg.faults.stall_rank:
@@ -132,14 +117,7 @@ def build_val_loader(cfg: TrainConfig) -> DataLoader | None:
         return None
 
     ds = GcStreamingDataset(
-        cfg.data.path,
-        "val",
-        cache_dir(cfg),
-        batch_size=cfg.val_batch,
-        seed=cfg.seed,
-        vocab=cfg.model.vocab,
-        shuffle=False,
-        num_canonical_nodes=cfg.data.num_canonical_nodes,
+        cfg.data, "val", cache_dir(cfg), batch_size=cfg.val_batch, seed=cfg.seed, vocab=cfg.model.vocab, shuffle=False
     )
     clips = ValClips(ds, select_val_ids(ds.manifest, cfg.val_n))
     return DataLoader(

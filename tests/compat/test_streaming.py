@@ -21,9 +21,10 @@ ROOT = Path(__file__).resolve().parents[2]
 RANK = """
 import os, sys
 from pathlib import Path
+from gcc.data.config import DataConfig
 from gcc.data.dataset import GcStreamingDataset, build_dataloader
 if __name__ == "__main__":  # loader workers import this file (forkserver): nothing may run at import
-    ds = GcStreamingDataset(sys.argv[1], "train", Path(sys.argv[2]), batch_size=2, seed=0)
+    ds = GcStreamingDataset(DataConfig(sys.argv[1]), "train", Path(sys.argv[2]), batch_size=2, seed=0)
     try:
         for _ in build_dataloader(ds, batch_size=2, num_workers=1):
             pass

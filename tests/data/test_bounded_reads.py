@@ -155,7 +155,8 @@ def test_a_remote_shard_of_another_size_than_its_index_declares_is_refused_befor
 ):
     """Streaming's downloader fetches whatever the store holds; gcc's asks the object's length first: a shard
     replaced by a larger one is refused naming it, and no byte of it reaches the cache."""
-    from gcc.data.dataset import Dropouts, GcStreamingDataset
+    from gcc.data.config import DataConfig
+    from gcc.data.dataset import GcStreamingDataset
     from gcc.errors import DamagedData
 
     remote = f"{s3_bucket}/shards"
@@ -166,7 +167,7 @@ def test_a_remote_shard_of_another_size_than_its_index_declares_is_refused_befor
     url = f"{remote}/train/{name}"
     storage.write_bytes(url, (shards / "train" / name).read_bytes() + b"\0" * 4096)
     cache = tmp_path / "cache"
-    ds = GcStreamingDataset(remote, "train", cache, batch_size=2, dropouts=Dropouts())
+    ds = GcStreamingDataset(DataConfig(remote), "train", cache, batch_size=2)
     with pytest.raises(DamagedData, match=rf"{url}: \d+ bytes, its index.json says \d+"):
         ds.streams[0]._download_file(name)
     assert not [p for p in cache.rglob("*") if name in p.name]  # old code: downloaded whole, then refused

@@ -4,12 +4,14 @@ resume, text gather, collate, and reading from a real S3 server."""
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import os
 import subprocess
 import sys
 import uuid
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,18 +22,23 @@ from safetensors import safe_open
 from gcc.data import convert as C
 from gcc.data.batch import gc_collate
 from gcc.data.config import DataConfig
-from gcc.data.dataset import Dropouts, GcStreamingDataset, build_dataloader
+from gcc.data.dataset import GcStreamingDataset, build_dataloader
+from gcc.data.sample_rng import draw_sample
 from gcc.data.shards import MANIFEST
 from gcc.errors import BadInput
 from gcc.vocab import NULL_PROMPT, UNKNOWN, collapse_parts, invalid_values, key_to_id
 
 ROOT = Path(__file__).resolve().parents[2]
-HEAVY = Dropouts(text=0.3, cond=0.2, mask=0.7)  # more drops than default, so few samples exercise every path
+HEAVY = dict(text_dropout=0.3, cond_dropout=0.2, mask_p=0.7)  # more drops than default: few samples exercise every path
+NONE = dict(text_dropout=0.0, cond_dropout=0.0, mask_p=0.0)
+DATA_FIELDS = {f.name for f in fields(DataConfig)}
 
 
 def new_ds(shards, split="train", **kw) -> GcStreamingDataset:
+    """A dataset of `shards`; the keyword arguments that name `data:` fields go into its config."""
     kw.setdefault("batch_size", 2)
-    return GcStreamingDataset(str(shards), split, shards.parent / "caches" / uuid.uuid4().hex, **kw)
+    data = DataConfig(str(shards), **{k: kw.pop(k) for k in [*kw] if k in DATA_FIELDS})
+    return GcStreamingDataset(data, split, shards.parent / "caches" / uuid.uuid4().hex, **kw)
 
 
 def batch_digests(batch) -> list[tuple]:
@@ -80,7 +87,7 @@ def run_epochs(ds, workers: int, epochs: int = 1, batch_size: int = 2) -> list[l
 def test_sample_contract(shards):
     src, out = shards.parent / "prepared", shards
     geo = json.loads((out / MANIFEST).read_text())["geometry"]
-    ds = new_ds(shards, dropouts=Dropouts(0, 0, 0))
+    ds = new_ds(shards, **NONE)
     s = ds[0]
     c, t, h, w = geo["latents"]
     L, D = geo["text"]
@@ -120,7 +127,7 @@ def test_splits_and_drop(shards):
     src = shards.parent / "prepared"
     rows = [json.loads(line) for line in (src / "index" / "clips.jsonl").read_text().splitlines()]
     for split in ("train", "val"):
-        ds = new_ds(shards, split, dropouts=Dropouts(0, 0, 0))
+        ds = new_ds(shards, split, **NONE)
         got = [ds[i]["clip_id"] for i in range(len(ds))]
         assert sorted(got) == sorted(r["clip_id"] for r in rows if r["split"] == split and not r["drop"])
         # sample id i is the manifest's clip i (validation picks its fixed clips by this)
@@ -128,15 +135,15 @@ def test_splits_and_drop(shards):
 
 
 def test_val_never_drops(shards):
-    ds = new_ds(shards, "val", dropouts=Dropouts(1.0, 1.0, 1.0))
-    assert ds.dropouts == Dropouts(0, 0, 0)
+    ds = new_ds(shards, "val", text_dropout=1.0, cond_dropout=1.0, mask_p=1.0)
+    assert (ds.config.text_dropout, ds.config.cond_dropout, ds.config.mask_p) == (0, 0, 0)
     for epoch in run_epochs(ds, workers=0, epochs=2):
         for d in epoch:
             assert json.loads(d[2]) == {"text": False, "cond": False, "mask": 0.0}
 
 
 def test_dropout_paths(shards):
-    ds = new_ds(shards, dropouts=HEAVY)
+    ds = new_ds(shards, **HEAVY)
     table_null = key_to_id(ds.text.keys)[NULL_PROMPT]
     seen = {"text": 0, "cond": 0, "mask": 0}
     for e in range(3):
@@ -171,7 +178,7 @@ def _record(ds, i):
 def test_cond_drop_never_decodes_sem(shards, monkeypatch):
     from gcc.data.shards import ClipRecord
 
-    ds = new_ds(shards, dropouts=Dropouts(0, 1.0, 1.0))
+    ds = new_ds(shards, text_dropout=0, cond_dropout=1.0, mask_p=1.0)
 
     def boom(self):
         raise AssertionError("sem ids decoded for a cond-dropped sample")
@@ -182,8 +189,8 @@ def test_cond_drop_never_decodes_sem(shards, monkeypatch):
 
 
 def test_ids_vocab_collapses_after_masking(shards):
-    parts = new_ds(shards, dropouts=HEAVY, vocab="parts")
-    ids = new_ds(shards, dropouts=HEAVY, vocab="ids")
+    parts = new_ds(shards, **HEAVY, vocab="parts")
+    ids = new_ds(shards, **HEAVY, vocab="ids")
     for i in range(len(parts)):
         a, b = parts.make_sample(_record(parts, i), i, 1), ids.make_sample(_record(ids, i), i, 1)
         assert a["dropped"] == b["dropped"]
@@ -193,7 +200,7 @@ def test_ids_vocab_collapses_after_masking(shards):
 
 @pytest.mark.slow  # over 5 s: make test, not the edit loop's test-fast
 def test_same_samples_for_0_1_2_workers_and_epochs_differ(shards):
-    results = {w: run_epochs(new_ds(shards, dropouts=HEAVY), workers=w, epochs=2) for w in (0, 1, 2)}
+    results = {w: run_epochs(new_ds(shards, **HEAVY), workers=w, epochs=2) for w in (0, 1, 2)}
     as_sets = {w: [sorted(e) for e in r] for w, r in results.items()}
     assert as_sets[0] == as_sets[1] == as_sets[2]
     e0, e1 = as_sets[0]
@@ -204,15 +211,15 @@ def test_same_samples_for_0_1_2_workers_and_epochs_differ(shards):
 
 
 def test_resume_mid_epoch_continues_exactly(shards):
-    full = run_epochs(new_ds(shards, dropouts=HEAVY), workers=2, epochs=2)
+    full = run_epochs(new_ds(shards, **HEAVY), workers=2, epochs=2)
     bs, k = 2, 3
-    ds = new_ds(shards, dropouts=HEAVY)
+    ds = new_ds(shards, **HEAVY)
     dl = build_dataloader(ds, batch_size=bs, num_workers=2)
     it = iter(dl)
     first = [d for _ in range(k) for d in batch_digests(next(it))]
     state = ds.state_dict(num_samples=k * bs, from_beginning=True)
     del it
-    resumed_ds = new_ds(shards, dropouts=HEAVY)
+    resumed_ds = new_ds(shards, **HEAVY)
     resumed_ds.load_state_dict(state)
     rest = run_epochs(resumed_ds, workers=1, epochs=2)
     assert first == full[0][: k * bs]
@@ -231,18 +238,18 @@ def test_limit_trains_on_the_same_seeded_subset_every_epoch_and_resumes_exactly(
     assert len(want) == len(set(want.tolist())) == 7 and list(want) == sorted(want)
     assert list(want) != list(subset_ids(len(train), 7, seed=6))
     assert list(subset_ids(len(train), 100, seed=5)) == list(range(len(train)))  # a limit past the split: all
-    ds = new_ds(shards, dropouts=HEAVY, seed=5, limit=7, batch_size=1)
+    ds = new_ds(shards, **HEAVY, seed=5, limit=7, batch_size=1)
     assert len(ds) == ds.epoch_size == 7
     full = run_epochs(ds, workers=1, epochs=2, batch_size=1)
     assert [sorted(d[0] for d in e) for e in full] == [sorted(train[i] for i in want)] * 2
     assert [d[0] for d in full[0]] != [d[0] for d in full[1]]  # a new order each epoch
     k = 3
-    ds = new_ds(shards, dropouts=HEAVY, seed=5, limit=7, batch_size=1)
+    ds = new_ds(shards, **HEAVY, seed=5, limit=7, batch_size=1)
     it = iter(build_dataloader(ds, batch_size=1, num_workers=1))
     first = [d for _ in range(k) for d in batch_digests(next(it))]
     state = ds.state_dict(num_samples=k, from_beginning=True)
     del it
-    resumed = new_ds(shards, dropouts=HEAVY, seed=5, limit=7, batch_size=1)
+    resumed = new_ds(shards, **HEAVY, seed=5, limit=7, batch_size=1)
     resumed.load_state_dict(state)
     rest = run_epochs(resumed, workers=1, epochs=2, batch_size=1)
     assert first + rest[0] == full[0] and rest[1] == full[1]
@@ -264,7 +271,7 @@ if __name__ == "__main__":  # a spawned process that imports this file must not 
 def rank_batches(shards, cache: Path, batch_size: int) -> list[list[tuple]]:
     """This rank's batches of an epoch, as digests. In the rank's own process: a loader worker's start (~10 s of
     CPU) would change no batch (test_same_samples_for_0_1_2_workers_and_epochs_differ)."""
-    ds = GcStreamingDataset(shards, "train", cache, batch_size=batch_size, seed=0, dropouts=HEAVY)
+    ds = GcStreamingDataset(DataConfig(str(shards), **HEAVY), "train", cache, batch_size=batch_size, seed=0)
     return [batch_digests(b) for b in build_dataloader(ds, batch_size=batch_size, num_workers=0)]
 
 
@@ -310,8 +317,8 @@ def test_same_global_batches_for_1_and_2_ranks(shards, tmp_path):
 def test_reads_from_s3(shards, tmp_path, s3_bucket):
     remote = f"{s3_bucket}/shards"
     C.convert(shards.parent / "prepared", remote, chunk_clips=4, progress=False)
-    ds = GcStreamingDataset(remote, "train", tmp_path / "cache", batch_size=2, dropouts=HEAVY)
-    local = new_ds(shards, dropouts=HEAVY)
+    ds = GcStreamingDataset(DataConfig(remote, **HEAVY), "train", tmp_path / "cache", batch_size=2)
+    local = new_ds(shards, **HEAVY)
     assert run_epochs(ds, workers=1) == run_epochs(local, workers=1)
     assert (tmp_path / "cache" / "text" / "table.safetensors").exists()
 
@@ -321,7 +328,7 @@ def test_local_shards_are_read_in_place_and_compressed_ones_give_the_same_sample
     the checked copy of index.json); a zstd conversion of the same clips is decompressed into the cache and gives
     the same samples."""
     cache = tmp_path / "cache"
-    ds = GcStreamingDataset(str(shards), "train", cache, batch_size=2, dropouts=HEAVY)
+    ds = GcStreamingDataset(DataConfig(str(shards), **HEAVY), "train", cache, batch_size=2)
     plain = run_epochs(ds, workers=0)
     files = [p for p in (cache / "train").rglob("*") if p.is_file() or p.is_symlink()]
     shard_files = [p for p in files if ".mds" in p.name]
@@ -335,7 +342,7 @@ def test_local_shards_are_read_in_place_and_compressed_ones_give_the_same_sample
     C.convert(shards.parent / "prepared", str(zipped), chunk_clips=4, compression="zstd", progress=False)
     assert all(s["compression"] == "zstd" for s in json.loads((zipped / "train" / "index.json").read_text())["shards"])
     zcache = tmp_path / "zcache"
-    assert run_epochs(GcStreamingDataset(str(zipped), "train", zcache, batch_size=2, dropouts=HEAVY), 0) == plain
+    assert run_epochs(GcStreamingDataset(DataConfig(str(zipped), **HEAVY), "train", zcache, batch_size=2), 0) == plain
     raw = [p for p in (zcache / "train").rglob("*.mds") if not p.is_symlink()]
     assert raw, "the compressed shards are decompressed into the cache"
 
@@ -347,7 +354,7 @@ def test_refuses_data_without_manifest(shards, tmp_path):
     shutil.copytree(shards, broken)
     (broken / MANIFEST).unlink()
     with pytest.raises(BadInput, match="manifest.json"):
-        GcStreamingDataset(str(broken), "train", tmp_path / "cache", batch_size=2)
+        GcStreamingDataset(DataConfig(str(broken)), "train", tmp_path / "cache", batch_size=2)
 
 
 def test_a_shard_whose_fetch_failed_is_handed_back_so_the_next_reader_fails_too_instead_of_waiting(shards, tmp_path):
@@ -361,7 +368,7 @@ def test_a_shard_whose_fetch_failed_is_handed_back_so_the_next_reader_fails_too_
 
     data = tmp_path / "shards"
     shutil.copytree(shards, data)
-    ds = GcStreamingDataset(str(data), "train", tmp_path / "cache", batch_size=2)
+    ds = GcStreamingDataset(DataConfig(str(data)), "train", tmp_path / "cache", batch_size=2)
     shard_id, _ = ds.spanner[0]
     raw, _ = ds.shards[shard_id].file_pairs[0]
     (data / "train" / raw.basename).unlink()  # not there when it is fetched
@@ -383,7 +390,7 @@ def _raised(f, *args) -> BaseException | None:
 
 
 def test_collate(shards):
-    ds = new_ds(shards, dropouts=HEAVY)
+    ds = new_ds(shards, **HEAVY)
     samples = [ds[i] for i in range(3)]
     b = gc_collate(samples)
     assert b["input_latents"].shape[0] == 3 and b["sem_ids"].dtype == torch.uint8
@@ -403,8 +410,9 @@ def test_collate(shards):
 HOLD_SCRIPT = """
 import sys, time
 from pathlib import Path
+from gcc.data.config import DataConfig
 from gcc.data.dataset import GcStreamingDataset
-ds = GcStreamingDataset(sys.argv[1], "train", sys.argv[2], batch_size=1)
+ds = GcStreamingDataset(DataConfig(sys.argv[1]), "train", sys.argv[2], batch_size=1)
 Path(sys.argv[3]).touch()
 time.sleep(300)
 """
@@ -440,7 +448,7 @@ def test_release_stale_shm_after_a_killed_process_group(shards, tmp_path):
     assert len(shm_prefixes([cache / "train"])) == 1
     assert release_stale_shm([cache / "train"]) == 1
     assert shm_prefixes([cache / "train"]) == []
-    assert len(GcStreamingDataset(str(shards), "train", cache, batch_size=2)) == len(other)
+    assert len(GcStreamingDataset(DataConfig(str(shards)), "train", cache, batch_size=2)) == len(other)
     assert run_epochs(other, workers=1)  # its shared memory is intact
 
 
@@ -464,26 +472,29 @@ def test_releasing_orphaned_shared_memory_spares_live_datasets(shards, tmp_path)
 
     live = new_ds(shards)
     gone_cache = tmp_path / "gone"
-    orphan = GcStreamingDataset(str(shards), "train", gone_cache, batch_size=2)  # holds its segments
+    orphan = GcStreamingDataset(DataConfig(str(shards)), "train", gone_cache, batch_size=2)  # holds its segments
     assert len(orphan) == len(live)
     shutil.rmtree(gone_cache)
     assert release_stale_shm() >= 1
     assert run_epochs(live, workers=1)  # its shared memory is intact
 
 
-def test_the_loaders_default_dropouts_are_the_configs():
-    """The v10 rates are stated once (gcc/data/config.py): the loader's defaults are the config's, and a config's
-    values reach the loader each in its own place (a swap of two rates fails here)."""
-    assert Dropouts() == Dropouts.of(DataConfig()) == Dropouts(0.1, 0.05, 0.5, "frame0", 0.4)
-    data = DataConfig(
-        text_dropout=0.11, cond_dropout=0.22, mask_p=0.33, mask_calibration="cap", max_frame_coverage=0.44
+def test_the_v10_rates_are_stated_once_as_the_configs_defaults_and_the_draws():
+    """The v10 rates (gcc/data/config.py) are DataConfig's defaults, which the loader takes whole, and the draws'."""
+    d = DataConfig()
+    assert (d.text_dropout, d.cond_dropout, d.mask_p, d.mask_calibration, d.max_frame_coverage) == (
+        *(0.1, 0.05, 0.5),
+        *("frame0", 0.4),
     )
-    assert Dropouts.of(data) == Dropouts(text=0.11, cond=0.22, mask=0.33, calibration="cap", max_frame_coverage=0.44)
+    draw_defaults = [p.default for p in inspect.signature(draw_sample).parameters.values()][3:]
+    assert draw_defaults == [d.text_dropout, d.cond_dropout, d.mask_p]
+    assert d.without_dropouts() == replace(d, text_dropout=0.0, cond_dropout=0.0, mask_p=0.0)
 
 
 def test_the_configured_frame_coverage_caps_the_mask(shards):
     """With calibration "cap" the dataset's max_frame_coverage reaches the mask: the same draws under a lower cap
     mask no more of any clip, and less of some (docs/training.md, "Dropouts and the UNKNOWN mask")."""
-    low, high = (new_ds(shards, dropouts=Dropouts(0, 0, 1.0, "cap", c)) for c in (0.05, 0.6))
+    caps = (dict(NONE, mask_p=1.0, mask_calibration="cap", max_frame_coverage=c) for c in (0.05, 0.6))
+    low, high = (new_ds(shards, **cap) for cap in caps)
     fracs = [(low[i]["dropped"]["mask"], high[i]["dropped"]["mask"]) for i in range(len(low))]
     assert all(a <= b for a, b in fracs) and any(a < b for a, b in fracs), fracs

@@ -11,7 +11,7 @@ import pytest
 from draw_reference import reference_draw
 from test_data import new_ds
 
-from gcc.data.dataset import Dropouts, build_dataloader
+from gcc.data.dataset import build_dataloader
 from gcc.data.sample_rng import P_COND, P_MASK, P_TEXT, SampleDraw, draw_sample, sample_rng
 from gcc.vocab import NULL_PROMPT, UNKNOWN, key_to_id
 
@@ -101,7 +101,7 @@ def test_val_probabilities_zero_drop_nothing():
 
 
 # ---- the draws as the loader applies them ----------------------------------------------------------------
-ODD = Dropouts(text=0.6, cond=0.25, mask=0.7)  # far apart, so that one swapped for another shows
+ODD = dict(text_dropout=0.6, cond_dropout=0.25, mask_p=0.7)  # far apart, so that one swapped for another shows
 
 
 def test_the_loader_applies_each_samples_draw_of_its_epoch(shards):
@@ -110,14 +110,14 @@ def test_the_loader_applies_each_samples_draw_of_its_epoch(shards):
     epoch), or the probabilities swapped, fails here. The epoch compared is the loop's count, never the batch's own
     `epoch` field."""
     seed = 4
-    ds = new_ds(shards, dropouts=ODD, seed=seed)
+    ds = new_ds(shards, **ODD, seed=seed)
     null = key_to_id(ds.text.keys)[NULL_PROMPT]
     loader = build_dataloader(ds, batch_size=2, num_workers=0)
     masked = applied = 0
     for epoch in range(2):
         for b in loader:
             for i, sid in enumerate(b["sample_id"]):
-                want = reference_draw(seed, epoch, int(sid), ODD.text, ODD.cond, ODD.mask)
+                want = reference_draw(seed, epoch, int(sid), *ODD.values())
                 assert (bool(b["drop_text"][i]), bool(b["drop_cond"][i])) == (want.text, want.cond), (epoch, sid)
                 assert bool((b["context_ids"][i] == null).all()) == want.text, (epoch, sid)
                 assert bool((b["sem_ids"][i] == UNKNOWN).all()) == want.cond, (epoch, sid)
@@ -132,7 +132,7 @@ def test_the_loader_applies_each_samples_draw_of_its_epoch(shards):
 def test_each_epoch_draws_anew(shards):
     """Epoch 1 draws other dropouts for the same clips than epoch 0: compared by clip, on the draws alone (the
     epoch number is in no compared value)."""
-    ds = new_ds(shards, dropouts=ODD)
+    ds = new_ds(shards, **ODD)
     loader = build_dataloader(ds, batch_size=2, num_workers=0)
 
     def draws() -> dict:

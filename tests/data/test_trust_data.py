@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from streaming import LocalDataset, MDSWriter
 
+from gcc.data.config import DataConfig
 from gcc.data.convert import convert
 from gcc.data.dataset import GcStreamingDataset
 from gcc.data.shards import COLUMNS
@@ -67,7 +68,7 @@ def rewrite_split(root: Path, split: str, change, columns: dict | None = None) -
 
 
 def loader(root: Path, tmp_path: Path, split: str = "val") -> GcStreamingDataset:
-    return GcStreamingDataset(str(root), split, tmp_path / "cache" / uuid.uuid4().hex, batch_size=1)
+    return GcStreamingDataset(DataConfig(str(root)), split, tmp_path / "cache" / uuid.uuid4().hex, batch_size=1)
 
 
 def maskstats(root: Path, split: str = "train") -> subprocess.CompletedProcess:
@@ -272,7 +273,7 @@ def test_a_compressed_shard_that_inflates_past_its_declared_size_is_refused_befo
     shard = plant_shard_bomb(data, "val")
     assert shard.stat().st_size < BOMB // 1000
     cache = tmp_path / "cache" / uuid.uuid4().hex
-    ds = GcStreamingDataset(str(data), "val", cache, batch_size=1)
+    ds = GcStreamingDataset(DataConfig(str(data)), "val", cache, batch_size=1)
     peak, error = peak_allocated(lambda: ds[0])  # old code: 64 MB inflated in memory, then written to the cache
     assert isinstance(error, DamagedData), repr(error)
     assert str(shard) in str(error) and "inflates to more than" in str(error), str(error)
@@ -422,22 +423,18 @@ def test_a_shards_meta_without_its_fields_is_damaged_data_naming_the_shard_and_s
     """`meta` {} with the mask drawn for every sample: old code, a KeyError ('cameras') in the loader (exit 241
     from a worker); now damaged data (exit 6 in a run) naming the shard, the sample and the field, in the main
     process as in a loader worker."""
-    from gcc.data.dataset import Dropouts, build_dataloader
+    from gcc.data.dataset import build_dataloader
     from gcc.errors import fault_message
 
     data = copy_of(shards, tmp_path)
     rewrite_split(data, "train", lambda i, s: {**s, "meta": "{}"})
     cache = tmp_path / "cache"
-    ds = GcStreamingDataset(
-        str(data), "train", cache / "main", batch_size=1, dropouts=Dropouts(mask=1.0), shuffle=False
-    )
+    ds = GcStreamingDataset(DataConfig(str(data), mask_p=1.0), "train", cache / "main", batch_size=1, shuffle=False)
     where = f"{data}/train/shard.00000.mds (sample 0)"
     with pytest.raises(DamagedData, match=r"field 'src_hw' must be") as e:
         ds[0]
     assert where in str(e.value)
-    ds = GcStreamingDataset(
-        str(data), "train", cache / "worker", batch_size=1, dropouts=Dropouts(mask=1.0), shuffle=False
-    )
+    ds = GcStreamingDataset(DataConfig(str(data), mask_p=1.0), "train", cache / "worker", batch_size=1, shuffle=False)
     with pytest.raises(DamagedData) as e:
         next(iter(build_dataloader(ds, 1, num_workers=1)))
     assert where in fault_message(e.value) and "field 'src_hw' must be" in fault_message(e.value), str(e.value)
@@ -447,7 +444,7 @@ def test_a_shards_meta_that_is_not_json_is_damaged_data_naming_the_shard_and_sam
     """Read where the sample is made (its meta, for the mask), before any draw: the message names where."""
     data = copy_of(shards, tmp_path)
     rewrite_split(data, "train", lambda i, s: {**s, "meta": "{not json"})
-    ds = GcStreamingDataset(str(data), "train", tmp_path / "cache", batch_size=1, shuffle=False)
+    ds = GcStreamingDataset(DataConfig(str(data)), "train", tmp_path / "cache", batch_size=1, shuffle=False)
     with pytest.raises(DamagedData, match="not valid JSON for a clip's meta") as e:
         ds[0]
     assert f"{data}/train/shard.00000.mds (sample 0)" in str(e.value), str(e.value)

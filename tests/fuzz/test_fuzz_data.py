@@ -190,11 +190,12 @@ def write_shard(root: Path, samples: list[dict], scratch: Path) -> Path:
 def open_train(data: Path, scratch: Path):
     """The train split through a GcStreamingDataset with every dropout that reads the data on (the mask reads the
     meta's cameras), in a cache of its own."""
-    from gcc.data.dataset import Dropouts, GcStreamingDataset
+    from gcc.data.config import DataConfig
+    from gcc.data.dataset import GcStreamingDataset
 
-    mask_everything = Dropouts(text=1.0, cond=0.0, mask=1.0)
+    mask_everything = DataConfig(str(data), text_dropout=1.0, cond_dropout=0.0, mask_p=1.0)
     return GcStreamingDataset(
-        str(data), "train", scratch / f"cache-{uuid.uuid4().hex}", batch_size=1, dropouts=mask_everything, shuffle=False
+        mask_everything, "train", scratch / f"cache-{uuid.uuid4().hex}", batch_size=1, shuffle=False
     )
 
 

@@ -11,9 +11,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from gcc.compat.diffsynth import FlowMatchScheduler
 from gcc.data.batch import gc_collate
+from gcc.model.config import TRAIN_STATS, VAL_ROW_FIELDS, ModelConfig
 from gcc.model.flow import make_scheduler
 from gcc.model.objective import GcTrainModel, GcValMSE, resolve_timesteps
-from gcc.model.config import TRAIN_STATS, VAL_ROW_FIELDS, ModelConfig
 from gcc.model.optim import BETAS, build_optimizer, param_groups
 from gcc.training.schedule import composer_scheduler, trainer_schedule_kwargs
 

@@ -13,7 +13,8 @@ from PIL import Image
 from streaming import StreamingDataset
 
 from gcc.data import convert as C
-from gcc.data.dataset import Dropouts, GcStreamingDataset
+from gcc.data.config import DataConfig
+from gcc.data.dataset import GcStreamingDataset
 from gcc.data.mask import apply_unknown_mask
 from gcc.data.sample_rng import draw_sample
 from gcc.data.shards import ClipRecord, read_manifest
@@ -124,13 +125,19 @@ def test_mask_params_are_the_loaders(stats):
     res = stats["json"]
     for cal in ("frame0", "cap"):
         ds = GcStreamingDataset(
-            str(stats["out"]),
+            DataConfig(
+                str(stats["out"]),
+                text_dropout=0.0,
+                cond_dropout=0.0,
+                mask_p=1.0,
+                mask_calibration=cal,
+                max_frame_coverage=CAP,
+            ),
             "train",
             stats["root"] / "cache" / uuid.uuid4().hex,
             batch_size=1,
             seed=3,
             shuffle=False,
-            dropouts=Dropouts(0.0, 0.0, 1.0, calibration=cal, max_frame_coverage=CAP),
         )
         for i in (0, 1, 3):
             rec = ClipRecord.from_sample(StreamingDataset.get_item(ds, i))

@@ -12,6 +12,7 @@ import pytest
 from _cbfit import Fit
 from composer.core import Timestamp
 
+from gcc.data.config import DataConfig
 from gcc.data.dataset import GcStreamingDataset
 from gcc.provenance import Provenance
 from gcc.training.builders import resolved_config
@@ -28,7 +29,7 @@ MANIFEST = {  # the parts of a convert_data manifest.json that the resolved conf
 
 def streaming(shards, cache: Path) -> GcStreamingDataset:
     """The loader tests' train split as the run's train loader reads it (a real StreamingDataset, cache of its own)."""
-    return GcStreamingDataset(str(shards), "train", cache, batch_size=2, seed=5)
+    return GcStreamingDataset(DataConfig(str(shards)), "train", cache, batch_size=2, seed=5)
 
 
 @pytest.fixture

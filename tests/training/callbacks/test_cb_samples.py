@@ -16,6 +16,7 @@ from _gc_helpers import randomize_cond, tiny_dit
 from composer.core import Event
 from PIL import Image
 
+from gcc.data.config import DataConfig
 from gcc.data.dataset import GcStreamingDataset
 from gcc.model.objective import GcTrainModel
 from gcc.sampling.decoders import SynthDecoder
@@ -37,7 +38,9 @@ from gcc.training.watchdog import StallWatchdog
 @pytest.fixture(scope="module")
 def val(shards, tmp_path_factory):
     """The val split of the loader tests' shards, read by a real GcStreamingDataset (its own cache folder)."""
-    return GcStreamingDataset(str(shards), "val", tmp_path_factory.mktemp("cache"), batch_size=1, shuffle=False)
+    return GcStreamingDataset(
+        DataConfig(str(shards)), "val", tmp_path_factory.mktemp("cache"), batch_size=1, shuffle=False
+    )
 
 
 def model(val) -> GcTrainModel:
