@@ -26,8 +26,9 @@ TIMESTEPS = (201.3, 500.6, 799.7)
 
 
 def train_row(step: int, launch: int) -> dict:
-    """A train_log row: its draws and numbers a function of the step; the timings of the launch (they differ)."""
-    return {
+    """A train_log row: its draws and numbers a function of the step; the timings of the launch (they differ). A
+    column not named here (a newly declared statistic) is a function of the step too."""
+    return {c: 0.01 * step for c in TRAIN_COLUMNS} | {
         "step": step,
         "loss": 1.0 / step,
         "mse": 0.5 / step,
@@ -250,7 +251,7 @@ def test_bad_input_is_exit_2_naming_it(uninterrupted, tmp_path, capsys):
     (bad / "train_log.csv").write_text(text.replace("loss,", "lost,", 1))
     assert "no 'loss' column(s)" in error(uninterrupted, bad)
     (bad / "train_log.csv").write_text(text + "13,0.5\n")  # a row cut short
-    assert "train_log.csv:14: 2 fields, the header has 18" in error(uninterrupted, bad)
+    assert f"train_log.csv:14: 2 fields, the header has {len(TRAIN_COLUMNS)}" in error(uninterrupted, bad)
     (bad / "train_log.csv").write_text(text)
     (bad / "step-6.safetensors").write_bytes(b"not an export")
     assert "step-6.safetensors: its header claims" in error(uninterrupted, bad)  # read alone (gcc/inputs.py)

@@ -23,6 +23,8 @@ from composer.devices import DeviceCPU
 from composer.loggers import InMemoryLogger, Logger
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from gcc.model.config import TRAIN_STATS
+
 MICRO_EVENTS = (
     Event.BEFORE_FORWARD,
     Event.AFTER_FORWARD,
@@ -48,7 +50,8 @@ def micro(
     mask_frac: Sequence[float] | None = None,
     epoch: int | Sequence[int] = 0,
 ) -> tuple[dict, dict, torch.Tensor]:
-    """One micro-batch as gc's collate and GcTrainModel give it: (state.batch, state.outputs, state.loss)."""
+    """One micro-batch as gc's collate and GcTrainModel give it: (state.batch, state.outputs, state.loss); a
+    statistic the objective declares (gcc/model/config.py TRAIN_STATS) beyond those named here is 0."""
     n = len(clips)
     assert len(ids) == n
 
@@ -63,14 +66,8 @@ def micro(
         "mask_frac": per_clip(mask_frac, 0.0),
         "epoch": [epoch] * n if isinstance(epoch, int) else [int(e) for e in epoch],
     }
-    outputs = {
-        "stats": {
-            "mse": torch.tensor(mse),
-            "timestep": torch.tensor(timestep),
-            "sem_rms": torch.tensor(sem_rms),
-            "x_rms": torch.tensor(x_rms),
-        }
-    }
+    named = {"mse": mse, "timestep": timestep, "sem_rms": sem_rms, "x_rms": x_rms}
+    outputs = {"stats": {s.name: torch.tensor(named.get(s.name, 0.0)) for s in TRAIN_STATS}}
     return batch, outputs, torch.tensor(loss)
 
 

@@ -195,7 +195,9 @@ def test_a_statistic_the_objective_declares_reaches_the_totals_the_row_the_scala
         fit.fit_end()
     assert sync.totals["kl"] == pytest.approx(kl * 2)  # summed over the step, weighted by the clip count
     [logged] = fit.table("train_log")
-    assert list(logged)[:5] == ["step", "loss", "mse", "timestep", "kl"]  # with the loss's terms
+    loss_terms = [s.name for s in model_config.TRAIN_STATS if s.column == LOSS]
+    assert list(logged)[: len(loss_terms) + 2] == ["step", "loss", *loss_terms]  # kl last of the loss's terms
+    assert loss_terms[-1] == "kl"
     assert logged["kl"] == pytest.approx(kl, rel=1e-6) and stats.last_row["kl"] == pytest.approx(kl)
     assert fit.memory.most_recent_values["train/kl"] == pytest.approx(kl)
     assert f"sem_rms 0.0000  kl {kl:.3f}  elapsed " in got[0].getMessage()  # with its declared format
