@@ -131,6 +131,7 @@ def build(cfg, device, checkpointing: str, compiled: bool, bf16: bool):
     module initialised on `device` (GcDiT.param_init_fn); and its AdamW."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    from gcc.model.config import OptimizerConfig
     from gcc.model.dit import build_gc_dit
     from gcc.model.optim import build_optimizer
 
@@ -144,7 +145,7 @@ def build(cfg, device, checkpointing: str, compiled: bool, bf16: bool):
     dit.to_empty(device=device)
     for m in dit.modules():
         dit.param_init_fn(m)
-    return dit, build_optimizer(dit, 1e-5, 1e-4)
+    return dit, build_optimizer(dit, OptimizerConfig(lr=1e-5, cond_lr=1e-4))
 
 
 def measure_step(cfg, geo, device, args, compiled: bool) -> dict:

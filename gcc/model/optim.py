@@ -9,13 +9,8 @@ import torch
 from gcc.model.config import OptimizerConfig
 from gcc.model.dit import COND_PREFIX
 
-# the config's defaults (gcc/model/config.py `OptimizerConfig`), for a caller without a config (the benches)
-_DEFAULTS = OptimizerConfig()
-BETAS = (float(_DEFAULTS.betas[0]), float(_DEFAULTS.betas[1]))
-EPS, WEIGHT_DECAY = _DEFAULTS.eps, _DEFAULTS.weight_decay
 
-
-def param_groups(model: torch.nn.Module, lr: float, cond_lr: float, weight_decay: float = WEIGHT_DECAY) -> list[dict]:
+def param_groups(model: torch.nn.Module, lr: float, cond_lr: float, weight_decay: float) -> list[dict]:
     """[all DiT parameters at lr, every `gc_sem_cond.*` parameter at cond_lr]; names work with or without the
     ComposerModel's `dit.` prefix (Composer re-maps groups by name under FSDP with use_orig_params)."""
     dit: list[torch.nn.Parameter] = []
@@ -32,14 +27,13 @@ def param_groups(model: torch.nn.Module, lr: float, cond_lr: float, weight_decay
     ]
 
 
-def build_optimizer(
-    model: torch.nn.Module,
-    lr: float,
-    cond_lr: float,
-    weight_decay: float = WEIGHT_DECAY,
-    betas: tuple[float, float] = BETAS,
-    eps: float = EPS,
-) -> torch.optim.AdamW:
+def build_optimizer(model: torch.nn.Module, config: OptimizerConfig) -> torch.optim.AdamW:
+    """AdamW as the `optimizer:` section says."""
+    o = config
     return torch.optim.AdamW(
-        param_groups(model, lr, cond_lr, weight_decay), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
+        param_groups(model, o.lr, o.cond_lr, o.weight_decay),
+        lr=o.lr,
+        betas=(float(o.betas[0]), float(o.betas[1])),
+        eps=o.eps,
+        weight_decay=o.weight_decay,
     )

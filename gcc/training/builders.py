@@ -388,8 +388,8 @@ def build_evaluators(cfg: TrainConfig, val_loader: DataLoader | None, preemption
 def build_optimization(cfg: TrainConfig, model) -> tuple[torch.optim.AdamW, dict]:
     """The yaml's `optimizer:` (AdamW, two parameter groups) and the Trainer kwargs of its `scheduler:` over
     max_duration (gcc/model/optim.py, gcc/training/schedule.py)."""
-    o, s = cfg.optimizer, cfg.scheduler
-    opt = build_optimizer(model, o.lr, o.cond_lr, o.weight_decay, (float(o.betas[0]), float(o.betas[1])), o.eps)
+    s = cfg.scheduler
+    opt = build_optimizer(model, cfg.optimizer)
     return opt, trainer_schedule_kwargs(opt, composer_scheduler(s.name, s.t_warmup, s.alpha_f), cfg.max_steps)
 
 

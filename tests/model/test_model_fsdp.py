@@ -40,6 +40,7 @@ from gcc.compat.torch import gloo_gradients_as_means
 from gcc.model.fsdp import clip_grad_norm, full_state_dict, local_part
 from gcc.model.dit import build_gc_dit, load_wan_base
 from gcc.model.objective import GcTrainModel
+from gcc.model.config import OptimizerConfig
 from gcc.model.optim import build_optimizer
 from _gc_helpers import make_batch, null_embedding
 
@@ -57,7 +58,7 @@ def composer_model(device):
 def sharded(hook=True):
     """The Trainer's path: a meta-device model and its optimizer through Composer's FSDP2 preparation."""
     model = composer_model("meta")
-    opt = build_optimizer(model, lr=1e-4, cond_lr=1e-3)
+    opt = build_optimizer(model, OptimizerConfig(lr=1e-4, cond_lr=1e-3))
     with meta_init_on("cpu"):
         parallelize_composer_model(model, opt, FSDP2Config(reshard_after_forward=False), Precision.FP32)
     if hook:
@@ -144,7 +145,7 @@ res["gloo_sums"] = all(torch.allclose(raw[n], world * ref[n], rtol=1e-4, atol=1e
 def wrapped(reshard, checkpointing, compiled):
     m = composer_model("meta")
     m.dit.wrap_blocks(checkpointing, compiled)
-    o = build_optimizer(m, lr=1e-4, cond_lr=1e-3)
+    o = build_optimizer(m, OptimizerConfig(lr=1e-4, cond_lr=1e-3))
     with meta_init_on("cpu"):
         parallelize_composer_model(m, o, FSDP2Config(reshard_after_forward=reshard), Precision.FP32)
     gloo_gradients_as_means(m)

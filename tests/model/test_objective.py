@@ -11,10 +11,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from gcc.compat.diffsynth import FlowMatchScheduler
 from gcc.data.batch import gc_collate
-from gcc.model.config import TRAIN_STATS, VAL_ROW_FIELDS, ModelConfig
+from gcc.model.config import TRAIN_STATS, VAL_ROW_FIELDS, ModelConfig, OptimizerConfig
 from gcc.model.flow import make_scheduler
 from gcc.model.objective import GcTrainModel, GcValMSE, resolve_timesteps
-from gcc.model.optim import BETAS, build_optimizer, param_groups
+from gcc.model.optim import build_optimizer, param_groups
 from gcc.training.schedule import composer_scheduler, trainer_schedule_kwargs
 
 
@@ -111,7 +111,7 @@ def test_sem_rms_zero_at_init_and_grows_after_one_step():
     model.train()
     out = model(b)
     assert out["sem_rms"].item() == 0.0
-    opt = build_optimizer(model, lr=1e-4, cond_lr=1e-2)
+    opt = build_optimizer(model, OptimizerConfig(lr=1e-4, cond_lr=1e-2))
     model.loss(out, b).backward()
     opt.step()
     opt.zero_grad()
@@ -126,9 +126,9 @@ def test_param_groups():
     assert all(names[id(p)].startswith("dit.gc_sem_cond.") for p in groups[1]["params"])
     assert not any("gc_sem_cond" in names[id(p)] for p in groups[0]["params"])
     assert len(groups[0]["params"]) + len(groups[1]["params"]) == len(names) and len(groups[1]["params"]) == 6
-    opt = build_optimizer(model, lr=1e-5, cond_lr=1e-4)
+    opt = build_optimizer(model, OptimizerConfig(lr=1e-5, cond_lr=1e-4))
     assert isinstance(opt, torch.optim.AdamW)
-    assert all(g["betas"] == BETAS == (0.9, 0.999) and g["weight_decay"] == 0.01 for g in opt.param_groups)
+    assert all(g["betas"] == (0.9, 0.999) and g["weight_decay"] == 0.01 for g in opt.param_groups)
 
 
 class _Batches(Dataset):
@@ -154,7 +154,7 @@ def test_warmup_lr_applied_by_a_real_composer_trainer(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     model = _model()
     lr, cond_lr, warmup = 1e-3, 1e-2, 4
-    opt = build_optimizer(model, lr=lr, cond_lr=cond_lr)
+    opt = build_optimizer(model, OptimizerConfig(lr=lr, cond_lr=cond_lr))
     applied = []  # the lr of each group when an update was actually taken
     opt.register_step_post_hook(lambda o, args, kwargs: applied.append([g["lr"] for g in o.param_groups]))
     trainer = Trainer(
@@ -201,7 +201,7 @@ def test_micro_batches_are_not_deep_copied(tmp_path, monkeypatch):
     monkeypatch.setattr(
         composer_trainer, "deepcopy", lambda x, *a: copies.append((type(x), (y := real(x, *a)) is x)) or y
     )
-    opt = build_optimizer(model, lr=1e-3, cond_lr=1e-3)
+    opt = build_optimizer(model, OptimizerConfig(lr=1e-3, cond_lr=1e-3))
     trainer = Trainer(
         model=model,
         train_dataloader=DataSpec(_loader(4, 4), microbatch_transforms=MicroBatch),
@@ -229,7 +229,7 @@ def test_tensorboard_one_event_file_per_launch(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     model = _model()
-    opt = build_optimizer(model, lr=1e-3, cond_lr=1e-3)
+    opt = build_optimizer(model, OptimizerConfig(lr=1e-3, cond_lr=1e-3))
     trainer = Trainer(
         model=model,
         train_dataloader=_loader(4, 2),
@@ -311,7 +311,7 @@ def _engine_calls(tmp_path, lean: bool) -> tuple[list, dict]:
         device_train_microbatch_size=2,
         max_duration="2ba",
         device="cpu",
-        optimizers=build_optimizer(model, lr=1e-3, cond_lr=1e-3),
+        optimizers=build_optimizer(model, OptimizerConfig(lr=1e-3, cond_lr=1e-3)),
         progress_bar=False,
         log_to_console=False,
         loggers=[Log()],

@@ -32,15 +32,15 @@ def test_every_trainable_parameter_is_in_one_group_cond_at_cond_lr(prefix):
 
 def test_a_model_without_the_condition_is_refused():
     with pytest.raises(ValueError, match="no gc_sem_cond parameters"):
-        param_groups(torch.nn.Linear(2, 2), 1e-5, 1e-4)
+        param_groups(torch.nn.Linear(2, 2), 1e-5, 1e-4, 0.0)
 
 
 def test_adamw_with_the_betas_and_eps():
-    """Without a config, the config's defaults (stated once: `OptimizerConfig`)."""
-    opt = build_optimizer(tiny_dit(), 1e-5, 1e-4)
+    """The section's values; its defaults stated once (`OptimizerConfig`)."""
+    opt = build_optimizer(tiny_dit(), OptimizerConfig(lr=1e-5, cond_lr=1e-4))
     defaults = OptimizerConfig()
     assert isinstance(opt, torch.optim.AdamW) and list(opt.defaults["betas"]) == defaults.betas == [0.9, 0.999]
     assert opt.defaults["eps"] == defaults.eps == 1e-8 and opt.defaults["weight_decay"] == defaults.weight_decay
     assert [g["lr"] for g in opt.param_groups] == [1e-5, 1e-4]
-    opt = build_optimizer(tiny_dit(), 1e-5, 1e-4, betas=(0.8, 0.95), eps=1e-6)
+    opt = build_optimizer(tiny_dit(), OptimizerConfig(lr=1e-5, cond_lr=1e-4, betas=[0.8, 0.95], eps=1e-6))
     assert (opt.defaults["betas"], opt.defaults["eps"]) == ((0.8, 0.95), 1e-6)
