@@ -388,9 +388,8 @@ def build_evaluators(cfg: TrainConfig, val_loader: DataLoader | None, preemption
 def build_optimization(cfg: TrainConfig, model) -> tuple[torch.optim.AdamW, dict]:
     """The yaml's `optimizer:` (AdamW, two parameter groups) and the Trainer kwargs of its `scheduler:` over
     max_duration (gcc/model/optim.py, gcc/training/schedule.py)."""
-    s = cfg.scheduler
     opt = build_optimizer(model, cfg.optimizer)
-    return opt, trainer_schedule_kwargs(opt, composer_scheduler(s.name, s.t_warmup, s.alpha_f), cfg.max_steps)
+    return opt, trainer_schedule_kwargs(opt, composer_scheduler(cfg.scheduler), cfg.max_steps)
 
 
 def build_trainer(

@@ -105,7 +105,7 @@ def schedule_jump(cfg: TrainConfig, stored: dict[str, Any], horizon: int, step: 
     from gcc.training.schedule import composer_scheduler, lr_factor  # Composer's schedulers
 
     s = cfg.scheduler
-    scheduler = composer_scheduler(s.name, s.t_warmup, s.alpha_f)
+    scheduler = composer_scheduler(s)
     at = (step or 0) + 1
     before, after = lr_factor(scheduler, at, old), lr_factor(scheduler, at, horizon)
     return (

@@ -25,6 +25,7 @@ from composer.optim import (
 from torch.optim.lr_scheduler import LambdaLR
 
 from gcc.compat.composer import ZERO_WARMUP, ignore_warning, scheduler_at
+from gcc.training.sections import SchedulerConfig
 
 # Composer's scheduler of each `scheduler.name` (gcc/training/sections.py `SchedulerName`: its choices, which a
 # test holds equal to these), from the warmup (a Composer time) and alpha_f
@@ -35,12 +36,12 @@ SCHEDULERS: dict[str, Callable[[str, float], ComposerScheduler]] = {
 }
 
 
-def composer_scheduler(name: str, t_warmup: int, alpha_f: float = 0.0) -> ComposerScheduler:
-    """Composer's scheduler of that name (the yaml's `scheduler.name`), warming up over `t_warmup` batches and
-    running to max_duration (its `t_max`, "1dur")."""
-    if name not in SCHEDULERS:
-        raise ValueError(f"scheduler.name: unknown scheduler {name!r}")
-    return SCHEDULERS[name](f"{t_warmup}ba", alpha_f)
+def composer_scheduler(config: SchedulerConfig) -> ComposerScheduler:
+    """Composer's scheduler as the `scheduler:` section says: the one of its name, warming up over `t_warmup`
+    batches and running to max_duration (its `t_max`, "1dur")."""
+    if config.name not in SCHEDULERS:
+        raise ValueError(f"scheduler.name: unknown scheduler {config.name!r}")
+    return SCHEDULERS[config.name](f"{config.t_warmup}ba", config.alpha_f)
 
 
 def step_scheduler(optimizer: torch.optim.Optimizer, scheduler: ComposerScheduler, max_steps: int) -> LambdaLR:

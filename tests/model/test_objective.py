@@ -16,6 +16,7 @@ from gcc.model.flow import make_scheduler
 from gcc.model.objective import GcTrainModel, GcValMSE, resolve_timesteps
 from gcc.model.optim import build_optimizer, param_groups
 from gcc.training.schedule import composer_scheduler, trainer_schedule_kwargs
+from gcc.training.sections import SchedulerConfig
 
 
 def _model(seed=0, dit_seed=0, **kw):
@@ -164,7 +165,7 @@ def test_warmup_lr_applied_by_a_real_composer_trainer(tmp_path, monkeypatch):
         eval_interval="3ba",
         max_duration="3ba",
         optimizers=opt,
-        **trainer_schedule_kwargs(opt, composer_scheduler("constant_with_warmup", warmup), 3),
+        **trainer_schedule_kwargs(opt, composer_scheduler(SchedulerConfig(t_warmup=warmup)), 3),
         device="cpu",
         progress_bar=False,
         log_to_console=False,

@@ -11,13 +11,14 @@ import pytest
 import torch
 
 from gcc.training.schedule import composer_scheduler, step_scheduler, trainer_schedule_kwargs
+from gcc.training.sections import SchedulerConfig
 
 
 def _rates(name: str, warmup: int, max_steps: int, alpha_f: float = 0.0) -> list[list[float]]:
     """The rate of each group (lr 1 and 10) at optimizer steps 1..max_steps under the named schedule, read as the
     optimizer is about to step, the schedule stepped after each step (as Composer's Trainer does every batch)."""
     opt = torch.optim.AdamW([{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": lr} for lr in (1.0, 10.0)])
-    sched = step_scheduler(opt, composer_scheduler(name, warmup, alpha_f), max_steps)
+    sched = step_scheduler(opt, composer_scheduler(SchedulerConfig(name, warmup, alpha_f)), max_steps)
     seen = []
     for _ in range(max_steps):
         seen.append([g["lr"] for g in opt.param_groups])
@@ -60,12 +61,12 @@ def test_both_groups_follow_the_schedule_in_proportion():
 
 def test_an_unknown_scheduler_is_refused_naming_the_key():
     with pytest.raises(ValueError, match="scheduler.name: unknown scheduler 'step'"):
-        composer_scheduler("step", 1)
+        composer_scheduler(SchedulerConfig("step", 1))
 
 
 def test_the_trainer_steps_the_schedule_every_batch():
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    kw = trainer_schedule_kwargs(opt, composer_scheduler("constant_with_warmup", 4), 10)
+    kw = trainer_schedule_kwargs(opt, composer_scheduler(SchedulerConfig(t_warmup=4)), 10)
     assert kw["step_schedulers_every_batch"] is True and opt.param_groups[0]["lr"] == pytest.approx(0.25)
 
 
@@ -85,4 +86,4 @@ def test_every_scheduler_name_the_config_accepts_is_built_and_no_other():
     assert rates["linear_decay_with_warmup"][-1] == rates["cosine_with_warmup"][-1] == 0.25  # alpha_f at the end
     assert len({rates[name][3] for name in SCHEDULERS}) == 3  # and the three differ on the way
     with pytest.raises(ValueError, match="scheduler.name: unknown scheduler 'step'"):
-        composer_scheduler("step", 0)
+        composer_scheduler(SchedulerConfig("step", 0))
