@@ -33,8 +33,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import select
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 from multiprocessing import forkserver, resource_tracker
 
@@ -48,8 +50,14 @@ PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 # ranks 30 s later (its CLEANUP_TIMEOUT), and a stuck rank should leave its stacks before that.
 PREEMPTION_GRACE_S = 25.0
 START_METHOD = "forkserver"
-# what the forkserver imports once, so that a worker starts by a fork of it, not by importing torch again
-FORKSERVER_PRELOAD = ["gcc.data.dataset"]
+# what the forkserver imports once, so that a worker starts by a fork of it, not by importing torch again; torch
+# first, its import's temp folder in `forkserver_tmp` (gcc/compat/torch_preload.py)
+FORKSERVER_PRELOAD = ["gcc.compat.torch_preload", "gcc.data.dataset"]
+
+
+def forkserver_tmp(pid: int) -> str:
+    """The folder a forkserver's import of torch puts its temp folder in (gcc/compat/torch_preload.py)."""
+    return os.path.join(tempfile.gettempdir(), f"gcc-forkserver-{pid}")
 
 
 def worker_context() -> multiprocessing.context.BaseContext:
@@ -123,13 +131,15 @@ def pool_worker_init(requester: int, environ: dict[str, str]) -> None:
 def stop_forkserver() -> None:
     """Stop this process's forkserver, if it started one, and wait for it (call once its workers are gone). It
     only forks and holds nothing to save or release, so it is killed rather than asked to exit: its interpreter
-    shutdown alone, a last collection over all of torch, takes seconds."""
+    shutdown alone, a last collection over all of torch, takes seconds. Its torch's temp folder goes with it, while
+    its pid is not yet reaped (so no other process's)."""
     pid = forkserver_pid()
     if pid is not None:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        shutil.rmtree(forkserver_tmp(pid), ignore_errors=True)  # never follows a link
         reap_forkserver()
 
 

@@ -4,9 +4,11 @@ idle compile pool, persistent loader workers from the forkserver, deadlines that
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -59,29 +61,39 @@ def test_importing_the_model_starts_no_thread_and_no_process():
 FORKSERVER_MASK = """
 import signal
 from multiprocessing import forkserver
-from gcc.workers import PREEMPTION_SIGNALS, worker_context
+from gcc.workers import PREEMPTION_SIGNALS, stop_forkserver, worker_context
 
 worker_context()
 status = open(f"/proc/{forkserver._forkserver._forkserver_pid}/status").read()
 blocked = int(next(l for l in status.splitlines() if l.startswith("SigBlk:")).split()[1], 16)
 print(all(blocked >> (s - 1) & 1 for s in PREEMPTION_SIGNALS))
 print(signal.pthread_sigmask(signal.SIG_BLOCK, []) == set())
+import os
+worker = worker_context().Process(target=os.getpid)  # a worker forked: the forkserver has loaded its preload
+worker.start()
+worker.join()
+stop_forkserver()  # as a rank's end does: SIGKILLed, no exit handler of its runs
 """
 
 
 @pytest.mark.slow
-def test_the_forkserver_of_a_fresh_process_survives_preemption_signals():
+def test_the_forkserver_of_a_fresh_process_survives_preemption_signals_and_leaves_no_temp_folder(request):
     """Started with SIGTERM/SIGUSR1 blocked (a group SIGTERM must not kill it under the workers), while the
-    process that started it keeps them deliverable."""
+    process that started it keeps them deliverable. Stopped (SIGKILLed) as a rank stops it, it leaves nothing in
+    the temp folder: not the folder torch's import makes there, which only an exit handler would remove. (The temp
+    folder is a short one of its own: the forkserver's socket lives there, and a Unix socket's path is short.)"""
+    tmp = Path(tempfile.mkdtemp(prefix="gcc-t-"))
+    request.addfinalizer(lambda: shutil.rmtree(tmp, ignore_errors=True))
     r = subprocess.run(
         [sys.executable, "-c", FORKSERVER_MASK],
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        env=dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp)),
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["True", "True"]
+    assert not any(tmp.iterdir()), [(p.name, [c.name for c in p.iterdir()]) for p in tmp.iterdir()]
 
 
 class PidCollate:
