@@ -16,7 +16,10 @@ import os
 import shutil
 import tempfile
 
+from gcc.compat import require
 from gcc.workers import forkserver_tmp
+
+require("torch", "gcc/compat/torch_preload.py")
 
 
 def _import_torch() -> None:
