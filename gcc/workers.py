@@ -40,7 +40,8 @@ import tempfile
 import threading
 from multiprocessing import forkserver, resource_tracker
 
-from gcc.compat.python import forkserver_pid, reap_forkserver, shm_name
+from gcc.compat.python import forkserver_pid, longest_temp_folder, reap_forkserver, shm_name
+from gcc.errors import BadInput
 from gcc.inputs import env_int
 
 # a scheduler's (SIGTERM, SIGUSR1) and a terminal's Ctrl-C (SIGINT): each checkpoints and exits 0 (docs/training.md)
@@ -60,8 +61,22 @@ def forkserver_tmp(pid: int) -> str:
     return os.path.join(tempfile.gettempdir(), f"gcc-forkserver-{pid}")
 
 
+def check_temp_folder() -> None:
+    """BadInput naming TMPDIR when the temp folder is too long for the forkserver's Unix socket (Python's own
+    error, "AF_UNIX path too long", would come from deep inside a loader's start)."""
+    tmp = tempfile.gettempdir()
+    if len(os.fsencode(tmp)) > longest_temp_folder():
+        raise BadInput(
+            f"the temp folder {tmp} (TMPDIR) is {len(os.fsencode(tmp))} bytes long: worker processes start from a "
+            f"server whose Unix socket lives there, and a socket's path is at most 107 bytes, which leaves at most "
+            f"{longest_temp_folder()} for the folder. Set TMPDIR to a shorter folder (e.g. /tmp), or start no "
+            f"worker processes (data.num_workers: 0; convert_data --workers 1)"
+        )
+
+
 def worker_context() -> multiprocessing.context.BaseContext:
     """The multiprocessing context of every worker gcc starts (loader workers, converter processes)."""
+    check_temp_folder()
     ctx = multiprocessing.get_context(START_METHOD)
     ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
     start_resource_tracker()  # first: starting it unblocks SIGTERM in this thread, which must stay blocked below

@@ -223,3 +223,19 @@ def test_a_missed_deadline_writes_the_stacks_and_exits(tmp_path, how, open_fds):
     assert "waiting_for_data" in stacks and "MainThread" in stacks and "gcc-stall-watchdog" in stacks
     reason = "SIGTERM and no checkpoint within 1 s" if how == "signal" else "no step within 1 s"
     assert reason in stacks and reason in p.stderr.read()
+
+
+def test_a_temp_folder_too_long_for_the_forkservers_socket_is_named_before_anything_starts(monkeypatch):
+    """Python's own error would be "OSError: AF_UNIX path too long" from deep inside the loader's start."""
+    from gcc.compat.python import forkserver_pid, longest_temp_folder
+    from gcc.errors import BadInput
+    from gcc.workers import worker_context
+
+    long = "/tmp/" + "t" * longest_temp_folder()
+    monkeypatch.setattr(tempfile, "tempdir", long)
+    before = forkserver_pid()
+    with pytest.raises(BadInput) as e:
+        worker_context()
+    assert f"the temp folder {long} (TMPDIR) is {len(long)} bytes long" in str(e.value)
+    assert f"at most {longest_temp_folder()} for the folder" in str(e.value) and "data.num_workers: 0" in str(e.value)
+    assert forkserver_pid() == before  # none started

@@ -6,6 +6,8 @@
   (`_name`, with its leading slash).
 - `run_exit_handlers`: the `atexit` handlers run now, as interpreter shutdown would run them
   (`atexit._run_exitfuncs`), so that a process can then leave through `os._exit` (gcc/training/ending.py).
+- `longest_temp_folder`: how long the temp folder may be for the forkserver to bind its Unix socket there
+  (`<tmp>/pymp-XXXXXXXX/listener-XXXXXXXX`: `util.get_temp_dir`, `connection.arbitrary_address`).
 - `helper_flags`: the interpreter flags of every Python process multiprocessing starts (the forkserver, the resource
   tracker, a spawned child: `python <flags> -c ...`), which it reads from `util._args_from_interpreter_flags()` at
   each start; once this module is imported they hold `-P` (below).
@@ -29,6 +31,13 @@ def reap_forkserver() -> None:
 
 def shm_name(shm) -> str | None:
     return getattr(shm, "_name", None)
+
+
+def longest_temp_folder() -> int:
+    """The longest temp folder, in bytes, under which the forkserver can start: its socket's address is
+    `<tmp>/pymp-XXXXXXXX/listener-XXXXXXXX` and a Unix socket's path at most 107 bytes (108 with its NUL). Checked
+    by tests/compat/test_python.py at the bound and one byte over it."""
+    return 107 - len("/pymp-XXXXXXXX/listener-XXXXXXXX")
 
 
 def run_exit_handlers() -> None:

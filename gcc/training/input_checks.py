@@ -14,6 +14,7 @@ from gcc.cli import folder_problem, input_file_problem
 from gcc.inputs import shown
 from gcc.settings import ConfigError
 from gcc.training.config import TrainConfig, samples_during_training, value_at
+from gcc.workers import check_temp_folder
 
 MAX_PARAMS = 50e9  # a model.overrides beyond this is refused (built on the meta device and counted first)
 
@@ -38,6 +39,8 @@ def check_inputs(cfg: TrainConfig) -> None:
             problem = storage.bucket_problem(url)
             if problem:
                 raise ConfigError(f"{key}: {url}: {problem}")
+    if cfg.data.num_workers:  # the loader's workers start from a forkserver, whose socket lives in the temp folder
+        check_temp_folder()
     if not storage.is_remote(cfg.data.path) and Path(cfg.data.path).is_file():
         raise ConfigError(f"data.path: {cfg.data.path} is a file, expected a convert_data output folder")
     model = cfg.model

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from multiprocessing import shared_memory
 from pathlib import Path
 
 import pytest
 from hostile import HOSTILE_MODULES, ran_in
 
-from gcc.compat.python import forkserver_pid, helper_flags, reap_forkserver, shm_name
+from gcc.compat.python import forkserver_pid, helper_flags, longest_temp_folder, reap_forkserver, shm_name
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,3 +92,34 @@ def test_the_exit_handlers_run_at_once_last_first_and_only_once():
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.splitlines() == ["last registered", "first registered", "after"]
+
+
+START = """
+import sys
+from multiprocessing import forkserver
+try:
+    forkserver.ensure_running()
+    print("started")
+except OSError as e:
+    print("refused:", e)
+"""
+
+
+def test_the_forkserver_starts_under_the_longest_temp_folder_and_not_under_one_byte_more():
+    """Its socket is `<tmp>/pymp-XXXXXXXX/listener-XXXXXXXX`, at most 107 bytes: `longest_temp_folder` is the bound,
+    checked at it and one byte over it (each temp folder short-lived and of this test's own)."""
+    base = Path(tempfile.mkdtemp(prefix="gcc-t-"))
+    try:
+        said = {}
+        for extra in (0, 1):
+            length = longest_temp_folder() + extra
+            tmp = base / ("d" * (length - len(os.fsencode(str(base))) - 1))
+            assert len(os.fsencode(str(tmp))) == length
+            tmp.mkdir()
+            r = subprocess.run(
+                [sys.executable, "-c", START], env=dict(os.environ, TMPDIR=str(tmp)), capture_output=True, text=True
+            )
+            said[extra] = r.stdout.strip()
+        assert said[0] == "started" and said[1].startswith("refused:") and "too long" in said[1], said
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

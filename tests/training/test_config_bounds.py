@@ -172,3 +172,19 @@ def test_an_override_names_the_key_path_of_what_it_refuses():
         parse_override("loggers={mlflow: {tags: {true: 1}}}")
     with pytest.raises(ConfigError, match=r"optimizer.lr.0.0.….0.0.0: nested deeper than 64 levels"):
         parse_override("optimizer.lr=" + "[" * 5000 + "]" * 5000)
+
+
+def test_a_temp_folder_too_long_for_the_loaders_workers_is_refused_before_the_start(monkeypatch, tmp_path):
+    """A loader with workers needs the forkserver's socket in the temp folder: one too long for a socket's path
+    is the launch's verdict (exit 2, naming TMPDIR); a loader without workers does not mind it."""
+    import tempfile
+
+    from gcc.compat.python import longest_temp_folder
+    from gcc.errors import BadInput
+
+    monkeypatch.setattr(tempfile, "tempdir", "/tmp/" + "t" * longest_temp_folder())
+    run_dir = f"run_dir={tmp_path / 'run'}"
+    with pytest.raises(BadInput, match=r"\(TMPDIR\) is \d+ bytes long: .*\(data\.num_workers: 0") as e:
+        check_inputs(load_config(YAML, ["data.num_workers=2", run_dir, "loggers={}"]))
+    assert e.value.exit_code == 2
+    check_inputs(load_config(YAML, ["data.num_workers=0", run_dir, "loggers={}"]))
