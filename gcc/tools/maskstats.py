@@ -32,6 +32,7 @@ import math
 import shutil
 import sys
 import tempfile
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -123,7 +124,8 @@ def aggregate(values: Sequence[float]) -> dict[str, float | None]:
 # ---- reading ---------------------------------------------------------------------------------------------
 class _Reader:
     """The first clips of a split through the loader's dataset (shuffle off: sample id i = the i-th stored
-    clip). A private cache folder is removed on close."""
+    clip). Its private cache folder is removed on close, or once the reader is gone (one whose data failed to open
+    included), as gcc-sample's shard source does."""
 
     def __init__(self, data: str, split: str, seed: int):
         # heavy (streaming, torch ~3.5 s): keeps --help and argument errors fast
@@ -131,18 +133,15 @@ class _Reader:
         from gcc.data.dataset import GcStreamingDataset
 
         self._tmp = tempfile.mkdtemp(prefix="gcc_maskstats_")
-        try:
-            self.ds = GcStreamingDataset(
-                DataConfig(data).without_dropouts(),
-                split,
-                Path(self._tmp) / "cache",
-                batch_size=1,
-                seed=seed,
-                shuffle=False,
-            )
-        except BaseException:  # damaged data: the caller never gets a reader to close
-            self.close()
-            raise
+        self._remove = weakref.finalize(self, shutil.rmtree, self._tmp, True)
+        self.ds = GcStreamingDataset(
+            DataConfig(data).without_dropouts(),
+            split,
+            Path(self._tmp) / "cache",
+            batch_size=1,
+            seed=seed,
+            shuffle=False,
+        )
 
     def __len__(self) -> int:
         return len(self.ds)
@@ -151,7 +150,7 @@ class _Reader:
         return self.ds.record(i)
 
     def close(self):
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        self._remove()
 
 
 def measure(
