@@ -65,9 +65,10 @@ def check_temp_folder() -> None:
     """BadInput naming TMPDIR when the temp folder is too long for the forkserver's Unix socket (Python's own
     error, "AF_UNIX path too long", would come from deep inside a loader's start)."""
     tmp = tempfile.gettempdir()
-    if len(os.fsencode(tmp)) > longest_temp_folder():
+    length = len(os.fsencode(tmp))
+    if length > longest_temp_folder():
         raise BadInput(
-            f"the temp folder {tmp} (TMPDIR) is {len(os.fsencode(tmp))} bytes long: worker processes start from a "
+            f"the temp folder {tmp} (TMPDIR) is {length} bytes long: worker processes start from a "
             f"server whose Unix socket lives there, and a socket's path is at most 107 bytes, which leaves at most "
             f"{longest_temp_folder()} for the folder. Set TMPDIR to a shorter folder (e.g. /tmp), or start no "
             f"worker processes (data.num_workers: 0; convert_data --workers 1)"

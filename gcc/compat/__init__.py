@@ -2,10 +2,11 @@
 
 Every use of a library's private API or undocumented behaviour lives in this package, behind a named function or
 class, with a comment saying what it relies on: `composer.py`, `composer_launcher.py`, `streaming.py`, `torch.py`,
-`torch_preload.py`, `diffsynth.py`, `loggers.py` (W&B, MLflow), `python.py`. Each module was verified against one version of its library
-and checks the installed one when it is imported (`require`, against the table `VERSIONS`): that version runs
-silently, another inside the allowed range (a patch release) with one warning, one outside the range stops the
-process (exit 2). tests/compat/ holds a contract test per module, which fails when the library's behaviour changes.
+`torch_preload.py`, `diffsynth.py`, `loggers.py` (W&B, MLflow), `python.py`. Each module was verified against one
+version of its library and checks the installed one when it is imported (`require`, against the table `VERSIONS`):
+that version runs silently, another inside the allowed range (a patch release) with one warning, one outside the
+range stops the process (exit 2). tests/compat/ holds a contract test per module, which fails when the library's
+behaviour changes.
 
 Moving to a version outside the range: run `make test` against it with `GCC_UNVERIFIED_LIBS=<dist name>` (or
 `all`), fix what tests/compat/ reports, then set the new version and range in `VERSIONS` and pyproject.toml. The

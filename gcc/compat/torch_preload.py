@@ -1,8 +1,7 @@
 """torch 2.7: importing `torch.distributed.nn` (as Streaming and Composer do) makes a folder in the temp folder
 (`torch.distributed.nn.jit.instantiator`'s template folder, `tmpXXXXXXXX/_remote_module_non_scriptable.py`) that only
-an exit handler removes. A forkserver of gcc is
-SIGKILLed at a rank's end (gcc/workers.py `stop_forkserver`: its interpreter shutdown would take seconds), so its
-folder would stay behind, one per rank and launch.
+an exit handler removes. A forkserver of gcc is SIGKILLed at a rank's end (gcc/workers.py `stop_forkserver`: its
+interpreter shutdown would take seconds), so its folder would stay behind, one per rank and launch.
 
 This module is the forkserver's first preload (gcc/workers.py `FORKSERVER_PRELOAD`): it imports that module with the
 temp folder pointed, for that import alone, at `forkserver_tmp(<its pid>)`, which `stop_forkserver` removes with the

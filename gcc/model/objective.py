@@ -112,7 +112,6 @@ class GcTrainModel(ComposerModel):
         self.dit = dit
         self.seed = int(seed)
         self.config = config
-        self.first_frame_cond = bool(config.first_frame_cond)
         self.flow = FlowMatching()  # DiffSynth's Wan schedule: 1000 steps, shift 5
         self.scheduler = self.flow.scheduler
         self.val_steps = resolve_timesteps(self.scheduler, val_timesteps)
@@ -126,14 +125,14 @@ class GcTrainModel(ComposerModel):
     def _run(self, x_t, timesteps, batch, text=None, sem_ids=None):
         context, index = model_text(batch) if text is None else text
         sem = batch["sem_ids"] if sem_ids is None else sem_ids
-        return self.dit.gc_forward(x_t, timesteps, context, index, sem, self.first_frame_cond)
+        return self.dit.gc_forward(x_t, timesteps, context, index, sem, self.config.first_frame_cond)
 
     # -- training (gcc/model/flow.py: what bench/gpu_step.py runs without Composer)
     def forward(self, batch: Batch) -> dict:
-        return training_outputs(self.flow, self.dit, batch, self.seed, self.first_frame_cond)
+        return training_outputs(self.flow, self.dit, batch, self.seed, self.config.first_frame_cond)
 
     def loss(self, outputs: dict, batch: Batch) -> torch.Tensor:
-        loss, mse = training_loss(outputs, self.first_frame_cond)
+        loss, mse = training_loss(outputs, self.config.first_frame_cond)
         # the statistics declared in gcc/model/config.py TRAIN_STATS, by name
         outputs["stats"] = {
             "mse": mse.detach().mean(),
@@ -172,7 +171,7 @@ class GcTrainModel(ComposerModel):
         for tid, _ in self.val_steps:
             eps = torch.stack([val_noise(self.seed, c, tid, x0.shape[1:], dev) for c in batch["clip_id"]])
             tids = torch.full((B,), tid, dtype=torch.int64, device=dev)
-            x_t = self.flow.noisy(x0, eps.to(x0.dtype), tids, self.first_frame_cond)
+            x_t = self.flow.noisy(x0, eps.to(x0.dtype), tids, self.config.first_frame_cond)
             target = self.flow.target(x0, eps.to(x0.dtype))
             timesteps = self.flow.timesteps(tids)
             preds = {
@@ -181,7 +180,7 @@ class GcTrainModel(ComposerModel):
                 "nulltext": self._run(x_t, timesteps, batch, text=(null_ctx, null_index)),
             }
             for v in VAL_VARIANTS:
-                res[v].append(per_sample_mse(preds[v], target, self.first_frame_cond))
+                res[v].append(per_sample_mse(preds[v], target, self.config.first_frame_cond))
         stacked = {v: torch.stack(res[v]) for v in VAL_VARIANTS}  # [n_t, B]
         return {
             "timestep": torch.tensor([t for _, t in self.val_steps]),
